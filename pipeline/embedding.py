@@ -1,0 +1,48 @@
+"""The embed stage's core: read and validate the pairs, split them, embed every distinct text once."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .data.readers import drop_duplicate_pairs, read_pairs
+from .data.split import assign_splits
+from .paths import repo_path
+
+
+@dataclass
+class PreparedPairs:
+    frame: pd.DataFrame  # id, input_text, target_text, split
+    stats: dict = field(default_factory=dict)
+
+
+def prepare_pairs(embed_cfg) -> PreparedPairs:
+    """Read, validate, de-duplicate, optionally subsample, and split. Raises DatasetError."""
+    path = repo_path(embed_cfg.dataset)
+    df = read_pairs(path, embed_cfg.input_field, embed_cfg.target_field, embed_cfg.id_field, embed_cfg.format)
+    rows_read = len(df)
+    df, n_dup = drop_duplicate_pairs(df)
+    if embed_cfg.max_rows and len(df) > embed_cfg.max_rows:
+        # A content-hashed subset: deterministic, and mixed across the file's topics (the first
+        # rows of a file are often one topic).
+        key = [hashlib.sha256(f"{a}\x1f{b}".encode()).hexdigest() for a, b in zip(df.input_text, df.target_text)]
+        keep = np.sort(np.argsort(np.asarray(key))[: embed_cfg.max_rows])
+        df = df.iloc[keep].reset_index(drop=True)
+    df = df.assign(split=assign_splits(df, dict(embed_cfg.splits), salt=embed_cfg.split_salt, key=embed_cfg.split_key))
+    counts = df.split.value_counts().to_dict()
+    stats = {"rows_read": rows_read, "duplicates_dropped": n_dup, "rows_used": len(df),
+             **{f"rows_{s}": int(counts.get(s, 0)) for s in embed_cfg.splits}}
+    return PreparedPairs(df, stats)
+
+
+def embed_texts_once(encode, texts_a: list[str], texts_b: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Embed the union of both lists once (inputs and targets share texts: a fact's answer is
+    repeated across its question phrasings) and return rows for each list plus the distinct count."""
+    distinct = list(dict.fromkeys([*texts_a, *texts_b]))
+    index = {t: i for i, t in enumerate(distinct)}
+    emb = encode(distinct)
+    a = emb[np.fromiter((index[t] for t in texts_a), dtype=np.int64, count=len(texts_a))]
+    b = emb[np.fromiter((index[t] for t in texts_b), dtype=np.int64, count=len(texts_b))]
+    return a, b, len(distinct)

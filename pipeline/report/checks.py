@@ -1,0 +1,553 @@
+"""Stability checks: one verdict per failure mode the seed reports describe.
+
+Each check reads the train stage's telemetry (one row per logged optimizer step, plus an event
+list) and returns {"status": pass|warn|fail|skip, "pass", "summary", "evidence", "fix"}. A check
+whose columns are missing says "skip" and why; it never guesses and never crashes.
+
+The failure modes, and the check that catches each:
+- memory exhausted on batch 2 (graph kept alive across steps)  -> memory_growth
+- step time collapsing after batch 1 (host syncs, empty_cache)  -> step_time_degradation
+- NaN gradients in AddmmBackward0                                -> nonfinite
+- grad_norm=inf from a GradScaler starting at 2**16              -> grad_norm, nonfinite
+- loss spikes                                                    -> loss_spikes
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from pipeline.errors import ConfigError
+
+# Defaults match conf: used only for keys the params mapping lacks.
+DEFAULTS: dict[str, Any] = {
+    "warmup_steps": 10,  # step 1 pays for allocator growth / cudnn autotune: not steady state
+    "memory_alpha": 0.01,
+    "memory_min_mb_per_1k": 20.0,  # below this a leak needs 50k steps to cost 1 GB: not urgent
+    # ...and the fitted growth over the whole planned run must exceed this: a 30-step smoke run
+    # whose RSS rises 1.5 MB while the allocator settles has a steep, significant slope (~60 MB
+    # per 1k steps, p < 1e-9) yet loses nothing that matters; the seeds' graph leak costs MBs per step.
+    "memory_min_growth_mb": 50.0,
+    "step_time_max_ratio": 1.5,
+    "grad_healthy_min": 0.5,
+    "grad_warning": 5.0,
+    "grad_critical": 10.0,
+    "grad_max_critical_fraction": 0.05,
+    "spike_k": 4.0,
+    "spike_window": 50,
+    "nonfinite_warn_fraction": 0.01,
+    "planned_steps": None,
+}
+_INT_KEYS = {"warmup_steps", "spike_window", "planned_steps"}
+
+CHECK_ORDER = ("memory_growth", "step_time_degradation", "nonfinite", "grad_norm", "loss_spikes")
+NONFINITE_KINDS = ("nan_loss", "inf_loss", "nan_grad", "inf_grad")
+MEMORY_SERIES = {"rss": "mem/rss_mb", "device": "mem/device_allocated_mb"}
+MEMORY_LABELS = {"rss": "host RSS", "device": "device allocated"}
+_FIT_KEYS = ("slope_mb_per_1k_steps", "p_value", "r2", "start_mb", "end_mb", "projected_mb", "projected_growth_mb")
+_STATUS_RANK = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
+_MIN_MEMORY_ROWS = 5  # a slope from fewer points is noise, whatever its p-value says
+_MIN_TIME_ROWS = 10  # so the early 20 % holds at least 2 rows
+_MIN_SPIKE_WINDOW = 10  # mean/std of fewer losses flag ordinary noise as spikes
+_LIST_MAX = 20  # event/step lists in evidence: enough to see a pattern, short enough to read
+
+
+# ---------------------------------------------------------------- params and telemetry
+
+
+def resolve_params(params: Mapping | None) -> dict[str, Any]:
+    """Read every key this module uses (params["key"], so a DictConfig works), fill defaults for
+    missing ones, and reject impossible values loudly, naming the key."""
+    out: dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        try:
+            value = params[key] if params is not None else None
+        except (KeyError, AttributeError, TypeError):
+            value = None
+        if value is None:
+            out[key] = default
+            continue
+        try:
+            out[key] = int(value) if key in _INT_KEYS else float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"report param {key}={value!r}: expected a number") from None
+
+    def bad(key: str, expected: str) -> None:
+        raise ConfigError(f"report param {key}={out[key]!r}: expected {expected}")
+
+    if out["warmup_steps"] < 0:
+        bad("warmup_steps", ">= 0")
+    if not 0 < out["memory_alpha"] < 1:
+        bad("memory_alpha", "in (0, 1)")
+    if out["step_time_max_ratio"] <= 0:
+        bad("step_time_max_ratio", "> 0")
+    if not 0 < out["grad_healthy_min"] < out["grad_warning"] < out["grad_critical"]:
+        bad("grad_warning", "0 < grad_healthy_min < grad_warning < grad_critical")
+    for key in ("grad_max_critical_fraction", "nonfinite_warn_fraction"):
+        if not 0 <= out[key] <= 1:
+            bad(key, "in [0, 1]")
+    if out["spike_k"] <= 0:
+        bad("spike_k", "> 0")
+    if out["spike_window"] < _MIN_SPIKE_WINDOW:
+        bad("spike_window", f">= {_MIN_SPIKE_WINDOW}")
+    if out["planned_steps"] is not None and out["planned_steps"] <= 0:
+        bad("planned_steps", "> 0")
+    return out
+
+
+def prepare_steps(steps: pd.DataFrame | None) -> pd.DataFrame:
+    """Numeric copy sorted by step; rows without a step dropped. Only `step` is required."""
+    if steps is None:
+        return pd.DataFrame({"step": pd.Series(dtype="float64")})
+    if "step" not in steps.columns:
+        raise ValueError(f"telemetry has no 'step' column (columns: {list(steps.columns)})")
+    df = steps.apply(pd.to_numeric, errors="coerce").astype("float64")
+    df = df.dropna(subset=["step"]).sort_values("step", kind="stable")
+    return df.reset_index(drop=True)
+
+
+def after_warmup(df: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+    return df[df["step"] > warmup_steps]
+
+
+def _finite(df: pd.DataFrame, col: str) -> pd.DataFrame:
+    """Rows of (step, col) where col is finite."""
+    d = df[["step", col]]
+    return d[np.isfinite(d[col].to_numpy())]
+
+
+def _result(status: str, summary: str, evidence: dict, fix: str | None) -> dict:
+    return {
+        "status": status,
+        "pass": status != "fail",
+        "summary": summary,
+        "evidence": {k: _py(v) for k, v in evidence.items()},
+        "fix": None if status == "pass" else fix,
+    }
+
+
+def _py(v: Any) -> Any:
+    """numpy scalars -> Python scalars, so evidence serialises as JSON as it is."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _steps_text(steps: Sequence[int]) -> str:
+    shown = ", ".join(str(int(s)) for s in steps[:_LIST_MAX])
+    return shown + (f", ... ({len(steps) - _LIST_MAX} more)" if len(steps) > _LIST_MAX else "")
+
+
+# ---------------------------------------------------------------- memory_growth
+
+
+def fit_memory(df: pd.DataFrame, col: str, p: Mapping) -> dict | str:
+    """OLS of memory (MB) on step after warm-up; a dict of the fit, or why there is none."""
+    d = _finite(after_warmup(df, p["warmup_steps"]), col)
+    if d["step"].nunique() < _MIN_MEMORY_ROWS:
+        return f"{len(d)} rows after warm-up (need {_MIN_MEMORY_ROWS})"
+    mb = d[col].to_numpy()
+    if np.ptp(mb) == 0:  # device memory is 0 throughout on CPU
+        return f"constant at {mb[0]:.1f} MB"
+    fit = stats.linregress(d["step"].to_numpy(), mb)
+    out = {
+        "slope_mb_per_1k_steps": fit.slope * 1000,
+        "p_value": fit.pvalue,
+        "r2": fit.rvalue**2,
+        "start_mb": mb[0],
+        "end_mb": mb[-1],
+        "intercept": fit.intercept,
+        "first_step": int(d["step"].iloc[0]),
+        "last_step": int(d["step"].iloc[-1]),
+    }
+    if p["planned_steps"]:
+        out["projected_mb"] = fit.intercept + fit.slope * p["planned_steps"]
+    end_step = max(p["planned_steps"] or 0, out["last_step"])
+    out["projected_growth_mb"] = fit.slope * (end_step - out["first_step"])
+    return out
+
+
+def _grows(fit: dict, p: Mapping) -> bool:
+    # All three: significant (not noise), steep enough to matter (20 MB/1k = 1 GB per 50k steps),
+    # and a growth over the planned run that costs something.
+    return (fit["p_value"] < p["memory_alpha"] and fit["slope_mb_per_1k_steps"] > p["memory_min_mb_per_1k"]
+            and fit["projected_growth_mb"] > p["memory_min_growth_mb"])
+
+
+def check_memory_growth(df: pd.DataFrame, p: Mapping) -> dict:
+    fits: dict[str, dict] = {}
+    not_tested: list[str] = []
+    for name, col in MEMORY_SERIES.items():
+        fit = fit_memory(df, col, p) if col in df.columns else "not logged"
+        if isinstance(fit, str):
+            not_tested.append(f"{col}: {fit}")
+        else:
+            fits[name] = fit
+    if not fits:
+        return _result(
+            "skip",
+            f"No memory series to test ({'; '.join(not_tested)}).",
+            {"not_tested": "; ".join(not_tested)},
+            "Log mem/rss_mb (and mem/device_allocated_mb on GPU) for at least warmup_steps + "
+            f"{_MIN_MEMORY_ROWS} logged steps to enable this check.",
+        )
+    failing = [n for n, f in fits.items() if _grows(f, p)]
+    # The series that drives the verdict gets the unprefixed keys; the other one is prefixed.
+    worst = max(failing or fits, key=lambda n: fits[n]["slope_mb_per_1k_steps"])
+    evidence: dict[str, Any] = {"series": worst, **{k: fits[worst][k] for k in _FIT_KEYS if k in fits[worst]}}
+    for name, fit in fits.items():
+        if name != worst:
+            evidence.update({f"{name}_{k}": fit[k] for k in _FIT_KEYS if k in fit})
+    evidence["first_step"], evidence["last_step"] = fits[worst]["first_step"], fits[worst]["last_step"]
+    peak = df["mem/device_peak_mb"].to_numpy() if "mem/device_peak_mb" in df.columns else np.array([])
+    if np.isfinite(peak).any() and np.nanmax(peak) > 0:  # 0 throughout on CPU: says nothing
+        evidence["device_peak_max_mb"] = float(np.nanmax(peak))
+    if not_tested:
+        evidence["not_tested"] = "; ".join(not_tested)
+
+    parts = [
+        f"{MEMORY_LABELS[n]} {f['slope_mb_per_1k_steps']:+.1f} MB per 1k steps "
+        f"(p={f['p_value']:.2g}, R²={f['r2']:.2f})"
+        for n, f in fits.items()
+    ]
+    span = f"over steps {fits[worst]['first_step']}-{fits[worst]['last_step']}"
+    w = fits[worst]
+    if failing:
+        proj = f", projected {w['projected_mb']:,.0f} MB at step {p['planned_steps']:,}" if "projected_mb" in w else ""
+        summary = f"Memory grows: {'; '.join(parts)} {span}{proj}."
+        status = "fail"
+    else:
+        summary = (
+            f"Memory flat: {'; '.join(parts)} {span} "
+            f"(fails only when p < {p['memory_alpha']:g}, slope > {p['memory_min_mb_per_1k']:g} MB per 1k "
+            f"and growth over the run > {p['memory_min_growth_mb']:g} MB)."
+        )
+        status = "pass"
+    fix = (
+        f"Memory grows ~{w['slope_mb_per_1k_steps']:.0f} MB per 1k steps: something keeps the autograd "
+        "graph alive across steps — detach values you keep (loss.detach(), .item() only at log "
+        "boundaries), don't store step tensors on modules or in history lists, never use "
+        "retain_graph=True."
+    )
+    return _result(status, summary, evidence, fix)
+
+
+# ---------------------------------------------------------------- step_time_degradation
+
+
+def step_time_split(df: pd.DataFrame, p: Mapping) -> tuple[pd.DataFrame, pd.DataFrame] | str:
+    """(early, steady) rows of perf/step_ms after warm-up: first 20 % and last 50 %, or why not."""
+    d = _finite(after_warmup(df, p["warmup_steps"]), "perf/step_ms")
+    d = d[d["perf/step_ms"] > 0]
+    n = len(d)
+    if n < _MIN_TIME_ROWS:
+        return f"{n} timed rows after warm-up (need {_MIN_TIME_ROWS})"
+    return d.iloc[: math.ceil(0.2 * n)], d.iloc[n - math.ceil(0.5 * n) :]
+
+
+def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
+    fix = (
+        "Step time grows: look for per-step host syncs (.item()/.cpu()/printing a tensor every step "
+        "— accumulate on device, sync every log_every steps), torch.cuda.empty_cache() in the loop "
+        "(measured 15-20 % slower in the seeds), a logging cadence whose cost grows with history, "
+        "and data loading (compare data-wait time; use workers, pin_memory, prefetch)."
+    )
+    if "perf/step_ms" not in df.columns:
+        return _result("skip", "perf/step_ms not logged.", {}, "Log perf/step_ms to enable this check.")
+    split = step_time_split(df, p)
+    if isinstance(split, str):
+        return _result(
+            "skip", f"Too little timing data: {split}.", {"reason": split},
+            f"Run more than warmup_steps + {_MIN_TIME_ROWS} logged steps to enable this check.",
+        )
+    early, steady = split
+    early_ms = float(early["perf/step_ms"].median())
+    steady_ms = float(steady["perf/step_ms"].median())
+    ratio = steady_ms / early_ms
+    timed = _finite(after_warmup(df, p["warmup_steps"]), "perf/step_ms")
+    rho, rho_p = stats.spearmanr(timed["step"], timed["perf/step_ms"]) if len(timed) > 2 else (np.nan, np.nan)
+    evidence: dict[str, Any] = {
+        "early_median_ms": early_ms,
+        "steady_median_ms": steady_ms,
+        "ratio": ratio,
+        "max_ratio": p["step_time_max_ratio"],
+        "spearman_rho": float(rho),
+        "spearman_p": float(rho_p),
+        "early_steps": f"{int(early['step'].iloc[0])}-{int(early['step'].iloc[-1])}",
+        "steady_steps": f"{int(steady['step'].iloc[0])}-{int(steady['step'].iloc[-1])}",
+    }
+    if "perf/samples_per_s" in df.columns:  # throughput: the same slices, the number people quote
+        sps = df.set_index("step")["perf/samples_per_s"]
+        evidence["early_samples_per_s"] = float(sps.reindex(early["step"]).median())
+        evidence["steady_samples_per_s"] = float(sps.reindex(steady["step"]).median())
+    status = "fail" if ratio > p["step_time_max_ratio"] else "pass"
+    summary = (
+        f"Steady-state median step time {steady_ms:.1f} ms is {ratio:.2f}x the early median "
+        f"{early_ms:.1f} ms (limit {p['step_time_max_ratio']:g}x); Spearman rho={rho:.2f} (p={rho_p:.2g})."
+    )
+    return _result(status, summary, evidence, fix)
+
+
+# ---------------------------------------------------------------- nonfinite
+
+
+def nonfinite_steps(df: pd.DataFrame, events: Sequence[Mapping] | None) -> list[dict]:
+    """Non-finite steps, one record per step: the events, plus rows whose loss is non-finite but
+    have no event (a train stage that logs the NaN but not the event is still caught)."""
+    records: dict[int, dict] = {}
+    for e in events or ():
+        if e.get("kind") in NONFINITE_KINDS and e.get("step") is not None:
+            records.setdefault(int(e["step"]), {
+                "step": int(e["step"]), "kind": e["kind"], "module": e.get("module"),
+                "action": e.get("action") or "-",
+            })
+    if "train/loss" in df.columns:
+        loss = df["train/loss"].to_numpy()
+        for step, value in zip(df["step"].to_numpy()[~np.isfinite(loss)], loss[~np.isfinite(loss)]):
+            kind = "nan_loss" if np.isnan(value) else "inf_loss"
+            records.setdefault(int(step), {"step": int(step), "kind": kind, "module": None, "action": "logged"})
+    return [records[s] for s in sorted(records)]
+
+
+def _finite_after(df: pd.DataFrame, step: float) -> bool | None:
+    """Did the run produce a finite loss (else, a finite grad norm) after `step`? None: unknown."""
+    for col in ("train/loss", "grad/global_norm"):
+        if col in df.columns:
+            later = df.loc[df["step"] > step, col].to_numpy()
+            return bool(np.isfinite(later).any())
+    return None
+
+
+def check_nonfinite(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping) -> dict:
+    if events is None and "train/loss" not in df.columns:
+        return _result("skip", "No event list and no train/loss column.", {},
+                       "Pass the train stage's events and log train/loss to enable this check.")
+    recs = nonfinite_steps(df, events)
+    skipped_total = int(np.nansum(df["train/skipped"].to_numpy())) if "train/skipped" in df.columns else 0
+    # Rows every k steps: train/skipped counts skips between rows, so it can exceed the events seen.
+    count = max(len(recs), skipped_total)
+    skip_rows = df.loc[df["train/skipped"] > 0, "step"].tolist() if "train/skipped" in df.columns else []
+    known = [r["step"] for r in recs] + [int(s) for s in skip_rows]
+    last_step = int(df["step"].max()) if len(df) else 0
+    total = max([last_step, *known]) if known or last_step else 0
+    if count == 0:
+        return _result("pass", f"No non-finite loss or gradient in {total:,} steps.",
+                       {"count": 0, "total_steps": total}, None)
+    fraction = count / total if total else 1.0
+    recovered = _finite_after(df, max(known)) if known else None
+    modules = [r["module"] for r in recs if r["module"]]
+    evidence: dict[str, Any] = {
+        "count": count,
+        "events": len(recs),
+        "total_steps": total,
+        "fraction": fraction,
+        "recovered": "unknown" if recovered is None else recovered,
+        "first_step": min(known),
+        "last_step": max(known),
+        "first_module": modules[0] if modules else "unknown",
+        "kinds": ", ".join(f"{k}: {n}" for k, n in Counter(r["kind"] for r in recs).most_common()),
+        "skipped_total": skipped_total,
+        "event_list": "; ".join(
+            f"step {r['step']} {r['kind']} in {r['module'] or '?'} ({r['action']})" for r in recs[:_LIST_MAX]
+        ) + (f"; ... ({len(recs) - _LIST_MAX} more)" if len(recs) > _LIST_MAX else ""),
+    }
+    rare = fraction <= p["nonfinite_warn_fraction"]
+    status = "warn" if rare and recovered is True else "fail"
+    where = f" in {modules[0]}" if modules else ""
+    outcome = {True: "training recovered", False: "training did not recover", None: "recovery unknown"}[recovered]
+    summary = (
+        f"{count} non-finite step(s) ({100 * fraction:.2f} % of {total:,}, limit "
+        f"{100 * p['nonfinite_warn_fraction']:g} %); first at step {min(known)}{where}; {outcome}."
+    )
+    fix = (
+        "Lower the LR (or lengthen warm-up), clip gradients at 1.0 after scaler.unscale_, check the "
+        "inputs for NaN/inf, and with fp16 use GradScaler(init_scale=2**10, growth_factor=1.5, "
+        "growth_interval=200) instead of 2**16, 2.0, 100 — or train in bf16, which needs no scaler"
+        + (f"; start with {modules[0]}, the first module with a non-finite gradient." if modules else ".")
+    )
+    return _result(status, summary, evidence, fix)
+
+
+# ---------------------------------------------------------------- grad_norm
+
+
+def grad_zones(norms: np.ndarray, p: Mapping) -> dict[str, np.ndarray]:
+    """Boolean mask per zone; exactly one zone per row. NaN/inf is 'exploded'."""
+    fin = np.isfinite(norms)
+    v = np.where(fin, norms, 0.0)
+    low = fin & (v < p["grad_healthy_min"])
+    critical = fin & (v > p["grad_critical"])
+    warning = fin & (v > p["grad_warning"]) & ~critical
+    return {
+        "low": low,
+        "healthy": fin & ~low & ~warning & ~critical,
+        "warning": warning,
+        "critical": critical,
+        "exploded": ~fin,
+    }
+
+
+def check_grad_norm(df: pd.DataFrame, p: Mapping) -> dict:
+    col = "grad/global_norm"
+    if col not in df.columns or len(df) == 0:
+        return _result("skip", f"{col} not logged.", {}, f"Log {col} (pre-clipping) to enable this check.")
+    norms = df[col].to_numpy()
+    zones = grad_zones(norms, p)
+    frac = {z: float(m.mean()) for z, m in zones.items()}
+    bad = frac["critical"] + frac["exploded"]
+    finite = norms[np.isfinite(norms)]
+    evidence: dict[str, Any] = {f"frac_{z}": f for z, f in frac.items()}
+    evidence["rows"] = len(norms)
+    evidence["median_norm"] = float(np.median(finite)) if finite.size else float("nan")
+    evidence["max_norm"] = float(finite.max()) if finite.size else float("nan")
+    bad_steps = df["step"].to_numpy()[zones["critical"] | zones["exploded"]]
+    if bad_steps.size:
+        evidence["first_bad_step"] = int(bad_steps[0])
+    if "grad/clipped_norm" in df.columns:
+        clipped = df["grad/clipped_norm"].to_numpy()
+        ok = np.isfinite(clipped) & np.isfinite(norms)
+        if ok.any():  # clipping scales to max_norm, so clipped < pre-clip norm means it acted
+            evidence["clip_fraction"] = float((clipped[ok] < norms[ok] * (1 - 1e-6)).mean())
+    if bad > p["grad_max_critical_fraction"]:
+        status = "fail"
+    elif frac["warning"] > 0.25:  # a quarter of steps near the edge: one LR bump from exploding
+        status = "warn"
+    else:
+        status = "pass"
+    summary = (
+        f"{100 * bad:.1f} % of {len(norms):,} logged steps critical (>{p['grad_critical']:g}) or exploded "
+        f"(limit {100 * p['grad_max_critical_fraction']:g} %); healthy {100 * frac['healthy']:.0f} %, "
+        f"warning {100 * frac['warning']:.0f} %, low {100 * frac['low']:.0f} %; "
+        f"median norm {evidence['median_norm']:.3g}, max {evidence['max_norm']:.3g}."
+    )
+    fix = (
+        "Clip gradients at max_norm=1.0 (after scaler.unscale_), lower the LR or lengthen warm-up, "
+        "and check precision/scaler settings (bf16, or GradScaler init_scale=2**10 rather than 2**16)."
+    )
+    return _result(status, summary, evidence, fix)
+
+
+# ---------------------------------------------------------------- loss_spikes
+
+
+def spike_scan(df: pd.DataFrame, p: Mapping) -> pd.DataFrame:
+    """Per finite-loss row: step, loss, threshold (mean + k*std of the trailing window of finite
+    losses, NaN with fewer than 10), sigma, spike (bool)."""
+    cols = ["step", "loss", "threshold", "sigma", "spike"]
+    if "train/loss" not in df.columns:
+        return pd.DataFrame(columns=cols)
+    d = _finite(df, "train/loss").reset_index(drop=True)
+    loss = d["train/loss"]
+    trailing = loss.shift(1).rolling(p["spike_window"], min_periods=_MIN_SPIKE_WINDOW)
+    mean = trailing.mean()
+    # Floor std at 1e-9 * |mean| so a perfectly flat loss does not divide by zero.
+    std = np.maximum(trailing.std(), 1e-9 * mean.abs())
+    threshold = mean + p["spike_k"] * std
+    return pd.DataFrame({
+        "step": d["step"], "loss": loss, "threshold": threshold,
+        "sigma": (loss - mean) / std, "spike": (loss > threshold).fillna(False).astype(bool),
+    })
+
+
+def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping) -> dict:
+    event_steps = sorted({int(e["step"]) for e in events or () if e.get("kind") == "loss_spike"})
+    fix = (
+        "Lower the LR or lengthen warm-up, clip gradients at 1.0, and skip the update on a spike "
+        "(loss > mean + k·std of the trailing window) instead of applying it."
+    )
+    if "train/loss" not in df.columns:
+        if not event_steps:
+            return _result("skip", "train/loss not logged and no loss_spike events.", {},
+                           "Log train/loss to enable this check.")
+        return _result(
+            "warn", f"{len(event_steps)} loss_spike event(s) (steps {_steps_text(event_steps)}); "
+            "recovery cannot be checked without train/loss.",
+            {"count": len(event_steps), "steps": _steps_text(event_steps), "from_events": len(event_steps)}, fix,
+        )
+    scan = spike_scan(df, p)
+    if scan.empty:
+        return _result("skip", "train/loss has no finite values.", {}, "Log train/loss to enable this check.")
+    rows = scan[scan["spike"]]
+    spike_steps = sorted(set(rows["step"].astype(int)) | set(event_steps))
+    if not spike_steps:
+        return _result("pass", f"No loss spike in {len(scan):,} logged steps "
+                       f"(loss > mean + {p['spike_k']:g}·std of the trailing {p['spike_window']} losses).",
+                       {"count": 0, "rows": len(scan)}, None)
+
+    # Recovered: the median of the last 10 % of rows (those after the spike) is back under the
+    # detection threshold in force at the spike, i.e. inside the loss's normal range of that time.
+    n_tail = max(1, math.ceil(0.1 * len(scan)))
+    tail = scan.iloc[-n_tail:]
+    steps_arr = scan["step"].to_numpy()
+    thr, loss = scan["threshold"].to_numpy(), scan["loss"].to_numpy()
+    tail_steps, tail_loss = steps_arr[-n_tail:], loss[-n_tail:]
+    unrecovered = []
+    for s in spike_steps:  # searchsorted, not a scan per spike: runs can have 1e5 rows
+        i = np.searchsorted(steps_arr, s)  # first row at or after the spike
+        ref = np.nan if i == len(scan) else (thr[i] if np.isfinite(thr[i]) else loss[i])
+        after = tail_loss[tail_steps > s]
+        if after.size == 0 or not np.isfinite(ref) or np.median(after) >= ref:
+            unrecovered.append(s)
+    largest = rows.loc[rows["loss"].idxmax()] if len(rows) else None
+    evidence: dict[str, Any] = {
+        "count": len(spike_steps),
+        "steps": _steps_text(spike_steps),
+        "from_rows": len(rows),
+        "from_events": len(event_steps),
+        "tail_median_loss": float(tail["loss"].median()),
+        "recovered": not unrecovered,
+        "unrecovered": len(unrecovered),
+    }
+    if largest is not None:
+        evidence["largest_spike_step"] = int(largest["step"])
+        evidence["largest_spike_loss"] = float(largest["loss"])
+        evidence["largest_spike_sigma"] = float(largest["sigma"])
+    status = "warn" if not unrecovered else "fail"
+    top = (f" (largest at step {int(largest['step'])}: {largest['loss']:.4g}, "
+           f"{largest['sigma']:.1f} std above the trailing mean)") if largest is not None else ""
+    outcome = ("loss recovered" if not unrecovered
+               else f"{len(unrecovered)} not recovered (last-10 % median {evidence['tail_median_loss']:.4g})")
+    summary = f"{len(spike_steps)} loss spike(s) at steps {_steps_text(spike_steps)}{top}; {outcome}."
+    return _result(status, summary, evidence, fix)
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def run_checks(steps: pd.DataFrame | None, events: Sequence[Mapping] | None, params: Mapping | None) -> dict:
+    """All checks. `checks` is ordered fail, warn, skip, pass (canonical order within a status);
+    `failed` lists the failed check names in canonical order."""
+    p = resolve_params(params)
+    df = prepare_steps(steps)
+    events = list(events) if events is not None else None
+    checks = {
+        "memory_growth": check_memory_growth(df, p),
+        "step_time_degradation": check_step_time(df, p),
+        "nonfinite": check_nonfinite(df, events, p),
+        "grad_norm": check_grad_norm(df, p),
+        "loss_spikes": check_loss_spikes(df, events, p),
+    }
+    failed = [n for n in CHECK_ORDER if checks[n]["status"] == "fail"]
+    ordered = dict(sorted(checks.items(), key=lambda kv: _STATUS_RANK[kv[1]["status"]]))
+    return {"verdict": "unstable" if failed else "stable", "checks": ordered, "failed": failed}
+
+
+def stability_metrics(result: Mapping) -> dict:
+    """The DVC metrics file: verdict plus, per check, pass/status and its numeric evidence
+    (bools kept; non-finite floats become None so the JSON stays strict)."""
+    out: dict[str, Any] = {"verdict": result["verdict"]}
+    names = [n for n in CHECK_ORDER if n in result["checks"]]
+    names += [n for n in result["checks"] if n not in names]
+    for name in names:
+        check = result["checks"][name]
+        m: dict[str, Any] = {"pass": bool(check["pass"]), "status": check["status"]}
+        for key, value in check["evidence"].items():
+            value = _py(value)
+            if isinstance(value, bool) or isinstance(value, int):
+                m[key] = value
+            elif isinstance(value, float):
+                m[key] = value if math.isfinite(value) else None
+        out[name] = m
+    return out

@@ -1,0 +1,185 @@
+"""The report's PNGs: one figure per failure mode, drawn from the same numbers the checks use.
+
+Figures are built with the object API on an Agg canvas (no pyplot, no global backend switch, no
+display needed), so plotting is safe inside a stage, a test or a worker thread. A plot whose
+column is missing is left out of the returned mapping rather than drawn empty.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from pipeline.atomic import atomic_path
+from pipeline.report import checks
+
+DPI = 100
+FIGSIZE = (8.0, 3.5)  # 800x350 px: readable in a Markdown preview without scrolling sideways
+ZONE_COLOURS = {"healthy": "#2ca02c", "warning": "#f2c400", "critical": "#ff7f0e", "exploded": "#d62728"}
+
+
+def _figure(title: str, ylabel: str):
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.set_title(title, fontsize=11)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def _shade_warmup(ax, df: pd.DataFrame, warmup: int) -> None:
+    if warmup > 0 and len(df) and df["step"].min() <= warmup:
+        ax.axvspan(df["step"].min(), warmup, color="grey", alpha=0.15, lw=0, label="warm-up (excluded)")
+
+
+def _mark_top(ax, xs: Sequence[float], label: str) -> None:
+    """Red x at the top edge: x in data coordinates, y in axes coordinates (these rows have no
+    finite value to place them at)."""
+    if len(xs):
+        ax.scatter(xs, np.full(len(xs), 0.97), marker="x", color="#d62728", s=30, zorder=5,
+                   transform=ax.get_xaxis_transform(), clip_on=False, label=label)
+
+
+def plot_loss(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
+    if "train/loss" not in df.columns:
+        return None
+    fig, ax = _figure("Training loss", "train/loss")
+    scan = checks.spike_scan(df, p)
+    ax.plot(scan["step"], scan["loss"], lw=1, color="#1f77b4", label="train/loss")
+    bad = {r["step"] for r in checks.nonfinite_steps(df, events)}
+    if "train/skipped" in df.columns:
+        bad |= set(df.loc[df["train/skipped"] > 0, "step"].astype(int))
+    _mark_top(ax, sorted(bad), "skipped / non-finite")
+    spikes = scan[scan["spike"]]
+    if len(spikes):
+        ax.scatter(spikes["step"], spikes["loss"], s=70, facecolors="none", edgecolors="#ff7f0e",
+                   linewidths=1.5, zorder=4, label="spike")
+    for s in sorted({e["step"] for e in events or () if e.get("kind") == "loss_spike"} - set(spikes["step"])):
+        ax.axvline(s, color="#ff7f0e", ls=":", lw=1)
+    positive = scan["loss"][scan["loss"] > 0]
+    # Log scale once the loss spans > 50x, else one spike flattens the whole curve.
+    if len(positive) == len(scan) and len(scan) and positive.max() / positive.min() > 50:
+        ax.set_yscale("log")
+    ax.legend(loc="upper right", fontsize=8)
+    return fig
+
+
+def plot_grad_norm(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
+    if "grad/global_norm" not in df.columns:
+        return None
+    fig, ax = _figure("Gradient norm (pre-clipping)", "grad/global_norm")
+    norms = df["grad/global_norm"].to_numpy()
+    ok = np.isfinite(norms) & (norms > 0)  # log scale: zeros cannot be drawn
+    lo = min(norms[ok].min() if ok.any() else p["grad_healthy_min"], p["grad_healthy_min"]) / 2
+    hi = max(norms[ok].max() if ok.any() else p["grad_critical"], p["grad_critical"]) * 2
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    ax.axhspan(p["grad_healthy_min"], p["grad_warning"], color=ZONE_COLOURS["healthy"], alpha=0.12, lw=0, label="healthy")
+    ax.axhspan(p["grad_warning"], p["grad_critical"], color=ZONE_COLOURS["warning"], alpha=0.18, lw=0, label="warning")
+    ax.axhspan(p["grad_critical"], hi, color=ZONE_COLOURS["critical"], alpha=0.18, lw=0, label="critical")
+    # The exploded zone has no y value: a red band along the top edge holds the non-finite rows.
+    ax.add_patch(Rectangle((0, 0.94), 1, 0.06, transform=ax.transAxes, color=ZONE_COLOURS["exploded"],
+                           alpha=0.15, lw=0, label="exploded"))
+    steps = df["step"].to_numpy()
+    ax.plot(steps[ok], norms[ok], lw=1, color="#1f77b4", label="global norm")
+    if "grad/clipped_norm" in df.columns:
+        c = df["grad/clipped_norm"].to_numpy()
+        cok = np.isfinite(c) & (c > 0)
+        ax.plot(steps[cok], c[cok], lw=0.8, ls="--", color="#555555", label="after clipping")
+    _mark_top(ax, steps[~np.isfinite(norms)], "exploded (non-finite)")
+    ax.legend(loc="lower right", fontsize=7, ncol=3)
+    return fig
+
+
+def plot_memory(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
+    series = [(n, c) for n, c in checks.MEMORY_SERIES.items() if c in df.columns]
+    drawn = []
+    for _, col in series:
+        d = df[["step", col]][np.isfinite(df[col].to_numpy())]
+        if len(d) and np.ptp(d[col].to_numpy()) > 0:  # all-zero device memory on CPU says nothing
+            drawn.append((col, d))
+    if not drawn:
+        return None
+    fig, ax = _figure("Memory", "MB")
+    _shade_warmup(ax, df, p["warmup_steps"])
+    for col, d in drawn:
+        line, = ax.plot(d["step"], d[col], lw=1, label=col)
+        fit = checks.fit_memory(df, col, p)
+        if isinstance(fit, dict):
+            x = np.array([fit["first_step"], fit["last_step"]], dtype=float)
+            y = fit["intercept"] + fit["slope_mb_per_1k_steps"] / 1000 * x
+            ax.plot(x, y, ls="--", lw=1.5, color=line.get_color(),
+                    label=f"fit {fit['slope_mb_per_1k_steps']:+.1f} MB/1k steps (p={fit['p_value']:.2g})")
+    if "mem/device_peak_mb" in df.columns and np.nanmax(np.abs(df["mem/device_peak_mb"].to_numpy()), initial=0) > 0:
+        ax.plot(df["step"], df["mem/device_peak_mb"], lw=0.8, alpha=0.5, color="grey", label="mem/device_peak_mb")
+    ax.legend(loc="best", fontsize=8)
+    return fig
+
+
+def plot_step_time(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
+    if "perf/step_ms" not in df.columns:
+        return None
+    fig, ax = _figure("Step time", "ms per optimizer step")
+    _shade_warmup(ax, df, p["warmup_steps"])
+    d = df[["step", "perf/step_ms"]][np.isfinite(df["perf/step_ms"].to_numpy())]
+    ax.plot(d["step"], d["perf/step_ms"], lw=0.8, color="#1f77b4", label="perf/step_ms")
+    split = checks.step_time_split(df, p)
+    if not isinstance(split, str):
+        for part, name, colour in ((split[0], "early", "#2ca02c"), (split[1], "steady", "#d62728")):
+            med = part["perf/step_ms"].median()
+            ax.hlines(med, part["step"].iloc[0], part["step"].iloc[-1], colors=colour, lw=2,
+                      label=f"{name} median {med:.1f} ms")
+        # A 900 ms first step (compile, autotune) would flatten the steady state to a line:
+        # scale to the post-warm-up rows the check uses.
+        post = d.loc[d["step"] > p["warmup_steps"], "perf/step_ms"]
+        ax.set_ylim(0, post.max() * 1.1)
+    ax.legend(loc="best", fontsize=8)
+    return fig
+
+
+def plot_adaptive_steps(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
+    if "flow/steps_used" not in df.columns:
+        return None
+    fig, ax = _figure("Adaptive steps used per batch", "flow/steps_used")
+    d = df[["step", "flow/steps_used"]][np.isfinite(df["flow/steps_used"].to_numpy())]
+    ax.plot(d["step"], d["flow/steps_used"], lw=0.8, alpha=0.6, color="#1f77b4", label="flow/steps_used")
+    if len(d) >= 20:  # a rolling median shows the trend through per-batch jitter
+        ax.plot(d["step"], d["flow/steps_used"].rolling(20, min_periods=1).median(), lw=1.5,
+                color="#ff7f0e", label="rolling median (20 rows)")
+    ax.legend(loc="best", fontsize=8)
+    return fig
+
+
+PLOTS: dict[str, Callable] = {
+    "loss": plot_loss,
+    "grad_norm": plot_grad_norm,
+    "memory": plot_memory,
+    "step_time": plot_step_time,
+    "adaptive_steps": plot_adaptive_steps,
+}
+
+
+def make_plots(steps: pd.DataFrame, events, params, out_dir) -> dict[str, Path]:
+    """Write the PNGs whose data is present into out_dir; return {name: path}, e.g.
+    {"loss": out_dir / "loss.png"}. Each file is written atomically."""
+    p = checks.resolve_params(params)
+    df = checks.prepare_steps(steps)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for name, draw in PLOTS.items():
+        fig = draw(df, events, p)
+        if fig is None:
+            continue
+        dest = out_dir / f"{name}.png"
+        with atomic_path(dest) as tmp:
+            fig.savefig(tmp, format="png", dpi=DPI)
+        written[name] = dest
+    return written

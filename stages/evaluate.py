@@ -1,0 +1,60 @@
+"""evaluate: cosine, MSE and retrieval top-1/top-5 on val and test for the trained model and for
+two baselines computed here (identity; ridge fitted on train), plus a table of decoded samples.
+Adds its metrics and artifacts to the model's MLflow run."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import pandas as pd
+
+from pipeline import tracking
+from pipeline.atomic import atomic_path, write_json
+from pipeline.checkpoint import load_model
+from pipeline.data.shards import open_split
+from pipeline.evaluation import evaluate_split, predict, ridge_fit, sample_table
+from pipeline.paths import METRICS_DIR, REPORTS_DIR, repo_path
+
+from ._cli import run_stage
+
+log = logging.getLogger(__name__)
+
+SAMPLES_CSV = REPORTS_DIR / "eval_samples.csv"
+
+
+def run(cfg) -> dict:
+    shard_dir, model_dir = repo_path(cfg.embed.out_dir), repo_path(cfg.train.out_dir)
+    run_info = tracking.read_run_file(model_dir)
+    model, _ = load_model(model_dir / "model.pt")
+    shards = {s: open_split(shard_dir, s) for s in ("train", "val", "test")}
+    w = ridge_fit(shards["train"].inputs, shards["train"].targets, cfg.evaluate.ridge_alpha)
+    metrics, samples = {}, []
+    for split in ("val", "test"):
+        if shards[split].count == 0:
+            continue
+        pred = predict(model, shards[split].inputs, cfg.evaluate.batch_size)
+        metrics.update(evaluate_split(split, pred, shards[split], w))
+        if split == "test":
+            samples = sample_table(shards[split], pred, cfg.evaluate.samples)
+    write_json(METRICS_DIR / "eval.json", metrics)
+    with atomic_path(SAMPLES_CSV) as tmp:
+        pd.DataFrame(samples, columns=["id", "input", "target", "decoded", "correct"]).to_csv(tmp, index=False)
+    with tracking.mlflow_run("evaluate", cfg.run.preset, run_id=run_info["run_id"]):
+        tracking.log_metrics(metrics)
+        tracking.log_artifact_file(METRICS_DIR / "eval.json", "evaluate")
+        tracking.log_artifact_file(SAMPLES_CSV, "evaluate")
+    for split in ("val", "test"):
+        if f"{split}/cosine" in metrics:
+            log.info("%s: model cos %.3f top1 %.3f | identity cos %.3f top1 %.3f | ridge cos %.3f top1 %.3f", split,
+                     metrics[f"{split}/cosine"], metrics[f"{split}/top1"],
+                     metrics[f"baseline/identity/{split}/cosine"], metrics[f"baseline/identity/{split}/top1"],
+                     metrics[f"baseline/ridge/{split}/cosine"], metrics[f"baseline/ridge/{split}/top1"])
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("evaluate", __doc__, "run, embed.out_dir, train.out_dir, evaluate", run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""Stability checks on synthetic telemetry: a clean run raises no alarm, each injected fault is
+flagged by its own check, missing data is a skip and never a crash."""
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.report.checks import CHECK_ORDER, resolve_params, run_checks, stability_metrics
+
+N = 500
+PARAMS = {"planned_steps": 10_000}  # everything else from the defaults (warm-up 10, k=4, ...)
+
+
+def clean_run(n: int = N, seed: int = 0) -> pd.DataFrame:
+    """A healthy run: decaying loss with noise, flat step time, memory jittering +-5 MB, norms 0.5-3."""
+    rng = np.random.default_rng(seed)
+    step = np.arange(1, n + 1)
+    ms = 20 + rng.normal(0, 1, n)
+    norm = rng.uniform(0.5, 3, n)
+    return pd.DataFrame({
+        "step": step,
+        "epoch": (step - 1) // 100,
+        "train/loss": 2 + 3 * np.exp(-step / 80) + rng.normal(0, 0.05, n),
+        "train/skipped": 0,
+        "grad/global_norm": norm,
+        "grad/clipped_norm": np.minimum(norm, 1.0),
+        "train/lr": 1e-3,
+        "perf/step_ms": ms,
+        "perf/samples_per_s": 32 / (ms / 1000),
+        "flow/steps_used": rng.integers(5, 9, n),
+        "mem/rss_mb": 1500 + rng.uniform(-5, 5, n),
+        "mem/device_allocated_mb": 800 + rng.uniform(-5, 5, n),
+        "mem/device_peak_mb": 1200 + rng.uniform(-5, 5, n),
+    })
+
+
+def nan_events(steps, module="carrier.gru.0"):
+    return [{"step": int(s), "kind": "nan_grad", "module": module, "action": "skipped"} for s in steps]
+
+
+def with_nan_loss(df, steps):
+    df = df.copy()
+    df.loc[df["step"].isin(steps), "train/loss"] = np.nan
+    df.loc[df["step"].isin(steps), "train/skipped"] = 1
+    return df
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_clean_run_is_stable_every_check_passes(seed):
+    result = run_checks(clean_run(seed=seed), [], PARAMS)
+    assert result["verdict"] == "stable"
+    assert result["failed"] == []
+    assert list(result["checks"]) and set(result["checks"]) == set(CHECK_ORDER)
+    for name, check in result["checks"].items():
+        assert check["status"] == "pass", (name, check["summary"])
+        assert check["pass"] is True and check["fix"] is None
+        assert check["summary"].endswith(".")
+
+
+def test_memory_climb_fails_with_slope_near_truth():
+    df = clean_run()
+    df["mem/rss_mb"] = 1500 + 0.2 * df["step"] + np.random.default_rng(1).uniform(-5, 5, N)  # +200 MB/1k
+    result = run_checks(df, [], PARAMS)
+    check = result["checks"]["memory_growth"]
+    assert check["status"] == "fail" and check["pass"] is False
+    assert result["verdict"] == "unstable" and result["failed"] == ["memory_growth"]
+    ev = check["evidence"]
+    assert ev["series"] == "rss"
+    assert abs(ev["slope_mb_per_1k_steps"] - 200) / 200 < 0.10
+    assert ev["p_value"] < 1e-6 and ev["r2"] > 0.9
+    assert ev["projected_mb"] == pytest.approx(1500 + 0.2 * 10_000, rel=0.05)
+    assert "~200 MB per 1k steps" in check["fix"] and "retain_graph=True" in check["fix"]
+    assert "device_slope_mb_per_1k_steps" in ev  # the flat series is still reported, prefixed
+    assert next(iter(result["checks"])) == "memory_growth"  # failed checks come first
+
+
+def test_memory_device_climb_is_caught_when_host_is_flat():
+    df = clean_run()
+    df["mem/device_allocated_mb"] = 800 + 0.1 * df["step"]
+    check = run_checks(df, [], PARAMS)["checks"]["memory_growth"]
+    assert check["status"] == "fail" and check["evidence"]["series"] == "device"
+
+
+def test_memory_significant_but_small_slope_passes():
+    # 5 MB per 1k steps with tiny noise: p is ~0 but 5 < memory_min_mb_per_1k (20).
+    df = clean_run()
+    df["mem/rss_mb"] = 1500 + 0.005 * df["step"] + np.random.default_rng(2).uniform(-0.1, 0.1, N)
+    check = run_checks(df, [], PARAMS)["checks"]["memory_growth"]
+    assert check["evidence"]["p_value"] < 0.01
+    assert check["status"] == "pass"
+
+
+def test_memory_on_cpu_ignores_zero_device_series():
+    df = clean_run()
+    df["mem/device_allocated_mb"] = 0.0
+    df["mem/device_peak_mb"] = 0.0
+    check = run_checks(df, [], PARAMS)["checks"]["memory_growth"]
+    assert check["status"] == "pass"
+    assert "constant" in check["evidence"]["not_tested"]
+    assert "device_peak_max_mb" not in check["evidence"]
+
+
+def test_memory_with_too_few_rows_after_warmup_skips():
+    check = run_checks(clean_run(n=13), [], PARAMS)["checks"]["memory_growth"]
+    assert check["status"] == "skip" and check["pass"] is True
+    assert "need 5" in check["summary"]
+
+
+def test_step_time_doubling_fails():
+    df = clean_run()
+    df.loc[df["step"] > 100, "perf/step_ms"] *= 2
+    result = run_checks(df, [], PARAMS)
+    check = result["checks"]["step_time_degradation"]
+    assert check["status"] == "fail"
+    assert check["evidence"]["ratio"] == pytest.approx(2.0, rel=0.1)
+    assert check["evidence"]["spearman_rho"] > 0.3 and check["evidence"]["spearman_p"] < 0.01
+    assert "empty_cache" in check["fix"] and ".item()" in check["fix"]
+    assert result["failed"] == ["step_time_degradation"]
+
+
+def test_step_time_slow_warmup_is_not_degradation():
+    df = clean_run()
+    df.loc[df["step"] <= 10, "perf/step_ms"] = 900  # compile / autotune on the first steps
+    assert run_checks(df, [], PARAMS)["checks"]["step_time_degradation"]["status"] == "pass"
+
+
+def test_rare_recovered_nonfinite_warns():
+    bad = [120, 240, 360]  # 3 / 500 = 0.6 % <= 1 %
+    result = run_checks(with_nan_loss(clean_run(), bad), nan_events(bad), PARAMS)
+    check = result["checks"]["nonfinite"]
+    assert check["status"] == "warn" and check["pass"] is True
+    ev = check["evidence"]
+    assert ev["count"] == 3 and ev["recovered"] is True and ev["first_module"] == "carrier.gru.0"
+    assert ev["first_step"] == 120 and "step 120 nan_grad in carrier.gru.0 (skipped)" in ev["event_list"]
+    assert "2**10" in check["fix"] and "bf16" in check["fix"]
+    assert result["verdict"] == "stable"  # a warning does not make the run unstable
+
+
+def test_frequent_nonfinite_fails():
+    bad = list(range(50, 500, 10))  # 45 / 500 = 9 %
+    check = run_checks(with_nan_loss(clean_run(), bad), nan_events(bad), PARAMS)["checks"]["nonfinite"]
+    assert check["status"] == "fail" and check["evidence"]["count"] == len(bad)
+
+
+def test_rare_nonfinite_without_recovery_fails():
+    bad = [498, 499, 500]  # the run ended in NaN
+    check = run_checks(with_nan_loss(clean_run(), bad), nan_events(bad), PARAMS)["checks"]["nonfinite"]
+    assert check["status"] == "fail" and check["evidence"]["recovered"] is False
+
+
+def test_nan_loss_rows_without_events_are_still_counted():
+    df = with_nan_loss(clean_run(), [200])
+    check = run_checks(df, [], PARAMS)["checks"]["nonfinite"]
+    assert check["status"] == "warn" and check["evidence"]["count"] == 1
+
+
+def test_mostly_critical_grad_norms_fail():
+    df = clean_run()
+    df["grad/global_norm"] = np.random.default_rng(3).uniform(11, 50, N)
+    df.loc[df["step"] == 250, "grad/global_norm"] = np.inf
+    check = run_checks(df, [], PARAMS)["checks"]["grad_norm"]
+    ev = check["evidence"]
+    assert check["status"] == "fail"
+    assert ev["frac_critical"] == pytest.approx(499 / 500) and ev["frac_exploded"] == pytest.approx(1 / 500)
+    assert math.isfinite(ev["max_norm"]) and ev["max_norm"] <= 50
+    assert "clip" in check["fix"].lower()
+
+
+def test_warning_zone_grad_norms_warn():
+    df = clean_run()
+    df.loc[df["step"] % 2 == 0, "grad/global_norm"] = 7.0  # half the rows in the warning zone
+    check = run_checks(df, [], PARAMS)["checks"]["grad_norm"]
+    assert check["status"] == "warn" and check["evidence"]["frac_warning"] == pytest.approx(0.5)
+
+
+def test_injected_loss_spike_is_found_at_its_step_and_recovers():
+    df = clean_run()
+    df.loc[df["step"] == 300, "train/loss"] = 10.0
+    check = run_checks(df, [], PARAMS)["checks"]["loss_spikes"]
+    ev = check["evidence"]
+    assert check["status"] == "warn"
+    assert ev["count"] == 1 and ev["steps"] == "300" and ev["largest_spike_step"] == 300
+    assert ev["recovered"] is True and ev["largest_spike_sigma"] > 4
+
+
+def test_loss_spike_that_never_recovers_fails():
+    df = clean_run()
+    df.loc[df["step"] >= 300, "train/loss"] += 5.0  # jumps and stays up: divergence
+    check = run_checks(df, [], PARAMS)["checks"]["loss_spikes"]
+    assert check["status"] == "fail" and check["evidence"]["steps"].startswith("300")
+    assert check["evidence"]["recovered"] is False
+
+
+def test_loss_spike_events_are_included():
+    events = [{"step": 77, "kind": "loss_spike", "module": None, "action": "flagged"}]
+    check = run_checks(clean_run(), events, PARAMS)["checks"]["loss_spikes"]
+    assert check["status"] == "warn" and check["evidence"]["steps"] == "77"
+    assert check["evidence"]["from_events"] == 1
+
+
+def test_only_step_column_skips_without_crashing():
+    df = pd.DataFrame({"step": np.arange(1, 101)})
+    result = run_checks(df, [], {})
+    statuses = {n: c["status"] for n, c in result["checks"].items()}
+    assert statuses == {"memory_growth": "skip", "step_time_degradation": "skip", "nonfinite": "pass",
+                        "grad_norm": "skip", "loss_spikes": "skip"}
+    assert result["verdict"] == "stable"
+    for check in result["checks"].values():
+        assert check["summary"] and (check["status"] != "skip" or check["fix"])
+
+
+@pytest.mark.parametrize("column", [c for c in clean_run(n=20).columns if c != "step"])
+def test_each_missing_column_is_survivable(column):
+    result = run_checks(clean_run().drop(columns=[column]), nan_events([200]), PARAMS)
+    assert result["verdict"] in ("stable", "unstable")
+    json.dumps(stability_metrics(result), allow_nan=False)
+
+
+def test_empty_telemetry_and_no_events():
+    result = run_checks(pd.DataFrame({"step": []}), None, None)
+    assert all(c["status"] == "skip" for c in result["checks"].values())
+
+
+def test_telemetry_without_step_column_is_an_error():
+    with pytest.raises(ValueError, match="step"):
+        run_checks(pd.DataFrame({"train/loss": [1.0]}), [], {})
+
+
+def test_stability_metrics_is_flat_strict_json():
+    df = clean_run()
+    df["grad/global_norm"] = np.inf  # median/max finite norm become NaN
+    metrics = stability_metrics(run_checks(df, nan_events([100]), PARAMS))
+    assert metrics["verdict"] == "unstable"
+    assert list(metrics)[1:] == list(CHECK_ORDER)
+    assert metrics["grad_norm"]["pass"] is False and metrics["grad_norm"]["status"] == "fail"
+    assert metrics["grad_norm"]["max_norm"] is None
+    assert "event_list" not in metrics["nonfinite"]  # strings stay in the report, not the metrics
+    json.dumps(metrics, allow_nan=False)
+
+
+def test_params_from_dictconfig():
+    omegaconf = pytest.importorskip("omegaconf")
+    cfg = omegaconf.OmegaConf.create({**{k: v for k, v in resolve_params({}).items() if v is not None},
+                                      "step_time_max_ratio": 3.0})
+    df = clean_run()
+    df.loc[df["step"] > 100, "perf/step_ms"] *= 2
+    assert run_checks(df, [], cfg)["checks"]["step_time_degradation"]["status"] == "pass"
+
+
+def test_impossible_params_are_rejected_by_name():
+    with pytest.raises(ConfigError, match="grad_warning"):
+        resolve_params({"grad_warning": 20.0, "grad_critical": 10.0})
+    with pytest.raises(ConfigError, match="memory_alpha"):
+        resolve_params({"memory_alpha": 1.5})
