@@ -86,7 +86,6 @@ class TrainConfig:
 
 @dataclass
 class EvaluateConfig:
-    batch_size: int = 256
     ridge_alpha: float = 1.0
     samples: int = 10  # decoded examples in the sample table
 
@@ -196,7 +195,6 @@ def _check_values(cfg: DictConfig) -> None:
     _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
     _require(splits["train"] > 0, "embed.splits.train", "> 0", splits["train"])
     ev = cfg.evaluate
-    _require(ev.batch_size > 0, "evaluate.batch_size", "an integer > 0", ev.batch_size)
     _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
     r = cfg.report
     _require(0 < r.memory_alpha < 1, "report.memory_alpha", "in (0, 1)", r.memory_alpha)

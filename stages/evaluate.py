@@ -32,7 +32,9 @@ def run(cfg) -> dict:
     for split in ("val", "test"):
         if shards[split].count == 0:
             continue
-        pred = predict(model, shards[split].inputs, cfg.evaluate.batch_size)
+        # The batch size the model trained with: max_active_flows caps flows per *batch*, so a
+        # bigger batch would give each sample fewer flows than it learned with.
+        pred = predict(model, shards[split].inputs, cfg.train.batch_size)
         metrics.update(evaluate_split(split, pred, shards[split], w))
         if split == "test":
             samples = sample_table(shards[split], pred, cfg.evaluate.samples)
@@ -53,7 +55,7 @@ def run(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("evaluate", __doc__, "run, embed.out_dir, train.out_dir, evaluate", run, argv)
+    return run_stage("evaluate", __doc__, "run, embed.out_dir, train.out_dir, train.batch_size, evaluate", run, argv)
 
 
 if __name__ == "__main__":

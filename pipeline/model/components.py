@@ -63,7 +63,7 @@ class EnergyCarrier(nn.Module):
         self.energy = nn.Linear(hidden, 1)
         self.min_forward, self.max_forward, self.max_lateral = min_forward, max_forward, max_lateral
 
-    def forward(self, inp: torch.Tensor, hidden: tuple[torch.Tensor, ...]):
+    def forward(self, inp: torch.Tensor, hidden: tuple[torch.Tensor, ...], energy: torch.Tensor):
         new_hidden = []
         for cell, h in zip(self.cells, hidden):
             inp = cell(inp, h)
@@ -71,7 +71,9 @@ class EnergyCarrier(nn.Module):
         lateral = self.max_lateral * torch.tanh(self.lateral(inp))
         # min_forward > 0 bounds the trip: every flow reaches z = D within ceil(D / min_forward) steps.
         fwd = self.min_forward + (self.max_forward - self.min_forward) * torch.sigmoid(self.forward_head(inp)).squeeze(1)
-        energy = torch.tanh(self.energy(inp)).squeeze(1)
+        # Residual: the carried energy is updated, not replaced, so what the input put into a flow
+        # survives the trip (replacing it made every prediction collapse to the targets mean).
+        energy = torch.tanh(energy + self.energy(inp).squeeze(1))
         return lateral, fwd, energy, tuple(new_hidden)
 
 

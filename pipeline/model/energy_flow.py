@@ -67,7 +67,7 @@ class EnergyFlowModel(nn.Module):
     def _advance(self, x, y, z, energy, *hidden):
         pos_norm = torch.stack([x, y, z], dim=1) * self._pos_scale
         n = self.neuron(self.lattice(x, y, z), energy, pos_norm)
-        lateral, fwd, new_energy, new_hidden = self.carrier(n, hidden)
+        lateral, fwd, new_energy, new_hidden = self.carrier(n, hidden, energy)
         # Cell centres span [0.5, W - 0.5]: keeping flows there keeps the bilinear deposit in range.
         x = (x + lateral[:, 0]).clamp(0.5, self.W - 0.5)
         y = (y + lateral[:, 1]).clamp(0.5, self.H - 0.5)

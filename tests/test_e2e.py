@@ -1,0 +1,105 @@
+"""End to end, as a user runs it: a fresh git repository holding the project, the smoke preset
+selected through `dvc exp run -S preset=smoke` (Hydra composition), every stage run by DVC, the
+outputs, metrics and MLflow runs checked, and a second `dvc repro` that has nothing to do."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.paths import REPO_ROOT
+
+
+def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-6000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A copy of the project's files (what git would clone, plus uncommitted work) in a new repo."""
+    dest = tmp_path_factory.mktemp("project")
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in filter(None, files):
+        src = REPO_ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
+        sh(cmd, dest, env)
+    out = sh([sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke"], dest, env)
+    return dest, env, out
+
+
+def test_every_stage_ran_and_wrote_its_outputs(project):
+    root, _, out = project
+    for stage in ("embed", "train", "evaluate", "report"):
+        assert f"Running stage '{stage}'" in out
+    for rel in ("data/shards/manifest.json", "models/model.pt", "models/run.json", "telemetry/train_steps.csv",
+                "telemetry/train_events.json", "metrics/train.json", "metrics/eval.json", "metrics/stability.json",
+                "reports/stability.md", "reports/stability.html", "reports/eval_samples.csv",
+                "reports/plots/loss.png", "reports/plots/grad_norm.png", "reports/plots/memory.png"):
+        assert (root / rel).is_file() and (root / rel).stat().st_size > 0, rel
+    assert "preset: smoke" in (root / "params.yaml").read_text()
+
+
+def test_metrics_are_finite_and_named_split_slash_metric(project):
+    root = project[0]
+    train = json.loads((root / "metrics/train.json").read_text())
+    ev = json.loads((root / "metrics/eval.json").read_text())
+    for key in ("train/skipped_steps", "perf/samples_per_s", "train/loss"):
+        assert math.isfinite(train[key]), key
+    for key in ("test/cosine", "test/top1", "test/top5", "val/cosine", "baseline/ridge/test/cosine",
+                "baseline/identity/test/top1", "baseline/identity/test/cosine", "baseline/ridge/test/top5"):
+        assert math.isfinite(ev[key]), key
+    assert 0 <= ev["test/top1"] <= ev["test/top5"] <= 1
+    stab = json.loads((root / "metrics/stability.json").read_text())
+    assert stab["verdict"] in ("stable", "unstable")
+    for check in ("memory_growth", "step_time_degradation", "nonfinite", "grad_norm", "loss_spikes"):
+        assert isinstance(stab[check]["pass"], bool), check
+
+
+def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
+    from mlflow.tracking import MlflowClient
+
+    root = project[0]
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("energy-flow")
+    runs = client.search_runs([exp.experiment_id])
+    by_stage = {r.data.tags.get("stage"): r for r in runs}
+    assert set(by_stage) == {"embed", "train"}, "one embed run and one model run"
+    embed_run, model_run = by_stage["embed"], by_stage["train"]
+    assert embed_run.info.status == model_run.info.status == "FINISHED"
+    assert model_run.data.tags["embed.run_id"] == embed_run.info.run_id
+    for tags in (embed_run.data.tags, model_run.data.tags):
+        assert tags["preset"] == "smoke" and len(tags["git.commit"]) == 40 and tags["git.dirty"] in ("true", "false")
+    m = model_run.data.metrics
+    for key in ("train/loss", "perf/samples_per_s", "test/cosine", "baseline/ridge/test/cosine",
+                "stability/memory_growth/pass"):
+        assert key in m and math.isfinite(m[key]), key
+    assert model_run.data.tags["stability.verdict"] in ("stable", "unstable")
+    assert model_run.data.params["train.lr"] == "0.003"  # the whole resolved config, flattened
+    assert len(client.get_metric_history(model_run.info.run_id, "train/loss")) > 3  # a curve, not a point
+    artifacts = {a.path for a in client.list_artifacts(model_run.info.run_id, "report")}
+    assert {"report/stability.html", "report/stability.md"} <= artifacts
+    assert "data/rows_used" in embed_run.data.metrics
+
+
+def test_second_repro_does_nothing(project):
+    root, env, _ = project
+    out = sh([sys.executable, "-m", "dvc", "repro"], root, env)
+    assert "Running stage" not in out, out
+    assert "up to date" in sh([sys.executable, "-m", "dvc", "status"], root, env)

@@ -1,0 +1,43 @@
+"""Stage entry points refuse bad input before any work, say why, and write nothing."""
+import pytest
+
+from stages import embed, evaluate, report, train
+
+
+def run_embed(tmp_path, capsys, content: str, name="pairs.csv", *extra):
+    data = tmp_path / name
+    data.write_text(content)
+    out = tmp_path / "shards"
+    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", *extra])
+    return code, capsys.readouterr().err, out
+
+
+def test_missing_field_names_file_and_field(tmp_path, capsys):
+    code, err, out = run_embed(tmp_path, capsys, "id,question,reply\n1,What?,This.\n")
+    assert code == 1
+    assert "pairs.csv" in err and "answer" in err
+    assert not out.exists()
+
+
+def test_empty_dataset_is_refused(tmp_path, capsys):
+    code, err, out = run_embed(tmp_path, capsys, "id,question,answer\n")
+    assert code == 1 and "pairs.csv" in err and "empty" in err.lower()
+    assert not out.exists()
+
+
+def test_wrong_parameter_type_names_the_key(tmp_path, capsys):
+    code, err, out = run_embed(tmp_path, capsys, "id,question,answer\n1,a,b\n", "pairs.csv", "embed.batch_size=many")
+    assert code == 2 and "embed.batch_size" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("stage", [embed, train, evaluate, report])
+def test_help_explains_the_stage(stage, capsys):
+    assert stage.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert "usage: python -m stages." in text and "params.yaml" in text and "preset=" in text
+
+
+def test_train_without_shards_says_to_run_embed(tmp_path, capsys):
+    assert train.main([f"embed.out_dir={tmp_path / 'none'}"]) == 1
+    assert "embed" in capsys.readouterr().err

@@ -1,0 +1,73 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import load_config
+from pipeline.telemetry import STEP_COLUMNS
+from pipeline.training import TrainingDiverged, lr_lambda, train_model
+
+
+def tiny_cfg(**overrides):
+    base = ["preset=smoke", "train.epochs=3", "train.log_every=2", "train.device=cpu", "train.batch_size=16"]
+    return load_config(base + [f"{k}={v}" for k, v in overrides.items()])
+
+
+def linear_task(n=192, dim=16, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, dim)).astype(np.float32)
+    w = rng.normal(size=(dim, dim)).astype(np.float32) / np.sqrt(dim)
+    return x, (x @ w).astype(np.float32)
+
+
+def test_training_learns_and_writes_telemetry():
+    x, y = linear_task()
+    cfg = tiny_cfg(**{"train.epochs": 6, "train.lr": 0.01})
+    res = train_model(cfg, x, y, x[:32], y[:32], progress=False)
+    losses = [r["train/loss"] for r in res.rows]
+    assert losses[-1] < 0.8 * losses[0]
+    assert all(set(STEP_COLUMNS) == set(r) for r in res.rows)
+    assert res.summary["train/steps"] == 6 * (192 // 16)
+    assert res.summary["train/skipped_steps"] == 0 and res.events == []
+    assert [r["step"] for r in res.rows] == list(range(2, 73, 2))
+    assert all(r["flow/steps_used"] >= 1 and r["mem/rss_mb"] > 0 for r in res.rows)
+    assert math.isfinite(res.summary["val/cosine"])
+
+
+def test_same_seed_same_weights():
+    x, y = linear_task()
+    a = train_model(tiny_cfg(), x, y, progress=False).model.state_dict()
+    b = train_model(tiny_cfg(), x, y, progress=False).model.state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k])
+
+
+def test_nonfinite_steps_are_skipped_counted_and_named():
+    x, y = linear_task()
+    y = y.copy()
+    y[5] = np.nan  # every batch holding row 5 has a NaN loss
+    res = train_model(tiny_cfg(), x, y, progress=False)
+    epochs = 3
+    assert res.summary["train/skipped_steps"] == epochs
+    assert len(res.events) == epochs
+    assert all(e["kind"] == "nan_loss" and e["action"] == "skipped" for e in res.events)
+    # The loss is NaN, so every module's gradient is: the one nearest the loss is named.
+    assert all(e["module"] == "output_mapper" for e in res.events)
+    assert sum(r["train/skipped"] for r in res.rows) == epochs
+    for p in res.model.parameters():
+        assert torch.isfinite(p).all()  # skipped steps never reached the weights
+
+
+def test_consecutive_skips_stop_the_run_with_a_clear_error():
+    x, y = linear_task()
+    with pytest.raises(TrainingDiverged, match="3 consecutive non-finite steps") as err:
+        train_model(tiny_cfg(**{"train.max_consecutive_skips": 3}), x, np.full_like(y, np.inf), progress=False)
+    assert len(err.value.result.events) == 3
+
+
+def test_lr_schedule_warms_up_then_decays_to_a_tenth():
+    f = lr_lambda(warmup=10, total=110)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(110) == pytest.approx(0.1)
+    assert all(f(s) >= f(s + 1) for s in range(10, 110))
