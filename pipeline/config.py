@@ -70,9 +70,9 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 10
+    epochs: int = 12
     batch_size: int = 32
-    lr: float = 1e-3
+    lr: float = 3e-3
     warmup_steps: int = 20  # linear LR warm-up, then cosine decay to 10 %
     weight_decay: float = 0.01
     grad_clip: float = 1.0
