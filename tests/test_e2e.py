@@ -103,3 +103,12 @@ def test_second_repro_does_nothing(project):
     out = sh([sys.executable, "-m", "dvc", "repro"], root, env)
     assert "Running stage" not in out, out
     assert "up to date" in sh([sys.executable, "-m", "dvc", "status"], root, env)
+
+
+def test_changing_a_train_parameter_reruns_train_evaluate_report_not_embed(project):
+    root, env, _ = project
+    out = sh([sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke", "-S", "train.epochs=1"], root, env)
+    assert "Running stage 'embed'" not in out and "'embed' didn't change" in out, out
+    for stage in ("train", "evaluate", "report"):
+        assert f"Running stage '{stage}'" in out
+    assert json.loads((root / "metrics/train.json").read_text())["train/steps"] < 20

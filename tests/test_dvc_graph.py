@@ -1,0 +1,68 @@
+"""dvc.yaml keeps its contract: each stage depends on its own script and on every pipeline module
+it imports (directly or through other modules), so editing one re-runs exactly the stages that
+use it."""
+import ast
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.paths import REPO_ROOT
+
+DVC = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
+
+
+def module_file(name: str) -> Path | None:
+    base = REPO_ROOT / Path(*name.split("."))
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+def local_imports(path: Path) -> set[Path]:
+    """Files of pipeline/ and stages/ that `path` imports, followed transitively."""
+    seen: set[Path] = set()
+    todo = [path]
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        pkg = ".".join(f.relative_to(REPO_ROOT).with_suffix("").parts)
+        if f.name != "__init__.py":
+            pkg = pkg.rsplit(".", 1)[0]
+        else:
+            pkg = pkg.removesuffix(".__init__")
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            for name in names:
+                if name.split(".")[0] in ("pipeline", "stages"):
+                    target = module_file(name)
+                    if target:
+                        todo.append(target)
+    return seen
+
+
+def covered(path: Path, deps: list[str]) -> bool:
+    rel = path.relative_to(REPO_ROOT)
+    if rel.name == "__init__.py" and "import" not in path.read_text():
+        return True  # a docstring-only package marker changes nothing
+    return any(rel == Path(d) or Path(d) in rel.parents for d in deps)
+
+
+@pytest.mark.parametrize("stage", sorted(DVC["stages"]))
+def test_stage_depends_on_its_script_and_every_module_it_uses(stage):
+    spec = DVC["stages"][stage]
+    assert spec["cmd"] == f"python -m stages.{stage}"
+    script = REPO_ROOT / "stages" / f"{stage}.py"
+    missing = [str(f.relative_to(REPO_ROOT)) for f in sorted(local_imports(script)) if not covered(f, spec["deps"])]
+    assert not missing, f"stage {stage} uses but does not list as deps: {missing}"
