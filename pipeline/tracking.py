@@ -8,6 +8,7 @@ user works in. `dvc exp run --temp` / `--queue` run stages in a copy under
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
@@ -58,8 +59,6 @@ def provenance_tags(preset: str) -> dict[str, str]:
         tags["dvc.exp_name"] = exp
     lock = REPO_ROOT / "dvc.lock"
     if lock.is_file():
-        import hashlib
-
         tags["dvc.lock.sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
     return tags
 

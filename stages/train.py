@@ -48,7 +48,7 @@ def run(cfg) -> dict:
             raise
         write_telemetry(result.rows, result.events)
         save_model(model_dir / "model.pt", result.model, cfg.model, extra={"run_id": run.info.run_id})
-        summary = {k: v for k, v in result.summary.items()}
+        summary = result.summary
         write_json(METRICS_DIR / "train.json", summary)
         tracking.log_metrics(summary)
         for path in (METRICS_DIR / "train.json", STEPS_CSV, EVENTS_JSON):

@@ -49,3 +49,11 @@ def test_bundled_teacher_embeds_offline_with_meaning(teacher):
 def test_a_teacher_that_cannot_load_names_the_parameter(tmp_path):
     with pytest.raises(ConfigError, match="embed.teacher"):
         load_teacher(str(tmp_path / "no-such-model"))
+
+
+def test_text_bridge_encodes_like_the_teacher(teacher):
+    from pipeline.bridge import TextBridge
+
+    texts = ["Helium has the symbol He.", "What is the symbol of helium?"]
+    np.testing.assert_allclose(TextBridge(teacher).encode_text(texts).numpy(),
+                               encode_texts(teacher, texts, 8, progress=False), atol=1e-5)

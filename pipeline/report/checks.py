@@ -15,33 +15,19 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from pipeline.config import ReportConfig
 from pipeline.errors import ConfigError
 
-# Defaults match conf: used only for keys the params mapping lacks.
-DEFAULTS: dict[str, Any] = {
-    "warmup_steps": 10,  # step 1 pays for allocator growth / cudnn autotune: not steady state
-    "memory_alpha": 0.01,
-    "memory_min_mb_per_1k": 20.0,  # below this a leak needs 50k steps to cost 1 GB: not urgent
-    # ...and the fitted growth over the whole planned run must exceed this: a 30-step smoke run
-    # whose RSS rises 1.5 MB while the allocator settles has a steep, significant slope (~60 MB
-    # per 1k steps, p < 1e-9) yet loses nothing that matters; the seeds' graph leak costs MBs per step.
-    "memory_min_growth_mb": 50.0,
-    "step_time_max_ratio": 1.5,
-    "grad_healthy_min": 0.5,
-    "grad_warning": 5.0,
-    "grad_critical": 10.0,
-    "grad_max_critical_fraction": 0.05,
-    "spike_k": 4.0,
-    "spike_window": 50,
-    "nonfinite_warn_fraction": 0.01,
-    "planned_steps": None,
-}
+# Defaults are the schema's (pipeline/config.py ReportConfig, whose comments say why each value),
+# used only for keys the params mapping lacks; planned_steps comes from the train stage's metrics.
+DEFAULTS: dict[str, Any] = {**asdict(ReportConfig()), "planned_steps": None}
 _INT_KEYS = {"warmup_steps", "spike_window", "planned_steps"}
 
 CHECK_ORDER = ("memory_growth", "step_time_degradation", "nonfinite", "grad_norm", "loss_spikes")
