@@ -116,3 +116,27 @@ def test_adaptive_stop_cuts_steps():
     full = make(adaptive_stop=False, **kw)(torch.randn(8, 6))
     early = make(adaptive_stop=True, **kw)(torch.randn(8, 6))
     assert early.steps_used <= full.steps_used
+
+
+def test_energies_stay_bounded():
+    # Every energy is tanh-bounded and a flow deposits at most its |energy| in total, so a
+    # sample's surface mass never exceeds its number of flows.
+    m = make(energy_min=0.0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 3.0)  # large weights push every pre-activation into saturation
+    out = m(torch.randn(4, 6) * 10)
+    per_sample = out.spawned // 4
+    assert (out.surface.abs().sum(dim=1) <= per_sample + 1e-4).all()
+    assert torch.isfinite(out.pred).all()
+
+
+def test_bf16_autocast_forward_and_backward_on_cpu():
+    m = make()
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = m(x)
+        loss = energy_flow_loss(out.pred.float(), y, 1.0)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())

@@ -25,6 +25,7 @@ class FlowOutput:
     steps_used: int  # flow steps run before stopping
     flow_steps: int  # sum over steps of live flows: the work actually done
     spawned: int  # flows started (B * F)
+    stragglers: int = 0  # flows still travelling when the loop stopped (deposited weighted by z / D)
 
 
 class EnergyFlowModel(nn.Module):
@@ -48,7 +49,6 @@ class EnergyFlowModel(nn.Module):
         self.neuron = SimpleNeuron(cell_state_dim, neuron_hidden)
         self.carrier = EnergyCarrier(neuron_hidden, carrier_hidden, carrier_layers, min_forward, max_forward, max_lateral)
         self.output_mapper = OutputMapper(self.n_cells, output_hidden, dim)
-        self.register_buffer("_pos_scale", torch.tensor([1.0 / self.W, 1.0 / self.H, 1.0 / self.D]), persistent=False)
 
     @classmethod
     def from_config(cls, model_cfg, dim: int) -> "EnergyFlowModel":
@@ -65,7 +65,7 @@ class EnergyFlowModel(nn.Module):
 
     # --- one flow step over all live flows (checkpointable: pure function of its inputs) ---
     def _advance(self, x, y, z, energy, *hidden):
-        pos_norm = torch.stack([x, y, z], dim=1) * self._pos_scale
+        pos_norm = torch.stack([x / self.W, y / self.H, z / self.D], dim=1)
         n = self.neuron(self.lattice(x, y, z), energy, pos_norm)
         lateral, fwd, new_energy, new_hidden = self.carrier(n, hidden, energy)
         # Cell centres span [0.5, W - 0.5]: keeping flows there keeps the bilinear deposit in range.
@@ -130,7 +130,7 @@ class EnergyFlowModel(nn.Module):
             # Stopped early: the stragglers deposit where they are, weighted by how far they got.
             surface = self._deposit(surface, sample, x, y, energy * (z / self.D).clamp(max=1))
         surface = surface.view(B, self.n_cells)
-        return FlowOutput(self.output_mapper(surface), surface, steps_used, flow_steps, n_total)
+        return FlowOutput(self.output_mapper(surface), surface, steps_used, flow_steps, n_total, n_alive)
 
 
 def energy_flow_loss(pred: torch.Tensor, target: torch.Tensor, cosine_weight: float) -> torch.Tensor:
