@@ -1,0 +1,243 @@
+"""Model benchmark: every figure measured in this one run, printed as one JSON object (last line).
+
+- speedup_vs_reference: one training step (forward + backward) of the per-flow reference
+  (tests/reference_model.py) over the vectorised model, same weights and inputs, `default`
+  preset. The reference is timed on a sub-batch and scaled by flow steps (said in the JSON).
+- mfu: FLOP/s of the vectorised training step (FLOPs counted by torch's FlopCounterMode over the
+  matmuls and GRU cells it runs, forward and backward) over the FLOP/s of a large fp32 matmul
+  measured just before, at the `bench` preset (carrier hidden 1024).
+- adaptive_steps_mean / max_steps after a short training, and step time with adaptive stopping
+  off over on.
+- activation_bytes_per_flow_step with checkpointing off and on (bytes saved for backward).
+- seed_preset_peak_rss_gb / seed_preset_step_s: one step of the `seed` preset in a fresh CPU
+  process (the question is whether it fits this 2-core, 24 GiB machine).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipeline.config import load_config
+from pipeline.model import EnergyFlowModel, energy_flow_loss
+from pipeline.training import train_model
+
+DIM = 384  # the bundled teacher's embedding size
+DEVICE = torch.device("cpu")  # set by --device; nothing here requires a GPU
+
+
+def sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
+def randn(*shape) -> torch.Tensor:
+    return torch.randn(*shape, device=DEVICE)
+
+
+def build(model_cfg, **override) -> EnergyFlowModel:
+    torch.manual_seed(0)
+    return EnergyFlowModel.from_config({**model_cfg, **override}, DIM).to(DEVICE)
+
+
+def train_step(model, x, y, forward=None):
+    out = (forward or model)(x)
+    pred = out.pred if hasattr(out, "pred") else out[0]
+    energy_flow_loss(pred, y, 1.0).backward()
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def timed(fn, reps: int) -> float:
+    fn()  # warm-up
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / reps
+
+
+def matmul_peak_flops(n: int = 2048, reps: int = 10) -> float:
+    """The machine's own fp32 peak: the fastest of `reps` large matmuls (a shared machine's
+    slow reps are interference, not the hardware)."""
+    a, b = randn(n, n), randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        a @ b
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def speedup_vs_reference(cfg, sub_batch: int) -> dict:
+    from tests.reference_model import reference_forward  # run from the repo root: python -m bench.model
+
+    model = build(cfg.model)
+    B = cfg.train.batch_size
+    x, y = randn(B, DIM), randn(B, DIM)
+    vec_s = timed(lambda: train_step(model, x, y), 5)
+    vec_out = model(x)
+    # The sub-batch must give each sample the full batch's flows, or it does different work.
+    per_sample, cap = model.flows_per_sample(B), model.max_active_flows
+    model.max_active_flows = per_sample * sub_batch
+    xs, ys = x[:sub_batch], y[:sub_batch]
+    sync()
+    t0 = time.perf_counter()
+    ref = train_step(model, xs, ys, forward=lambda v: reference_forward(model, v))
+    sync()
+    ref_s = time.perf_counter() - t0
+    model.max_active_flows = cap
+    ref_flow_steps = ref[3]
+    ref_full_s = ref_s * vec_out.flow_steps / ref_flow_steps  # scaled to the full batch's flow steps
+    return {"speedup_vs_reference": ref_full_s / vec_s, "vectorised_step_s": vec_s,
+            "reference_step_s_scaled": ref_full_s, "reference_timed_samples": sub_batch,
+            "reference_timed_flow_steps": ref_flow_steps, "full_batch_flow_steps": vec_out.flow_steps,
+            "reference_scaled_by_flow_steps": True}
+
+
+def mfu(cfg) -> dict:
+    model = build(cfg.model)
+    B = cfg.train.batch_size
+    x, y = randn(B, DIM), randn(B, DIM)
+    peak = matmul_peak_flops()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        out = train_step(model, x, y)
+    flops = counter.get_total_flops()
+    step_s = timed(lambda: train_step(model, x, y), 3)
+    return {"mfu": flops / step_s / peak, "matmul_peak_gflops": peak / 1e9, "step_gflops": flops / 1e9,
+            "achieved_gflops": flops / step_s / 1e9, "bench_step_s": step_s, "bench_flow_steps": out.flow_steps,
+            "bench_carrier_hidden": cfg.model.carrier_hidden}
+
+
+def adaptive(cfg, steps: int) -> dict:
+    """Train briefly on a learnable synthetic task so flows have learned to move, then compare."""
+    rng = np.random.default_rng(0)
+    n = cfg.train.batch_size * 8
+    x = rng.normal(size=(n, DIM)).astype(np.float32)
+    y = (x @ (rng.normal(size=(DIM, DIM)) / np.sqrt(DIM))).astype(np.float32)
+    epochs = max(1, steps // 8)
+    from omegaconf import OmegaConf
+
+    tcfg = OmegaConf.merge(cfg, {"train": {"epochs": epochs, "log_every": 4, "device": str(DEVICE)}})
+    res = train_model(tcfg, x, y, progress=False)
+    model = res.model
+    xb, yb = torch.from_numpy(x[: cfg.train.batch_size]).to(DEVICE), torch.from_numpy(y[: cfg.train.batch_size]).to(DEVICE)
+    with torch.no_grad():
+        used = [model(torch.from_numpy(x[i:i + cfg.train.batch_size]).to(DEVICE)).steps_used
+                for i in range(0, n, cfg.train.batch_size)]
+    # Interleaved reps, medians: off and on see the same machine noise.
+    times = {True: [], False: []}
+    for _ in range(6):
+        for flag in (True, False):
+            model.adaptive_stop = flag
+            sync()
+            t0 = time.perf_counter()
+            train_step(model, xb, yb)
+            sync()
+            times[flag].append(time.perf_counter() - t0)
+    on_s, off_s = float(np.median(times[True])), float(np.median(times[False]))
+    with torch.no_grad():
+        off_steps = model(xb).steps_used
+    model.adaptive_stop = True
+    return {"adaptive_steps_mean": float(np.mean(used)), "max_steps": cfg.model.max_steps,
+            # What the seeds' always-50-steps loop did over what ours does (a step-count ratio).
+            "max_steps_over_adaptive_steps": cfg.model.max_steps / float(np.mean(used)),
+            "steps_without_adaptive_stop": off_steps, "adaptive_off_over_on_step_time": off_s / on_s,
+            "adaptive_trained_steps": res.summary["train/steps"]}
+
+
+def activation_bytes(cfg) -> dict:
+    out = {}
+    B = cfg.train.batch_size
+    x, y = randn(B, DIM), randn(B, DIM)
+    for ckpt in (False, True):
+        model = build(cfg.model, checkpoint_steps=ckpt)
+        seen: dict[tuple, int] = {}
+
+        def pack(t):
+            seen[(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            res = model(x)
+            loss = energy_flow_loss(res.pred, y, 1.0)
+        loss.backward()
+        out[f"activation_bytes_per_flow_step_{'checkpointed' if ckpt else 'plain'}"] = sum(seen.values()) / res.flow_steps
+    out["activation_memory_ratio_plain_over_checkpointed"] = (
+        out["activation_bytes_per_flow_step_plain"] / out["activation_bytes_per_flow_step_checkpointed"])
+    return out
+
+
+SEED_STEP = """
+import json, resource, time, torch
+from pipeline.config import load_config
+from pipeline.model import EnergyFlowModel, energy_flow_loss
+cfg = load_config(["preset=seed"])
+torch.manual_seed(0)
+m = EnergyFlowModel.from_config(cfg.model, {dim})
+opt = torch.optim.AdamW(m.parameters(), 1e-3)
+x, y = torch.randn(cfg.train.batch_size, {dim}), torch.randn(cfg.train.batch_size, {dim})
+times = []
+for _ in range(2):
+    t = time.perf_counter()
+    out = m(x); energy_flow_loss(out.pred, y, 1.0).backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    times.append(time.perf_counter() - t)
+print(json.dumps({{"seed_preset_step_s": times[-1], "seed_preset_first_step_s": times[0],
+                  "seed_preset_peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                  "seed_preset_flow_steps": out.flow_steps, "seed_preset_steps_used": out.steps_used}}))
+"""
+
+
+def seed_preset() -> dict:
+    """In a fresh process, so its peak RSS is the seed model's alone."""
+    from pipeline.paths import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "-c", SEED_STEP.format(dim=DIM)], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=600)
+    if proc.returncode:
+        raise RuntimeError(f"seed preset step failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reference-samples", type=int, default=2, help="samples the reference is timed on")
+    ap.add_argument("--train-steps", type=int, default=96, help="short training before the adaptive figures")
+    ap.add_argument("--skip-seed", action="store_true", help="leave out the seed-preset step (~30 s)")
+    ap.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N")
+    args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
+                          else "cpu" if args.device == "auto" else args.device)
+    t0 = time.perf_counter()
+    default, bench = load_config(["preset=default"]), load_config(["preset=bench"])
+    res = {"device": torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda"
+           else f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
+    steps = [("reference", lambda: speedup_vs_reference(default, args.reference_samples)),
+             ("mfu", lambda: mfu(bench)),
+             ("adaptive", lambda: adaptive(default, args.train_steps)),
+             ("activations", lambda: activation_bytes(default))]
+    if not args.skip_seed:
+        steps.append(("seed", seed_preset))
+    for name, fn in steps:
+        t = time.perf_counter()
+        res.update(fn())
+        print(f"[bench.model] {name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    res["bench_seconds"] = time.perf_counter() - t0
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()
