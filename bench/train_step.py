@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
+from bench.model import timed
 from pipeline.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.telemetry import rss_mb
@@ -20,14 +20,13 @@ from pipeline.telemetry import rss_mb
 
 def ms_per_step(model, x, y, steps: int) -> float:
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
-    for i in range(steps + 2):  # 2 warm-up steps
-        if i == 2:
-            t0 = time.perf_counter()
-        out = model(x)
-        energy_flow_loss(out.pred, y, 1.0).backward()
+
+    def step():
+        energy_flow_loss(model(x).pred, y, 1.0).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return 1000 * (time.perf_counter() - t0) / steps
+
+    return 1000 * timed(step, steps)
 
 
 def main(argv=None) -> dict:

@@ -1,13 +1,12 @@
 """The embed stage's core: read and validate the pairs, split them, embed every distinct text once."""
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from .data.readers import drop_duplicate_pairs, read_pairs
+from .data.readers import content_id, drop_duplicate_pairs, read_pairs
 from .data.split import assign_splits
 from .paths import repo_path
 
@@ -27,7 +26,7 @@ def prepare_pairs(embed_cfg) -> PreparedPairs:
     if embed_cfg.max_rows and len(df) > embed_cfg.max_rows:
         # A content-hashed subset: deterministic, and mixed across the file's topics (the first
         # rows of a file are often one topic).
-        key = [hashlib.sha256(f"{a}\x1f{b}".encode()).hexdigest() for a, b in zip(df.input_text, df.target_text)]
+        key = [content_id(a, b) for a, b in zip(df.input_text, df.target_text)]
         keep = np.sort(np.argsort(np.asarray(key))[: embed_cfg.max_rows])
         df = df.iloc[keep].reset_index(drop=True)
     df = df.assign(split=assign_splits(df, dict(embed_cfg.splits), salt=embed_cfg.split_salt, key=embed_cfg.split_key))

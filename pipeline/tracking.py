@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import socket
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
+from .atomic import write_json
+from .errors import PipelineError
 from .paths import REPO_ROOT
 
 RUN_FILE = "run.json"  # written next to the model: the model's MLflow run id for evaluate/report
@@ -92,8 +95,6 @@ def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
     """One batched, asynchronous call per log boundary (never one call per metric)."""
-    import math
-
     import mlflow
 
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
@@ -111,14 +112,10 @@ def log_params(params: dict[str, Any]) -> None:
 
 
 def write_run_file(dest_dir: Path, info: dict) -> None:
-    from .atomic import write_json
-
     write_json(Path(dest_dir) / RUN_FILE, info)
 
 
 def read_run_file(model_dir: Path) -> dict:
-    from .errors import PipelineError
-
     path = Path(model_dir) / RUN_FILE
     try:
         return json.loads(path.read_text())

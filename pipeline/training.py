@@ -85,6 +85,14 @@ def evaluate_loss(model: EnergyFlowModel, inputs, targets, batch_size: int, cosi
     return {"loss": float(loss_sum) / max(n, 1), "cosine": float(cos_sum) / max(n, 1)}
 
 
+def _new_window(device: torch.device) -> dict:
+    """Accumulators of one log window. Loss and norms stay on the device (no host read until the
+    window closes); the rest are host numbers the loop already has."""
+    zero = lambda: torch.zeros((), device=device)  # noqa: E731
+    return dict(loss=zero(), norm=zero(), clipped=zero(), n_ok=0, skipped=0, steps=0, flow_steps=0,
+                steps_used=0, data_s=0.0, samples=0, t0=time.perf_counter())
+
+
 def _close_window(win: dict, step: int, epoch: int, opt, device: torch.device) -> dict:
     """Read the window's device accumulators (the window's one host sync) into a telemetry row."""
     if device.type == "cuda":
@@ -136,10 +144,7 @@ def train_model(cfg, train_inputs, train_targets, val_inputs=None, val_targets=N
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t_cfg.warmup_steps, total_steps))
     result = TrainResult(model)
 
-    # Window accumulators, on the device: no host read until the log boundary.
-    zero = lambda: torch.zeros((), device=device)  # noqa: E731
-    win = dict(loss=zero(), norm=zero(), clipped=zero(), n_ok=0, skipped=0, steps=0, flow_steps=0,
-               steps_used=0, data_s=0.0, samples=0, t0=time.perf_counter())
+    win = _new_window(device)
     step, consecutive_skips, skipped_total, samples_total = 0, 0, 0, 0
     t_start = time.perf_counter()
     bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress, mininterval=1.0)
@@ -202,8 +207,7 @@ def train_model(cfg, train_inputs, train_targets, val_inputs=None, val_targets=N
                 bar.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
                 if on_log:
                     on_log(row, step)
-                win.update(loss=zero(), norm=zero(), clipped=zero(), n_ok=0, skipped=0, steps=0, flow_steps=0,
-                           steps_used=0, data_s=0.0, samples=0, t0=time.perf_counter())
+                win = _new_window(device)
                 reset_peak(device)
         if val_inputs is not None and len(val_inputs):
             val = evaluate_loss(model, val_inputs, val_targets, t_cfg.batch_size, t_cfg.cosine_weight, device)

@@ -2,14 +2,13 @@
 sentence-transformers teacher, and write Parquet + memory-mappable .npy shards and manifest.json."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import sys
 import time
 
 from pipeline import tracking
 from pipeline.config import flatten
-from pipeline.data.shards import write_shards
+from pipeline.data.shards import sha256_file, write_shards
 from pipeline.embedding import embed_texts_once, prepare_pairs
 from pipeline.paths import repo_path
 from pipeline.teacher import encode_texts, load_teacher, teacher_identity
@@ -19,21 +18,13 @@ from ._cli import run_stage
 log = logging.getLogger(__name__)
 
 
-def file_sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def run(cfg) -> dict:
     e = cfg.embed
     prepared = prepare_pairs(e)  # validation first: a bad dataset fails before any heavy work
     log.info("%d pairs read from %s (%s)", len(prepared.frame), e.dataset, prepared.stats)
     teacher = load_teacher(e.teacher, e.device)
     ident = teacher_identity(e.teacher, teacher)
-    source_sha = file_sha256(repo_path(e.dataset))
+    source_sha = sha256_file(repo_path(e.dataset))
     with tracking.mlflow_run("embed", cfg.run.preset, cfg.run.experiment,
                              tags={"stage": "embed", "dataset.sha256": source_sha[:16]}) as run:
         tracking.log_params({k: v for k, v in flatten(cfg).items() if k.startswith(("embed.", "run."))})

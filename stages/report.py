@@ -39,9 +39,10 @@ def run(cfg) -> dict:
     with tracking.mlflow_run("report", cfg.run.preset, run_id=run_info["run_id"],
                              tags={"stability.verdict": result["verdict"],
                                    "stability.failed": ",".join(result["failed"]) or "none"}):
-        tracking.log_metrics({f"stability/{name}/pass": float(c["pass"]) for name, c in result["checks"].items()})
-        tracking.log_metrics({f"stability/{name}/{k}": v for name, c in flat.items() if isinstance(c, dict)
-                              for k, v in c.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        tracking.log_metrics({
+            **{f"stability/{name}/pass": float(c["pass"]) for name, c in result["checks"].items()},
+            **{f"stability/{name}/{k}": v for name, c in flat.items() if isinstance(c, dict)
+               for k, v in c.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}})
         for name in ("stability.md", "stability.html"):
             tracking.log_artifact_file(REPORTS_DIR / name, "report")
         for path in plots.values():

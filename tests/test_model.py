@@ -33,8 +33,8 @@ def test_every_flow_arrives_within_the_step_bound():
     out = m(torch.randn(4, 6))
     assert m.step_bound == math.ceil(3 / 0.4) == 8
     assert out.steps_used <= m.step_bound
-    # No deaths (energy_min 0) and no early stop: the surface holds all arrived energy, none left.
-    assert out.flow_steps >= out.spawned
+    # No deaths (energy_min 0) and no early stop: every flow arrived, none left travelling.
+    assert out.stragglers == 0 and out.flow_steps >= out.spawned
 
 
 def test_fixed_speed_flows_all_arrive_together():
@@ -111,11 +111,23 @@ def test_nothing_is_kept_on_the_module_between_batches():
 
 
 def test_adaptive_stop_cuts_steps():
-    # Slow flows on a deep lattice: without adaptive stopping they need ceil(D / 0.25) steps.
-    kw = dict(lattice_depth=4, min_forward=0.25, max_forward=3.0, convergence_threshold=0.5, patience=1)
-    full = make(adaptive_stop=False, **kw)(torch.randn(8, 6))
-    early = make(adaptive_stop=True, **kw)(torch.randn(8, 6))
-    assert early.steps_used <= full.steps_used
+    # Slow flows (min_forward 0.05) with large random weights, so speeds differ: without adaptive
+    # stopping the loop waits for the last one; with it, it stops once half have been done for 2
+    # steps and deposits the stragglers where they are.
+    kw = dict(min_forward=0.05, max_forward=0.5, convergence_threshold=0.5, patience=2)
+    torch.manual_seed(3)
+    x = torch.randn(8, 6)
+    outs = []
+    for adaptive in (False, True):
+        m = make(adaptive_stop=adaptive, **kw)
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.normal_(0, 1.0)
+        outs.append(m(x))
+    full, early = outs
+    assert full.stragglers == 0
+    assert early.steps_used < full.steps_used and early.stragglers > 0
 
 
 def test_energies_stay_bounded():

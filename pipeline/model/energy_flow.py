@@ -25,7 +25,7 @@ class FlowOutput:
     steps_used: int  # flow steps run before stopping
     flow_steps: int  # sum over steps of live flows: the work actually done
     spawned: int  # flows started (B * F)
-    stragglers: int = 0  # flows still travelling when the loop stopped (deposited weighted by z / D)
+    stragglers: int  # flows still travelling when the loop stopped (deposited weighted by z / D)
 
 
 class EnergyFlowModel(nn.Module):
