@@ -5,8 +5,8 @@ and `dvc exp run -S ...` (Hydra composition enabled in `.dvc/config`) rewrites i
 A stage composes it with Hydra's compose API, applies command-line overrides in Hydra's grammar
 (`train.lr=0.01`), and merges the result onto the dataclass schema below, so an unknown key, a
 wrong type or an impossible value stops the stage before any work, naming the key.
-`preset=NAME` on a stage's command line composes `conf/` with that preset instead, exactly as
-`dvc exp run -S preset=NAME` does.
+`preset=NAME` or `fault=NAME` on a stage's command line composes `conf/` with that preset / fault
+instead, exactly as `dvc exp run -S preset=NAME` does (a fault alone keeps params.yaml's preset).
 """
 from __future__ import annotations
 
@@ -69,19 +69,54 @@ class ModelConfig:
 
 
 @dataclass
+class GradScalerConfig:
+    """torch.amp.GradScaler settings (fp16 only). Defaults are the seeds' fix; their failing
+    settings were 2**16, 2.0, 0.5, 100 (the `fp16_unstable` preset)."""
+    init_scale: float = 1024.0
+    growth_factor: float = 1.5
+    backoff_factor: float = 0.5
+    growth_interval: int = 200
+
+
+@dataclass
 class TrainConfig:
     epochs: int = 12
     batch_size: int = 32
+    grad_accum: int = 1  # micro-batches per optimizer step: effective batch = batch_size * grad_accum
     lr: float = 3e-3
     warmup_steps: int = 20  # linear LR warm-up, then cosine decay to 10 %
     weight_decay: float = 0.01
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the seeds' unstable setting)
     cosine_weight: float = 1.0  # loss = MSE + cosine_weight * (1 - cos)
-    max_consecutive_skips: int = 20
-    log_every: int = 5
+    precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else fp32) | fp32 | bf16 | fp16
+    scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
+    max_consecutive_skips: int = 20  # non-finite (or skipped-spike) steps in a row before the run stops
+    spike_k: float = 4.0  # loss spike: loss > mean + k * std of the trailing window of good losses
+    spike_window: int = 50
+    skip_spikes: bool = False  # skip the update on a spike (else flag it only)
+    grad_warning: float = 5.0  # zones of the pre-clip global norm (the seeds' thresholds):
+    grad_critical: float = 10.0  # healthy < warning < critical; exploded = non-finite
+    detect_anomaly_steps: int = 0  # debug: torch.autograd anomaly detection for the first N steps
+    log_every: int = 5  # steps per telemetry row (and per host read of the device accumulators)
+    checkpoint_every: int = 100  # steps between resumable checkpoints (a multiple of log_every; 0 = off)
+    checkpoint_dir: str = "checkpoints/train"  # not a DVC output: DVC would delete it before a re-run
+    resume: bool = True  # continue from a checkpoint of the same config and data, if one exists
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     out_dir: str = "models"
+
+
+FAULT_KINDS = ("none", "nan_loss", "inf_grad", "loss_spike", "lr_spike", "leak")
+
+
+@dataclass
+class FaultConfig:
+    """Deliberate faults that prove the detectors (conf/fault/*.yaml; `fault=nan_loss`)."""
+    kind: str = "none"  # none | nan_loss | inf_grad | loss_spike | lr_spike | leak
+    step: int = 10  # first optimizer step hit (1-based)
+    steps: int = 1  # how many consecutive steps (lr_spike; the others hit `step` only)
+    module: str = "carrier"  # inf_grad: the top-level module whose gradient is set to inf
+    factor: float = 1000.0  # loss_spike: loss multiplier; lr_spike: LR multiplier
 
 
 @dataclass
@@ -100,12 +135,8 @@ class ReportConfig:
     # steps, p < 1e-9) yet loses nothing that matters; the seeds' graph leak cost MBs per step.
     memory_min_growth_mb: float = 50.0
     step_time_max_ratio: float = 1.5  # steady-state median step time / early median
-    grad_healthy_min: float = 0.5  # zones of the pre-clip global norm (the seeds' 5 and 10)
-    grad_warning: float = 5.0
-    grad_critical: float = 10.0
+    grad_healthy_min: float = 0.5  # below: "low" (zones warning/critical are train.grad_*)
     grad_max_critical_fraction: float = 0.05
-    spike_k: float = 4.0  # spike: loss > mean + k * std of the trailing window
-    spike_window: int = 50
     nonfinite_warn_fraction: float = 0.01  # rarer than this and recovered: warn, not fail
 
 
@@ -115,12 +146,22 @@ class Config:
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
 
 
 PARAMS_FILE = REPO_ROOT / "params.yaml"
 CONF_DIR = REPO_ROOT / "conf"
+CONFIG_GROUPS = ("preset", "fault")  # conf/<group>/<name>.yaml, chosen with `group=name`
+
+
+def _params_preset(params_file: Path) -> str:
+    try:
+        preset = OmegaConf.load(params_file).run.preset
+    except Exception:  # noqa: BLE001 - a missing or odd params.yaml: the default preset
+        return "default"
+    return str(preset) if (CONF_DIR / "preset" / f"{preset}.yaml").is_file() else "default"
 
 
 def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) -> DictConfig:
@@ -131,8 +172,12 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
     from hydra.errors import HydraException
 
     overrides = list(overrides)
-    use_conf = any(o.split("=", 1)[0].lstrip("+~") == "preset" for o in overrides)
     params_file = Path(params_file) if params_file else PARAMS_FILE
+    groups = {o.split("=", 1)[0].lstrip("+~") for o in overrides} & set(CONFIG_GROUPS)
+    use_conf = bool(groups)
+    if use_conf and "preset" not in groups:
+        # `fault=nan_loss` alone: compose conf/ with the preset params.yaml was made from.
+        overrides.insert(0, f"preset={_params_preset(params_file)}")
     config_dir, config_name = (CONF_DIR, "config") if use_conf else (params_file.parent, params_file.stem)
     if not (config_dir / f"{config_name}.yaml").is_file():
         raise ConfigError(f"{config_dir / (config_name + '.yaml')} not found: run from a checkout of the project")
@@ -177,11 +222,30 @@ def _check_values(cfg: DictConfig) -> None:
     _require(0 <= m.energy_min < 1, "model.energy_min", "in [0, 1) (energies are tanh-bounded)", m.energy_min)
     _require(0 < m.convergence_threshold <= 1, "model.convergence_threshold", "in (0, 1]", m.convergence_threshold)
     _require(t.warmup_steps >= 0, "train.warmup_steps", ">= 0", t.warmup_steps)
-    for k in ("epochs", "batch_size", "log_every", "max_consecutive_skips"):
+    for k in ("epochs", "batch_size", "grad_accum", "log_every", "max_consecutive_skips", "spike_window"):
         _require(t[k] > 0, f"train.{k}", "an integer > 0", t[k])
+    _require(t.checkpoint_every >= 0 and t.checkpoint_every % t.log_every == 0, "train.checkpoint_every",
+             f"0 (off) or a multiple of train.log_every ({t.log_every}), so a checkpoint closes a telemetry row",
+             t.checkpoint_every)
+    _require(t.detect_anomaly_steps >= 0, "train.detect_anomaly_steps", ">= 0", t.detect_anomaly_steps)
+    _require(t.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision", "auto, fp32, bf16 or fp16",
+             t.precision)
+    s = t.scaler
+    _require(s.init_scale > 0, "train.scaler.init_scale", "> 0", s.init_scale)
+    _require(s.growth_factor > 1, "train.scaler.growth_factor", "> 1", s.growth_factor)
+    _require(0 < s.backoff_factor < 1, "train.scaler.backoff_factor", "in (0, 1)", s.backoff_factor)
+    _require(s.growth_interval > 0, "train.scaler.growth_interval", "an integer > 0", s.growth_interval)
+    _require(t.spike_k > 0, "train.spike_k", "> 0", t.spike_k)
+    _require(0 < t.grad_warning < t.grad_critical, "train.grad_warning",
+             f"0 < grad_warning < grad_critical ({t.grad_critical})", t.grad_warning)
+    f = cfg.fault
+    _require(f.kind in FAULT_KINDS, "fault.kind", "one of " + ", ".join(FAULT_KINDS), f.kind)
+    _require(f.step > 0, "fault.step", "an optimizer step >= 1", f.step)
+    _require(f.steps > 0, "fault.steps", "an integer > 0", f.steps)
+    _require(f.factor > 0 and math.isfinite(f.factor), "fault.factor", "a finite number > 0", f.factor)
     _require(t.lr > 0 and math.isfinite(t.lr), "train.lr", "a finite number > 0", t.lr)
     _require(t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
-    _require(t.grad_clip > 0, "train.grad_clip", "> 0", t.grad_clip)
+    _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
     _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
     _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
     _require(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
@@ -201,8 +265,8 @@ def _check_values(cfg: DictConfig) -> None:
     _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
     r = cfg.report
     _require(0 < r.memory_alpha < 1, "report.memory_alpha", "in (0, 1)", r.memory_alpha)
-    _require(0 < r.grad_healthy_min < r.grad_warning < r.grad_critical, "report.grad_warning",
-             "0 < grad_healthy_min < grad_warning < grad_critical", (r.grad_healthy_min, r.grad_warning, r.grad_critical))
+    _require(0 < r.grad_healthy_min < t.grad_warning, "report.grad_healthy_min",
+             f"0 < grad_healthy_min < train.grad_warning ({t.grad_warning})", r.grad_healthy_min)
 
 
 def flatten(cfg: DictConfig) -> dict[str, Any]:

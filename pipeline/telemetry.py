@@ -1,21 +1,31 @@
-"""Per-window training telemetry: what each logged row holds, and the memory readings."""
+"""Per-window training telemetry: what each logged row holds, phase timing and memory readings."""
 from __future__ import annotations
 
-import math
 import os
+import time
 
 import psutil
 import torch
 
 _PROC = psutil.Process(os.getpid())
 
-# Columns of the per-log-row telemetry table (telemetry/train_steps.csv, a DVC plot). The report
-# stage reads the same names; `split/name` everywhere, as in MLflow.
+PHASES = ("data", "forward", "backward", "optimizer")
+
+# Columns of the per-log-row telemetry table (telemetry/train_steps.csv, a DVC plot), in order;
+# one `grad/<module>/norm` column per top-level module follows them. The report stage reads the
+# same names; `split/name` everywhere, as in MLflow.
 STEP_COLUMNS = [
-    "step", "epoch", "train/loss", "train/skipped", "grad/global_norm", "grad/clipped_norm", "train/lr",
-    "perf/step_ms", "perf/data_ms", "perf/samples_per_s", "flow/steps_used", "flow/flow_steps",
-    "mem/rss_mb", "mem/device_allocated_mb", "mem/device_peak_mb",
+    "step", "epoch", "train/loss", "train/skipped", "train/skipped_steps", "train/spikes", "train/lr",
+    "grad/global_norm", "grad/max_norm", "grad/clipped_norm", "grad/clip_fraction", "grad/nonfinite_steps",
+    "grad/update_ratio", "grad/zone", "grad/steps_healthy", "grad/steps_warning", "grad/steps_critical",
+    "grad/steps_exploded", "amp/scale",
+    "perf/step_ms", *(f"perf/{p}_ms" for p in PHASES), "perf/samples_per_s",
+    "flow/steps_used", "flow/flow_steps", "mem/rss_mb", "mem/device_allocated_mb", "mem/device_peak_mb",
 ]
+
+
+def step_columns(module_names: list[str]) -> list[str]:
+    return STEP_COLUMNS + [f"grad/{m}/norm" for m in module_names]
 
 
 def rss_mb() -> float:
@@ -35,5 +45,50 @@ def reset_peak(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def finite_or_none(x: float) -> float | None:
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+class PhaseTimer:
+    """Time spent per phase of a step, summed over a log window, without forcing a sync.
+
+    On the CPU work is synchronous, so wall-clock marks are exact. On CUDA the host runs ahead of
+    the device, so each phase is bracketed by CUDA events; a pair is read only once the device
+    has passed it (`query()`), and pairs still in flight carry over to the next window."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.totals = dict.fromkeys(PHASES, 0.0)  # seconds
+        self._pending: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        self._phase_start = None
+
+    def start(self) -> None:
+        self._phase_start = torch.cuda.Event(enable_timing=True) if self.cuda else time.perf_counter()
+        if self.cuda:
+            self._phase_start.record()
+
+    def add_host(self, phase: str, seconds: float) -> None:
+        """A phase timed on the host (waiting for data is host time whatever the device)."""
+        self.totals[phase] += seconds
+
+    def lap(self, phase: str) -> None:
+        """End `phase` now and start the next one."""
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((phase, self._phase_start, end))
+            self._phase_start = end
+        else:
+            now = time.perf_counter()
+            self.totals[phase] += now - self._phase_start
+            self._phase_start = now
+
+    def take(self) -> dict[str, float]:
+        """Totals (seconds) of the window so far; reset for the next one."""
+        if self.cuda:
+            still = []
+            for phase, a, b in self._pending:
+                if b.query():
+                    self.totals[phase] += a.elapsed_time(b) / 1000
+                else:
+                    still.append((phase, a, b))
+            self._pending = still
+        out, self.totals = self.totals, dict.fromkeys(PHASES, 0.0)
+        return out
+

@@ -93,6 +93,19 @@ def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_
         mlflow.end_run(status="FINISHED")
 
 
+def run_exists(run_id: str) -> bool:
+    """Whether the store at tracking_uri() holds this run (a checkpoint may come from another store)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        mlflow.get_run(run_id)
+    except MlflowException:
+        return False
+    return True
+
+
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
     """One batched, asynchronous call per log boundary (never one call per metric)."""
     import mlflow

@@ -1,30 +1,49 @@
-"""The training loop: AdamW, clipping, non-finite steps skipped and counted, telemetry per window.
+"""The training loop: AdamW, clipping, mixed precision, skip-and-recover, telemetry, checkpoints.
 
-Host syncs are rationed: loss and norms accumulate on the device and reach the host once per
-`log_every` steps. The one per-step read is the skip decision (is the loss and the gradient norm
-finite?); the model's flow loop already reads one integer per flow step, so this adds ~1 % of the
-step's syncs. Nothing of a step survives it: the loss kept for logging is detached, and
+What a step does when something goes wrong, and why (the trainers we trust differ here):
+- A non-finite loss or gradient skips the step, as Megatron and DeepSpeed do for fp16 overflow:
+  no optimizer step, no LR-schedule step, gradients zeroed; the GradScaler backs off. The event
+  names the step, the kind (nan/inf, loss/grad) and the first module whose gradient was
+  non-finite. After `max_consecutive_skips` in a row the run stops with an error instead of
+  spinning (transformers raises after 100 GradScaler overflows in a row; torchtitan stops at once).
+- A loss spike (above mean + k std of the trailing window) is flagged, and skipped if
+  `skip_spikes` is set (OLMo-core's choice).
+
+Host syncs are rationed (each costs a pipeline stall on a GPU): one small read per step carries
+the skip decision, and on a log step the window's device-side accumulators in the same read
+(pipeline/step_health.py). The model's flow loop reads one integer per flow step on its own.
+Nothing of a step survives it: the loss kept for logging is detached, and
 `torch.cuda.empty_cache()` is never called (the seeds measured it as a 15-20 % slowdown).
+Peak-memory statistics are reset only at log boundaries, so a row's peak covers its window.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
 from .data.loader import BatchLoader
 from .errors import PipelineError
+from .faults import FaultInjector
 from .model import EnergyFlowModel, energy_flow_loss
-from .telemetry import device_memory_mb, reset_peak, rss_mb
+from .step_health import NONFINITE, SPIKE, StepHealth, decode_kind
+from .telemetry import PHASES, PhaseTimer, device_memory_mb, reset_peak, rss_mb
+from .train_state import rng_state, save_state, set_rng_state
+
+log = logging.getLogger(__name__)
+_EVENT_LOG_MAX = 10  # events printed one by one; the rest are counted (all are in the events file)
 
 
 class TrainingDiverged(PipelineError):
-    """Too many consecutive non-finite steps: the run stops instead of spinning. Carries the
-    partial result so the stage can still write the telemetry that shows what happened."""
+    """Too many consecutive skipped steps: the run stops instead of spinning. Carries the partial
+    result so the stage can still write the telemetry that shows what happened."""
 
     def __init__(self, message: str, result: "TrainResult"):
         super().__init__(message)
@@ -35,8 +54,19 @@ class TrainingDiverged(PipelineError):
 class TrainResult:
     model: EnergyFlowModel
     rows: list[dict] = field(default_factory=list)  # telemetry, one per log window
-    events: list[dict] = field(default_factory=list)  # non-finite steps: step, kind, module, action
+    events: list[dict] = field(default_factory=list)  # skipped and flagged steps
     summary: dict = field(default_factory=dict)  # metrics/train.json
+    module_names: list[str] = field(default_factory=list)  # the grad/<module>/norm columns
+
+
+@dataclass
+class Checkpointing:
+    """Where and how often to write resumable state, and (optionally) a state to resume from."""
+    path: Path
+    fingerprint: str
+    every: int
+    extra: dict = field(default_factory=dict)  # stored with each checkpoint (the MLflow run id)
+    resume_from: Optional[dict] = None  # a state from train_state.load_state
 
 
 def select_device(name: str) -> torch.device:
@@ -47,6 +77,14 @@ def select_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def select_precision(name: str, device: torch.device) -> Optional[torch.dtype]:
+    """The autocast dtype, or None for fp32. `auto` is bf16 on a CUDA GPU that has it (same range as
+    fp32, so no scaler), else fp32: on a CPU without AMX bf16 only adds casts."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
 def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     """Linear warm-up, then cosine decay to 10 % of the peak LR."""
     def f(step: int) -> float:
@@ -55,16 +93,6 @@ def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
     return f
-
-
-def nonfinite_modules(model: torch.nn.Module) -> list[str]:
-    """Top-level modules holding a non-finite gradient, nearest the loss first (backward order)."""
-    bad = []
-    for name, module in reversed(list(model.named_children())):
-        grads = [p.grad for p in module.parameters() if p.grad is not None]
-        if grads and not all(torch.isfinite(g).all() for g in grads):
-            bad.append(name)
-    return bad
 
 
 @torch.no_grad()
@@ -85,148 +113,282 @@ def evaluate_loss(model: EnergyFlowModel, inputs, targets, batch_size: int, cosi
     return {"loss": float(loss_sum) / max(n, 1), "cosine": float(cos_sum) / max(n, 1)}
 
 
-def _new_window(device: torch.device) -> dict:
-    """Accumulators of one log window. Loss and norms stay on the device (no host read until the
-    window closes); the rest are host numbers the loop already has."""
-    zero = lambda: torch.zeros((), device=device)  # noqa: E731
-    return dict(loss=zero(), norm=zero(), clipped=zero(), n_ok=0, skipped=0, steps=0, flow_steps=0,
-                steps_used=0, data_s=0.0, samples=0, t0=time.perf_counter())
+class Trainer:
+    def __init__(self, cfg, train_inputs, train_targets, val_inputs=None, val_targets=None, *,
+                 on_log: Optional[Callable[[dict, int], None]] = None, progress: bool = True,
+                 checkpointing: Optional[Checkpointing] = None):
+        t = self.t = cfg.train
+        if t.threads:
+            torch.set_num_threads(t.threads)
+        torch.manual_seed(cfg.run.seed)
+        self.device = device = select_device(t.device)
+        self.amp_dtype = select_precision(t.precision, device)
+        self.model = EnergyFlowModel.from_config(cfg.model, int(train_inputs.shape[1])).to(device)
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        self.loader = BatchLoader(train_inputs, train_targets, t.batch_size, shuffle=True, seed=cfg.run.seed,
+                                  drop_last=len(train_inputs) > t.batch_size, pin_memory=device.type == "cuda")
+        self.steps_per_epoch = len(self.loader) // t.grad_accum
+        if self.steps_per_epoch == 0:
+            raise PipelineError(
+                f"the train split has {len(train_inputs)} rows: fewer than train.batch_size * train.grad_accum "
+                f"= {t.batch_size * t.grad_accum}, so not one optimizer step fits; lower either")
+        self.total_steps = t.epochs * self.steps_per_epoch
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.warmup_steps, self.total_steps))
+        s = t.scaler
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=s.init_scale, growth_factor=s.growth_factor,
+                                           backoff_factor=s.backoff_factor, growth_interval=s.growth_interval) \
+            if self.amp_dtype == torch.float16 else None
+        self.health = StepHealth(self.model, grad_clip=t.grad_clip, grad_warning=t.grad_warning,
+                                 grad_critical=t.grad_critical, spike_window=t.spike_window, spike_k=t.spike_k,
+                                 skip_spikes=t.skip_spikes, device=device)
+        self.faults = FaultInjector(cfg.fault, self.model)
+        self.timer = PhaseTimer(device)
+        self.val = (val_inputs, val_targets) if val_inputs is not None and len(val_inputs) else None
+        self.on_log, self.progress, self.ckpt = on_log, progress, checkpointing
+        self.result = TrainResult(self.model, module_names=list(self.health.module_names))
+        # Position and counters: all of it goes into a checkpoint.
+        self.step = self.epoch = self.epoch_step = 0
+        self.consecutive_skips = self.skipped_total = self.spikes_total = self.samples_total = 0
+        self.elapsed_before = 0.0  # seconds trained by earlier (killed) processes of this run
+        self.resumed_from = 0
+        if checkpointing and checkpointing.resume_from:
+            self._restore(checkpointing.resume_from)
+        self._new_window()
 
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "fingerprint": self.ckpt.fingerprint if self.ckpt else "",
+            "step": self.step, "epoch": self.epoch, "epoch_step": self.epoch_step,
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else {},
+            "rng": rng_state(), "spikes": self.health.spikes.state_dict(),
+            "counters": {"consecutive_skips": self.consecutive_skips, "skipped_total": self.skipped_total,
+                         "spikes_total": self.spikes_total, "samples_total": self.samples_total,
+                         "elapsed": self.elapsed_before + time.perf_counter() - self.t_start},
+            "rows": self.result.rows, "events": self.result.events, "summary": self.result.summary,
+            "extra": dict(self.ckpt.extra) if self.ckpt else {},
+        }
 
-def _close_window(win: dict, step: int, epoch: int, opt, device: torch.device) -> dict:
-    """Read the window's device accumulators (the window's one host sync) into a telemetry row."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)  # so the wall time covers the work, not just its launch
-    wall = time.perf_counter() - win["t0"]
-    n_ok, steps = win["n_ok"], max(win["steps"], 1)
-    alloc, peak = device_memory_mb(device)
-    nan = float("nan")
-    return {
-        "step": step,
-        "epoch": epoch,
-        "train/loss": float(win["loss"]) / n_ok if n_ok else nan,
-        "train/skipped": win["skipped"],
-        "grad/global_norm": float(win["norm"]) / n_ok if n_ok else nan,
-        "grad/clipped_norm": float(win["clipped"]) / n_ok if n_ok else nan,
-        "train/lr": opt.param_groups[0]["lr"],
-        "perf/step_ms": 1000 * wall / steps,
-        "perf/data_ms": 1000 * win["data_s"] / steps,
-        "perf/samples_per_s": win["samples"] / wall if wall > 0 else 0.0,
-        "flow/steps_used": win["steps_used"] / steps,
-        "flow/flow_steps": win["flow_steps"] / steps,
-        "mem/rss_mb": rss_mb(),
-        "mem/device_allocated_mb": alloc,
-        "mem/device_peak_mb": peak,
-    }
+    def _restore(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.health.spikes.load_state_dict(state["spikes"])
+        set_rng_state(state["rng"])
+        self.step, self.epoch, self.epoch_step = state["step"], state["epoch"], state["epoch_step"]
+        c = state["counters"]
+        self.consecutive_skips, self.skipped_total = c["consecutive_skips"], c["skipped_total"]
+        self.spikes_total, self.samples_total, self.elapsed_before = c["spikes_total"], c["samples_total"], c["elapsed"]
+        self.result.rows, self.result.events = list(state["rows"]), list(state["events"])
+        self.result.summary = dict(state["summary"])
+        self.resumed_from = self.step
+        log.info("resumed from the checkpoint at step %d (epoch %d)", self.step, self.epoch + 1)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> TrainResult:
+        from tqdm.auto import tqdm
+
+        t = self.t
+        self.t_start = time.perf_counter()
+        self.bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
+                        disable=not self.progress, mininterval=1.0)
+        reset_peak(self.device)
+        self._new_window()
+        while self.epoch < t.epochs:
+            self.loader.set_epoch(self.epoch)
+            batches = self.loader.batches(self.epoch_step * t.grad_accum)
+            while self.epoch_step < self.steps_per_epoch:
+                self._train_step(batches)
+            if self.val:
+                val = evaluate_loss(self.model, *self.val, t.batch_size, t.cosine_weight, self.device)
+                row = {"val/loss": val["loss"], "val/cosine": val["cosine"], "epoch": self.epoch}
+                self.result.summary.update({k: v for k, v in row.items() if k != "epoch"})
+                if self.on_log:
+                    self.on_log(row, self.step)
+            self.epoch += 1
+            self.epoch_step = 0
+        self.bar.close()
+        self._summarise()
+        return self.result
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def _train_step(self, batches) -> None:
+        t, model, timer = self.t, self.model, self.timer
+        self.step += 1
+        self.epoch_step += 1
+        step = self.step
+        anomaly = step <= t.detect_anomaly_steps
+        loss_sum = None
+        for _ in range(t.grad_accum):
+            t_data = time.perf_counter()
+            x, y = (b.to(self.device, non_blocking=True) for b in next(batches))
+            timer.add_host("data", time.perf_counter() - t_data)
+            timer.start()
+            with torch.autograd.set_detect_anomaly(anomaly, check_nan=True):
+                try:
+                    with self._autocast():
+                        out = model(x)
+                    loss = energy_flow_loss(out.pred.float(), y, t.cosine_weight)
+                    loss = self.faults.on_loss(step, loss)
+                    timer.lap("forward")
+                    scaled = loss / t.grad_accum
+                    (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                except RuntimeError as e:
+                    if not anomaly:
+                        raise
+                    raise PipelineError(f"step {step}: anomaly detection (train.detect_anomaly_steps="
+                                        f"{t.detect_anomaly_steps}) stopped the run: {e}. The traceback printed "
+                                        "above it shows the forward operation that produced the value.") from None
+            timer.lap("backward")
+            part = loss.detach() / t.grad_accum
+            loss_sum = part if loss_sum is None else loss_sum + part
+            self.win["flow_steps"] += out.flow_steps  # python ints: known on the host already
+            self.win["steps_used"] += out.steps_used
+            self.win["samples"] += len(x)
+            self.samples_total += len(x)
+            del out, loss, scaled  # nothing of this step's graph outlives it
+
+        self.faults.on_grads(step)  # before unscale_, so the scaler sees an injected inf
+        if self.scaler:
+            self.scaler.unscale_(self.opt)  # clipping and norms see true gradients
+        code_t, ok_t, threshold_t = self.health.measure(loss_sum)
+        log_step = step % t.log_every == 0 or step == self.total_steps
+        scale_t = self.scaler._scale if self.scaler else None  # the tensor: get_scale() would sync
+        values = self.health.step_readout(code_t, loss_sum, threshold_t, scale_t, with_window=log_step)  # the one sync
+        code = int(values[0])
+        skip = bool(code & NONFINITE) or bool(code & SPIKE and t.skip_spikes)
+        if not skip:
+            before = self.health.snapshot() if self.win["steps"] == 0 else None
+            with self.faults.lr(step, self.opt):
+                self.win["lr"] = max(self.win["lr"], self.opt.param_groups[0]["lr"])
+                self.opt.step()
+            if before is not None:
+                self.health.record_update(before)  # the window's sampled update/weight ratio
+            self.sched.step()
+            self.consecutive_skips = 0
+        if self.scaler:
+            self.scaler.update()  # backs off after an overflow (found by unscale_), else counts growth
+        self.opt.zero_grad(set_to_none=True)
+        timer.lap("optimizer")
+        self.win["steps"] += 1
+        self.bar.update(1)
+        if code & (NONFINITE | SPIKE):
+            self._record_event(step, code, values[1], values[2], skip)
+        if log_step:
+            self._close_window(values)
+            if self.ckpt and self.ckpt.every and step % self.ckpt.every == 0:
+                save_state(self.ckpt.path, self.state_dict())
+
+    def _record_event(self, step: int, code: int, loss: float, threshold: float, skipped: bool) -> None:
+        kind = decode_kind(code)
+        if kind:
+            modules = self.health.nonfinite_modules(code)
+            event = {"step": step, "kind": kind, "module": modules[0] if modules else None, "modules": modules,
+                     "action": "skipped"}
+            if self.scaler:
+                event["scale"] = self.scaler.get_scale()  # after update(): the backed-off scale
+                event["action"] = "skipped; scaler backed off"
+        else:
+            event = {"step": step, "kind": "loss_spike", "loss": loss, "threshold": threshold,
+                     "action": "skipped" if skipped else "flagged"}
+        self.result.events.append(event)
+        if skipped:
+            self.consecutive_skips += 1
+            self.skipped_total += 1
+            self.win["skipped"] += 1
+        if kind is None:
+            self.spikes_total += 1
+        if len(self.result.events) <= _EVENT_LOG_MAX:
+            where = f" (first non-finite gradient: {event['module']})" if event.get("module") else ""
+            detail = f" loss {loss:.4g} > {threshold:.4g}" if kind is None else ""
+            log.warning("step %d: %s%s%s -> %s", step, event["kind"], detail, where, event["action"])
+        elif len(self.result.events) == _EVENT_LOG_MAX + 1:
+            log.warning("more events follow; all are in the events file and the stability report")
+        if self.consecutive_skips >= self.t.max_consecutive_skips:
+            self._close_window(None)
+            self._summarise()
+            self.bar.close()
+            cause = f"{event['kind']} in {event['module'] or 'the loss'}" if kind else "loss spikes"
+            raise TrainingDiverged(
+                f"{self.consecutive_skips} consecutive skipped steps (last at step {step}, {cause}): stopping "
+                f"instead of spinning (train.max_consecutive_skips={self.t.max_consecutive_skips}). Lower "
+                f"train.lr, set train.grad_clip (e.g. 1.0), use train.precision=bf16 or a smaller "
+                f"train.scaler.init_scale, or check the input embeddings for NaN/Inf.", self.result)
+
+    # ------------------------------------------------------------------ telemetry windows
+    def _new_window(self) -> None:
+        self.win = dict(steps=0, skipped=0, samples=0, flow_steps=0, steps_used=0, lr=0.0,
+                        t0=time.perf_counter())
+        self.health.new_window()
+
+    def _close_window(self, values: Optional[list[float]]) -> None:
+        """Turn the window into a telemetry row; `values` is this step's read (None: read now)."""
+        if values is None:  # the run is stopping mid-window: one extra read, once
+            zero = torch.zeros((), device=self.device)
+            values = self.health.step_readout(zero, zero, zero, self.scaler._scale if self.scaler else None, True)
+        wall = time.perf_counter() - self.win["t0"]  # both ends follow a read, so the device is done
+        steps = max(self.win["steps"], 1)
+        metrics = self.health.window_metrics(values)
+        metrics.pop("_steps")
+        phases = self.timer.take()
+        alloc, peak = device_memory_mb(self.device)
+        row = {
+            "step": self.step, "epoch": self.epoch,
+            "train/loss": metrics.pop("train/loss"),
+            "train/skipped": self.win["skipped"], "train/skipped_steps": self.skipped_total,
+            "train/lr": self.win["lr"] or self.opt.param_groups[0]["lr"],
+            **metrics,
+            "perf/step_ms": 1000 * wall / steps,
+            **{f"perf/{p}_ms": 1000 * phases[p] / steps for p in PHASES},
+            "perf/samples_per_s": self.win["samples"] / wall if wall > 0 else 0.0,
+            "flow/steps_used": self.win["steps_used"] / steps / self.t.grad_accum,
+            "flow/flow_steps": self.win["flow_steps"] / steps,
+            "mem/rss_mb": rss_mb(), "mem/device_allocated_mb": alloc, "mem/device_peak_mb": peak,
+        }
+        self.result.rows.append(row)
+        if math.isfinite(row["train/loss"]):
+            self.bar.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
+        if self.on_log:
+            self.on_log(row, self.step)
+        reset_peak(self.device)
+        self._new_window()
+
+    def _summarise(self) -> None:
+        rows = self.result.rows
+        wall = self.elapsed_before + time.perf_counter() - self.t_start
+        finite_losses = [r["train/loss"] for r in rows if math.isfinite(r["train/loss"])]
+        self.result.summary.update({
+            "train/loss": finite_losses[-1] if finite_losses else float("nan"),
+            "train/steps": self.step,
+            "train/skipped_steps": self.skipped_total,
+            "train/spikes": self.spikes_total,
+            "train/effective_batch": self.t.batch_size * self.t.grad_accum,
+            "train/resumed_from_step": self.resumed_from,
+            "train/seconds": wall,
+            "perf/samples_per_s": self.samples_total / wall if wall > 0 else 0.0,
+            "perf/step_ms": float(np.median([r["perf/step_ms"] for r in rows])) if rows else 0.0,
+            "flow/steps_used": float(np.mean([r["flow/steps_used"] for r in rows])) if rows else 0.0,
+            "mem/rss_peak_mb": max((r["mem/rss_mb"] for r in rows), default=rss_mb()),
+        })
+        if self.scaler:
+            self.result.summary["amp/scale"] = self.scaler.get_scale()
 
 
 def train_model(cfg, train_inputs, train_targets, val_inputs=None, val_targets=None, *,
-                on_log: Optional[Callable[[dict, int], None]] = None, progress: bool = True) -> TrainResult:
+                on_log: Optional[Callable[[dict, int], None]] = None, progress: bool = True,
+                checkpointing: Optional[Checkpointing] = None) -> TrainResult:
     """Train the energy-flow model on (memory-mapped) embedding arrays; return model and telemetry.
 
     `on_log(metrics, step)` receives each telemetry row and each epoch's validation metrics
     (the stage points it at MLflow; tests leave it out)."""
-    from tqdm.auto import tqdm
-
-    t_cfg, m_cfg = cfg.train, cfg.model
-    if t_cfg.threads:
-        torch.set_num_threads(t_cfg.threads)
-    torch.manual_seed(cfg.run.seed)
-    device = select_device(t_cfg.device)
-    dim = int(train_inputs.shape[1])
-    model = EnergyFlowModel.from_config(m_cfg, dim).to(device)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
-    loader = BatchLoader(train_inputs, train_targets, t_cfg.batch_size, shuffle=True, seed=cfg.run.seed,
-                         drop_last=len(train_inputs) > t_cfg.batch_size, pin_memory=device.type == "cuda")
-    total_steps = t_cfg.epochs * len(loader)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t_cfg.warmup_steps, total_steps))
-    result = TrainResult(model)
-
-    win = _new_window(device)
-    step, consecutive_skips, skipped_total, samples_total = 0, 0, 0, 0
-    t_start = time.perf_counter()
-    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not progress, mininterval=1.0)
-    reset_peak(device)
-    for epoch in range(t_cfg.epochs):
-        loader.set_epoch(epoch)
-        it = iter(loader)
-        while True:
-            t_data = time.perf_counter()
-            batch = next(it, None)
-            if batch is None:
-                break
-            x, y = (t.to(device, non_blocking=True) for t in batch)
-            win["data_s"] += time.perf_counter() - t_data
-            step += 1
-
-            out = model(x)
-            loss = energy_flow_loss(out.pred, y, t_cfg.cosine_weight)
-            loss.backward()
-            # clip_grad_norm_ returns the pre-clip total norm; a non-finite norm leaves the
-            # gradients unusable, and we skip below rather than step on them.
-            norm = torch.nn.utils.clip_grad_norm_(params, t_cfg.grad_clip)
-            loss_d = loss.detach()
-            ok = bool(torch.isfinite(loss_d) & torch.isfinite(norm))  # the step's one host read
-            if ok:
-                opt.step()
-                sched.step()
-                consecutive_skips = 0
-                win["loss"] += loss_d
-                win["norm"] += norm
-                win["clipped"] += norm.clamp(max=t_cfg.grad_clip)
-                win["n_ok"] += 1
-            else:
-                consecutive_skips += 1
-                skipped_total += 1
-                win["skipped"] += 1
-                lval, nval = float(loss_d), float(norm)
-                kind = ("nan" if math.isnan(lval) else "inf") + "_loss" if not math.isfinite(lval) else \
-                       ("nan" if math.isnan(nval) else "inf") + "_grad"
-                bad = nonfinite_modules(model)
-                result.events.append({"step": step, "kind": kind, "module": bad[0] if bad else None,
-                                      "modules": bad, "action": "skipped"})
-                if consecutive_skips >= t_cfg.max_consecutive_skips:
-                    raise TrainingDiverged(
-                        f"{consecutive_skips} consecutive non-finite steps (last at step {step}, {kind} in "
-                        f"{bad[0] if bad else 'the loss'}): stopping instead of spinning. Lower train.lr, "
-                        f"lower train.grad_clip, or check the input embeddings for NaN/Inf.", result)
-            opt.zero_grad(set_to_none=True)
-            win["flow_steps"] += out.flow_steps  # python ints: known on the host already
-            win["steps_used"] += out.steps_used
-            del out, loss  # nothing of this step's graph outlives it
-            win["steps"] += 1
-            win["samples"] += len(x)
-            samples_total += len(x)
-            bar.update(1)
-
-            if step % t_cfg.log_every == 0 or step == total_steps:
-                row = _close_window(win, step, epoch, opt, device)
-                result.rows.append(row)
-                bar.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
-                if on_log:
-                    on_log(row, step)
-                win = _new_window(device)
-                reset_peak(device)
-        if val_inputs is not None and len(val_inputs):
-            val = evaluate_loss(model, val_inputs, val_targets, t_cfg.batch_size, t_cfg.cosine_weight, device)
-            val_row = {"val/loss": val["loss"], "val/cosine": val["cosine"], "epoch": epoch}
-            result.summary.update({k: v for k, v in val_row.items() if k != "epoch"})
-            if on_log:
-                on_log(val_row, step)
-    bar.close()
-    wall = time.perf_counter() - t_start
-    step_ms = [r["perf/step_ms"] for r in result.rows]
-    finite_losses = [r["train/loss"] for r in result.rows if math.isfinite(r["train/loss"])]
-    result.summary.update({
-        "train/loss": finite_losses[-1] if finite_losses else float("nan"),
-        "train/steps": step,
-        "train/skipped_steps": skipped_total,
-        "train/seconds": wall,
-        "perf/samples_per_s": samples_total / wall if wall > 0 else 0.0,
-        "perf/step_ms": float(np.median(step_ms)) if step_ms else 0.0,
-        "flow/steps_used": float(np.mean([r["flow/steps_used"] for r in result.rows])) if result.rows else 0.0,
-        "mem/rss_peak_mb": max((r["mem/rss_mb"] for r in result.rows), default=rss_mb()),
-    })
-    return result
+    return Trainer(cfg, train_inputs, train_targets, val_inputs, val_targets, on_log=on_log,
+                   progress=progress, checkpointing=checkpointing).run()

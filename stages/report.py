@@ -13,7 +13,7 @@ import pandas as pd
 from pipeline import tracking
 from pipeline.atomic import write_json, write_text
 from pipeline.paths import METRICS_DIR, REPORTS_DIR, TELEMETRY_DIR, repo_path
-from pipeline.report.checks import run_checks, stability_metrics
+from pipeline.report.checks import TRAIN_KEYS, run_checks, stability_metrics
 from pipeline.report.plots import make_plots
 from pipeline.report.render import render_html, render_markdown
 
@@ -28,7 +28,8 @@ def run(cfg) -> dict:
     events = json.loads((TELEMETRY_DIR / "train_events.json").read_text())
     train_metrics = json.loads((METRICS_DIR / "train.json").read_text())
     eval_metrics = json.loads((METRICS_DIR / "eval.json").read_text())
-    params = {**dict(cfg.report), "planned_steps": int(train_metrics.get("train/steps", len(steps)))}
+    params = {**dict(cfg.report), **{k: cfg.train[k] for k in TRAIN_KEYS},
+              "planned_steps": int(train_metrics.get("train/steps", len(steps)))}
     result = run_checks(steps, events, params)
     plots = make_plots(steps, events, params, REPORTS_DIR / "plots")
     info = {"run_id": run_info["run_id"], "preset": cfg.run.preset, **train_metrics}
@@ -54,7 +55,7 @@ def run(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("report", __doc__, "run, train.out_dir, report", run, argv)
+    return run_stage("report", __doc__, "run, train.out_dir, train.grad_*, train.spike_*, report", run, argv)
 
 
 if __name__ == "__main__":

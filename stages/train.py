@@ -1,7 +1,12 @@
 """train: train the energy-flow model on the embedding shards; write the model, its MLflow run id,
-per-window telemetry (a DVC plot), non-finite events and metrics/train.json."""
+per-window telemetry with gradient health (a DVC plot), skipped / flagged steps and
+metrics/train.json. Writes a resumable checkpoint every train.checkpoint_every steps: a killed
+train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends with the
+same weights as an uninterrupted run."""
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import sys
 
@@ -13,8 +18,9 @@ from pipeline.checkpoint import save_model
 from pipeline.config import flatten
 from pipeline.data.shards import load_manifest, open_split
 from pipeline.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
-from pipeline.telemetry import STEP_COLUMNS
-from pipeline.training import TrainingDiverged, train_model
+from pipeline.telemetry import step_columns
+from pipeline.train_state import STATE_FILE, fingerprint, load_state
+from pipeline.training import Checkpointing, TrainingDiverged, train_model
 
 from ._cli import run_stage
 
@@ -24,10 +30,10 @@ STEPS_CSV = TELEMETRY_DIR / "train_steps.csv"
 EVENTS_JSON = TELEMETRY_DIR / "train_events.json"
 
 
-def write_telemetry(rows: list[dict], events: list[dict]) -> None:
+def write_telemetry(result) -> None:
     with atomic_path(STEPS_CSV) as tmp:
-        pd.DataFrame(rows, columns=STEP_COLUMNS).to_csv(tmp, index=False)
-    write_json(EVENTS_JSON, events)
+        pd.DataFrame(result.rows, columns=step_columns(result.module_names)).to_csv(tmp, index=False)
+    write_json(EVENTS_JSON, result.events)
 
 
 def run(cfg) -> dict:
@@ -35,18 +41,28 @@ def run(cfg) -> dict:
     manifest = load_manifest(shard_dir)
     train, val = open_split(shard_dir, "train"), open_split(shard_dir, "val")
     model_dir = repo_path(cfg.train.out_dir)
+    data_digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+    ckpt_path = repo_path(cfg.train.checkpoint_dir) / STATE_FILE
+    fp = fingerprint(cfg, data_digest)
+    state = load_state(ckpt_path, fp) if cfg.train.resume else None
+    resume_run = (state or {}).get("extra", {}).get("run_id")
+    if resume_run and not tracking.run_exists(resume_run):
+        resume_run = None  # the checkpoint's run is not in this store: the weights resume, the run is new
     tags = {"stage": "train", "embed.run_id": str(manifest.get("embed_run_id")),
             "dataset.sha256": str(manifest.get("source", {}).get("sha256", ""))[:16],
-            "teacher": str(manifest["teacher"]["name"])}
-    with tracking.mlflow_run("train", cfg.run.preset, cfg.run.experiment, tags=tags) as run:
-        tracking.log_params(flatten(cfg))
+            "teacher": str(manifest["teacher"]["name"]), "train.fingerprint": fp}
+    with tracking.mlflow_run("train", cfg.run.preset, cfg.run.experiment, run_id=resume_run, tags=tags) as run:
+        if resume_run is None:
+            tracking.log_params({**flatten(cfg), "train.effective_batch": cfg.train.batch_size * cfg.train.grad_accum})
+        ckpt = Checkpointing(ckpt_path, fp, cfg.train.checkpoint_every, extra={"run_id": run.info.run_id},
+                             resume_from=state)
         try:
-            result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets,
+            result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets, checkpointing=ckpt,
                                  on_log=lambda m, step: tracking.log_metrics(m, step=step))
         except TrainingDiverged as e:
-            write_telemetry(e.result.rows, e.result.events)  # the evidence of what went wrong
+            write_telemetry(e.result)  # the evidence of what went wrong
             raise
-        write_telemetry(result.rows, result.events)
+        write_telemetry(result)
         save_model(model_dir / "model.pt", result.model, cfg.model, extra={"run_id": run.info.run_id})
         summary = result.summary
         write_json(METRICS_DIR / "train.json", summary)
@@ -55,14 +71,17 @@ def run(cfg) -> dict:
             tracking.log_artifact_file(path, "train")
         tracking.write_run_file(model_dir, {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
                                             "tracking_uri": tracking.tracking_uri()})
-    log.info("trained %d steps in %.1f s: loss %.4f, val/cosine %.4f, %d skipped; run %s",
+    # The model is written: the checkpoint has done its job, and a forced re-run must train anew.
+    ckpt_path.unlink(missing_ok=True)
+    log.info("trained %d steps in %.1f s: loss %.4f, val/cosine %.4f, %d skipped, %d spikes; run %s",
              summary["train/steps"], summary["train/seconds"], summary["train/loss"],
-             summary.get("val/cosine", float("nan")), summary["train/skipped_steps"], run.info.run_id)
+             summary.get("val/cosine", float("nan")), summary["train/skipped_steps"], summary["train/spikes"],
+             run.info.run_id)
     return summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("train", __doc__, "run, embed.out_dir, model, train", run, argv)
+    return run_stage("train", __doc__, "run, embed.out_dir, model, train, fault", run, argv)
 
 
 if __name__ == "__main__":

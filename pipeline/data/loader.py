@@ -57,10 +57,11 @@ class BatchLoader:
         # (seed 1 epoch 0 vs seed 0 epoch 1).
         return np.random.default_rng([self.seed, self.epoch]).permutation(n)
 
-    def batch_indices(self) -> Iterator[np.ndarray]:
-        """Row indices of each batch of the current epoch, sorted within the batch."""
+    def batch_indices(self, start_batch: int = 0) -> Iterator[np.ndarray]:
+        """Row indices of each batch of the current epoch from batch `start_batch` on (a resumed
+        run skips what it has seen without reading it), sorted within the batch."""
         order = self.order()
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
+        for start in range(start_batch * self.batch_size, len(self) * self.batch_size, self.batch_size):
             # Sorting keeps the batch's members but turns random reads of a memory map into
             # forward ones; the order inside a batch does not matter to the loss.
             yield np.sort(order[start:start + self.batch_size])
@@ -71,6 +72,9 @@ class BatchLoader:
         t = torch.from_numpy(batch)
         return t.pin_memory() if self.pin_memory else t
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for idx in self.batch_indices():
+    def batches(self, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for idx in self.batch_indices(start_batch):
             yield self._tensor(self.inputs, idx), self._tensor(self.targets, idx)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.batches()

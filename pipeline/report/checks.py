@@ -22,12 +22,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from pipeline.config import ReportConfig
+from pipeline.config import ReportConfig, TrainConfig
 from pipeline.errors import ConfigError
 
 # Defaults are the schema's (pipeline/config.py ReportConfig, whose comments say why each value),
 # used only for keys the params mapping lacks; planned_steps comes from the train stage's metrics.
-DEFAULTS: dict[str, Any] = {**asdict(ReportConfig()), "planned_steps": None}
+# The zone and spike thresholds are the train stage's (train.grad_*, train.spike_*): the trainer
+# flags with them, and the report must judge by the same numbers.
+TRAIN_KEYS = ("grad_warning", "grad_critical", "spike_k", "spike_window")
+DEFAULTS: dict[str, Any] = {**asdict(ReportConfig()), **{k: getattr(TrainConfig(), k) for k in TRAIN_KEYS},
+                            "planned_steps": None}
 _INT_KEYS = {"warmup_steps", "spike_window", "planned_steps"}
 
 CHECK_ORDER = ("memory_growth", "step_time_degradation", "nonfinite", "grad_norm", "loss_spikes")

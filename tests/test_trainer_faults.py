@@ -1,0 +1,190 @@
+"""Steps that go wrong: injected faults are skipped or flagged exactly, the schedule and the
+scaler react as they should, and persistent trouble stops the run with a clear error."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.config import CONF_DIR, load_config
+from pipeline.errors import ConfigError, PipelineError
+from pipeline.training import Trainer, TrainingDiverged, lr_lambda
+
+from .test_training import linear_task
+
+K = 7  # the faulty step
+STEPS = 3 * (192 // 16)  # tiny_cfg: 3 epochs of 12 steps
+
+
+def trainer(*overrides, data=None):
+    base = ["preset=smoke", "train.epochs=3", "train.log_every=2", "train.device=cpu", "train.batch_size=16",
+            "train.checkpoint_every=0"]
+    x, y = data or linear_task()
+    return Trainer(load_config(base + list(overrides)), x, y, x[:32], y[:32], progress=False)
+
+
+def assert_weights_finite(model):
+    for name, p in model.named_parameters():
+        assert torch.isfinite(p).all(), name
+
+
+@pytest.mark.parametrize("fault, kind, module", [("nan_loss", "nan_loss", "output_mapper"),
+                                                ("inf_grad", "inf_grad", "neuron")])
+def test_nonfinite_step_is_skipped_counted_and_named(fault, kind, module):
+    tr = trainer(f"fault={fault}", f"fault.step={K}", "fault.module=neuron")
+    res = tr.run()
+    assert res.summary["train/skipped_steps"] == 1 and res.summary["train/steps"] == STEPS
+    [event] = res.events
+    assert event["step"] == K and event["kind"] == kind and event["module"] == module
+    assert event["action"] == "skipped"
+    if fault == "inf_grad":
+        assert event["modules"] == ["neuron"]  # only the module hit
+    # The LR schedule did not advance on the skipped step: one step behind a clean run.
+    assert tr.sched.last_epoch == STEPS - 1
+    assert tr.opt.param_groups[0]["lr"] == pytest.approx(3e-3 * lr_lambda(2, STEPS)(STEPS - 1))
+    assert sum(r["train/skipped"] for r in res.rows) == 1 and res.rows[-1]["train/skipped_steps"] == 1
+    row = next(r for r in res.rows if r["step"] >= K)
+    assert row["grad/nonfinite_steps"] == 1 and row["grad/steps_exploded"] == 1
+    assert math.isfinite(res.summary["train/loss"])
+    assert_weights_finite(res.model)
+
+
+def test_skipped_step_leaves_weights_and_optimizer_untouched():
+    clean, faulty = trainer("train.epochs=1"), trainer("train.epochs=1", "fault=nan_loss", f"fault.step={K}")
+    # Stop both after step K: the faulty one must hold exactly the weights of step K - 1.
+    for t in (clean, faulty):
+        t.t_start, t.bar = 0.0, _NoBar()
+        t.loader.set_epoch(0)
+        batches = t.loader.batches()
+        for _ in range(K - 1 if t is clean else K):
+            t._train_step(batches)
+    for k, v in clean.model.state_dict().items():
+        assert torch.equal(v, faulty.model.state_dict()[k]), k
+    assert clean.opt.state_dict()["state"][0]["step"] == faulty.opt.state_dict()["state"][0]["step"] == K - 1
+
+
+class _NoBar:
+    def update(self, n): pass
+    def set_postfix(self, **kw): pass
+    def close(self): pass
+
+
+def test_persistent_nonfinite_steps_stop_the_run():
+    tr = trainer("fault=nan_loss", "fault.step=3", "fault.steps=100", "train.max_consecutive_skips=4")
+    with pytest.raises(TrainingDiverged, match=r"4 consecutive skipped steps \(last at step 6, nan_loss") as err:
+        tr.run()
+    res = err.value.result
+    assert [e["step"] for e in res.events] == [3, 4, 5, 6]
+    assert res.rows[-1]["step"] == 6 and res.summary["train/skipped_steps"] == 4  # evidence kept
+
+
+def test_loss_spike_is_flagged_and_optionally_skipped():
+    res = trainer("fault=loss_spike", "fault.step=15").run()
+    [event] = res.events
+    assert event["kind"] == "loss_spike" and event["step"] == 15 and event["action"] == "flagged"
+    assert event["loss"] > 100 * event["threshold"] > 0
+    assert res.summary["train/spikes"] == 1 and res.summary["train/skipped_steps"] == 0
+    res = trainer("fault=loss_spike", "fault.step=15", "train.skip_spikes=true").run()
+    assert [(e["step"], e["action"]) for e in res.events] == [(15, "skipped")]
+    assert res.summary["train/skipped_steps"] == 1
+
+
+def test_lr_spike_shows_in_the_logged_lr_and_leaves_the_schedule():
+    clean = trainer().run()
+    res = trainer("fault=lr_spike", "fault.step=5", "fault.steps=2", "fault.factor=100").run()
+    lr = {r["step"]: r["train/lr"] for r in res.rows}
+    clean_lr = {r["step"]: r["train/lr"] for r in clean.rows}
+    assert lr[6] == pytest.approx(100 * clean_lr[6], rel=0.05)  # window 5-6 applied the spike
+    assert lr[8] == pytest.approx(clean_lr[8])  # and then the schedule's own LR again
+
+
+def test_leak_keeps_every_step_graph_alive():
+    tr = trainer("train.epochs=1", "fault=leak", "fault.step=1")
+    tr.run()
+    kept = tr.faults._kept
+    assert len(kept) == 12 and all(t.grad_fn is not None for t in kept)
+
+
+def test_fp16_scaler_backs_off_from_an_overflowing_scale_then_trains():
+    tr = trainer("train.precision=fp16", "train.scaler.init_scale=1099511627776.0",
+                 "train.scaler.backoff_factor=0.25", "train.max_consecutive_skips=30")
+    res = tr.run()
+    skipped = [e for e in res.events if e["action"].startswith("skipped")]
+    assert skipped and [e["step"] for e in skipped] == list(range(1, len(skipped) + 1))  # leading overflows
+    scales = [e["scale"] for e in skipped]
+    assert scales == [2.0**40 * 0.25**i for i in range(1, len(skipped) + 1)]  # backoff_factor each time
+    assert res.summary["train/steps"] == STEPS and math.isfinite(res.summary["train/loss"])
+    assert_weights_finite(res.model)
+
+
+def test_fp16_scaler_grows_a_tiny_scale_every_growth_interval():
+    res = trainer("train.precision=fp16", "train.scaler.init_scale=0.0009765625", "train.scaler.growth_factor=2.0",
+                  "train.scaler.growth_interval=3", "train.log_every=1").run()
+    assert res.events == []
+    scale = {r["step"]: r["amp/scale"] for r in res.rows}  # the scale each step used
+    assert [scale[s] for s in (1, 3, 4, 6, 7)] == [2.0**-10, 2.0**-10, 2.0**-9, 2.0**-9, 2.0**-8]
+
+
+def test_bf16_trains_finite():
+    res = trainer("train.precision=bf16").run()
+    assert res.summary["train/skipped_steps"] == 0 and math.isfinite(res.summary["train/loss"])
+    assert all(math.isnan(r["amp/scale"]) for r in res.rows)  # no scaler without fp16
+
+
+def test_grad_accumulation_matches_the_full_batch():
+    x, y = linear_task()
+    common = ["model.adaptive_stop=false", "train.epochs=1", "train.lr=0.01"]
+    full = trainer(*common, data=(x, y)).run()
+    accum = trainer(*common, "train.batch_size=8", "train.grad_accum=2", data=(x, y)).run()
+    assert accum.summary["train/effective_batch"] == 16 and accum.summary["train/steps"] == 12
+    for k, v in full.model.state_dict().items():
+        torch.testing.assert_close(accum.model.state_dict()[k], v, atol=1e-5, rtol=1e-4)
+
+
+def test_gradient_health_rows_are_consistent():
+    res = trainer("train.log_every=1").run()
+    mods = [f"grad/{m}/norm" for m in res.module_names]
+    for r in res.rows:
+        assert math.sqrt(sum(r[m] ** 2 for m in mods)) == pytest.approx(r["grad/global_norm"], rel=1e-6)
+        assert r["grad/clipped_norm"] == pytest.approx(min(r["grad/global_norm"], 1.0), rel=1e-6)
+        assert r["grad/clip_fraction"] == float(r["grad/global_norm"] > 1.0)
+        assert r["grad/max_norm"] == pytest.approx(r["grad/global_norm"])
+        assert sum(r[f"grad/steps_{z}"] for z in ("healthy", "warning", "critical", "exploded")) == 1
+        assert r["perf/step_ms"] >= r["perf/forward_ms"] + r["perf/backward_ms"] > 0
+    # With log_every=1 a row reports the previous step's update (sampled after the step's read).
+    ratios = [r["grad/update_ratio"] for r in res.rows]
+    assert ratios[0] == 0 and all(0 < v < 0.1 for v in ratios[1:]) and len(set(ratios)) == len(ratios)
+
+
+def test_zones_follow_the_thresholds():
+    res = trainer("train.grad_warning=0.001", "train.grad_critical=0.002", "report.grad_healthy_min=0.0001").run()
+    assert all(r["grad/zone"] == 2 and r["grad/steps_critical"] == 2 for r in res.rows)
+
+
+def test_anomaly_detection_names_the_backward_op():
+    with pytest.raises(PipelineError, match="anomaly detection.*returned nan"):
+        trainer("fault=nan_loss", "fault.step=2", "train.detect_anomaly_steps=3").run()
+    res = trainer("fault=nan_loss", "fault.step=5", "train.detect_anomaly_steps=3").run()  # after the window
+    assert res.summary["train/skipped_steps"] == 1
+
+
+def test_fault_presets_compose_and_bad_fault_settings_are_refused():
+    names = sorted(p.stem for p in (CONF_DIR / "fault").glob("*.yaml"))
+    assert names == ["inf_grad", "leak", "loss_spike", "lr_spike", "nan_loss", "none"]
+    for name in names:
+        assert load_config(["preset=smoke", f"fault={name}"]).fault.kind == name
+    with pytest.raises(ConfigError, match="fault.kind"):
+        load_config(["fault.kind=boom"])
+    with pytest.raises(ConfigError, match="fault.module.*carrier"):
+        trainer("fault=inf_grad", "fault.module=nowhere")
+    with pytest.raises(ConfigError, match="train.checkpoint_every"):
+        load_config(["train.log_every=5", "train.checkpoint_every=12"])
+    with pytest.raises(ConfigError, match="train.precision"):
+        load_config(["train.precision=fp8"])
+
+
+def test_too_few_rows_for_one_step_is_a_clear_error():
+    x, y = linear_task(n=20)
+    with pytest.raises(PipelineError, match="20 rows.*batch_size \\* train.grad_accum = 32"):
+        trainer("train.grad_accum=2", data=(x, y))
+
