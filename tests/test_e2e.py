@@ -112,3 +112,36 @@ def test_changing_a_train_parameter_reruns_train_evaluate_report_not_embed(proje
     for stage in ("train", "evaluate", "report"):
         assert f"Running stage '{stage}'" in out
     assert json.loads((root / "metrics/train.json").read_text())["train/steps"] < 20
+
+
+def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
+    """`kill -9` of the train stage, then the stage again: it resumes from its last checkpoint,
+    continues the same MLflow run, finishes it and removes the checkpoint."""
+    import signal
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    root, env, _ = project
+    ckpt = root / "checkpoints/train/last.pt"
+    args = [sys.executable, "-m", "stages.train", "train.epochs=40", "train.checkpoint_every=20"]
+    proc = subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL and ckpt.exists()
+    out = sh(args, root, env)
+    assert "resumed from the checkpoint at step" in out and not ckpt.exists()
+    resumed_at = int(out.split("resumed from the checkpoint at step ")[1].split()[0])
+    total = json.loads((root / "metrics/train.json").read_text())["train/steps"]
+    assert resumed_at % 20 == 0 and 0 < resumed_at < total
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    run_id = json.loads((root / "models/run.json").read_text())["run_id"]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["train/resumed_from_step"] == resumed_at
+    steps = [m.step for m in client.get_metric_history(run_id, "train/loss")]
+    assert min(steps) < resumed_at < max(steps) == total  # one curve across both processes
+    fp = run.data.tags["train.fingerprint"]
+    same = client.search_runs([run.info.experiment_id], f"tags.`train.fingerprint` = '{fp}'")
+    assert [r.info.run_id for r in same] == [run_id]  # the restart made no second run
