@@ -66,3 +66,21 @@ def test_stage_depends_on_its_script_and_every_module_it_uses(stage):
     script = REPO_ROOT / "stages" / f"{stage}.py"
     missing = [str(f.relative_to(REPO_ROOT)) for f in sorted(local_imports(script)) if not covered(f, spec["deps"])]
     assert not missing, f"stage {stage} uses but does not list as deps: {missing}"
+
+
+def test_every_plotted_telemetry_column_is_written():
+    from pipeline.config import load_config
+    from pipeline.model import EnergyFlowModel
+    from pipeline.step_health import StepHealth
+    from pipeline.telemetry import step_columns
+
+    model = EnergyFlowModel.from_config(load_config(["preset=smoke"]).model, 8)
+    health = StepHealth(model, grad_clip=1.0, grad_warning=5, grad_critical=10, spike_window=50, spike_k=4,
+                        skip_spikes=False, device=__import__("torch").device("cpu"))
+    columns = set(step_columns(health.module_names))
+    for plot in yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["plots"]:
+        if isinstance(plot, dict):
+            for spec in plot.values():
+                ys = spec["y"].get("telemetry/train_steps.csv", [])
+                for col in [ys] if isinstance(ys, str) else ys:
+                    assert col in columns, col
