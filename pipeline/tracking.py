@@ -10,16 +10,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import math
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from .atomic import write_json
 from .errors import PipelineError
 from .paths import REPO_ROOT
+
+log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"  # written next to the model: the model's MLflow run id for evaluate/report
 
@@ -113,6 +117,54 @@ def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
     if clean:
         mlflow.log_metrics(clean, step=step, synchronous=False)
+
+
+class MetricBuffer:
+    """Telemetry rows to MLflow in batches: `buffer(metrics, step)` is the trainer's on_log.
+
+    Measured on the SQLite store (2 cores): one call with a 34-metric row costs ~7 ms of CPU, ten
+    rows in one log_batch ~21 ms. Sent one by one, rows every 5 steps of a 57 ms default step
+    cost 4.8 % of training time (bench.trainer); batched, a fraction of that. Rows keep their own
+    step and timestamp, so MLflow's curves are the same, just up to `flush_seconds` late. The
+    buffer is flushed before each checkpoint (a resumed run must not lose the rows before it),
+    at the end, and on every exit path."""
+
+    BATCH_LIMIT = 1000  # MLflow's cap on metrics per log_batch
+
+    def __init__(self, run_id: str, flush_seconds: float = 10.0):
+        from mlflow.tracking import MlflowClient
+
+        self.run_id, self.flush_seconds = run_id, flush_seconds
+        self.client = MlflowClient(tracking_uri())
+        self.pending: list = []
+        self.last_flush = time.monotonic()
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        self.pending += [Metric(k, float(v), ts, step) for k, v in metrics.items()
+                         if isinstance(v, (int, float)) and math.isfinite(v)]
+        if time.monotonic() - self.last_flush >= self.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for i in range(0, len(pending), self.BATCH_LIMIT):
+            self.client.log_batch(self.run_id, metrics=pending[i:i + self.BATCH_LIMIT])
+        self.last_flush = time.monotonic()
+
+    def __enter__(self) -> "MetricBuffer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.flush()
+            return
+        try:  # already failing: send what we have, but never hide the original error
+            self.flush()
+        except Exception as e:  # noqa: BLE001
+            log.warning("could not send %d buffered metrics to MLflow: %s", len(self.pending), e)
 
 
 def log_params(params: dict[str, Any]) -> None:

@@ -67,6 +67,7 @@ class Checkpointing:
     every: int
     extra: dict = field(default_factory=dict)  # stored with each checkpoint (the MLflow run id)
     resume_from: Optional[dict] = None  # a state from train_state.load_state
+    before_save: Optional[Callable[[], None]] = None  # e.g. flush buffered metrics: a resumed run keeps them
 
 
 def select_device(name: str) -> torch.device:
@@ -118,8 +119,6 @@ class Trainer:
                  on_log: Optional[Callable[[dict, int], None]] = None, progress: bool = True,
                  checkpointing: Optional[Checkpointing] = None):
         t = self.t = cfg.train
-        if t.threads:
-            torch.set_num_threads(t.threads)
         torch.manual_seed(cfg.run.seed)
         self.device = device = select_device(t.device)
         self.amp_dtype = select_precision(t.precision, device)
@@ -155,7 +154,6 @@ class Trainer:
         self.resumed_from = 0
         if checkpointing and checkpointing.resume_from:
             self._restore(checkpointing.resume_from)
-        self._new_window()
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -191,6 +189,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> TrainResult:
+        threads = torch.get_num_threads()
+        if self.t.threads:
+            torch.set_num_threads(self.t.threads)
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(threads)  # the setting is process-wide: leave it as found
+
+    def _run(self) -> TrainResult:
         from tqdm.auto import tqdm
 
         t = self.t
@@ -286,7 +293,10 @@ class Trainer:
         if log_step:
             self._close_window(values)
             if self.ckpt and self.ckpt.every and step % self.ckpt.every == 0:
+                if self.ckpt.before_save:
+                    self.ckpt.before_save()
                 save_state(self.ckpt.path, self.state_dict())
+            self._new_window()  # after logging and checkpointing: a row times training steps only
 
     def _record_event(self, step: int, code: int, loss: float, threshold: float, skipped: bool) -> None:
         kind = decode_kind(code)
@@ -360,7 +370,6 @@ class Trainer:
         if self.on_log:
             self.on_log(row, self.step)
         reset_peak(self.device)
-        self._new_window()
 
     def _summarise(self) -> None:
         rows = self.result.rows

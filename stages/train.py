@@ -54,14 +54,15 @@ def run(cfg) -> dict:
     with tracking.mlflow_run("train", cfg.run.preset, cfg.run.experiment, run_id=resume_run, tags=tags) as run:
         if resume_run is None:
             tracking.log_params({**flatten(cfg), "train.effective_batch": cfg.train.batch_size * cfg.train.grad_accum})
-        ckpt = Checkpointing(ckpt_path, fp, cfg.train.checkpoint_every, extra={"run_id": run.info.run_id},
-                             resume_from=state)
-        try:
-            result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets, checkpointing=ckpt,
-                                 on_log=lambda m, step: tracking.log_metrics(m, step=step))
-        except TrainingDiverged as e:
-            write_telemetry(e.result)  # the evidence of what went wrong
-            raise
+        with tracking.MetricBuffer(run.info.run_id) as to_mlflow:
+            ckpt = Checkpointing(ckpt_path, fp, cfg.train.checkpoint_every, extra={"run_id": run.info.run_id},
+                                 resume_from=state, before_save=to_mlflow.flush)
+            try:
+                result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets,
+                                     checkpointing=ckpt, on_log=to_mlflow)
+            except TrainingDiverged as e:
+                write_telemetry(e.result)  # the evidence of what went wrong
+                raise
         write_telemetry(result)
         save_model(model_dir / "model.pt", result.model, cfg.model, extra={"run_id": run.info.run_id})
         summary = result.summary

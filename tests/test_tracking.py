@@ -47,3 +47,30 @@ def test_run_ends_failed_on_error_and_finished_otherwise(tmp_path, monkeypatch):
         tracking.log_metrics({"test/cosine": 0.5})
     assert client.get_run(ok.info.run_id).data.metrics["test/cosine"] == 0.5
     assert mlflow.active_run() is None
+
+
+def test_metric_buffer_sends_every_row_with_its_step_in_batches_and_on_error(tmp_path, monkeypatch):
+    import pytest
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(tracking_uri=uri)
+    with tracking.mlflow_run("buffered", "smoke", experiment="t") as run:
+        with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
+            for step in range(1, 31):  # 30 rows of 40 metrics: 1,200 > one log_batch's 1,000
+                buf({**{f"m/{i}": step * 1.0 for i in range(40)}, "bad": float("inf")}, step)
+            assert client.get_metric_history(run.info.run_id, "m/0") == []  # held until a flush
+            assert tracking.run_exists(run.info.run_id) and not tracking.run_exists("0" * 32)
+        history = client.get_metric_history(run.info.run_id, "m/39")
+        assert [(m.step, m.value) for m in history] == [(s, float(s)) for s in range(1, 31)]
+        assert "bad" not in client.get_run(run.info.run_id).data.metrics
+        with pytest.raises(KeyboardInterrupt):
+            with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
+                buf({"late/metric": 7.0}, 31)
+                raise KeyboardInterrupt  # Ctrl-C: what was buffered is still sent
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "late/metric")] == [7.0]
+    with tracking.mlflow_run("timed", "smoke", experiment="t") as run:
+        with tracking.MetricBuffer(run.info.run_id, flush_seconds=0) as buf:
+            buf({"now": 1.0}, 1)  # flush_seconds elapsed: sent at once
+            assert len(client.get_metric_history(run.info.run_id, "now")) == 1

@@ -54,6 +54,7 @@ def test_skipped_step_leaves_weights_and_optimizer_untouched():
     # Stop both after step K: the faulty one must hold exactly the weights of step K - 1.
     for t in (clean, faulty):
         t.t_start, t.bar = 0.0, _NoBar()
+        t._new_window()
         t.loader.set_epoch(0)
         batches = t.loader.batches()
         for _ in range(K - 1 if t is clean else K):

@@ -1,0 +1,83 @@
+"""bench.trainer's measuring pieces: the host-read counter attributes and counts what it should,
+the trainer reads the host once per step, the RSS slope sees a leak, the CLI answers --help.
+No timing is asserted: the benchmark reports ratios, tests check behaviour."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench import trainer as bench
+from pipeline.paths import REPO_ROOT
+
+
+def run_from(path, code, **names):
+    """Run `code` as if it were a line of the file at `path` (the counter goes by the caller's file)."""
+    exec(compile(code, str(path), "exec"), {"torch": torch, **names})
+
+
+def test_host_reads_are_attributed_to_the_calling_file_and_unpatched_after():
+    t = torch.ones(3)
+    every_read = ("t.sum().item(); t.tolist(); t.cpu(); t.numpy(); t.nonzero(); bool(t[0]); float(t[0]); "
+                  "int(t[0]); torch.nonzero(t)")
+    with bench.HostReads() as reads:
+        run_from(bench.PIPELINE_DIR / "any_loop_file.py", every_read, t=t)
+        run_from(bench.MODEL_DIR / "any_model_file.py", "t.nonzero()", t=t)
+        from torch.optim.optimizer import _get_value
+        _get_value(torch.tensor(1.0))  # AdamW's CPU step counter: torch's own read
+        t.tolist()  # from this file: neither ours nor torch's
+        t.sum()  # not a read
+    assert dict(reads.counts) == {"loop": 9, "model": 1, "torch": 1, "other": 1}
+    assert sum(n for site, n in reads.sites.items() if site.startswith("loop pipeline/any_loop_file.py:1 ")) == 9
+    assert not any(op in torch.Tensor.__dict__ for op in bench._TENSOR_READS)  # back to TensorBase's
+    assert torch.nonzero is torch._C._VariableFunctions.nonzero
+    with bench.HostReads() as reads:
+        with pytest.raises(ZeroDivisionError):
+            run_from(bench.PIPELINE_DIR / "x.py", "t.item(); 1 / 0", t=torch.ones(()))
+    assert "item" not in torch.Tensor.__dict__  # restored on an error too
+
+
+@pytest.mark.parametrize("log_every", [None, 1, 5])
+def test_the_trainer_reads_the_host_once_per_step(log_every):
+    # smoke's log_every 2 (None), every step a log step (1), and 5, where the 12th and last step
+    # closes a 2-step window: each step makes exactly one read, StepHealth.step_readout's .tolist(),
+    # which on a log step carries the window's accumulators in the same vector. Nothing else in
+    # pipeline/ outside the model reads (no validation split is given: its two float() reads per
+    # epoch are outside the steps).
+    res = bench.host_syncs(steps=12, log_every=log_every)
+    assert res["steps"] == 12
+    assert res["host_syncs_per_step"] == 1.0
+    # Sites read "kind file:line function op".
+    loop_sites = {(site.split(":")[0], site.split()[2]) for site in res["sites"] if site.startswith("loop ")}
+    assert loop_sites == {("loop pipeline/step_health.py", "step_readout")}
+    # The flow loop reads once per flow step (which flows are still alive), and only there.
+    assert res["model_syncs_per_step"] == pytest.approx(res["flow_loop_iterations_per_step"])
+    assert res["model_syncs_per_step"] >= 1
+    # AdamW reads each parameter's CPU step counter: counted apart, never as ours.
+    assert res["torch_internal_reads_per_step"] > 0
+
+
+def test_the_rss_slope_sees_the_leak_and_not_the_clean_run():
+    clean = bench.rss_slope_per_1k(bench.fresh_rows(100, bench.SMOKE_THREADS), after=20)
+    leak = bench.rss_slope_per_1k(bench.fresh_rows(100, bench.SMOKE_THREADS, "fault=leak", "fault.step=1"),
+                                  after=20)
+    # Each leaked step keeps its graph (~0.15-0.2 MB on the smoke model); the clean run settles.
+    assert leak > 50 and leak > 10 * max(clean, 1.0), (clean, leak)
+
+
+def test_slope_and_window_helpers():
+    rows = [{"step": s, "mem/rss_mb": 300 + 0.004 * s + (0.5 if s == 10 else 0), "perf/step_ms": float(s)}
+            for s in range(2, 202, 2)]
+    assert bench.rss_slope_per_1k(rows, after=20) == pytest.approx(4.0)  # the bump at step 10 is before the fit
+    assert bench.median_between(rows, "perf/step_ms", 20, 120) == 70.0
+    with pytest.raises(ValueError):
+        bench.rss_slope_per_1k(rows, after=198)
+
+
+def test_cli_help_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "bench.trainer", "--help"], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for word in ("telemetry_overhead", "host_syncs_per_step", "step_time_drift", "rss_growth_mb_per_1k_steps",
+                 "--pairs"):
+        assert word in out.stdout
