@@ -113,7 +113,9 @@ FAULT_KINDS = ("none", "nan_loss", "inf_grad", "loss_spike", "lr_spike", "leak")
 class FaultConfig:
     """Deliberate faults that prove the detectors (conf/fault/*.yaml; `fault=nan_loss`)."""
     kind: str = "none"  # none | nan_loss | inf_grad | loss_spike | lr_spike | leak
-    step: int = 10  # first optimizer step hit (1-based)
+    # First optimizer step hit (1-based). 15: the spike detector needs 10 losses of history, and
+    # the smoke preset's 28 steps leave 13 to show recovery.
+    step: int = 15
     steps: int = 1  # how many consecutive steps (lr_spike; the others hit `step` only)
     module: str = "carrier"  # inf_grad: the top-level module whose gradient is set to inf
     factor: float = 1000.0  # loss_spike: loss multiplier; lr_spike: LR multiplier

@@ -162,6 +162,7 @@ def test_zones_follow_the_thresholds():
     assert all(r["grad/zone"] == 2 and r["grad/steps_critical"] == 2 for r in res.rows)
 
 
+@pytest.mark.filterwarnings("ignore:Error detected in")  # anomaly mode's own report of the forward trace
 def test_anomaly_detection_names_the_backward_op():
     with pytest.raises(PipelineError, match="anomaly detection.*returned nan"):
         trainer("fault=nan_loss", "fault.step=2", "train.detect_anomaly_steps=3").run()
