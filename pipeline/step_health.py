@@ -161,7 +161,6 @@ class StepHealth:
         mods = values[6 + len(self.FIELDS):]
         n_ok = acc["n_ok"]
         mean = (lambda v: v / n_ok) if n_ok else (lambda v: float("nan"))
-        steps = sum(acc[f"zone_{z}"] for z in ZONES)
         worst = max((i for i, z in enumerate(ZONES) if acc[f"zone_{z}"] > 0), default=0)
         return {
             "train/loss": mean(acc["loss"]),
@@ -176,7 +175,6 @@ class StepHealth:
             **{f"grad/steps_{z}": acc[f"zone_{z}"] for z in ZONES},
             "amp/scale": scale,
             **{f"grad/{name}/norm": mean(v) for name, v in zip(self.module_names, mods)},
-            "_steps": steps,
         }
 
     def nonfinite_modules(self, code: int) -> list[str]:

@@ -348,7 +348,6 @@ class Trainer:
         wall = time.perf_counter() - self.win["t0"]  # both ends follow a read, so the device is done
         steps = max(self.win["steps"], 1)
         metrics = self.health.window_metrics(values)
-        metrics.pop("_steps")
         phases = self.timer.take()
         alloc, peak = device_memory_mb(self.device)
         row = {

@@ -2,7 +2,6 @@
 scaler react as they should, and persistent trouble stops the run with a clear error."""
 import math
 
-import numpy as np
 import pytest
 import torch
 
