@@ -108,10 +108,10 @@ class StepHealth:
         self.acc = torch.zeros(len(self.FIELDS) + len(self.modules), dtype=torch.float64, device=self.device)
         self.norm_max = torch.zeros((), dtype=torch.float64, device=self.device)
 
-    def measure(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def measure(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """After backward (and scaler.unscale_): norms, clipping, accumulators.
 
-        Returns (code, ok, threshold) as device tensors; `ok` says whether the optimizer may step."""
+        Returns (code, threshold) as device tensors; the host decides from the code."""
         grads = [[p.grad for p in ps if p.grad is not None] for _, ps in self.modules]
         zero = torch.zeros((), device=self.device)
         mod_norms = torch.stack([torch.nn.utils.get_total_norm(g) if g else zero for g in grads]).double()
@@ -120,10 +120,10 @@ class StepHealth:
         threshold = self.spikes.threshold()
         spike = torch.isfinite(loss) & (loss > threshold)
         code = (torch.isnan(loss) * NAN_LOSS + torch.isinf(loss) * INF_LOSS + torch.isnan(norm) * NAN_GRAD
-                + (torch.isinf(norm) & ~torch.isnan(norm)) * INF_GRAD + spike * SPIKE
+                + torch.isinf(norm) * INF_GRAD + spike * SPIKE
                 + (~torch.isfinite(mod_norms) * self._module_bits).sum())
         finite = torch.isfinite(loss) & torch.isfinite(norm)
-        ok = finite & ~spike if self.skip_spikes else finite
+        ok = finite & ~spike if self.skip_spikes else finite  # the host's skip decision, on the device
         if self.grad_clip > 0:
             # clip_grads_with_norm_ reuses our norm (no second pass over the gradients). With a
             # non-finite norm the step is skipped anyway, whatever clipping makes of the grads.
@@ -142,7 +142,7 @@ class StepHealth:
                          (~finite).double(), spike.double()]),
             zone, safe(mod_norms)])
         self.norm_max = torch.maximum(self.norm_max, safe(norm))
-        return code, ok, threshold
+        return code, threshold
 
     def step_readout(self, code: torch.Tensor, loss: torch.Tensor, threshold: torch.Tensor,
                      scale: Optional[torch.Tensor], with_window: bool) -> list[float]:
@@ -186,6 +186,6 @@ class StepHealth:
 
     def record_update(self, before: list[torch.Tensor]) -> None:
         with torch.no_grad():
-            delta = torch.stack([torch.linalg.vector_norm(p.detach() - b) for p, b in zip(self.params, before)])
-            weight = torch.stack([torch.linalg.vector_norm(p.detach()) for p in self.params])
-            self.update_ratio = (torch.linalg.vector_norm(delta) / torch.linalg.vector_norm(weight).clamp(min=1e-12)).double()
+            delta = torch.nn.utils.get_total_norm([p - b for p, b in zip(self.params, before)])
+            weight = torch.nn.utils.get_total_norm(self.params)
+            self.update_ratio = (delta / weight.clamp(min=1e-12)).double()

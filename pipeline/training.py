@@ -267,7 +267,7 @@ class Trainer:
         self.faults.on_grads(step)  # before unscale_, so the scaler sees an injected inf
         if self.scaler:
             self.scaler.unscale_(self.opt)  # clipping and norms see true gradients
-        code_t, ok_t, threshold_t = self.health.measure(loss_sum)
+        code_t, threshold_t = self.health.measure(loss_sum)
         log_step = step % t.log_every == 0 or step == self.total_steps
         scale_t = self.scaler._scale if self.scaler else None  # the tensor: get_scale() would sync
         values = self.health.step_readout(code_t, loss_sum, threshold_t, scale_t, with_window=log_step)  # the one sync
@@ -282,6 +282,10 @@ class Trainer:
                 self.health.record_update(before)  # the window's sampled update/weight ratio
             self.sched.step()
             self.consecutive_skips = 0
+        else:
+            self.consecutive_skips += 1
+            self.skipped_total += 1
+            self.win["skipped"] += 1
         if self.scaler:
             self.scaler.update()  # backs off after an overflow (found by unscale_), else counts growth
         self.opt.zero_grad(set_to_none=True)
@@ -290,6 +294,8 @@ class Trainer:
         self.bar.update(1)
         if code & (NONFINITE | SPIKE):
             self._record_event(step, code, values[1], values[2], skip)
+        if self.consecutive_skips >= t.max_consecutive_skips:
+            self._diverged(step)
         if log_step:
             self._close_window(values)
             if self.ckpt and self.ckpt.every and step % self.ckpt.every == 0:
@@ -311,10 +317,6 @@ class Trainer:
             event = {"step": step, "kind": "loss_spike", "loss": loss, "threshold": threshold,
                      "action": "skipped" if skipped else "flagged"}
         self.result.events.append(event)
-        if skipped:
-            self.consecutive_skips += 1
-            self.skipped_total += 1
-            self.win["skipped"] += 1
         if kind is None:
             self.spikes_total += 1
         if len(self.result.events) <= _EVENT_LOG_MAX:
@@ -323,16 +325,20 @@ class Trainer:
             log.warning("step %d: %s%s%s -> %s", step, event["kind"], detail, where, event["action"])
         elif len(self.result.events) == _EVENT_LOG_MAX + 1:
             log.warning("more events follow; all are in the events file and the stability report")
-        if self.consecutive_skips >= self.t.max_consecutive_skips:
-            self._close_window(None)
-            self._summarise()
-            self.bar.close()
-            cause = f"{event['kind']} in {event['module'] or 'the loss'}" if kind else "loss spikes"
-            raise TrainingDiverged(
-                f"{self.consecutive_skips} consecutive skipped steps (last at step {step}, {cause}): stopping "
-                f"instead of spinning (train.max_consecutive_skips={self.t.max_consecutive_skips}). Lower "
-                f"train.lr, set train.grad_clip (e.g. 1.0), use train.precision=bf16 or a smaller "
-                f"train.scaler.init_scale, or check the input embeddings for NaN/Inf.", self.result)
+
+    def _diverged(self, step: int) -> None:
+        """Too many skipped steps in a row: write the evidence into the result and stop."""
+        self._close_window(None)
+        self._summarise()
+        self.bar.close()
+        event = self.result.events[-1]
+        cause = f"{event['kind']} in {event.get('module') or 'the loss'}" if event["kind"] != "loss_spike" \
+            else "loss spikes"
+        raise TrainingDiverged(
+            f"{self.consecutive_skips} consecutive skipped steps (last at step {step}, {cause}): stopping "
+            f"instead of spinning (train.max_consecutive_skips={self.t.max_consecutive_skips}). Lower "
+            f"train.lr, set train.grad_clip (e.g. 1.0), use train.precision=bf16 or a smaller "
+            f"train.scaler.init_scale, or check the input embeddings for NaN/Inf.", self.result)
 
     # ------------------------------------------------------------------ telemetry windows
     def _new_window(self) -> None:
