@@ -29,7 +29,8 @@ def run(cfg) -> dict:
     train_metrics = json.loads((METRICS_DIR / "train.json").read_text())
     eval_metrics = json.loads((METRICS_DIR / "eval.json").read_text())
     params = {**dict(cfg.report), **{k: cfg.train[k] for k in TRAIN_KEYS},
-              "planned_steps": int(train_metrics.get("train/steps", len(steps)))}
+              "planned_steps": int(train_metrics.get("train/steps", len(steps))),
+              "resumed_from_step": int(train_metrics.get("train/resumed_from_step", 0))}
     result = run_checks(steps, events, params)
     plots = make_plots(steps, events, params, REPORTS_DIR / "plots")
     info = {"run_id": run_info["run_id"], "preset": cfg.run.preset, **train_metrics}

@@ -104,6 +104,18 @@ def test_memory_on_cpu_ignores_zero_device_series():
     assert "device_peak_max_mb" not in check["evidence"]
 
 
+def test_memory_of_a_resumed_run_is_fitted_on_the_last_process_only():
+    # Killed at step 400, resumed: the new process holds 120 MB more than the old one did (it
+    # loaded a checkpoint) and is flat from then on. Across both processes the second-half fit
+    # reads the step as a leak; the last process alone, after its warm-up, is flat.
+    df = clean_run()
+    after = df["step"] > 400
+    df.loc[after, "mem/rss_mb"] += 120
+    assert run_checks(df, [], PARAMS)["checks"]["memory_growth"]["status"] == "fail"
+    check = run_checks(df, [], {**PARAMS, "resumed_from_step": 400, "warmup_steps": 20})["checks"]["memory_growth"]
+    assert check["status"] == "pass" and check["evidence"]["first_step"] > 420
+
+
 def test_memory_with_too_few_rows_after_warmup_skips():
     check = run_checks(clean_run(n=13), [], PARAMS)["checks"]["memory_growth"]
     assert check["status"] == "skip" and check["pass"] is True
