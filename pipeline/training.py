@@ -189,13 +189,19 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> TrainResult:
+        # Both settings are process-wide: set them for the run and leave them as found.
         threads = torch.get_num_threads()
+        deterministic = (torch.are_deterministic_algorithms_enabled(),
+                         torch.is_deterministic_algorithms_warn_only_enabled())
         if self.t.threads:
             torch.set_num_threads(self.t.threads)
+        if self.t.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
         try:
             return self._run()
         finally:
-            torch.set_num_threads(threads)  # the setting is process-wide: leave it as found
+            torch.set_num_threads(threads)
+            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
 
     def _run(self) -> TrainResult:
         from tqdm.auto import tqdm

@@ -79,3 +79,11 @@ def test_lr_schedule_warms_up_then_decays_to_a_tenth():
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
     assert f(10) == pytest.approx(1.0) and f(110) == pytest.approx(0.1)
     assert all(f(s) >= f(s + 1) for s in range(10, 110))
+
+
+def test_process_wide_settings_are_restored_after_a_run():
+    x, y = linear_task()
+    threads = torch.get_num_threads()
+    assert not torch.are_deterministic_algorithms_enabled()
+    train_model(tiny_cfg(**{"train.threads": 1, "train.epochs": 1}), x, y, progress=False)
+    assert torch.get_num_threads() == threads and not torch.are_deterministic_algorithms_enabled()
