@@ -35,3 +35,17 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[En
         raise PipelineError(f"{path} does not fit the model built from its own config: {e}") from None
     model.eval()
     return model, payload
+
+
+def untrained_model(payload: dict, device: torch.device | str = "cpu") -> EnergyFlowModel:
+    """The saved model's starting point: its config built under its seed, exactly as the Trainer
+    does (torch.manual_seed(run.seed), then EnergyFlowModel.from_config). The global RNG is left
+    as it was."""
+    seed = (payload.get("extra") or {}).get("seed")
+    if seed is None:
+        raise PipelineError("the model file records no seed, so its untrained starting point cannot be rebuilt: "
+                            "re-run the train stage (dvc repro train)")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        model = EnergyFlowModel.from_config(payload["model_config"], payload["dim"])
+    return model.to(device).eval()

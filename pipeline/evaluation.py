@@ -5,7 +5,9 @@ top-k hit when its own target text is among the k bank texts nearest by cosine. 
 is ranked with one matrix product per batch (TextBridge.nearest), never a per-sample loop.
 Baselines, computed in the same stage so the comparison is like for like:
 - identity: predict the input embedding itself;
-- ridge: a linear map fitted on train in closed form, W = (X'X + alpha I)^-1 X'Y (with a bias).
+- ridge: a linear map fitted on train in closed form, W = (X'X + alpha I)^-1 X'Y (with a bias);
+- untrained: the same model at its initial weights (same config and seed), so "did training
+  teach it anything" is a measured difference, not a guess.
 """
 from __future__ import annotations
 
@@ -65,14 +67,17 @@ def ridge_predict(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (np.hstack([np.asarray(x, dtype=np.float64), np.ones((len(x), 1))]) @ w).astype(np.float32)
 
 
-def evaluate_split(name: str, model_pred: np.ndarray, shard, ridge_w: np.ndarray) -> dict[str, float]:
+def evaluate_split(name: str, model_pred: np.ndarray, shard, ridge_w: np.ndarray,
+                   untrained_pred: np.ndarray | None = None) -> dict[str, float]:
     """All metrics for one split, keys `split/metric` and `baseline/<name>/split/metric`."""
     _, bank, row_to_bank = text_bank(list(shard.target_texts), shard.targets)
     targets = np.asarray(shard.targets)
     inputs = np.asarray(shard.inputs)
     out = {}
-    for prefix, pred in (("", model_pred), ("baseline/identity/", inputs),
-                         ("baseline/ridge/", ridge_predict(ridge_w, inputs))):
+    preds = [("", model_pred), ("baseline/identity/", inputs), ("baseline/ridge/", ridge_predict(ridge_w, inputs))]
+    if untrained_pred is not None:
+        preds.append(("baseline/untrained/", untrained_pred))
+    for prefix, pred in preds:
         for k, v in score(pred, targets, bank, row_to_bank).items():
             out[f"{prefix}{name}/{k}"] = v
     return out

@@ -1,5 +1,6 @@
 """evaluate: cosine, MSE and retrieval top-1/top-5 on val and test for the trained model and for
-two baselines computed here (identity; ridge fitted on train), plus a table of decoded samples.
+three baselines computed here (identity; ridge fitted on train; the same model untrained), plus a
+table of decoded samples.
 Adds its metrics and artifacts to the model's MLflow run."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pandas as pd
 
 from pipeline import tracking
 from pipeline.atomic import atomic_path, write_json
-from pipeline.checkpoint import load_model
+from pipeline.checkpoint import load_model, untrained_model
 from pipeline.data.shards import open_split
 from pipeline.evaluation import evaluate_split, predict, ridge_fit, sample_table
 from pipeline.paths import METRICS_DIR, REPORTS_DIR, repo_path
@@ -25,7 +26,8 @@ SAMPLES_CSV = REPORTS_DIR / "eval_samples.csv"
 def run(cfg) -> dict:
     shard_dir, model_dir = repo_path(cfg.embed.out_dir), repo_path(cfg.train.out_dir)
     run_info = tracking.read_run_file(model_dir)
-    model, _ = load_model(model_dir / "model.pt")
+    model, payload = load_model(model_dir / "model.pt")
+    untrained = untrained_model(payload)
     shards = {s: open_split(shard_dir, s) for s in ("train", "val", "test")}
     w = ridge_fit(shards["train"].inputs, shards["train"].targets, cfg.evaluate.ridge_alpha)
     metrics, samples = {}, []
@@ -35,7 +37,8 @@ def run(cfg) -> dict:
         # The batch size the model trained with: max_active_flows caps flows per *batch*, so a
         # bigger batch would give each sample fewer flows than it learned with.
         pred = predict(model, shards[split].inputs, cfg.train.batch_size)
-        metrics.update(evaluate_split(split, pred, shards[split], w))
+        untrained_pred = predict(untrained, shards[split].inputs, cfg.train.batch_size)
+        metrics.update(evaluate_split(split, pred, shards[split], w, untrained_pred))
         if split == "test":
             samples = sample_table(shards[split], pred, cfg.evaluate.samples)
     write_json(METRICS_DIR / "eval.json", metrics)
@@ -47,8 +50,9 @@ def run(cfg) -> dict:
         tracking.log_artifact_file(SAMPLES_CSV, "evaluate")
     for split in ("val", "test"):
         if f"{split}/cosine" in metrics:
-            log.info("%s: model cos %.3f top1 %.3f | identity cos %.3f top1 %.3f | ridge cos %.3f top1 %.3f", split,
-                     metrics[f"{split}/cosine"], metrics[f"{split}/top1"],
+            log.info("%s: model cos %.3f top1 %.3f | untrained cos %.3f | identity cos %.3f top1 %.3f | "
+                     "ridge cos %.3f top1 %.3f", split, metrics[f"{split}/cosine"], metrics[f"{split}/top1"],
+                     metrics[f"baseline/untrained/{split}/cosine"],
                      metrics[f"baseline/identity/{split}/cosine"], metrics[f"baseline/identity/{split}/top1"],
                      metrics[f"baseline/ridge/{split}/cosine"], metrics[f"baseline/ridge/{split}/top1"])
     return metrics
