@@ -296,6 +296,7 @@ class Trainer:
             self.scaler.update()  # backs off after an overflow (found by unscale_), else counts growth
         self.opt.zero_grad(set_to_none=True)
         timer.lap("optimizer")
+        self.faults.after_step(step)  # outside the phases, and its time is taken off the window's
         self.win["steps"] += 1
         self.bar.update(1)
         if code & (NONFINITE | SPIKE):
@@ -357,7 +358,8 @@ class Trainer:
         if values is None:  # the run is stopping mid-window: one extra read, once
             zero = torch.zeros((), device=self.device)
             values = self.health.step_readout(zero, zero, zero, self.scaler._scale if self.scaler else None, True)
-        wall = time.perf_counter() - self.win["t0"]  # both ends follow a read, so the device is done
+        # Both ends follow a read, so the device is done; a fault's own work is not the model's.
+        wall = time.perf_counter() - self.win["t0"] - self.faults.take_overhead()
         steps = max(self.win["steps"], 1)
         metrics = self.health.window_metrics(values)
         phases = self.timer.take()
@@ -389,6 +391,7 @@ class Trainer:
         self.result.summary.update({
             "train/loss": finite_losses[-1] if finite_losses else float("nan"),
             "train/steps": self.step,
+            "train/planned_steps": self.total_steps,
             "train/skipped_steps": self.skipped_total,
             "train/spikes": self.spikes_total,
             "train/effective_batch": self.t.batch_size * self.t.grad_accum,
@@ -397,6 +400,9 @@ class Trainer:
             "perf/samples_per_s": self.samples_total / wall if wall > 0 else 0.0,
             "perf/step_ms": float(np.median([r["perf/step_ms"] for r in rows])) if rows else 0.0,
             "flow/steps_used": float(np.mean([r["flow/steps_used"] for r in rows])) if rows else 0.0,
+            # The report's convergence check judges flow/steps_used against these two bounds.
+            "flow/step_cap": min(self.model.max_steps, self.model.step_bound),
+            "flow/min_steps_to_arrive": self.model.min_steps_to_arrive,
             "mem/rss_peak_mb": max((r["mem/rss_mb"] for r in rows), default=rss_mb()),
         })
         if self.scaler:

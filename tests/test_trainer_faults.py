@@ -98,11 +98,14 @@ def test_lr_spike_shows_in_the_logged_lr_and_leaves_the_schedule():
     assert lr[8] == pytest.approx(clean_lr[8])  # and then the schedule's own LR again
 
 
-def test_leak_keeps_every_step_graph_alive():
-    tr = trainer("train.epochs=1", "fault=leak", "fault.step=1")
+def test_leak_keeps_every_step_graph_alive_and_its_activations():
+    tr = trainer("train.epochs=1", "fault=leak", "fault.step=1", "fault.leak_mb=1")
     tr.run()
-    kept = tr.faults._kept
-    assert len(kept) == 12 and all(t.grad_fn is not None for t in kept)
+    losses = [k for k in tr.faults._kept if isinstance(k, torch.Tensor)]
+    [block] = [k for k in tr.faults._kept if not isinstance(k, torch.Tensor)]  # one block of 64 steps
+    assert len(losses) == 12 and all(t.grad_fn is not None for t in losses)
+    n = 2**20 // 4  # float32 elements in 1 MB
+    assert block.size == 64 * n and (block[:12 * n] == 1.0).all()  # 12 steps written, 1 MB each
 
 
 def test_fp16_scaler_backs_off_from_an_overflowing_scale_then_trains():

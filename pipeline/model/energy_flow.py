@@ -63,6 +63,12 @@ class EnergyFlowModel(nn.Module):
         """No flow can take more steps than this: each step moves it forward >= min_forward."""
         return math.ceil(self.D / self.carrier.min_forward)
 
+    @property
+    def min_steps_to_arrive(self) -> int:
+        """No flow can arrive sooner: each step moves it forward <= max_forward. A batch that
+        stops earlier stopped because every flow died (energy < energy_min), none arrived."""
+        return math.ceil(self.D / self.carrier.max_forward)
+
     # --- one flow step over all live flows (checkpointable: pure function of its inputs) ---
     def _advance(self, x, y, z, energy, *hidden):
         pos_norm = torch.stack([x / self.W, y / self.H, z / self.D], dim=1)
