@@ -124,6 +124,10 @@ class FaultConfig:
     steps: int = 1  # how many consecutive steps (lr_spike; the others hit `step` only)
     module: str = "carrier"  # inf_grad: the top-level module whose gradient is set to inf
     factor: float = 1000.0  # loss_spike: loss multiplier; lr_spike: LR multiplier
+    # leak: activations kept per step on top of the graph. The graph alone is ~0.1 MB a step on
+    # the smoke model (+3 MB over its 28 steps, lost in allocator noise); 8 MB a step is a small
+    # model's activations, +224 MB over the smoke run.
+    leak_mb: float = 8.0
 
 
 @dataclass
@@ -145,6 +149,15 @@ class ReportConfig:
     grad_healthy_min: float = 0.5  # below: "low" (zones warning/critical are train.grad_*)
     grad_max_critical_fraction: float = 0.05
     nonfinite_warn_fraction: float = 0.01  # rarer than this and recovered: warn, not fail
+    # A spike this many times the trailing mean loss fails even when the loss recovers: the clean
+    # default run's k-sigma spikes are 1.1-1.3x (warn); an injected x1000 or an LR x100 is far past.
+    spike_fail_factor: float = 3.0
+    # fp16: a loss scale below 1 means gradients overflow even unscaled (real inf/NaN, not the
+    # scaler's calibration); and more than 5 % of updates lost to overflow backoffs is too many.
+    scaler_min_scale: float = 1.0
+    scaler_max_backoff_fraction: float = 0.05
+    # The trained model must beat its own untrained starting point by this much test cosine.
+    learning_min_gain: float = 0.02
 
 
 @dataclass
@@ -250,6 +263,7 @@ def _check_values(cfg: DictConfig) -> None:
     _require(f.step > 0, "fault.step", "an optimizer step >= 1", f.step)
     _require(f.steps > 0, "fault.steps", "an integer > 0", f.steps)
     _require(f.factor > 0 and math.isfinite(f.factor), "fault.factor", "a finite number > 0", f.factor)
+    _require(0 <= f.leak_mb <= 1024, "fault.leak_mb", "MB kept per step, in [0, 1024]", f.leak_mb)
     _require(t.lr > 0 and math.isfinite(t.lr), "train.lr", "a finite number > 0", t.lr)
     _require(t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
     _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
@@ -274,6 +288,11 @@ def _check_values(cfg: DictConfig) -> None:
     _require(0 < r.memory_alpha < 1, "report.memory_alpha", "in (0, 1)", r.memory_alpha)
     _require(0 < r.grad_healthy_min < t.grad_warning, "report.grad_healthy_min",
              f"0 < grad_healthy_min < train.grad_warning ({t.grad_warning})", r.grad_healthy_min)
+    _require(r.spike_fail_factor > 1, "report.spike_fail_factor", "> 1", r.spike_fail_factor)
+    _require(r.scaler_min_scale > 0, "report.scaler_min_scale", "> 0", r.scaler_min_scale)
+    _require(0 <= r.scaler_max_backoff_fraction <= 1, "report.scaler_max_backoff_fraction", "in [0, 1]",
+             r.scaler_max_backoff_fraction)
+    _require(r.learning_min_gain >= 0, "report.learning_min_gain", ">= 0", r.learning_min_gain)
 
 
 def flatten(cfg: DictConfig) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 per-window telemetry with gradient health (a DVC plot), skipped / flagged steps and
 metrics/train.json. Writes a resumable checkpoint every train.checkpoint_every steps: a killed
 train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends with the
-same weights as an uninterrupted run."""
+same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips skipped steps
+in a row) still gets its stability report (reports/stability.html) before the stage fails."""
 from __future__ import annotations
 
 import hashlib
@@ -18,6 +19,7 @@ from pipeline.checkpoint import save_model
 from pipeline.config import flatten
 from pipeline.data.shards import load_manifest, open_split
 from pipeline.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
+from pipeline.report.build import build_report, log_report, verdict_line
 from pipeline.telemetry import step_columns
 from pipeline.train_state import STATE_FILE, fingerprint, load_state
 from pipeline.training import Checkpointing, TrainingDiverged, train_model
@@ -34,6 +36,19 @@ def write_telemetry(result) -> None:
     with atomic_path(STEPS_CSV) as tmp:
         pd.DataFrame(result.rows, columns=step_columns(result.module_names)).to_csv(tmp, index=False)
     write_json(EVENTS_JSON, result.events)
+
+
+def diagnose_divergence(cfg, run_id: str, result) -> None:
+    """The run blew up and will not reach evaluate or report: write its telemetry and partial
+    metrics, and build the stability report from them now (learning is skipped: no evaluation),
+    logged to this run, which then ends FAILED."""
+    write_telemetry(result)
+    metrics = {**result.summary, "train/diverged": 1}
+    write_json(METRICS_DIR / "train.json", metrics)
+    tracking.log_metrics(metrics)
+    report = build_report(cfg, run_id, pd.DataFrame(result.rows), result.events, metrics, None)
+    log_report(report)
+    log.error("training diverged at step %d; %s", result.summary["train/steps"], verdict_line(report))
 
 
 def run(cfg) -> dict:
@@ -61,10 +76,12 @@ def run(cfg) -> dict:
                 result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets,
                                      checkpointing=ckpt, on_log=to_mlflow)
             except TrainingDiverged as e:
-                write_telemetry(e.result)  # the evidence of what went wrong
+                diagnose_divergence(cfg, run.info.run_id, e.result)
                 raise
         write_telemetry(result)
-        save_model(model_dir / "model.pt", result.model, cfg.model, extra={"run_id": run.info.run_id})
+        # The seed lets evaluate rebuild the untrained starting point (the "untrained" baseline).
+        save_model(model_dir / "model.pt", result.model, cfg.model,
+                   extra={"run_id": run.info.run_id, "seed": int(cfg.run.seed)})
         summary = result.summary
         write_json(METRICS_DIR / "train.json", summary)
         tracking.log_metrics(summary)

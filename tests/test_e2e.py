@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.paths import REPO_ROOT
+from pipeline.report.checks import CHECK_ORDER
 
 
 def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
@@ -51,7 +52,8 @@ def test_every_stage_ran_and_wrote_its_outputs(project):
     for rel in ("data/shards/manifest.json", "models/model.pt", "models/run.json", "telemetry/train_steps.csv",
                 "telemetry/train_events.json", "metrics/train.json", "metrics/eval.json", "metrics/stability.json",
                 "reports/stability.md", "reports/stability.html", "reports/eval_samples.csv",
-                "reports/plots/loss.png", "reports/plots/grad_norm.png", "reports/plots/memory.png"):
+                "reports/plots/loss.png", "reports/plots/grad_norm.png", "reports/plots/memory.png",
+                "reports/plots/adaptive_steps.png", "reports/plots/learning.png"):
         assert (root / rel).is_file() and (root / rel).stat().st_size > 0, rel
     assert "preset: smoke" in (root / "params.yaml").read_text()
 
@@ -63,12 +65,13 @@ def test_metrics_are_finite_and_named_split_slash_metric(project):
     for key in ("train/skipped_steps", "perf/samples_per_s", "train/loss"):
         assert math.isfinite(train[key]), key
     for key in ("test/cosine", "test/top1", "test/top5", "val/cosine", "baseline/ridge/test/cosine",
-                "baseline/identity/test/top1", "baseline/identity/test/cosine", "baseline/ridge/test/top5"):
+                "baseline/identity/test/top1", "baseline/identity/test/cosine", "baseline/ridge/test/top5",
+                "baseline/untrained/test/cosine", "baseline/untrained/val/top1"):
         assert math.isfinite(ev[key]), key
     assert 0 <= ev["test/top1"] <= ev["test/top5"] <= 1
     stab = json.loads((root / "metrics/stability.json").read_text())
     assert stab["verdict"] in ("stable", "unstable")
-    for check in ("memory_growth", "step_time_degradation", "nonfinite", "grad_norm", "loss_spikes"):
+    for check in CHECK_ORDER:
         assert isinstance(stab[check]["pass"], bool), check
 
 
@@ -88,9 +91,13 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
         assert tags["preset"] == "smoke" and len(tags["git.commit"]) == 40 and tags["git.dirty"] in ("true", "false")
     m = model_run.data.metrics
     for key in ("train/loss", "perf/samples_per_s", "test/cosine", "baseline/ridge/test/cosine",
-                "stability/memory_growth/pass"):
+                "stability/memory_growth/pass", "stability/stable", "baseline/untrained/test/cosine"):
         assert key in m and math.isfinite(m[key]), key
-    assert model_run.data.tags["stability.verdict"] in ("stable", "unstable")
+    verdict = model_run.data.tags["stability.verdict"]
+    assert verdict in ("stable", "unstable") and m["stability/stable"] == float(verdict == "stable")
+    # Filterable by verdict, as in the UI's search box.
+    assert [r.info.run_id for r in client.search_runs([exp.experiment_id], f"tags.`stability.verdict` = '{verdict}'")] \
+        == [model_run.info.run_id]
     assert model_run.data.params["train.lr"] == "0.003"  # the whole resolved config, flattened
     assert len(client.get_metric_history(model_run.info.run_id, "train/loss")) > 3  # a curve, not a point
     artifacts = {a.path for a in client.list_artifacts(model_run.info.run_id, "report")}

@@ -78,7 +78,9 @@ def test_markdown_has_verdict_checks_fixes_and_plot_links(report):
     for name in CHECK_ORDER:
         assert f"## {name}: " in md and f"| {name} |" in md
     assert "**Fix:** Memory grows ~" in md
-    assert "![memory_growth](plots/memory.png)" in md and "![nonfinite](plots/loss.png)" in md
+    assert "![memory_growth](plots/memory.png)" in md and "![loss_spikes](plots/loss.png)" in md
+    # loss.png serves two sections: drawn under the first shown (the failed loss_spikes), pointed to after.
+    assert "![nonfinite]" not in md and "(plot: see loss_spikes above)" in md
     assert "(plots/adaptive_steps.png)" in md
     assert "- **run_id**: abc123" in md
     assert "<script>" not in md and "&lt;script&gt;" in md
@@ -122,8 +124,8 @@ def test_html_is_self_contained_and_escaped(report):
     assert page.startswith("<!DOCTYPE html>")
     assert "data:image/png;base64," in page
     srcs = re.findall(r'src="([^"]*)"', page)
-    # loss.png serves two sections (nonfinite, loss_spikes): 5 plots, 6 images.
-    assert len(srcs) == 6 and all(s.startswith("data:image/png;base64,") for s in srcs)
+    # loss.png serves two sections (nonfinite, loss_spikes) but is embedded once: 5 plots, 5 images.
+    assert len(srcs) == 5 and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert not re.search(r'(href|src)="(https?:)?//', page) and "<link" not in page
     assert "<script>" not in page and "&lt;script&gt;" in page
     assert "Verdict: UNSTABLE" in page

@@ -1,7 +1,7 @@
 """Stability checks: one verdict per failure mode the seed reports describe.
 
 Each check reads the train stage's telemetry (one row per logged optimizer step, plus an event
-list) and returns {"status": pass|warn|fail|skip, "pass", "summary", "evidence", "fix"}. A check
+list) and returns {"status": pass|warn|fail|skip|n/a, "pass", "summary", "evidence", "fix"}. A check
 whose columns are missing says "skip" and why; it never guesses and never crashes.
 
 The failure modes, and the check that catches each:
@@ -10,6 +10,9 @@ The failure modes, and the check that catches each:
 - NaN gradients in AddmmBackward0                                -> nonfinite
 - grad_norm=inf from a GradScaler starting at 2**16              -> grad_norm, nonfinite
 - loss spikes                                                    -> loss_spikes
+- a GradScaler that starts too high and keeps overflowing        -> scaler (fp16 runs only)
+- flows that die before arriving / adaptive stop doing nothing    -> convergence
+- a run that "finishes" without learning anything                 -> learning (needs eval metrics)
 """
 from __future__ import annotations
 
@@ -30,16 +33,22 @@ from pipeline.errors import ConfigError
 # The zone and spike thresholds are the train stage's (train.grad_*, train.spike_*): the trainer
 # flags with them, and the report must judge by the same numbers.
 TRAIN_KEYS = ("grad_warning", "grad_critical", "spike_k", "spike_window")
+# step_cap and min_steps_to_arrive are the model's flow-step bounds, also from the train metrics.
 DEFAULTS: dict[str, Any] = {**asdict(ReportConfig()), **{k: getattr(TrainConfig(), k) for k in TRAIN_KEYS},
-                            "planned_steps": None, "resumed_from_step": 0}
-_INT_KEYS = {"warmup_steps", "spike_window", "planned_steps", "resumed_from_step"}
+                            "planned_steps": None, "resumed_from_step": 0, "step_cap": None,
+                            "min_steps_to_arrive": None}
+_INT_KEYS = {"warmup_steps", "spike_window", "planned_steps", "resumed_from_step", "step_cap", "min_steps_to_arrive"}
 
-CHECK_ORDER = ("memory_growth", "step_time_degradation", "nonfinite", "grad_norm", "loss_spikes")
+CHECK_ORDER = ("memory_growth", "step_time_degradation", "nonfinite", "grad_norm", "loss_spikes", "scaler",
+               "convergence", "learning")
 NONFINITE_KINDS = ("nan_loss", "inf_loss", "nan_grad", "inf_grad")
 MEMORY_SERIES = {"rss": "mem/rss_mb", "device": "mem/device_allocated_mb"}
 MEMORY_LABELS = {"rss": "host RSS", "device": "device allocated"}
 _FIT_KEYS = ("slope_mb_per_1k_steps", "p_value", "r2", "start_mb", "end_mb", "projected_mb", "projected_growth_mb")
-_STATUS_RANK = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
+# "n/a": the check does not apply to this run (the scaler check on an fp32 run): unlike "skip",
+# nothing is missing, so the verdict line does not mention it.
+STATUSES = ("fail", "warn", "skip", "pass", "n/a")
+_STATUS_RANK = {s: i for i, s in enumerate(STATUSES)}
 _MIN_MEMORY_ROWS = 5  # a slope from fewer points is noise, whatever its p-value says
 _MIN_TIME_ROWS = 10  # so the early 20 % holds at least 2 rows
 _MIN_SPIKE_WINDOW = 10  # mean/std of fewer losses flag ordinary noise as spikes
@@ -88,6 +97,12 @@ def resolve_params(params: Mapping | None) -> dict[str, Any]:
         bad("resumed_from_step", ">= 0")
     if out["planned_steps"] is not None and out["planned_steps"] <= 0:
         bad("planned_steps", "> 0")
+    if out["spike_fail_factor"] <= 1:
+        bad("spike_fail_factor", "> 1 (a spike this many times the trailing mean loss fails)")
+    if out["scaler_min_scale"] <= 0:
+        bad("scaler_min_scale", "> 0")
+    if out["scaler_max_backoff_fraction"] < 0 or out["scaler_max_backoff_fraction"] > 1:
+        bad("scaler_max_backoff_fraction", "in [0, 1]")
     return out
 
 
@@ -113,6 +128,8 @@ def _finite(df: pd.DataFrame, col: str) -> pd.DataFrame:
 
 
 def _result(status: str, summary: str, evidence: dict, fix: str | None) -> dict:
+    if status not in STATUSES:
+        raise ValueError(f"check status {status!r}: expected one of {STATUSES}")
     return {
         "status": status,
         "pass": status != "fail",
@@ -328,10 +345,20 @@ def check_nonfinite(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mappi
                        "Pass the train stage's events and log train/loss to enable this check.")
     recs = nonfinite_steps(df, events)
     skipped_total = int(np.nansum(df["train/skipped"].to_numpy())) if "train/skipped" in df.columns else 0
+    # Non-finite gradients the rows saw: the trainer's per-step count, else rows whose norm is
+    # inf/NaN (this check, not grad_norm, judges them).
+    if "grad/nonfinite_steps" in df.columns:
+        bad_grad = df["grad/nonfinite_steps"].to_numpy() > 0
+        exploded_total = int(np.nansum(df["grad/nonfinite_steps"].to_numpy()))
+    elif "grad/global_norm" in df.columns:
+        bad_grad = ~np.isfinite(df["grad/global_norm"].to_numpy())
+        exploded_total = int(bad_grad.sum())
+    else:
+        bad_grad, exploded_total = np.zeros(len(df), dtype=bool), 0
     # Rows every k steps: train/skipped counts skips between rows, so it can exceed the events seen.
-    count = max(len(recs), skipped_total)
+    count = max(len(recs), skipped_total, exploded_total)
     skip_rows = df.loc[df["train/skipped"] > 0, "step"].tolist() if "train/skipped" in df.columns else []
-    known = [r["step"] for r in recs] + [int(s) for s in skip_rows]
+    known = [r["step"] for r in recs] + [int(s) for s in skip_rows] + [int(s) for s in df["step"].to_numpy()[bad_grad]]
     last_step = int(df["step"].max()) if len(df) else 0
     total = max([last_step, *known]) if known or last_step else 0
     if count == 0:
@@ -391,42 +418,81 @@ def grad_zones(norms: np.ndarray, p: Mapping) -> dict[str, np.ndarray]:
     }
 
 
+ZONE_COUNT_COLUMNS = {z: f"grad/steps_{z}" for z in ("healthy", "warning", "critical", "exploded")}
+
+
+def zone_step_fractions(df: pd.DataFrame, p: Mapping) -> tuple[dict[str, float], int, str]:
+    """Fraction of optimizer steps in each zone, how many steps, and the source.
+
+    The trainer counts every step's zone (grad/steps_<zone>): exact, whatever log_every is. Rows
+    alone only give each window's mean norm, which hides a single critical step among 10."""
+    if all(c in df.columns for c in ZONE_COUNT_COLUMNS.values()):
+        counts = {z: float(np.nansum(df[c].to_numpy())) for z, c in ZONE_COUNT_COLUMNS.items()}
+        total = sum(counts.values())
+        if total > 0:
+            return {z: n / total for z, n in counts.items()}, int(total), "per-step zone counts"
+    zones = grad_zones(df["grad/global_norm"].to_numpy(), p)
+    n = len(df)
+    return ({"healthy": float((zones["healthy"] | zones["low"]).mean()), "warning": float(zones["warning"].mean()),
+             "critical": float(zones["critical"].mean()), "exploded": float(zones["exploded"].mean())},
+            n, "logged rows (window means)")
+
+
 def check_grad_norm(df: pd.DataFrame, p: Mapping) -> dict:
     col = "grad/global_norm"
     if col not in df.columns or len(df) == 0:
         return _result("skip", f"{col} not logged.", {}, f"Log {col} (pre-clipping) to enable this check.")
+    frac, n_steps, source = zone_step_fractions(df, p)
+    # Exploded (non-finite) steps are shown here but judged by nonfinite, whose fix names the
+    # module: one NaN step is one failure, reported once. This check fails on finite norms that
+    # are too large, the ones clipping and the LR control.
+    finite_share = 1.0 - frac["exploded"]
+    critical = frac["critical"] / finite_share if finite_share > 0 else 0.0
     norms = df[col].to_numpy()
-    zones = grad_zones(norms, p)
-    frac = {z: float(m.mean()) for z, m in zones.items()}
-    bad = frac["critical"] + frac["exploded"]
     finite = norms[np.isfinite(norms)]
+    peak = df["grad/max_norm"].to_numpy() if "grad/max_norm" in df.columns else norms
+    peak = peak[np.isfinite(peak)]
     evidence: dict[str, Any] = {f"frac_{z}": f for z, f in frac.items()}
-    evidence["rows"] = len(norms)
+    evidence["steps"] = n_steps
+    evidence["source"] = source
+    evidence["frac_low_rows"] = float(grad_zones(norms, p)["low"].mean())
     evidence["median_norm"] = float(np.median(finite)) if finite.size else float("nan")
-    evidence["max_norm"] = float(finite.max()) if finite.size else float("nan")
-    bad_steps = df["step"].to_numpy()[zones["critical"] | zones["exploded"]]
+    evidence["max_norm"] = float(peak.max()) if peak.size else float("nan")
+    bad_rows = np.zeros(len(df), dtype=bool)
+    for z in ("critical", "exploded"):
+        if ZONE_COUNT_COLUMNS[z] in df.columns:
+            bad_rows |= df[ZONE_COUNT_COLUMNS[z]].to_numpy() > 0
+    zones = grad_zones(norms, p)
+    bad_rows |= zones["critical"] | zones["exploded"]
+    bad_steps = df["step"].to_numpy()[bad_rows]
     if bad_steps.size:
         evidence["first_bad_step"] = int(bad_steps[0])
-    if "grad/clipped_norm" in df.columns:
+    if "grad/clip_fraction" in df.columns and np.isfinite(df["grad/clip_fraction"].to_numpy()).any():
+        evidence["clip_fraction"] = float(np.nanmean(df["grad/clip_fraction"].to_numpy()))
+    elif "grad/clipped_norm" in df.columns:
         clipped = df["grad/clipped_norm"].to_numpy()
         ok = np.isfinite(clipped) & np.isfinite(norms)
         if ok.any():  # clipping scales to max_norm, so clipped < pre-clip norm means it acted
             evidence["clip_fraction"] = float((clipped[ok] < norms[ok] * (1 - 1e-6)).mean())
-    if bad > p["grad_max_critical_fraction"]:
+    evidence["frac_critical_of_finite"] = critical
+    if critical > p["grad_max_critical_fraction"]:
         status = "fail"
     elif frac["warning"] > 0.25:  # a quarter of steps near the edge: one LR bump from exploding
         status = "warn"
     else:
         status = "pass"
+    exploded = (f"; exploded (non-finite, see nonfinite) {100 * frac['exploded']:.1f} %"
+                if frac["exploded"] else "")
     summary = (
-        f"{100 * bad:.1f} % of {len(norms):,} logged steps critical (>{p['grad_critical']:g}) or exploded "
-        f"(limit {100 * p['grad_max_critical_fraction']:g} %); healthy {100 * frac['healthy']:.0f} %, "
-        f"warning {100 * frac['warning']:.0f} %, low {100 * frac['low']:.0f} %; "
+        f"Norm critical (> {p['grad_critical']:g}) in {100 * critical:.1f} % of the finite steps "
+        f"(limit {100 * p['grad_max_critical_fraction']:g} %) of {n_steps:,}; healthy {100 * frac['healthy']:.1f} %, "
+        f"warning (> {p['grad_warning']:g}) {100 * frac['warning']:.1f} %{exploded}; "
         f"median norm {evidence['median_norm']:.3g}, max {evidence['max_norm']:.3g}."
     )
     fix = (
-        "Clip gradients at max_norm=1.0 (after scaler.unscale_), lower the LR or lengthen warm-up, "
-        "and check precision/scaler settings (bf16, or GradScaler init_scale=2**10 rather than 2**16)."
+        "Clip gradients at max_norm=1.0 (train.grad_clip; after scaler.unscale_), lower the LR or "
+        "lengthen warm-up, and check precision/scaler settings (bf16, or GradScaler init_scale=2**10 "
+        "rather than 2**16)."
     )
     return _result(status, summary, evidence, fix)
 
@@ -436,8 +502,8 @@ def check_grad_norm(df: pd.DataFrame, p: Mapping) -> dict:
 
 def spike_scan(df: pd.DataFrame, p: Mapping) -> pd.DataFrame:
     """Per finite-loss row: step, loss, threshold (mean + k*std of the trailing window of finite
-    losses, NaN with fewer than 10), sigma, spike (bool)."""
-    cols = ["step", "loss", "threshold", "sigma", "spike"]
+    losses, NaN with fewer than 10), sigma, ratio (loss / trailing mean), spike (bool)."""
+    cols = ["step", "loss", "threshold", "sigma", "ratio", "spike"]
     if "train/loss" not in df.columns:
         return pd.DataFrame(columns=cols)
     d = _finite(df, "train/loss").reset_index(drop=True)
@@ -454,15 +520,17 @@ def spike_scan(df: pd.DataFrame, p: Mapping) -> pd.DataFrame:
     threshold = mean + p["spike_k"] * std
     return pd.DataFrame({
         "step": d["step"], "loss": loss, "threshold": threshold,
-        "sigma": (loss - mean) / std, "spike": (loss > threshold).fillna(False).astype(bool),
+        "sigma": (loss - mean) / std, "ratio": loss / mean,
+        "spike": (loss > threshold).fillna(False).astype(bool),
     })
 
 
 def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping) -> dict:
-    event_steps = sorted({int(e["step"]) for e in events or () if e.get("kind") == "loss_spike"})
+    spike_events = [e for e in events or () if e.get("kind") == "loss_spike" and e.get("step") is not None]
+    event_steps = sorted({int(e["step"]) for e in spike_events})
     fix = (
-        "Lower the LR or lengthen warm-up, clip gradients at 1.0, and skip the update on a spike "
-        "(loss > mean + k·std of the trailing window) instead of applying it."
+        "Lower the LR or lengthen warm-up, clip gradients at 1.0, look for bad batches at the spike "
+        "steps, and skip the update on a spike (train.skip_spikes=true) instead of applying it."
     )
     if "train/loss" not in df.columns:
         if not event_steps:
@@ -497,12 +565,25 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
         after = tail_loss[tail_steps > s]
         if after.size == 0 or not np.isfinite(ref) or np.median(after) >= ref:
             unrecovered.append(s)
+    # Severity: the spike's loss over the trailing mean. A row is a window's mean loss, which
+    # dilutes one bad step; an event holds the step's own loss against its threshold (mean +
+    # k·std >= mean, so loss / threshold understates the ratio): take the larger.
+    ratios = [(float(r["ratio"]), int(r["step"])) for _, r in rows.iterrows() if np.isfinite(r["ratio"])]
+    ratios += [(float(e["loss"]) / float(e["threshold"]), int(e["step"])) for e in spike_events
+               if _positive(e.get("threshold")) and _finite_number(e.get("loss"))]
+    worst_ratio, worst_step = max(ratios) if ratios else (float("nan"), spike_steps[0])
+    severe = sorted({st for r, st in ratios if r >= p["spike_fail_factor"]})
     largest = rows.loc[rows["loss"].idxmax()] if len(rows) else None
     evidence: dict[str, Any] = {
         "count": len(spike_steps),
         "steps": _steps_text(spike_steps),
+        "first_step": spike_steps[0],
         "from_rows": len(rows),
         "from_events": len(event_steps),
+        "max_ratio": worst_ratio,
+        "max_ratio_step": worst_step,
+        "severe": len(severe),
+        "fail_factor": p["spike_fail_factor"],
         "tail_median_loss": float(tail["loss"].median()),
         "recovered": not unrecovered,
         "unrecovered": len(unrecovered),
@@ -511,21 +592,221 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
         evidence["largest_spike_step"] = int(largest["step"])
         evidence["largest_spike_loss"] = float(largest["loss"])
         evidence["largest_spike_sigma"] = float(largest["sigma"])
-    status = "warn" if not unrecovered else "fail"
-    top = (f" (largest at step {int(largest['step'])}: {largest['loss']:.4g}, "
-           f"{largest['sigma']:.1f} std above the trailing mean)") if largest is not None else ""
+    status = "fail" if unrecovered or severe else "warn"
+    top = f" (worst at step {worst_step}: {worst_ratio:.3g}x the trailing mean loss)" if ratios else ""
     outcome = ("loss recovered" if not unrecovered
                else f"{len(unrecovered)} not recovered (last-10 % median {evidence['tail_median_loss']:.4g})")
-    summary = f"{len(spike_steps)} loss spike(s) at steps {_steps_text(spike_steps)}{top}; {outcome}."
+    why = f"; {len(severe)} at >= {p['spike_fail_factor']:g}x (fails)" if severe else ""
+    summary = f"{len(spike_steps)} loss spike(s) at steps {_steps_text(spike_steps)}{top}; {outcome}{why}."
+    return _result(status, summary, evidence, fix)
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _positive(v: Any) -> bool:
+    return _finite_number(v) and v > 0
+
+
+# ---------------------------------------------------------------- scaler
+
+
+def scaler_history(df: pd.DataFrame, events: Sequence[Mapping] | None) -> pd.DataFrame:
+    """(step, scale, backoff) per logged row and per backoff event, sorted by step. Empty when the
+    run had no GradScaler (amp/scale NaN throughout: fp32/bf16)."""
+    parts = []
+    if "amp/scale" in df.columns:
+        d = _finite(df, "amp/scale").rename(columns={"amp/scale": "scale"})
+        parts.append(d.assign(backoff=False))
+    ev = [(int(e["step"]), float(e["scale"])) for e in events or ()
+          if e.get("kind") in NONFINITE_KINDS and e.get("step") is not None and _finite_number(e.get("scale"))]
+    if ev:
+        parts.append(pd.DataFrame(ev, columns=["step", "scale"]).assign(backoff=True))
+    if not parts:
+        return pd.DataFrame(columns=["step", "scale", "backoff"])
+    return pd.concat(parts, ignore_index=True).sort_values(["step", "backoff"], kind="stable").reset_index(drop=True)
+
+
+def check_scaler(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping) -> dict:
+    hist = scaler_history(df, events)
+    if hist.empty:
+        return _result("n/a", "No GradScaler in this run (fp32 or bf16 train in full range: nothing to scale).",
+                       {}, None)
+    scale = hist["scale"].to_numpy(dtype=float)
+    backoff_steps = sorted(set(hist.loc[hist["backoff"], "step"].astype(int)))
+    rows = hist[~hist["backoff"]]
+    growths = int((np.diff(rows["scale"].to_numpy(dtype=float)) > 0).sum()) if len(rows) > 1 else 0
+    total = int(max(df["step"].max() if len(df) else 0, max(backoff_steps, default=0)))
+    fraction = len(backoff_steps) / total if total else 0.0
+    i_min = int(np.argmin(scale))
+    evidence: dict[str, Any] = {
+        "first_scale": float(scale[0]),
+        "min_scale": float(scale[i_min]),
+        "min_scale_step": int(hist["step"].iloc[i_min]),
+        "final_scale": float(scale[-1]),
+        "backoffs": len(backoff_steps),
+        "backoff_fraction": fraction,
+        "growths": growths,
+        "total_steps": total,
+    }
+    if backoff_steps:
+        evidence["first_backoff_step"] = backoff_steps[0]
+        evidence["backoff_steps"] = _steps_text(backoff_steps)
+    collapsed = scale[i_min] < p["scaler_min_scale"]
+    if collapsed or fraction > p["scaler_max_backoff_fraction"]:
+        status = "fail"
+    elif backoff_steps:
+        status = "warn"
+    else:
+        status = "pass"
+    summary = (
+        f"Loss scale {scale[0]:g} -> min {scale[i_min]:g} (step {evidence['min_scale_step']}) -> final {scale[-1]:g}; "
+        f"{len(backoff_steps)} overflow backoff(s) ({100 * fraction:.1f} % of {total:,} steps, limit "
+        f"{100 * p['scaler_max_backoff_fraction']:g} %), {growths} growth(s)"
+        + (f"; scale fell below {p['scaler_min_scale']:g}: gradients overflow even unscaled" if collapsed else "")
+        + "."
+    )
+    fix = (
+        "Each backoff is a lost update. Start lower and grow slower — train.scaler init_scale=1024, "
+        "growth_factor=1.5, growth_interval=200 (the seeds' 65536 / 2.0 / 100 overflows from step 1) — "
+        "clip gradients at 1.0 after unscale_, and lower the LR; or use bf16 (train.precision=bf16), "
+        "which has fp32's range and needs no scaler."
+        + (" A scale below 1 means the gradients themselves are inf/NaN: see nonfinite and grad_norm."
+           if collapsed else "")
+    )
+    return _result(status, summary, evidence, fix)
+
+
+# ---------------------------------------------------------------- convergence
+
+
+def check_convergence(df: pd.DataFrame, p: Mapping) -> dict:
+    """Adaptive computation over training: how many flow steps each batch ran, against the
+    model's bounds, and the throughput that bought."""
+    col = "flow/steps_used"
+    if col not in df.columns:
+        return _result("skip", f"{col} not logged.", {}, f"Log {col} to enable this check.")
+    d = _finite(after_warmup(df, p["warmup_steps"]), col)
+    if len(d) < 2:
+        d = _finite(df, col)
+    if len(d) == 0:
+        return _result("skip", f"{col} has no finite values.", {}, f"Log {col} to enable this check.")
+    n = len(d)
+    early, steady = d.iloc[: max(1, math.ceil(0.2 * n))], d.iloc[n - max(1, math.ceil(0.5 * n)):]
+    early_med, steady_med = float(early[col].median()), float(steady[col].median())
+    cap, arrive = p["step_cap"], p["min_steps_to_arrive"]
+    evidence: dict[str, Any] = {
+        "early_median_steps": early_med,
+        "steady_median_steps": steady_med,
+        "steps_ratio": steady_med / early_med if early_med > 0 else float("nan"),
+        "min_steps": float(d[col].min()),
+        "max_steps": float(d[col].max()),
+    }
+    if cap:
+        evidence["step_cap"] = cap
+        evidence["frac_at_cap"] = float((steady[col] >= cap - 1e-9).mean())
+    if arrive:
+        evidence["min_steps_to_arrive"] = arrive
+    if "flow/flow_steps" in df.columns:
+        fs = df["flow/flow_steps"].to_numpy()
+        if np.isfinite(fs).any():
+            evidence["median_flow_steps"] = float(np.nanmedian(fs))
+    if "perf/samples_per_s" in df.columns:
+        sps = _finite(after_warmup(df, p["warmup_steps"]), "perf/samples_per_s")["perf/samples_per_s"]
+        if len(sps):
+            evidence["median_samples_per_s"] = float(sps.median())
+            m = len(sps)
+            evidence["early_samples_per_s"] = float(sps.iloc[: max(1, math.ceil(0.2 * m))].median())
+            evidence["steady_samples_per_s"] = float(sps.iloc[m - max(1, math.ceil(0.5 * m)):].median())
+    throughput = (f"; throughput {evidence['median_samples_per_s']:,.0f} samples/s"
+                  if "median_samples_per_s" in evidence else "")
+    bounds = (f" (arrival needs >= {arrive}" if arrive else "") + (f", cap {cap})" if cap else (")" if arrive else ""))
+    summary = f"Adaptive flow steps per batch: median {early_med:.3g} early -> {steady_med:.3g} steady{bounds}{throughput}"
+    if arrive and steady_med < arrive:
+        status = "fail"
+        summary += "; batches stop before any flow can arrive: energy collapses and every flow dies."
+        fix = ("Flows die (energy < model.energy_min) before reaching the output surface, so the lattice "
+               "contributes nothing: lower model.energy_min, lower the LR, or check the carrier's energy "
+               "update for a sign or scale error.")
+    elif cap and evidence.get("frac_at_cap", 0) >= 0.9:
+        status = "warn"
+        summary += f"; {100 * evidence['frac_at_cap']:.0f} % of steady rows at the cap: adaptive stopping never fires."
+        fix = ("Every batch runs the full step cap: lower model.convergence_threshold or model.patience, or "
+               "raise model.min_forward so flows arrive sooner.")
+    elif early_med > 0 and steady_med / early_med > 1.5:
+        status = "warn"
+        summary += f"; steps per batch grew {steady_med / early_med:.2f}x, and step cost grows with them."
+        fix = "Flows slow down as training proceeds: check model.min_forward and the carrier's forward head."
+    else:
+        status, fix = "pass", None
+        summary += "."
+    return _result(status, summary, evidence, fix)
+
+
+# ---------------------------------------------------------------- learning
+
+
+def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
+    """The trained model against its own untrained starting point (did training teach it
+    anything?) and the evaluate stage's baselines (is it better than copying the input, or than
+    a linear map?), on the test split (val when there is no test split)."""
+    if not eval_metrics:
+        return _result("skip", "No evaluate metrics given.", {},
+                       "Run the evaluate stage (metrics/eval.json) to enable this check.")
+    split = next((s for s in ("test", "val") if f"{s}/cosine" in eval_metrics), None)
+    if split is None:
+        return _result("skip", "The evaluate metrics hold no test/cosine or val/cosine.", {},
+                       "Re-run the evaluate stage.")
+
+    def get(name: str, metric: str = "cosine") -> float:
+        v = eval_metrics.get(f"{split}/{metric}" if name == "model" else f"baseline/{name}/{split}/{metric}")
+        return float(v) if _finite_number(v) else float("nan")
+
+    model, untrained, identity, ridge = (get(n) for n in ("model", "untrained", "identity", "ridge"))
+    evidence: dict[str, Any] = {"split": split, "model_cosine": model, "untrained_cosine": untrained,
+                                "identity_cosine": identity, "ridge_cosine": ridge,
+                                "gain_vs_untrained": model - untrained, "min_gain": p["learning_min_gain"],
+                                "vs_identity": model - identity, "vs_ridge": model - ridge}
+    for metric in ("top1", "top5"):
+        for name in ("model", "untrained", "identity", "ridge"):
+            if math.isfinite(get(name, metric)):
+                evidence[f"{name}_{metric}"] = get(name, metric)
+    against = ", ".join(f"{n} {v:.3f}" for n, v in (("untrained", untrained), ("identity", identity),
+                                                      ("ridge", ridge)) if math.isfinite(v))
+    summary = f"{split} cosine {model:.3f} ({against or 'no baselines'})"
+    fix = None
+    if not math.isfinite(model):
+        status, fix = "fail", "The trained model's predictions are not finite: see nonfinite and grad_norm."
+        summary = f"{split} cosine of the trained model is {model}; baselines: {against}."
+    elif not math.isfinite(untrained):
+        status = "warn"
+        summary += "; no untrained baseline to tell whether training taught it anything."
+        fix = "Re-run the evaluate stage: it measures the untrained model too."
+    elif model - untrained < p["learning_min_gain"]:
+        status = "fail"
+        summary += f": {model - untrained:+.3f} over its untrained self (needs >= +{p['learning_min_gain']:g}), it learned nothing."
+        fix = ("Training did not improve the model: check the LR (too high diverges, too low does nothing), "
+               "the number of epochs, and that skipped steps (nonfinite) did not eat the run.")
+    elif math.isfinite(identity) and model < identity:
+        status = "warn"
+        summary += f": learned ({model - untrained:+.3f} over untrained) but below the identity baseline ({model - identity:+.3f})."
+        fix = ("The model is worse than copying its input embedding: train longer (train.epochs), or widen the "
+               "model (model.output_hidden, lattice size); the smoke preset is expected to stop here.")
+    else:
+        status = "pass"
+        vs = f", {model - ridge:+.3f} vs ridge" if math.isfinite(ridge) else ""
+        summary += f": {model - untrained:+.3f} over untrained, {model - identity:+.3f} over identity{vs}."
     return _result(status, summary, evidence, fix)
 
 
 # ---------------------------------------------------------------- entry points
 
 
-def run_checks(steps: pd.DataFrame | None, events: Sequence[Mapping] | None, params: Mapping | None) -> dict:
-    """All checks. `checks` is ordered fail, warn, skip, pass (canonical order within a status);
-    `failed` lists the failed check names in canonical order."""
+def run_checks(steps: pd.DataFrame | None, events: Sequence[Mapping] | None, params: Mapping | None,
+               eval_metrics: Mapping | None = None) -> dict:
+    """All checks. `checks` is ordered fail, warn, skip, pass, n/a (canonical order within a
+    status); `failed` lists the failed check names in canonical order."""
     p = resolve_params(params)
     df = prepare_steps(steps)
     events = list(events) if events is not None else None
@@ -535,6 +816,9 @@ def run_checks(steps: pd.DataFrame | None, events: Sequence[Mapping] | None, par
         "nonfinite": check_nonfinite(df, events, p),
         "grad_norm": check_grad_norm(df, p),
         "loss_spikes": check_loss_spikes(df, events, p),
+        "scaler": check_scaler(df, events, p),
+        "convergence": check_convergence(df, p),
+        "learning": check_learning(eval_metrics, p),
     }
     failed = [n for n in CHECK_ORDER if checks[n]["status"] == "fail"]
     ordered = dict(sorted(checks.items(), key=lambda kv: _STATUS_RANK[kv[1]["status"]]))

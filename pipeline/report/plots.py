@@ -157,26 +157,82 @@ def plot_adaptive_steps(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     return fig
 
 
+def plot_scaler(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
+    hist = checks.scaler_history(df, events)
+    if hist.empty:
+        return None  # no GradScaler: nothing to draw
+    fig, ax = _figure("fp16 loss scale (GradScaler)", "scale (log2 axis)")
+    ax.set_yscale("log", base=2)
+    rows = hist[~hist["backoff"]]
+    ax.step(hist["step"], hist["scale"], where="post", lw=1.2, color="#1f77b4", label="amp/scale")
+    if len(rows):
+        ax.plot(rows["step"], rows["scale"], ".", ms=3, color="#1f77b4")
+    backoffs = hist[hist["backoff"]]
+    if len(backoffs):
+        ax.scatter(backoffs["step"], backoffs["scale"], marker="v", color="#d62728", s=30, zorder=5,
+                   label=f"overflow backoff ({len(backoffs)})")
+    ax.axhline(p["scaler_min_scale"], color="#d62728", ls=":", lw=1, label=f"collapse (< {p['scaler_min_scale']:g})")
+    ax.legend(loc="best", fontsize=8)
+    return fig
+
+
+def plot_learning(eval_metrics: Mapping | None, p: Mapping) -> Figure | None:
+    """Test (else val) cosine and top-1 of the trained model beside its baselines: bars, because
+    the question is "which is higher", not a trend."""
+    if not eval_metrics:
+        return None
+    split = next((s for s in ("test", "val") if f"{s}/cosine" in eval_metrics), None)
+    if split is None:
+        return None
+    names = ("model", "untrained", "identity", "ridge")
+    colours = ("#1f77b4", "#9e9e9e", "#bcbd22", "#2ca02c")
+    metrics = [m for m in ("cosine", "top1", "top5") if f"{split}/{m}" in eval_metrics]
+    fig, ax = _figure(f"Learning: trained model vs baselines ({split} split)", "score (higher is better)")
+    ax.set_xlabel("")
+    width = 0.8 / len(names)
+    for i, (name, colour) in enumerate(zip(names, colours)):
+        keys = [f"{split}/{m}" if name == "model" else f"baseline/{name}/{split}/{m}" for m in metrics]
+        vals = [eval_metrics.get(k) for k in keys]
+        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(metrics))]
+        ys = [float(v) if isinstance(v, (int, float)) and np.isfinite(v) else 0.0 for v in vals]
+        bars = ax.bar(xs, ys, width=width * 0.95, color=colour, label=name)
+        for bar, v in zip(bars, vals):
+            if isinstance(v, (int, float)) and np.isfinite(v):
+                ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            va="bottom", fontsize=7)
+    ax.set_xticks(range(len(metrics)), metrics)
+    ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.3)  # headroom: the legend sits above bars that reach 1.0
+    ax.set_yticks([t for t in np.arange(0, 1.01, 0.2)] if ax.get_ylim()[0] >= 0 else ax.get_yticks())
+    ax.grid(axis="x", alpha=0)
+    ax.legend(loc="upper center", fontsize=8, ncol=4)
+    return fig
+
+
 PLOTS: dict[str, Callable] = {
     "loss": plot_loss,
     "grad_norm": plot_grad_norm,
     "memory": plot_memory,
     "step_time": plot_step_time,
     "adaptive_steps": plot_adaptive_steps,
+    "scaler": plot_scaler,
 }
 
 
-def make_plots(steps: pd.DataFrame, events, params, out_dir) -> dict[str, Path]:
+def make_plots(steps: pd.DataFrame, events, params, out_dir, eval_metrics: Mapping | None = None) -> dict[str, Path]:
     """Write the PNGs whose data is present into out_dir; return {name: path}, e.g.
-    {"loss": out_dir / "loss.png"}. Each file is written atomically."""
+    {"loss": out_dir / "loss.png"}. Each file is written atomically; a PNG of a previous run
+    whose data is absent now (scaler.png after an fp16 run) is removed, so the folder never shows
+    another run's plot."""
     p = checks.resolve_params(params)
     df = checks.prepare_steps(steps)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
-    for name, draw in PLOTS.items():
-        fig = draw(df, events, p)
+    figures = {name: draw(df, events, p) for name, draw in PLOTS.items()}
+    figures["learning"] = plot_learning(eval_metrics, p)
+    for name, fig in figures.items():
         if fig is None:
+            (out_dir / f"{name}.png").unlink(missing_ok=True)
             continue
         dest = out_dir / f"{name}.png"
         with atomic_path(dest) as tmp:

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.report.checks import CHECK_ORDER
+from pipeline.report.checks import CHECK_ORDER, STATUSES
 
 # Which plot shows the evidence for which check; plots not listed go under "Other plots".
 CHECK_PLOTS = {
@@ -21,11 +21,79 @@ CHECK_PLOTS = {
     "nonfinite": "loss",
     "grad_norm": "grad_norm",
     "loss_spikes": "loss",
+    "scaler": "scaler",
+    "convergence": "adaptive_steps",
+    "learning": "learning",
 }
 EVAL_METRICS = ("cosine", "mse", "top1", "top5")
 EVAL_SPLITS = ("test", "val")
 EVAL_MODELS = ("model", "identity", "ridge")
-STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#b26a00", "fail": "#c62828", "skip": "#616161"}
+STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#b26a00", "fail": "#c62828", "skip": "#616161", "n/a": "#607d8b"}
+
+# Units of evidence values and metrics, by key (the part after the last "/"): (pattern, unit,
+# multiplier), first match wins. "_x" matches a suffix, "x_" a prefix, anything else a substring.
+# Every number in the report carries a unit; pure statistics (p-values, R², rho) have none.
+_UNITS: tuple[tuple[str, str, float], ...] = (
+    ("_mb_per_1k_steps", "MB per 1k steps", 1.0),
+    ("_mb", "MB", 1.0),
+    ("_ms", "ms", 1.0),
+    ("samples_per_s", "samples/s", 1.0),
+    ("seconds", "s", 1.0),
+    ("frac_", "%", 100.0),
+    ("fraction", "%", 100.0),
+    ("ratio", "x", 1.0),
+    ("fail_factor", "x", 1.0),
+    ("_scale", "(loss scale)", 1.0),
+    ("flow_steps", "flow-steps per batch (live flows summed over steps)", 1.0),
+    ("median_steps", "flow steps per batch", 1.0),
+    ("min_steps", "flow steps per batch", 1.0),
+    ("max_steps", "flow steps per batch", 1.0),
+    ("step_cap", "flow steps per batch", 1.0),
+    ("steps_used", "flow steps per batch", 1.0),
+    ("_norm", "(L2 norm)", 1.0),
+    ("loss", "(loss)", 1.0),
+    ("_sigma", "std above the trailing mean", 1.0),
+    ("cosine", "(cosine)", 1.0),
+    ("gain", "(cosine)", 1.0),
+    ("vs_", "(cosine)", 1.0),
+    ("top1", "%", 100.0),
+    ("top5", "%", 100.0),
+    ("rows", "logged rows", 1.0),
+)
+_STEP_NUMBER = ("_step", "first_step", "last_step")  # a step number: "step 15"
+_STEP_COUNTS = {"count", "events", "total_steps", "skipped_total", "backoffs", "growths", "severe",
+                "unrecovered", "from_events", "steps", "planned_steps", "skipped_steps", "spikes"}
+
+
+def _matches(key: str, pattern: str) -> bool:
+    if pattern.startswith("_"):
+        return key.endswith(pattern)
+    if pattern.endswith("_"):
+        return key.startswith(pattern)
+    return pattern in key
+
+
+def unit(key: str) -> tuple[str, float]:
+    """(unit, multiplier) for an evidence or metric key; ('', 1.0) for a pure statistic."""
+    k = str(key).rsplit("/", 1)[-1]
+    if k.endswith(_STEP_NUMBER):
+        return "step", 1.0
+    if k in _STEP_COUNTS:
+        return "steps", 1.0
+    return next(((name, mult) for pattern, name, mult in _UNITS if _matches(k, pattern)), ("", 1.0))
+
+
+def fmt_value(key: str, value: Any) -> str:
+    """A value with its unit: '12.3 MB', '4.2 %', 'step 15', '1.03x', '0.886 (cosine)'."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return fmt(value)
+    name, mult = unit(key)
+    if name == "step":
+        return f"step {fmt(value)}"
+    shown = fmt(value * mult if mult != 1.0 else value)
+    if name == "x":
+        return f"{shown}x"
+    return f"{shown} {name}" if name else shown
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -52,7 +120,7 @@ def fmt(value: Any) -> str:
 
 def _ordered_checks(result: Mapping) -> list[tuple[str, Mapping]]:
     """fail, warn, skip, pass; canonical order within a status (whatever order result has)."""
-    rank = {"fail": 0, "warn": 1, "skip": 2, "pass": 3}
+    rank = {s: i for i, s in enumerate(STATUSES)}
     canon = {n: i for i, n in enumerate(CHECK_ORDER)}
     items = list(result["checks"].items())
     return sorted(items, key=lambda kv: (rank.get(kv[1]["status"], 4), canon.get(kv[0], len(canon))))
@@ -69,7 +137,8 @@ def verdict_parts(result: Mapping) -> tuple[str, str]:
         parts.append("warnings: " + ", ".join(by["warn"]))
     if by["skip"]:
         parts.append("skipped: " + ", ".join(by["skip"]))
-    rest = "; ".join(parts) if parts else f"all {len(checks)} checks passed"
+    applicable = [n for n, c in checks if c["status"] != "n/a"]
+    rest = "; ".join(parts) if parts else f"all {len(applicable)} checks passed"
     return str(result["verdict"]).upper(), rest
 
 
@@ -128,6 +197,7 @@ def render_markdown(result: Mapping, plots: Mapping[str, Path], run_info: Mappin
     """The report as Markdown; images link to `plots_rel + <file name>` (relative to the report)."""
     verdict, rest = verdict_parts(result)
     per_check, others = _plot_sections(plots)
+    shown: dict[Path, str] = {}  # a plot shared by two checks (loss) is drawn once, under the first
     out = ["# Stability report", "", f"**Verdict: {verdict}** — {rest}", ""]
     out += ["| check | status | summary |", "|---|---|---|"]
     for name, c in _ordered_checks(result):
@@ -136,17 +206,21 @@ def render_markdown(result: Mapping, plots: Mapping[str, Path], run_info: Mappin
     if run_info:
         # run_info comes from outside (tags, config): escape it, Markdown viewers render raw HTML.
         out += ["## Run", ""]
-        out += [f"- **{_md_cell(html.escape(str(k)))}**: {_md_cell(html.escape(fmt(v)))}" for k, v in run_info.items()]
+        out += [f"- **{_md_cell(html.escape(str(k)))}**: {_md_cell(html.escape(fmt_value(k, v)))}"
+                for k, v in run_info.items()]
         out.append("")
     for name, c in _ordered_checks(result):
         out += [f"## {name}: {c['status'].upper()}", "", c["summary"], ""]
-        out += [f"- {k}: {fmt(v)}" for k, v in c["evidence"].items()]
+        out += [f"- {k}: {fmt_value(k, v)}" for k, v in c["evidence"].items()]
         if c["evidence"]:
             out.append("")
         if c["status"] != "pass" and c.get("fix"):
             out += [f"**Fix:** {c['fix']}", ""]
-        if name in per_check:
+        if name in per_check and per_check[name] not in shown:
+            shown[per_check[name]] = name
             out += [f"![{name}]({plots_rel}{per_check[name].name})", ""]
+        elif name in per_check:
+            out += [f"(plot: see {shown[per_check[name]]} above)", ""]
     if others:
         out += ["## Other plots", ""]
         for n, path in others.items():
@@ -168,7 +242,7 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;p
 text-align:left;vertical-align:top}th{background:#f3f3f3}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;color:#fff;font-size:.85em;
 font-weight:600}
-.verdict{font-size:1.2em}.fix{background:#fff4e5;border-left:4px solid #b26a00;padding:.5em .8em}
+.verdict{font-size:1.25em;color:#fff;padding:.6em 1em;border-radius:6px;margin:.5em 0 1em}.fix{background:#fff4e5;border-left:4px solid #b26a00;padding:.5em .8em}
 img{max-width:100%;border:1px solid #eee}section{margin-bottom:2em}
 """
 
@@ -193,12 +267,15 @@ def render_html(result: Mapping, plots: Mapping[str, Path], run_info: Mapping,
     e = html.escape
     verdict, rest = verdict_parts(result)
     per_check, others = _plot_sections(plots)
+    shown: dict[Path, str] = {}  # a plot shared by two checks (loss) is drawn once, under the first
     colour = STATUS_COLOURS["pass" if result["verdict"] == "stable" else "fail"]
     out = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         "<title>Stability report</title>", f"<style>{_CSS}</style></head><body>",
         "<h1>Stability report</h1>",
-        f'<p class="verdict"><strong style="color:{colour}">Verdict: {e(verdict)}</strong> — {e(rest)}</p>',
+        # The verdict first, as a coloured banner (green stable, red unstable): the one line a
+        # reader needs before anything else.
+        f'<p class="verdict" style="background:{colour}"><strong>Verdict: {e(verdict)}</strong> — {e(rest)}</p>',
         "<table><tr><th>check</th><th>status</th><th>summary</th></tr>",
     ]
     for name, c in _ordered_checks(result):
@@ -206,16 +283,20 @@ def render_html(result: Mapping, plots: Mapping[str, Path], run_info: Mapping,
     out.append("</table>")
     if run_info:
         out.append("<h2>Run</h2><ul>")
-        out += [f"<li><strong>{e(str(k))}</strong>: {e(fmt(v))}</li>" for k, v in run_info.items()]
+        out += [f"<li><strong>{e(str(k))}</strong>: {e(fmt_value(k, v))}</li>" for k, v in run_info.items()]
         out.append("</ul>")
     for name, c in _ordered_checks(result):
         out.append(f"<section><h2>{e(name)} {_badge(c['status'])}</h2><p>{e(c['summary'])}</p>")
         if c["evidence"]:
-            out.append("<ul>" + "".join(f"<li>{e(str(k))}: {e(fmt(v))}</li>" for k, v in c["evidence"].items()) + "</ul>")
+            out.append("<ul>" + "".join(f"<li>{e(str(k))}: {e(fmt_value(k, v))}</li>"
+                                        for k, v in c["evidence"].items()) + "</ul>")
         if c["status"] != "pass" and c.get("fix"):
             out.append(f'<p class="fix"><strong>Fix:</strong> {e(c["fix"])}</p>')
-        if name in per_check:
+        if name in per_check and per_check[name] not in shown:
+            shown[per_check[name]] = name
             out.append(_img(per_check[name], name))
+        elif name in per_check:
+            out.append(f"<p><em>Plot: see {e(shown[per_check[name]])} above.</em></p>")
         out.append("</section>")
     if others:
         out.append("<section><h2>Other plots</h2>")

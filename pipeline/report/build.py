@@ -1,0 +1,71 @@
+"""Build the stability report from a run's telemetry, and log it to the run's MLflow run.
+
+Used by the report stage (after evaluate) and by the train stage when training diverges: a run
+that blew up is the one that most needs a diagnosis, and it never reaches the report stage.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from pipeline import tracking
+from pipeline.atomic import write_json, write_text
+from pipeline.paths import METRICS_DIR, REPORTS_DIR
+from pipeline.report.checks import TRAIN_KEYS, run_checks, stability_metrics
+from pipeline.report.plots import make_plots
+from pipeline.report.render import render_html, render_markdown
+
+STABILITY_JSON = METRICS_DIR / "stability.json"
+REPORT_FILES = (REPORTS_DIR / "stability.md", REPORTS_DIR / "stability.html")
+
+
+def report_params(cfg, train_metrics: Mapping, n_rows: int) -> dict:
+    """The checks' parameters: report.*, the trainer's own thresholds (train.grad_*, spike_*),
+    and what the train stage measured about the run and the model (planned steps, resume
+    point, the flow-step bounds)."""
+    planned = train_metrics.get("train/planned_steps", train_metrics.get("train/steps", n_rows))
+    return {**dict(cfg.report), **{k: cfg.train[k] for k in TRAIN_KEYS},
+            "planned_steps": int(planned) if planned else None,
+            "resumed_from_step": int(train_metrics.get("train/resumed_from_step", 0)),
+            "step_cap": train_metrics.get("flow/step_cap"),
+            "min_steps_to_arrive": train_metrics.get("flow/min_steps_to_arrive")}
+
+
+def build_report(cfg, run_id: str, steps: pd.DataFrame, events: Sequence[Mapping], train_metrics: Mapping,
+                 eval_metrics: Mapping | None) -> dict:
+    """Checks, plots, reports/stability.md and .html, metrics/stability.json (each written
+    atomically). Returns the checks' result with "plots" ({name: path}) added."""
+    params = report_params(cfg, train_metrics, len(steps))
+    result = run_checks(steps, events, params, eval_metrics)
+    plots = make_plots(steps, events, params, REPORTS_DIR / "plots", eval_metrics)
+    info = {"run_id": run_id, "preset": cfg.run.preset, **train_metrics}
+    write_text(REPORT_FILES[0], render_markdown(result, plots, info, eval_metrics))
+    write_text(REPORT_FILES[1], render_html(result, plots, info, eval_metrics))
+    write_json(STABILITY_JSON, stability_metrics(result))
+    return {**result, "plots": plots}
+
+
+def log_report(result: Mapping) -> None:
+    """Into the active MLflow run: the verdict as tags (filterable) and as a 1/0 metric
+    (sortable), each check's pass and numeric evidence as metrics, the files as artifacts."""
+    import mlflow
+
+    mlflow.set_tags({"stability.verdict": result["verdict"], "stability.failed": ",".join(result["failed"]) or "none"})
+    flat = stability_metrics(result)
+    tracking.log_metrics({
+        "stability/stable": float(result["verdict"] == "stable"),
+        **{f"stability/{name}/pass": float(c["pass"]) for name, c in result["checks"].items()},
+        **{f"stability/{name}/{k}": v for name, c in flat.items() if isinstance(c, dict)
+           for k, v in c.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}})
+    for path in REPORT_FILES:
+        tracking.log_artifact_file(path, "report")
+    for path in result["plots"].values():
+        tracking.log_artifact_file(Path(path), "report/plots")
+    tracking.log_artifact_file(STABILITY_JSON, "report")
+
+
+def verdict_line(result: Mapping) -> str:
+    failed = f" (failed: {', '.join(result['failed'])})" if result["failed"] else ""
+    return f"verdict: {result['verdict']}{failed} -> {REPORT_FILES[1].relative_to(REPORTS_DIR.parent)}"
