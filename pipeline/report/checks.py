@@ -597,7 +597,8 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
     outcome = ("loss recovered" if not unrecovered
                else f"{len(unrecovered)} not recovered (last-10 % median {evidence['tail_median_loss']:.4g})")
     why = f"; {len(severe)} at >= {p['spike_fail_factor']:g}x (fails)" if severe else ""
-    summary = f"{len(spike_steps)} loss spike(s) at steps {_steps_text(spike_steps)}{top}; {outcome}{why}."
+    at = "step" if len(spike_steps) == 1 else "steps"
+    summary = f"{len(spike_steps)} loss spike(s) at {at} {_steps_text(spike_steps)}{top}; {outcome}{why}."
     return _result(status, summary, evidence, fix)
 
 
