@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pipeline.paths import REPO_ROOT
 from pipeline.report.checks import CHECK_ORDER
+from pipeline.report.fault_matrix import clean_env, project_copy
 
 
 def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
@@ -27,20 +25,8 @@ def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     """A copy of the project's files (what git would clone, plus uncommitted work) in a new repo."""
-    dest = tmp_path_factory.mktemp("project")
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO_ROOT,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    for rel in filter(None, files):
-        src = REPO_ROOT / rel
-        if src.is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "copy"]):
-        sh(cmd, dest, env)
+    dest = project_copy(tmp_path_factory.mktemp("project"))
+    env = clean_env()
     out = sh([sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke"], dest, env)
     return dest, env, out
 

@@ -43,7 +43,7 @@ _UNITS: tuple[tuple[str, str, float], ...] = (
     ("fraction", "%", 100.0),
     ("ratio", "x", 1.0),
     ("fail_factor", "x", 1.0),
-    ("_scale", "(loss scale)", 1.0),
+    ("scale", "(loss scale)", 1.0),
     ("flow_steps", "flow-steps per batch (live flows summed over steps)", 1.0),
     ("median_steps", "flow steps per batch", 1.0),
     ("min_steps", "flow steps per batch", 1.0),
