@@ -1,10 +1,12 @@
 """Steps that go wrong: injected faults are skipped or flagged exactly, the schedule and the
 scaler react as they should, and persistent trouble stops the run with a clear error."""
 import math
+import time
 
 import pytest
 import torch
 
+from pipeline import training
 from pipeline.config import CONF_DIR, load_config
 from pipeline.errors import ConfigError, PipelineError
 from pipeline.training import Trainer, TrainingDiverged, lr_lambda
@@ -205,3 +207,17 @@ def test_too_few_rows_for_one_step_is_a_clear_error():
     with pytest.raises(PipelineError, match="20 rows.*batch_size \\* train.grad_accum = 32"):
         trainer("train.grad_accum=2", data=(x, y))
 
+
+
+def test_validation_time_is_not_counted_as_step_time(monkeypatch):
+    # The default run showed a 2x step-time spike at every epoch boundary: the val pass.
+    real = training.evaluate_loss
+
+    def slow_validation(*args, **kwargs):
+        time.sleep(0.5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(training, "evaluate_loss", slow_validation)
+    res = trainer("train.epochs=3").run()
+    assert res.summary.get("val/loss") is not None  # validation ran, three times
+    assert max(r["perf/step_ms"] for r in res.rows) < 250  # a 500 ms pause would show as >= 250
