@@ -14,6 +14,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from pipeline.atomic import atomic_path
 from pipeline.report import checks
@@ -50,9 +51,11 @@ def _mark_top(ax, xs: Sequence[float], label: str) -> None:
 def plot_loss(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     if "train/loss" not in df.columns:
         return None
-    fig, ax = _figure("Training loss", "train/loss")
+    fig, ax = _figure("Training loss", "loss (mean over each logged window)")
     scan = checks.spike_scan(df, p)
-    ax.plot(scan["step"], scan["loss"], lw=1, color="#1f77b4", label="train/loss")
+    # The raw column, NaN included: the line breaks at a non-finite row instead of bridging it.
+    loss = df["train/loss"].where(np.isfinite(df["train/loss"].to_numpy()))
+    ax.plot(df["step"], loss, lw=1, color="#1f77b4", label="train/loss")
     bad = {r["step"] for r in checks.nonfinite_steps(df, events)}
     if "train/skipped" in df.columns:
         bad |= set(df.loc[df["train/skipped"] > 0, "step"].astype(int))
@@ -81,6 +84,10 @@ def plot_grad_norm(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     hi = max(norms[ok].max() if ok.any() else p["grad_critical"], p["grad_critical"]) * 2
     ax.set_yscale("log")
     ax.set_ylim(lo, hi)
+    # 1-2-5 ticks with plain labels: the zone limits (5, 10) can be read off the axis.
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.axhspan(p["grad_healthy_min"], p["grad_warning"], color=ZONE_COLOURS["healthy"], alpha=0.12, lw=0, label="healthy")
     ax.axhspan(p["grad_warning"], p["grad_critical"], color=ZONE_COLOURS["warning"], alpha=0.18, lw=0, label="warning")
     ax.axhspan(p["grad_critical"], hi, color=ZONE_COLOURS["critical"], alpha=0.18, lw=0, label="critical")
@@ -108,10 +115,19 @@ def plot_memory(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     if not drawn:
         return None
     fig, ax = _figure("Memory", "MB")
-    _shade_warmup(ax, df, p["warmup_steps"])
+    fits = {col: checks.fit_memory(df, col, p) for col, _ in drawn}
+    first_fitted = min((f["first_step"] for f in fits.values() if isinstance(f, dict)), default=None)
+    if first_fitted is not None and first_fitted > df["step"].min():
+        # Warm-up and the first half of the rest: the allocator is still settling (see fit_memory).
+        ax.axvspan(df["step"].min(), first_fitted, color="grey", alpha=0.12, lw=0, label="not fitted")
+    lo = min(float(d[col].min()) for col, d in drawn)
+    hi = max(float(d[col].max()) for col, d in drawn)
+    if hi - lo < 50:  # at least 50 MB tall, so +-5 MB of jitter does not look like a climb
+        mid = (hi + lo) / 2
+        ax.set_ylim(mid - 25, mid + 25)
     for col, d in drawn:
         line, = ax.plot(d["step"], d[col], lw=1, label=col)
-        fit = checks.fit_memory(df, col, p)
+        fit = fits[col]
         if isinstance(fit, dict):
             x = np.array([fit["first_step"], fit["last_step"]], dtype=float)
             y = fit["intercept"] + fit["slope_mb_per_1k_steps"] / 1000 * x
@@ -201,8 +217,10 @@ def plot_learning(eval_metrics: Mapping | None, p: Mapping) -> Figure | None:
                 ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
                             va="bottom", fontsize=7)
     ax.set_xticks(range(len(metrics)), metrics)
-    ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.3)  # headroom: the legend sits above bars that reach 1.0
-    ax.set_yticks([t for t in np.arange(0, 1.01, 0.2)] if ax.get_ylim()[0] >= 0 else ax.get_yticks())
+    finite = [float(v) for v in eval_metrics.values() if isinstance(v, (int, float)) and np.isfinite(v)]
+    lower = min([0.0] + [v - 0.05 for v in finite if v < 0])
+    ax.set_ylim(lower, 1.3)  # headroom: the legend sits above bars that reach 1.0
+    ax.set_yticks(np.arange(np.floor(lower * 5) / 5, 1.01, 0.2))  # scores live in [-1, 1]: no tick above 1
     ax.grid(axis="x", alpha=0)
     ax.legend(loc="upper center", fontsize=8, ncol=4)
     return fig
