@@ -8,7 +8,8 @@ The failure modes, and the check that catches each:
 - memory exhausted on batch 2 (graph kept alive across steps)  -> memory_growth
 - step time collapsing after batch 1 (host syncs, empty_cache)  -> step_time_degradation
 - NaN gradients in AddmmBackward0                                -> nonfinite
-- grad_norm=inf from a GradScaler starting at 2**16              -> grad_norm, nonfinite
+- grad_norm=inf from a GradScaler starting at 2**16              -> nonfinite, scaler
+- gradient norms that sit in the critical zone                   -> grad_norm
 - loss spikes                                                    -> loss_spikes
 - a GradScaler that starts too high and keeps overflowing        -> scaler (fp16 runs only)
 - flows that die before arriving / adaptive stop doing nothing    -> convergence
