@@ -44,6 +44,9 @@ class EmbedConfig:
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     max_rows: int = 0  # 0 = all; else a deterministic, content-hashed subset (smoke runs)
     out_dir: str = "data/shards"
+    # Content-addressed embedding cache (pipeline/embed_cache.py): each distinct text embedded once
+    # per teacher, across runs. Not a DVC output (DVC would delete it before each run). "" = off.
+    cache_dir: str = ".cache/embeddings"
 
 
 @dataclass

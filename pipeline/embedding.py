@@ -8,6 +8,7 @@ import pandas as pd
 
 from .data.readers import content_id, drop_duplicate_pairs, read_pairs
 from .data.split import assign_splits
+from .embed_cache import EmbeddingCache, embed_distinct
 from .paths import repo_path
 
 
@@ -36,12 +37,14 @@ def prepare_pairs(embed_cfg) -> PreparedPairs:
     return PreparedPairs(df, stats)
 
 
-def embed_texts_once(encode, texts_a: list[str], texts_b: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
+def embed_texts_once(encode, texts_a: list[str], texts_b: list[str],
+                     cache: EmbeddingCache | None = None) -> tuple[np.ndarray, np.ndarray, int, dict]:
     """Embed the union of both lists once (inputs and targets share texts: a fact's answer is
-    repeated across its question phrasings) and return rows for each list plus the distinct count."""
+    repeated across its question phrasings), reusing the cache's vectors where it has them; return
+    rows for each list, the distinct count and {"cached": n, "embedded": m}."""
     distinct = list(dict.fromkeys([*texts_a, *texts_b]))
     index = {t: i for i, t in enumerate(distinct)}
-    emb = encode(distinct)
+    emb, stats = embed_distinct(distinct, encode, cache)
     a = emb[np.fromiter((index[t] for t in texts_a), dtype=np.int64, count=len(texts_a))]
     b = emb[np.fromiter((index[t] for t in texts_b), dtype=np.int64, count=len(texts_b))]
-    return a, b, len(distinct)
+    return a, b, len(distinct), stats

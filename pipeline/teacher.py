@@ -47,8 +47,8 @@ def embedding_dim(model) -> int:
 
 
 def teacher_identity(name: str, model) -> dict:
-    """What identifies the teacher in the manifest: name, resolved path, dim, and a digest of the
-    weights' config so two different models under one name are told apart."""
+    """What identifies the teacher in the manifest and the embedding cache: name, resolved path,
+    dim, and digests of the config and the weights, so two models under one name are told apart."""
     path = resolve_teacher(name)
     digest = hashlib.sha256()
     cfg = Path(path) / "config.json"
@@ -60,7 +60,25 @@ def teacher_identity(name: str, model) -> dict:
         "dim": embedding_dim(model),
         "max_seq_length": int(model.max_seq_length),
         "config_sha256": digest.hexdigest() if cfg.is_file() else None,
+        "weights_sha256": weights_digest(Path(path)),
     }
+
+
+def weights_digest(model_dir: Path) -> str | None:
+    """sha256 over the weight files of a local model directory (0.2 s for the bundled 90 MB), so
+    a fine-tuned copy under the same name gets its own cache; None for a hub name."""
+    if not model_dir.is_dir():
+        return None
+    files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".pt"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(model_dir).as_posix().encode())
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+    return h.hexdigest()
 
 
 def encode_texts(model, texts: list[str], batch_size: int, progress: bool = True) -> np.ndarray:

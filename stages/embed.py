@@ -9,6 +9,7 @@ import time
 from pipeline import tracking
 from pipeline.config import flatten
 from pipeline.data.shards import sha256_file, write_shards
+from pipeline.embed_cache import EmbeddingCache
 from pipeline.embedding import embed_texts_once, prepare_pairs
 from pipeline.paths import repo_path
 from pipeline.teacher import encode_texts, load_teacher, teacher_identity
@@ -31,7 +32,9 @@ def run(cfg) -> dict:
         df = prepared.frame
         t0 = time.perf_counter()
         encode = lambda texts: encode_texts(teacher, texts, e.batch_size)  # noqa: E731
-        inputs, targets, n_distinct = embed_texts_once(encode, df.input_text.tolist(), df.target_text.tolist())
+        cache = EmbeddingCache(repo_path(e.cache_dir), ident) if e.cache_dir else None
+        inputs, targets, n_distinct, cache_stats = embed_texts_once(
+            encode, df.input_text.tolist(), df.target_text.tolist(), cache)
         seconds = time.perf_counter() - t0
         splits = {}
         for name in e.splits:
@@ -44,11 +47,12 @@ def run(cfg) -> dict:
             "embed_run_id": run.info.run_id,
         })
         tracking.log_metrics({**{f"data/{k}": v for k, v in prepared.stats.items()},
-                              "data/distinct_texts": n_distinct, "perf/embed_seconds": seconds,
+                              "data/distinct_texts": n_distinct, "data/texts_cached": cache_stats["cached"],
+                              "data/texts_embedded": cache_stats["embedded"], "perf/embed_seconds": seconds,
                               "perf/texts_per_s": n_distinct / seconds if seconds else 0.0})
         tracking.log_artifact_file(repo_path(e.out_dir) / "manifest.json")
-    log.info("embedded %d distinct texts in %.1f s (%.0f texts/s) -> %s", n_distinct, seconds,
-             n_distinct / max(seconds, 1e-9), e.out_dir)
+    log.info("%d distinct texts: %d from the cache, %d embedded, in %.1f s (%.0f texts/s) -> %s", n_distinct,
+             cache_stats["cached"], cache_stats["embedded"], seconds, n_distinct / max(seconds, 1e-9), e.out_dir)
     return manifest
 
 

@@ -56,3 +56,36 @@ def test_a_killed_write_leaves_no_part_and_a_broken_part_is_named(tmp_path):
 def test_wrong_shape_is_refused(tmp_path):
     with pytest.raises(ValueError, match="dim 8"):
         EmbeddingCache(tmp_path, TEACHER).put([text_key("a")], np.ones((1, 4), np.float32))
+
+
+def test_embed_stage_rerun_after_appending_one_percent_embeds_only_the_new_texts(tmp_path, monkeypatch):
+    """The real embed stage and teacher: 300 pairs, then the same file with 3 more appended."""
+    import pandas as pd
+
+    from pipeline.data.shards import open_split
+    from stages import embed
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    src = pd.read_csv("data/raw/qa_pairs.csv").drop_duplicates(["question", "answer"])
+    data, cache = tmp_path / "pairs.csv", tmp_path / "cache"
+    args = [f"embed.dataset={data}", f"embed.cache_dir={cache}", "embed.max_rows=0"]
+    src.iloc[:300].to_csv(data, index=False)
+    assert embed.main([*args, f"embed.out_dir={tmp_path / 'a'}"]) == 0
+    first = len(EmbeddingCache(cache, _bundled_identity()))
+    src.iloc[:303].to_csv(data, index=False)
+    assert embed.main([*args, f"embed.out_dir={tmp_path / 'b'}"]) == 0
+    added = len(EmbeddingCache(cache, _bundled_identity())) - first
+    new_texts = set(src.iloc[300:303][["question", "answer"]].to_numpy().ravel()) - \
+        set(src.iloc[:300][["question", "answer"]].to_numpy().ravel())
+    assert added == len(new_texts) > 0  # only the texts the first run had not seen
+    # The rows both runs share carry identical vectors.
+    a, b = open_split(tmp_path / "a", "train"), open_split(tmp_path / "b", "train")
+    ids_a = {i: n for n, i in enumerate(a.ids)}
+    shared = [(ids_a[i], n) for n, i in enumerate(b.ids) if i in ids_a]
+    assert shared and all(np.array_equal(a.inputs[x], b.inputs[y]) for x, y in shared)
+
+
+def _bundled_identity():
+    from pipeline.teacher import load_teacher, teacher_identity
+
+    return teacher_identity("bundled", load_teacher("bundled"))

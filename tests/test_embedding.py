@@ -14,7 +14,7 @@ def test_each_distinct_text_is_embedded_once():
         calls.append(list(texts))
         return np.array([[len(t), i] for i, t in enumerate(texts)], dtype=np.float32)
 
-    a, b, n = embed_texts_once(encode, ["q1", "q2", "q1"], ["ans", "ans", "q2"])
+    a, b, n, _ = embed_texts_once(encode, ["q1", "q2", "q1"], ["ans", "ans", "q2"])
     assert calls == [["q1", "q2", "ans"]] and n == 3
     np.testing.assert_array_equal(a[:, 1], [0, 1, 0])
     np.testing.assert_array_equal(b[:, 1], [2, 2, 1])
