@@ -31,7 +31,7 @@ class RunConfig:
 
 @dataclass
 class EmbedConfig:
-    dataset: str = "data/raw/qa_pairs.csv"
+    dataset: str = "data/raw/qa_pairs.csv"  # a file, a directory of files, or a glob pattern
     format: str = "auto"  # auto | csv | tsv | jsonl | json | parquet
     input_field: str = "question"  # dotted paths reach into nested JSON objects
     target_field: str = "answer"
@@ -43,6 +43,7 @@ class EmbedConfig:
     split_salt: str = "energy-flow"
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     max_rows: int = 0  # 0 = all; else a deterministic, content-hashed subset (smoke runs)
+    empty_text: str = "fail"  # fail | skip: a null or empty input/target text stops the run, or is dropped and counted
     out_dir: str = "data/shards"
     # Content-addressed embedding cache (pipeline/embed_cache.py): each distinct text embedded once
     # per teacher, across runs. Not a DVC output (DVC would delete it before each run). "" = off.
@@ -285,6 +286,7 @@ def _check_values(cfg: DictConfig) -> None:
         _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}", "a fraction in [0, 1]", frac)
     _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
     _require(splits["train"] > 0, "embed.splits.train", "> 0", splits["train"])
+    _require(e.empty_text in ("fail", "skip"), "embed.empty_text", "fail or skip", e.empty_text)
     ev = cfg.evaluate
     _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
     r = cfg.report

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .data.readers import content_id, drop_duplicate_pairs, read_pairs
+from .data.readers import content_id, drop_duplicate_pairs, read_dataset
 from .data.split import assign_splits
 from .embed_cache import EmbeddingCache, embed_distinct
 from .paths import repo_path
@@ -20,9 +20,13 @@ class PreparedPairs:
 
 def prepare_pairs(embed_cfg) -> PreparedPairs:
     """Read, validate, de-duplicate, optionally subsample, and split. Raises DatasetError."""
-    path = repo_path(embed_cfg.dataset)
-    df = read_pairs(path, embed_cfg.input_field, embed_cfg.target_field, embed_cfg.id_field, embed_cfg.format)
-    rows_read = len(df)
+    spec = embed_cfg.dataset
+    path = spec if any(c in str(spec) for c in "*?[") else repo_path(spec)  # a glob stays a pattern
+    df = read_dataset(path, embed_cfg.input_field, embed_cfg.target_field, embed_cfg.id_field, embed_cfg.format,
+                      skip_empty=embed_cfg.empty_text == "skip")
+    skipped_empty = int(df.attrs.get("rows_skipped_empty", 0))
+    n_files = int(df.attrs.get("files", 1))
+    rows_read = len(df) + skipped_empty
     df, n_dup = drop_duplicate_pairs(df)
     if embed_cfg.max_rows and len(df) > embed_cfg.max_rows:
         # A content-hashed subset: deterministic, and mixed across the file's topics (the first
@@ -32,7 +36,8 @@ def prepare_pairs(embed_cfg) -> PreparedPairs:
         df = df.iloc[keep].reset_index(drop=True)
     df = df.assign(split=assign_splits(df, dict(embed_cfg.splits), salt=embed_cfg.split_salt, key=embed_cfg.split_key))
     counts = df.split.value_counts().to_dict()
-    stats = {"rows_read": rows_read, "duplicates_dropped": n_dup, "rows_used": len(df),
+    stats = {"files": n_files, "rows_read": rows_read, "rows_skipped_empty": skipped_empty,
+             "duplicates_dropped": n_dup, "rows_used": len(df),
              **{f"rows_{s}": int(counts.get(s, 0)) for s in embed_cfg.splits}}
     return PreparedPairs(df, stats)
 

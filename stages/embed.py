@@ -8,7 +8,8 @@ import time
 
 from pipeline import tracking
 from pipeline.config import flatten
-from pipeline.data.shards import sha256_file, write_shards
+from pipeline.data.readers import dataset_files
+from pipeline.data.shards import dataset_digest, write_shards
 from pipeline.embed_cache import EmbeddingCache
 from pipeline.embedding import embed_texts_once, prepare_pairs
 from pipeline.paths import repo_path
@@ -25,7 +26,7 @@ def run(cfg) -> dict:
     log.info("%d pairs read from %s (%s)", len(prepared.frame), e.dataset, prepared.stats)
     teacher = load_teacher(e.teacher, e.device)
     ident = teacher_identity(e.teacher, teacher)
-    source_sha = sha256_file(repo_path(e.dataset))
+    source_sha = dataset_digest(dataset_files(e.dataset if any(c in e.dataset for c in "*?[") else repo_path(e.dataset)))
     with tracking.mlflow_run("embed", cfg.run.preset, cfg.run.experiment,
                              tags={"stage": "embed", "dataset.sha256": source_sha[:16]}) as run:
         tracking.log_params({k: v for k, v in flatten(cfg).items() if k.startswith(("embed.", "run."))})

@@ -53,8 +53,11 @@ def read_pairs(
     target_field: str,
     id_field: str | None = None,
     fmt: str = "auto",
+    skip_empty: bool = False,
 ) -> pd.DataFrame:
     """Read a dataset into a frame with columns id, input_text, target_text (str), in file order.
+    With skip_empty, rows whose input or target is null/empty are dropped and counted in
+    `df.attrs["rows_skipped_empty"]`; otherwise the first such row is an error.
 
     Field names may be dotted paths (`"question.text"`) into nested JSON objects or Parquet
     struct columns; a key or column literally named with the dots wins over the nested lookup.
@@ -79,7 +82,49 @@ def read_pairs(
             table = _read_jsonl(path, text, fields)
         else:
             table = _read_json(path, text, fields)
-    return _build_frame(path, table, input_field, target_field, id_field)
+    return _build_frame(path, table, input_field, target_field, id_field, skip_empty)
+
+
+def dataset_files(spec: str | os.PathLike) -> list[Path]:
+    """The files a dataset spec names: one file, every file with a known extension in a
+    directory (sorted, not recursive), or a glob pattern (sorted)."""
+    text = str(spec)
+    path = Path(text)
+    if any(c in text for c in "*?["):
+        root = Path(path.anchor) if path.is_absolute() else Path(".")
+        pattern = str(path.relative_to(root)) if path.is_absolute() else text
+        files = sorted(p for p in root.glob(pattern) if p.is_file())
+        if not files:
+            raise DatasetError(f"{text}: no file matches this pattern (expected one or more dataset files)")
+        return files
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in EXTENSIONS)
+        if not files:
+            raise DatasetError(f"{path}: directory holds no dataset file (expected files ending in "
+                               f"{', '.join(sorted(EXTENSIONS))})")
+        return files
+    return [path]
+
+
+def read_dataset(spec: str | os.PathLike, input_field: str, target_field: str, id_field: str | None = None,
+                 fmt: str = "auto", skip_empty: bool = False) -> pd.DataFrame:
+    """read_pairs over every file of a dataset spec (see dataset_files), concatenated in file
+    order. Ids must be unique across files too; the error names both files."""
+    frames, seen, skipped = [], {}, 0
+    for f in dataset_files(spec):
+        df = read_pairs(f, input_field, target_field, id_field, fmt, skip_empty)
+        skipped += df.attrs.get("rows_skipped_empty", 0)
+        if id_field is not None:
+            for i in df["id"]:
+                if i in seen and seen[i] != f:
+                    raise DatasetError(f"duplicate id {i!r} in field {id_field!r}: in {seen[i]} and in {f}; "
+                                       "expected every id to be unique across the dataset's files")
+                seen.setdefault(i, f)
+        frames.append(df)
+    out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    out.attrs["rows_skipped_empty"] = skipped
+    out.attrs["files"] = len(frames)
+    return out
 
 
 def drop_duplicate_pairs(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
@@ -362,18 +407,27 @@ def _flatten_schema(schema) -> list[str]:
 # --------------------------------------------------------------------------- validation
 
 
-def _check_text(path: Path, table: _Table, field: str) -> list[str]:
+def _check_text(path: Path, table: _Table, field: str, skip: set[int] | None = None) -> list[str]:
+    """The field's texts. A null, empty or whitespace-only text is an error naming the row, or,
+    with `skip` (a set), its row index is added there and the row is dropped later."""
     values = table.columns[field]
+    hint = " (or set embed.empty_text=skip to drop such rows and count them)"
     for i, v in enumerate(values):
         if isinstance(v, str):
             if not v.strip():
+                if skip is not None:
+                    skip.add(i)
+                    continue
                 what = "empty" if v == "" else "whitespace-only"
                 raise DatasetError(f"{path}: {table.label(i)}, field {field!r}: text is {what}; "
-                                   "expected non-empty text")
+                                   f"expected non-empty text{hint}")
             continue
         if v is None:
+            if skip is not None:
+                skip.add(i)
+                continue
             raise DatasetError(f"{path}: {table.label(i)}, field {field!r}: value is null; "
-                               "expected non-empty text")
+                               f"expected non-empty text{hint}")
         raise DatasetError(
             f"{path}: {table.label(i)}, field {field!r}: found {type(v).__name__}"
             f"{table.type_note.get(field, '')}, expected a string"
@@ -411,11 +465,17 @@ def _check_ids(path: Path, table: _Table, field: str) -> list[str]:
 
 
 def _build_frame(path: Path, table: _Table, input_field: str, target_field: str,
-                 id_field: str | None) -> pd.DataFrame:
-    inputs = _check_text(path, table, input_field)
-    targets = _check_text(path, table, target_field)
+                 id_field: str | None, skip_empty: bool = False) -> pd.DataFrame:
+    skipped: set[int] | None = set() if skip_empty else None
+    inputs = _check_text(path, table, input_field, skipped)
+    targets = _check_text(path, table, target_field, skipped)
     if id_field is not None:
         ids = _check_ids(path, table, id_field)
     else:
         ids = [content_id(a, b) for a, b in zip(inputs, targets)]
-    return pd.DataFrame({"id": ids, "input_text": inputs, "target_text": targets}, dtype=str)
+    df = pd.DataFrame({"id": ids, "input_text": inputs, "target_text": targets}, dtype=object)
+    if skipped:
+        df = df.drop(index=sorted(skipped)).reset_index(drop=True)
+    df = df.astype(str)
+    df.attrs["rows_skipped_empty"] = len(skipped or ())
+    return df

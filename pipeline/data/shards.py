@@ -44,6 +44,16 @@ def sha256_file(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def dataset_digest(files: list[Path]) -> str:
+    """sha256 of one file, or, for several, of their names and sha256s in order."""
+    if len(files) == 1:
+        return sha256_file(files[0])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{Path(f).name}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
 # --------------------------------------------------------------------------- writing
 
 

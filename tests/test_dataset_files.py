@@ -1,0 +1,50 @@
+"""A dataset may be a directory or a glob of files; empty texts can be skipped and counted."""
+import pytest
+
+from pipeline.data.readers import dataset_files, read_dataset, read_pairs
+from pipeline.errors import DatasetError
+
+
+
+def write(path, *ids):
+    path.write_text("id,question,answer\n" + "".join(f"{i},What is {i}?,It is {i}.\n" for i in ids))
+    return path
+
+
+def test_directory_reads_every_dataset_file_in_name_order(tmp_path):
+    write(tmp_path / "b.csv", "3", "4")
+    write(tmp_path / "a.csv", "1", "2")
+    (tmp_path / "notes.txt").write_text("ignored: not a dataset extension")
+    (tmp_path / "c.jsonl").write_text('{"id": "5", "question": "Q5", "answer": "A5"}\n')
+    df = read_dataset(tmp_path, "question", "answer", "id")
+    assert df["id"].tolist() == ["1", "2", "3", "4", "5"] and df.attrs["files"] == 3
+
+
+def test_glob_pattern_and_its_errors(tmp_path):
+    write(tmp_path / "part-1.csv", "1")
+    write(tmp_path / "part-2.csv", "2")
+    write(tmp_path / "other.csv", "9")
+    assert read_dataset(str(tmp_path / "part-*.csv"), "question", "answer", "id")["id"].tolist() == ["1", "2"]
+    with pytest.raises(DatasetError, match="no file matches"):
+        dataset_files(str(tmp_path / "nothing-*.csv"))
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+    with pytest.raises(DatasetError, match="holds no dataset file"):
+        dataset_files(empty)
+
+
+def test_duplicate_id_across_files_names_both_files(tmp_path):
+    write(tmp_path / "a.csv", "1", "2")
+    write(tmp_path / "b.csv", "2")
+    with pytest.raises(DatasetError, match=r"'2'.*a\.csv.*b\.csv"):
+        read_dataset(tmp_path, "question", "answer", "id")
+
+
+def test_empty_texts_fail_by_default_and_are_skipped_and_counted_on_request(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"id": "1", "q": "Q1", "a": "A1"}\n{"id": "2", "q": "", "a": "A2"}\n'
+                    '{"id": "3", "q": "Q3", "a": null}\n{"id": "4", "q": "Q4", "a": "A4"}\n')
+    with pytest.raises(DatasetError, match=r"d\.jsonl.*line 2.*'q'.*empty.*empty_text=skip"):
+        read_pairs(path, "q", "a", "id")
+    df = read_pairs(path, "q", "a", "id", skip_empty=True)
+    assert df["id"].tolist() == ["1", "4"] and df.attrs["rows_skipped_empty"] == 2
