@@ -45,6 +45,10 @@ class EmbedConfig:
     max_rows: int = 0  # 0 = all; else a deterministic, content-hashed subset (smoke runs)
     empty_text: str = "fail"  # fail | skip: a null or empty input/target text stops the run, or is dropped and counted
     out_dir: str = "data/shards"
+    # Rows per .npy shard file: bounded files, so a dataset larger than memory is written and read
+    # piecewise (262144 rows x 384 x 4 B = 384 MiB a file).
+    rows_per_shard: int = 262144
+    dtype: str = "float32"  # float32 | float16 (half the disk and page cache; batches are float32)
     # Content-addressed embedding cache (pipeline/embed_cache.py): each distinct text embedded once
     # per teacher, across runs. Not a DVC output (DVC would delete it before each run). "" = off.
     cache_dir: str = ".cache/embeddings"
@@ -287,6 +291,8 @@ def _check_values(cfg: DictConfig) -> None:
     _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
     _require(splits["train"] > 0, "embed.splits.train", "> 0", splits["train"])
     _require(e.empty_text in ("fail", "skip"), "embed.empty_text", "fail or skip", e.empty_text)
+    _require(e.rows_per_shard > 0, "embed.rows_per_shard", "an integer > 0", e.rows_per_shard)
+    _require(e.dtype in ("float32", "float16"), "embed.dtype", "float32 or float16", e.dtype)
     ev = cfg.evaluate
     _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
     r = cfg.report
