@@ -16,16 +16,16 @@ from .paths import repo_path
 class PreparedPairs:
     frame: pd.DataFrame  # id, input_text, target_text, split
     stats: dict = field(default_factory=dict)
+    files: list = field(default_factory=list)  # the dataset's files, in reading order
 
 
 def prepare_pairs(embed_cfg) -> PreparedPairs:
     """Read, validate, de-duplicate, optionally subsample, and split. Raises DatasetError."""
-    spec = embed_cfg.dataset
-    path = spec if any(c in str(spec) for c in "*?[") else repo_path(spec)  # a glob stays a pattern
-    df = read_dataset(path, embed_cfg.input_field, embed_cfg.target_field, embed_cfg.id_field, embed_cfg.format,
+    df = read_dataset(dataset_spec(embed_cfg.dataset), embed_cfg.input_field, embed_cfg.target_field, embed_cfg.id_field, embed_cfg.format,
                       skip_empty=embed_cfg.empty_text == "skip")
     skipped_empty = int(df.attrs.get("rows_skipped_empty", 0))
-    n_files = int(df.attrs.get("files", 1))
+    files = list(df.attrs.get("files", []))
+    n_files = len(files)
     rows_read = len(df) + skipped_empty
     df, n_dup = drop_duplicate_pairs(df)
     if embed_cfg.max_rows and len(df) > embed_cfg.max_rows:
@@ -39,7 +39,13 @@ def prepare_pairs(embed_cfg) -> PreparedPairs:
     stats = {"files": n_files, "rows_read": rows_read, "rows_skipped_empty": skipped_empty,
              "duplicates_dropped": n_dup, "rows_used": len(df),
              **{f"rows_{s}": int(counts.get(s, 0)) for s in embed_cfg.splits}}
-    return PreparedPairs(df, stats)
+    return PreparedPairs(df, stats, files)
+
+
+def dataset_spec(spec: str):
+    """embed.dataset as read_dataset takes it: a file or directory resolved from the repository
+    root, or a glob pattern kept as given."""
+    return spec if any(c in str(spec) for c in "*?[") else repo_path(spec)
 
 
 def embed_texts_once(encode, texts_a: list[str], texts_b: list[str],

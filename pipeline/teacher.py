@@ -81,13 +81,36 @@ def weights_digest(model_dir: Path) -> str | None:
     return h.hexdigest()
 
 
+def count_truncated(model, texts: list[str]) -> int:
+    """How many texts exceed the teacher's window (max_seq_length tokens, special tokens
+    included) and are therefore embedded from their beginning only. Tokenising is ~70k texts/s
+    on the bundled teacher, against ~800 texts/s for the embedding itself."""
+    limit = int(model.max_seq_length)
+    n = 0
+    for start in range(0, len(texts), 4096):
+        ids = model.tokenizer(texts[start:start + 4096], add_special_tokens=True, truncation=False)["input_ids"]
+        n += sum(len(i) > limit for i in ids)
+    return n
+
+
 def encode_texts(model, texts: list[str], batch_size: int, progress: bool = True) -> np.ndarray:
-    """Embed texts in batches (with a progress bar) -> float32 (n, dim)."""
+    """Embed texts -> float32 (n, dim), longest first in batches of similar length (less
+    padding), under inference_mode, with a progress bar counting texts/s."""
     import torch
+    from tqdm.auto import tqdm
 
     if not texts:
         return np.zeros((0, embedding_dim(model)), dtype=np.float32)
-    with torch.inference_mode():
-        emb = model.encode(texts, batch_size=batch_size, show_progress_bar=progress,
-                           convert_to_numpy=True, normalize_embeddings=False)
-    return np.ascontiguousarray(emb, dtype=np.float32)
+    # The order sentence-transformers uses inside encode(), made global so the chunks below are
+    # whole runs of its batches (a chunk is 16 batches: a progress update every ~1 s).
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.empty((len(texts), embedding_dim(model)), dtype=np.float32)
+    chunk = batch_size * 16
+    with torch.inference_mode(), tqdm(total=len(texts), unit="text", desc="embed", disable=not progress,
+                                       mininterval=1.0) as bar:
+        for start in range(0, len(texts), chunk):
+            idx = order[start:start + chunk]
+            out[idx] = model.encode([texts[i] for i in idx], batch_size=batch_size, show_progress_bar=False,
+                                    convert_to_numpy=True, normalize_embeddings=False)
+            bar.update(len(idx))
+    return out

@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -192,3 +193,18 @@ def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:
     import mlflow
 
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = None) -> None:
+    """The dataset as an MLflow input of the active run: its schema, row count, source and
+    content digest (the UI's Datasets column; runs on the same data share the digest)."""
+    import mlflow
+    import mlflow.data
+
+    name = source.rstrip("/").rsplit("/", 1)[-1] or source
+    with warnings.catch_warnings():
+        # MLflow 3.17 registers its local-file source class twice and warns that a path "can be
+        # interpreted in multiple ways: LocalArtifactDatasetSource, LocalArtifactDatasetSource".
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+        dataset = mlflow.data.from_pandas(df, source=source, name=name, digest=digest)
+    mlflow.log_input(dataset, context=context, tags=tags)

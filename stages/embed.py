@@ -8,12 +8,11 @@ import time
 
 from pipeline import tracking
 from pipeline.config import flatten
-from pipeline.data.readers import dataset_files
 from pipeline.data.shards import dataset_digest, write_shards
 from pipeline.embed_cache import EmbeddingCache
 from pipeline.embedding import embed_texts_once, prepare_pairs
 from pipeline.paths import repo_path
-from pipeline.teacher import encode_texts, load_teacher, teacher_identity
+from pipeline.teacher import count_truncated, encode_texts, load_teacher, teacher_identity
 
 from ._cli import run_stage
 
@@ -26,11 +25,18 @@ def run(cfg) -> dict:
     log.info("%d pairs read from %s (%s)", len(prepared.frame), e.dataset, prepared.stats)
     teacher = load_teacher(e.teacher, e.device)
     ident = teacher_identity(e.teacher, teacher)
-    source_sha = dataset_digest(dataset_files(e.dataset if any(c in e.dataset for c in "*?[") else repo_path(e.dataset)))
+    source_sha = dataset_digest(prepared.files)
+    df = prepared.frame
+    n_truncated = count_truncated(teacher, list(dict.fromkeys([*df.input_text, *df.target_text])))
+    if n_truncated:
+        log.warning("%d distinct texts are longer than the teacher's window of %d tokens: each is embedded from "
+                    "its first %d tokens only (data/texts_truncated)", n_truncated, teacher.max_seq_length,
+                    teacher.max_seq_length)
     with tracking.mlflow_run("embed", cfg.run.preset, cfg.run.experiment,
                              tags={"stage": "embed", "dataset.sha256": source_sha[:16]}) as run:
         tracking.log_params({k: v for k, v in flatten(cfg).items() if k.startswith(("embed.", "run."))})
-        df = prepared.frame
+        tracking.log_dataset(df, source=str(e.dataset), digest=source_sha[:16], context="embed",
+                             tags={"files": str(len(prepared.files)), "rows": str(len(df))})
         t0 = time.perf_counter()
         encode = lambda texts: encode_texts(teacher, texts, e.batch_size)  # noqa: E731
         cache = EmbeddingCache(repo_path(e.cache_dir), ident) if e.cache_dir else None
@@ -44,11 +50,12 @@ def run(cfg) -> dict:
                             inputs[mask], targets[mask])
         manifest = write_shards(repo_path(e.out_dir), splits, ident, extra={
             "source": {"path": e.dataset, "sha256": source_sha},
-            "stats": {**prepared.stats, "distinct_texts": n_distinct},
+            "stats": {**prepared.stats, "distinct_texts": n_distinct, "texts_truncated": n_truncated},
             "embed_run_id": run.info.run_id,
         })
         tracking.log_metrics({**{f"data/{k}": v for k, v in prepared.stats.items()},
-                              "data/distinct_texts": n_distinct, "data/texts_cached": cache_stats["cached"],
+                              "data/distinct_texts": n_distinct, "data/texts_truncated": n_truncated,
+                              "data/texts_cached": cache_stats["cached"],
                               "data/texts_embedded": cache_stats["embedded"], "perf/embed_seconds": seconds,
                               "perf/texts_per_s": n_distinct / seconds if seconds else 0.0})
         tracking.log_artifact_file(repo_path(e.out_dir) / "manifest.json")

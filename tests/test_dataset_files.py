@@ -17,7 +17,8 @@ def test_directory_reads_every_dataset_file_in_name_order(tmp_path):
     (tmp_path / "notes.txt").write_text("ignored: not a dataset extension")
     (tmp_path / "c.jsonl").write_text('{"id": "5", "question": "Q5", "answer": "A5"}\n')
     df = read_dataset(tmp_path, "question", "answer", "id")
-    assert df["id"].tolist() == ["1", "2", "3", "4", "5"] and df.attrs["files"] == 3
+    assert df["id"].tolist() == ["1", "2", "3", "4", "5"]
+    assert [f.name for f in df.attrs["files"]] == ["a.csv", "b.csv", "c.jsonl"]
 
 
 def test_glob_pattern_and_its_errors(tmp_path):

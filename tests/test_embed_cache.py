@@ -83,6 +83,14 @@ def test_embed_stage_rerun_after_appending_one_percent_embeds_only_the_new_texts
     ids_a = {i: n for n, i in enumerate(a.ids)}
     shared = [(ids_a[i], n) for n, i in enumerate(b.ids) if i in ids_a]
     assert shared and all(np.array_equal(a.inputs[x], b.inputs[y]) for x, y in shared)
+    # Each embed run records its dataset as an MLflow input: digest and row count.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    inputs = [d for r in runs for d in r.inputs.dataset_inputs]
+    assert len(inputs) == 2 and {d.dataset.name for d in inputs} == {"pairs.csv"}
+    assert len({d.dataset.digest for d in inputs}) == 2  # 300 and 303 rows: different data
 
 
 def _bundled_identity():

@@ -57,3 +57,10 @@ def test_text_bridge_encodes_like_the_teacher(teacher):
     texts = ["Helium has the symbol He.", "What is the symbol of helium?"]
     np.testing.assert_allclose(TextBridge(teacher).encode_text(texts).numpy(),
                                encode_texts(teacher, texts, 8, progress=False), atol=1e-5)
+
+
+def test_texts_longer_than_the_window_are_counted(teacher):
+    from pipeline.teacher import count_truncated
+
+    long_text = "word " * (teacher.max_seq_length + 10)
+    assert count_truncated(teacher, ["short", long_text, "also short", long_text + "!"]) == 2

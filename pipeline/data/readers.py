@@ -111,7 +111,8 @@ def read_dataset(spec: str | os.PathLike, input_field: str, target_field: str, i
     """read_pairs over every file of a dataset spec (see dataset_files), concatenated in file
     order. Ids must be unique across files too; the error names both files."""
     frames, seen, skipped = [], {}, 0
-    for f in dataset_files(spec):
+    files = dataset_files(spec)
+    for f in files:
         df = read_pairs(f, input_field, target_field, id_field, fmt, skip_empty)
         skipped += df.attrs.get("rows_skipped_empty", 0)
         if id_field is not None:
@@ -123,7 +124,7 @@ def read_dataset(spec: str | os.PathLike, input_field: str, target_field: str, i
         frames.append(df)
     out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     out.attrs["rows_skipped_empty"] = skipped
-    out.attrs["files"] = len(frames)
+    out.attrs["files"] = files
     return out
 
 
