@@ -43,6 +43,7 @@ class EmbedConfig:
     split_salt: str = "energy-flow"
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     max_rows: int = 0  # 0 = all; else a deterministic, content-hashed subset (smoke runs)
+    drop_duplicates: bool = True  # repeated (input, target) pairs: counted always, dropped unless false
     empty_text: str = "fail"  # fail | skip: a null or empty input/target text stops the run, or is dropped and counted
     out_dir: str = "data/shards"
     # Rows per .npy shard file: bounded files, so a dataset larger than memory is written and read

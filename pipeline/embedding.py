@@ -27,7 +27,13 @@ def prepare_pairs(embed_cfg) -> PreparedPairs:
     files = list(df.attrs.get("files", []))
     n_files = len(files)
     rows_read = len(df) + skipped_empty
-    df, n_dup = drop_duplicate_pairs(df)
+    n_dup = int(df.duplicated(subset=["input_text", "target_text"]).sum())
+    if embed_cfg.drop_duplicates:
+        df, _ = drop_duplicate_pairs(df)
+    elif embed_cfg.id_field is None and n_dup:
+        # Content-hash ids of equal pairs collide: number the repeats (id, id-1, id-2, ...).
+        repeat = df.groupby("id").cumcount()
+        df = df.assign(id=[i if r == 0 else f"{i}-{r}" for i, r in zip(df["id"], repeat)])
     if embed_cfg.max_rows and len(df) > embed_cfg.max_rows:
         # A content-hashed subset: deterministic, and mixed across the file's topics (the first
         # rows of a file are often one topic).
@@ -37,7 +43,8 @@ def prepare_pairs(embed_cfg) -> PreparedPairs:
     df = df.assign(split=assign_splits(df, dict(embed_cfg.splits), salt=embed_cfg.split_salt, key=embed_cfg.split_key))
     counts = df.split.value_counts().to_dict()
     stats = {"files": n_files, "rows_read": rows_read, "rows_skipped_empty": skipped_empty,
-             "duplicates_dropped": n_dup, "rows_used": len(df),
+             "duplicate_pairs": n_dup, "duplicates_dropped": n_dup if embed_cfg.drop_duplicates else 0,
+             "rows_used": len(df),
              **{f"rows_{s}": int(counts.get(s, 0)) for s in embed_cfg.splits}}
     return PreparedPairs(df, stats, files)
 

@@ -49,3 +49,18 @@ def test_empty_texts_fail_by_default_and_are_skipped_and_counted_on_request(tmp_
         read_pairs(path, "q", "a", "id")
     df = read_pairs(path, "q", "a", "id", skip_empty=True)
     assert df["id"].tolist() == ["1", "4"] and df.attrs["rows_skipped_empty"] == 2
+
+
+def test_duplicate_pairs_are_counted_and_dropped_or_kept_by_parameter(tmp_path):
+    from pipeline.config import load_config
+    from pipeline.embedding import prepare_pairs
+
+    data = tmp_path / "d.csv"
+    data.write_text("question,answer\n" + "".join(f"Q{i % 5},A{i % 5}\n" for i in range(20)))
+    base = ["preset=smoke", f"embed.dataset={data}", "embed.id_field=null", "embed.max_rows=0"]
+    dropped = prepare_pairs(load_config(base).embed)
+    assert dropped.stats["duplicate_pairs"] == 15 and dropped.stats["duplicates_dropped"] == 15
+    assert len(dropped.frame) == 5
+    kept = prepare_pairs(load_config([*base, "embed.drop_duplicates=false"]).embed)
+    assert kept.stats["duplicate_pairs"] == 15 and kept.stats["duplicates_dropped"] == 0
+    assert len(kept.frame) == 20 and kept.frame["id"].is_unique
