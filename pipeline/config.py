@@ -91,6 +91,9 @@ class GradScalerConfig:
 class TrainConfig:
     epochs: int = 12
     batch_size: int = 32
+    # Batches gathered ahead on a background thread (0 = none): gathering is ~0.35 us a row from
+    # page cache, so on CPU it only pays when the shards are read from a slow disk.
+    prefetch: int = 0
     grad_accum: int = 1  # micro-batches per optimizer step: effective batch = batch_size * grad_accum
     lr: float = 3e-3
     warmup_steps: int = 20  # linear LR warm-up, then cosine decay to 10 %
@@ -278,6 +281,7 @@ def _check_values(cfg: DictConfig) -> None:
     _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
     _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
     _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
+    _require(t.prefetch >= 0, "train.prefetch", ">= 0 (batches gathered ahead; 0 = off)", t.prefetch)
     _require(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
              "auto, cpu, cuda or cuda:N", t.device)
     _require(e.max_rows >= 0, "embed.max_rows", ">= 0 (0 = all rows)", e.max_rows)

@@ -55,12 +55,25 @@ def predict(model, inputs: np.ndarray, batch_size: int, device: torch.device | s
     return np.concatenate(outs) if outs else np.zeros((0, model.dim), dtype=np.float32)
 
 
+RIDGE_CHUNK = 65536  # rows per block of X'X: 65536 x 385 float64 = 190 MiB at most, whatever the split's size
+
+
 def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
-    """Closed-form ridge with an unpenalised bias: returns W of shape (dim + 1, out)."""
-    x64 = np.hstack([np.asarray(x, dtype=np.float64), np.ones((len(x), 1))])
-    reg = alpha * np.eye(x64.shape[1])
+    """Closed-form ridge with an unpenalised bias: returns W of shape (dim + 1, out).
+
+    X'X and X'Y are summed over blocks of rows, so a memory-mapped train split of any size is
+    read once, block by block, and never held whole in memory."""
+    n, dim = len(x), x.shape[1]
+    xtx = np.zeros((dim + 1, dim + 1))
+    xty = np.zeros((dim + 1, y.shape[1]))
+    for start in range(0, n, RIDGE_CHUNK):
+        xb = np.asarray(x[start:start + RIDGE_CHUNK], dtype=np.float64)
+        xb = np.hstack([xb, np.ones((len(xb), 1))])
+        xtx += xb.T @ xb
+        xty += xb.T @ np.asarray(y[start:start + RIDGE_CHUNK], dtype=np.float64)
+    reg = alpha * np.eye(dim + 1)
     reg[-1, -1] = 0.0
-    return np.linalg.solve(x64.T @ x64 + reg, x64.T @ np.asarray(y, dtype=np.float64))
+    return np.linalg.solve(xtx + reg, xty)
 
 
 def ridge_predict(w: np.ndarray, x: np.ndarray) -> np.ndarray:

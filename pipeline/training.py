@@ -127,7 +127,8 @@ class Trainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
         self.loader = BatchLoader(train_inputs, train_targets, t.batch_size, shuffle=True, seed=cfg.run.seed,
-                                  drop_last=len(train_inputs) > t.batch_size, pin_memory=device.type == "cuda")
+                                  drop_last=len(train_inputs) > t.batch_size, pin_memory=device.type == "cuda",
+                                  prefetch=t.prefetch)
         self.steps_per_epoch = len(self.loader) // t.grad_accum
         if self.steps_per_epoch == 0:
             raise PipelineError(

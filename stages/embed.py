@@ -48,7 +48,8 @@ def run(cfg) -> dict:
             mask = (df.split == name).to_numpy()
             splits[name] = (df.loc[mask, ["id", "input_text", "target_text"]].reset_index(drop=True),
                             inputs[mask], targets[mask])
-        manifest = write_shards(repo_path(e.out_dir), splits, ident, extra={
+        manifest = write_shards(repo_path(e.out_dir), splits, ident, rows_per_shard=e.rows_per_shard, dtype=e.dtype,
+                                extra={
             "source": {"path": e.dataset, "sha256": source_sha},
             "stats": {**prepared.stats, "distinct_texts": n_distinct, "texts_truncated": n_truncated},
             "embed_run_id": run.info.run_id,

@@ -51,3 +51,17 @@ def test_decode_surface_batch_returns_nearest_texts_for_the_whole_batch():
     pred = torch.tensor([[0.1, 0.9, 0.0], [0.0, 0.2, 0.8]])
     assert TextBridge.decode_surface_batch(pred, bank, texts, k=2) == [["one", "zero"], ["two", "one"]]
     assert nearest(pred, bank, 10).shape == (2, 3)  # k capped at the bank size
+
+
+def test_ridge_fit_in_row_blocks_equals_the_direct_solution(monkeypatch):
+    from pipeline import evaluation
+
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(size=(1000, 6)), rng.normal(size=(1000, 4))
+    whole = evaluation.ridge_fit(x, y, 0.5)
+    monkeypatch.setattr(evaluation, "RIDGE_CHUNK", 128)  # 8 blocks, the last one short
+    assert np.allclose(evaluation.ridge_fit(x, y, 0.5), whole, rtol=1e-10, atol=1e-12)
+    x64 = np.hstack([x, np.ones((1000, 1))])
+    reg = 0.5 * np.eye(7)
+    reg[-1, -1] = 0
+    assert np.allclose(whole, np.linalg.solve(x64.T @ x64 + reg, x64.T @ y))

@@ -2,14 +2,26 @@
 
 A torch DataLoader over a Dataset would call __getitem__ once per row and collate in Python;
 on millions of small rows that dominates the step time. Here each batch is one fancy-index
-gather per array, which numpy does in C and which reads a memory map only where needed.
+gather per array, which numpy does in C and which reads a memory map only where needed. The
+arrays may be ndarrays (memory maps included) or pipeline.data.shards.ShardedArray, whose take()
+gathers across shard files; either way a batch comes back as float32 (float16 shards are widened
+a batch at a time), so anonymous memory stays at a few batches whatever the dataset's size.
+
+With prefetch=N one background thread gathers (and, with pin_memory on CUDA, pins) the next N
+batches while the consumer works on the current one. Order and contents are identical with and
+without it; the thread stops when the consumer stops (end, break, close, exception), and an
+exception in the thread is raised in the consumer.
 """
 from __future__ import annotations
 
-from typing import Iterator
+import queue
+import threading
+from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+_DONE = object()  # end of the epoch, from the prefetch thread
 
 
 class BatchLoader:
@@ -18,15 +30,17 @@ class BatchLoader:
     The order depends only on (seed, epoch): call set_epoch(e) before iterating epoch e, and a
     run resumed at epoch e sees exactly the batches the original run would have."""
 
-    def __init__(self, inputs: np.ndarray, targets: np.ndarray, batch_size: int,
+    def __init__(self, inputs: Any, targets: Any, batch_size: int,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, prefetch: int = 0):
         if len(inputs) != len(targets):
             raise ValueError(f"inputs have {len(inputs)} rows but targets have {len(targets)}; "
                              "expected the same number")
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
                 or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}; expected a positive integer")
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(f"prefetch={prefetch!r}; expected an integer >= 0 (batches prepared ahead)")
         self.inputs = inputs
         self.targets = targets
         self.batch_size = int(batch_size)
@@ -35,6 +49,7 @@ class BatchLoader:
         self.drop_last = drop_last
         # Pinning needs a CUDA runtime; without one it would raise, and there is nothing to gain.
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
+        self.prefetch = int(prefetch)
         self.epoch = 0
 
     @property
@@ -60,21 +75,74 @@ class BatchLoader:
     def batch_indices(self, start_batch: int = 0) -> Iterator[np.ndarray]:
         """Row indices of each batch of the current epoch from batch `start_batch` on (a resumed
         run skips what it has seen without reading it), sorted within the batch."""
-        order = self.order()
+        yield from self._indices(self.order(), start_batch)
+
+    def _indices(self, order: np.ndarray, start_batch: int) -> Iterator[np.ndarray]:
         for start in range(start_batch * self.batch_size, len(self) * self.batch_size, self.batch_size):
             # Sorting keeps the batch's members but turns random reads of a memory map into
             # forward ones; the order inside a batch does not matter to the loss.
             yield np.sort(order[start:start + self.batch_size])
 
-    def _tensor(self, arr: np.ndarray, idx: np.ndarray) -> torch.Tensor:
-        # np.asarray: take() on a memmap returns a memmap subclass detached from any file.
-        batch = np.asarray(np.take(arr, idx, axis=0), dtype=np.float32)
-        t = torch.from_numpy(batch)
+    @staticmethod
+    def _gather(arr: Any, idx: np.ndarray) -> np.ndarray:
+        if isinstance(arr, np.ndarray):
+            # np.asarray: take() on a memmap returns a memmap subclass detached from any file.
+            return np.asarray(np.take(arr, idx, axis=0), dtype=np.float32)
+        if hasattr(arr, "take"):  # ShardedArray: one fancy index per shard touched, float32
+            return np.asarray(arr.take(idx), dtype=np.float32)
+        return np.asarray(np.take(arr, idx, axis=0), dtype=np.float32)
+
+    def _tensor(self, arr: Any, idx: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(self._gather(arr, idx))
         return t.pin_memory() if self.pin_memory else t
 
+    def _batch(self, idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._tensor(self.inputs, idx), self._tensor(self.targets, idx)
+
     def batches(self, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.prefetch:
+            yield from self._prefetched(start_batch)  # closing this closes that (PEP 380)
+            return
         for idx in self.batch_indices(start_batch):
-            yield self._tensor(self.inputs, idx), self._tensor(self.targets, idx)
+            yield self._batch(idx)
+
+    def _prefetched(self, start_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # A generator: the thread starts at the first next(), and the finally below runs when the
+        # consumer finishes, breaks (the generator is closed or collected) or raises.
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+        indices = self._indices(self.order(), start_batch)  # fixed here: set_epoch() later cannot change it
+
+        def work() -> None:
+            try:
+                for idx in indices:
+                    if stop.is_set():
+                        return
+                    ready.put(self._batch(idx))  # blocks while `prefetch` batches wait
+                ready.put(_DONE)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
+                ready.put(e)
+
+        thread = threading.Thread(target=work, name="BatchLoader-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                del item  # do not keep the consumer's last batch alive while waiting
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a put() on a full queue, then let the thread end
+                try:
+                    while True:
+                        ready.get_nowait()
+                except queue.Empty:
+                    pass
+                thread.join(timeout=0.01)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return self.batches()

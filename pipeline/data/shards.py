@@ -1,26 +1,32 @@
 """Embedding shards: the on-disk hand-off from the embed stage to train and evaluate.
 
-Layout of a shard directory:
-    manifest.json            format version, dim, teacher, splits, sha256 + size of every file
-    {split}.parquet          id, input_text, target_text
-    {split}_inputs.npy       (count, dim) float32, C order
-    {split}_targets.npy      (count, dim) float32, C order
+Layout of a shard directory (format_version 2):
+    manifest.json                 format version, dim, dtype, rows_per_shard, teacher, splits
+                                  (count, texts file, shards in order with their rows) and the
+                                  sha256 + size of every file
+    {split}.parquet               id, input_text, target_text
+    {split}-00000_inputs.npy      (rows, dim) float32 or float16, C order, rows <= rows_per_shard
+    {split}-00000_targets.npy     the same rows' targets
+    {split}-00001_inputs.npy      ... and so on; a split with no rows has no shard files
 
-The arrays are plain .npy so readers can memory-map them: training never loads a split whole.
-The manifest records checksums so a truncated copy or a stale file from another run is caught
-before it silently trains on the wrong data.
+The arrays are plain .npy so readers can memory-map them: training never loads a split whole,
+and a split larger than memory is read a batch at a time (ShardedArray.take). The manifest
+records checksums so a truncated copy or a stale file from another run is caught before it
+silently trains on the wrong data. Format 1 directories (one {split}_inputs.npy /
+{split}_targets.npy pair per split, float32) are still read.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import os
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -28,12 +34,17 @@ import pandas as pd
 from pipeline.atomic import write_json
 from pipeline.errors import ShardError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 TEXT_COLUMNS = ("id", "input_text", "target_text")
+DTYPES = ("float32", "float16")
+DEFAULT_ROWS_PER_SHARD = 262144
 _CHUNK = 1 << 20  # hash in 1 MiB chunks: shard files can be many GiB
+_FINITE_ROWS = 65536  # rows per finiteness check: no full-size boolean temporary
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # becomes part of file names
-_RESERVED = {"format_version", "dim", "dtype", "teacher", "splits", "files"}
+_RESERVED = {"format_version", "dim", "dtype", "rows_per_shard", "teacher", "splits", "files"}
+_HINT = "run the embed stage to (re)create the shards"
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -54,20 +65,53 @@ def dataset_digest(files: list[Path]) -> str:
     return h.hexdigest()
 
 
+def shard_names(split: str, index: int) -> tuple[str, str]:
+    """File names of shard `index` of `split`: (inputs, targets)."""
+    return f"{split}-{index:05d}_inputs.npy", f"{split}-{index:05d}_targets.npy"
+
+
 # --------------------------------------------------------------------------- writing
 
 
-def _check_finite(name: str, arr: np.ndarray) -> None:
+def _check_finite(name: str, arr: np.ndarray, first_row: int = 0, why: str = "") -> None:
     # Chunked so a large array does not need a same-sized boolean temporary.
-    for start in range(0, arr.shape[0], 65536):
-        block = arr[start:start + 65536]
+    for start in range(0, arr.shape[0], _FINITE_ROWS):
+        block = arr[start:start + _FINITE_ROWS]
         if not np.isfinite(block).all():
-            row = start + int(np.argmin(np.isfinite(block).all(axis=1)))
-            raise ValueError(f"{name}: row {row + 1} contains NaN or inf; expected finite "
+            row = first_row + start + int(np.argmin(np.isfinite(block).all(axis=1)))
+            raise ValueError(f"{name}: row {row + 1} contains NaN or inf{why}; expected finite "
                              "embeddings")
 
 
-def _prepare(splits: dict[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]]):
+def _as_rows(arr: Any) -> Any:
+    """Keep anything that already looks like an array (ndarray, memmap, ShardedArray) as is, so
+    that writing can slice it a shard at a time; turn anything else (lists) into an ndarray."""
+    if hasattr(arr, "shape") and hasattr(arr, "dtype") and hasattr(arr, "__getitem__"):
+        try:
+            np.dtype(arr.dtype)
+            return arr
+        except TypeError:  # e.g. a torch tensor: its dtype is not numpy's
+            pass
+    return np.asarray(arr)
+
+
+def _check_dtype(dtype: Any) -> str:
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}; expected one of {list(DTYPES)}")
+    return name
+
+
+def _check_rows_per_shard(rows: Any) -> int:
+    if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+        raise ValueError(f"rows_per_shard={rows!r}; expected a positive integer")
+    return int(rows)
+
+
+def _prepare(splits: dict[str, tuple[pd.DataFrame, Any, Any]]):
     if not splits:
         raise ValueError("no splits to write; expected at least one, e.g. {'train': (...)}")
     dim = None
@@ -84,23 +128,35 @@ def _prepare(splits: dict[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]]):
         n = len(frame)
         arrays = {}
         for kind, arr in (("inputs", inputs), ("targets", targets)):
-            arr = np.asarray(arr)
-            if arr.ndim != 2 or arr.shape[0] != n:
-                raise ValueError(f"split {split!r}: {kind} have shape {arr.shape}; expected "
+            arr = _as_rows(arr)
+            shape = tuple(arr.shape)
+            if len(shape) != 2 or shape[0] != n:
+                raise ValueError(f"split {split!r}: {kind} have shape {shape}; expected "
                                  f"({n}, dim) to match the frame's {n} rows")
-            if not np.issubdtype(arr.dtype, np.floating):
+            if not np.issubdtype(np.dtype(arr.dtype), np.floating):
                 raise ValueError(f"split {split!r}: {kind} have dtype {arr.dtype}; expected "
-                                 "floating point (stored as float32)")
+                                 "floating point (stored as float32 or float16)")
             if dim is None:
-                dim = arr.shape[1]
-            if arr.shape[1] != dim:
-                raise ValueError(f"split {split!r}: {kind} have dim {arr.shape[1]}; expected "
+                dim = shape[1]
+            if shape[1] != dim:
+                raise ValueError(f"split {split!r}: {kind} have dim {shape[1]}; expected "
                                  f"{dim} like the other arrays")
-            arr = np.ascontiguousarray(arr, dtype=np.float32)
-            _check_finite(f"split {split!r} {kind}", arr)
             arrays[kind] = arr
         prepared[split] = (frame, arrays["inputs"], arrays["targets"])
     return prepared, int(dim)
+
+
+def _shard_block(split: str, kind: str, arr: Any, start: int, stop: int,
+                 dtype: np.dtype) -> np.ndarray:
+    """Rows [start, stop) as a C-ordered array of `dtype`: only one shard is in memory at once."""
+    block = np.asarray(arr[start:stop])
+    _check_finite(f"split {split!r} {kind}", block, start)
+    with np.errstate(over="ignore"):  # an overflow becomes inf, reported just below
+        out = np.ascontiguousarray(block, dtype=dtype)
+    if out.dtype != block.dtype:
+        _check_finite(f"split {split!r} {kind}", out, start,
+                      f" once stored as {dtype.name} (a value beyond its range)")
+    return out
 
 
 def _write_texts(path: Path, frame: pd.DataFrame) -> None:
@@ -118,13 +174,20 @@ def _fsync(path: Path) -> None:
 
 
 def write_shards(out_dir: str | os.PathLike,
-                 splits: dict[str, tuple[pd.DataFrame, np.ndarray, np.ndarray]],
-                 teacher: dict, extra: dict | None = None) -> dict:
+                 splits: dict[str, tuple[pd.DataFrame, Any, Any]],
+                 teacher: dict, extra: dict | None = None, *,
+                 rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, dtype: str = "float32") -> dict:
     """Write all splits and the manifest, replacing `out_dir` as a whole; return the manifest.
 
-    Everything is written into a fresh directory beside `out_dir` and swapped in at the end, so
-    a killed run leaves either the previous shards or the new ones, never a mix."""
+    Each split's (count, dim) inputs and targets are written as consecutive shard files of at
+    most `rows_per_shard` rows, in `dtype` (float32 or float16), converting one shard at a time
+    so the split is never held twice in memory. Everything is written into a fresh directory
+    beside `out_dir` and swapped in at the end, so a killed run leaves either the previous
+    shards or the new ones, never a mix."""
     out_dir = Path(out_dir)
+    rows_per_shard = _check_rows_per_shard(rows_per_shard)
+    dtype_name = _check_dtype(dtype)
+    np_dtype = np.dtype(dtype_name)
     extra = dict(extra or {})
     clash = sorted(_RESERVED & set(extra))
     if clash:
@@ -137,22 +200,35 @@ def write_shards(out_dir: str | os.PathLike,
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; the shard dir should look like any other
+    files: dict[str, Any] = {}
+
+    def record(name: str) -> None:
+        _fsync(tmp / name)
+        files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
+
     try:
         split_entries: dict[str, Any] = {}
-        files: dict[str, Any] = {}
         for split, (frame, inputs, targets) in prepared.items():
-            names = {"texts": f"{split}.parquet", "inputs": f"{split}_inputs.npy",
-                     "targets": f"{split}_targets.npy"}
-            _write_texts(tmp / names["texts"], frame)
-            np.save(tmp / names["inputs"], inputs, allow_pickle=False)
-            np.save(tmp / names["targets"], targets, allow_pickle=False)
-            split_entries[split] = {"count": len(frame), **names}
-            for name in names.values():
-                _fsync(tmp / name)
-                files[name] = {"sha256": sha256_file(tmp / name),
-                               "bytes": (tmp / name).stat().st_size}
-        manifest = {"format_version": FORMAT_VERSION, "dim": dim, "dtype": "float32",
-                    "teacher": teacher, "splits": split_entries, "files": files, **extra}
+            count = len(frame)
+            texts = f"{split}.parquet"
+            _write_texts(tmp / texts, frame)
+            record(texts)
+            shard_entries = []
+            for index, start in enumerate(range(0, count, rows_per_shard)):
+                stop = min(start + rows_per_shard, count)
+                entry = {"rows": stop - start}
+                for kind, arr, name in zip(("inputs", "targets"), (inputs, targets),
+                                           shard_names(split, index)):
+                    block = _shard_block(split, kind, arr, start, stop, np_dtype)
+                    np.save(tmp / name, block, allow_pickle=False)
+                    del block
+                    record(name)
+                    entry[kind] = name
+                shard_entries.append(entry)
+            split_entries[split] = {"count": count, "texts": texts, "shards": shard_entries}
+        manifest = {"format_version": FORMAT_VERSION, "dim": dim, "dtype": dtype_name,
+                    "rows_per_shard": rows_per_shard, "teacher": teacher,
+                    "splits": split_entries, "files": files, **extra}
         write_json(tmp / MANIFEST, manifest)
         _swap_in(tmp, out_dir)
     except BaseException:
@@ -183,41 +259,198 @@ def _swap_in(new: Path, dest: Path) -> None:
 # --------------------------------------------------------------------------- reading
 
 
+class ShardedArray:
+    """A read-only (count, dim) array over consecutive memory-mapped shards.
+
+    Nothing is read until asked for: `take(idx)` gathers rows by global index with one fancy
+    index per shard touched, into a fresh float32 array (float16 shards are widened there, a
+    batch at a time). Indexing with an int, a slice, an integer array or a boolean mask also
+    returns float32 numpy; `np.asarray(a)` materialises the whole array (for small splits)."""
+
+    ndim = 2
+
+    def __init__(self, parts: Sequence[np.ndarray], dim: int, dtype: Any,
+                 names: Sequence[str] = ()):
+        self._parts = [np.asarray(p) for p in parts]  # ndarray views of the memmaps
+        self._dim = int(dim)
+        self._dtype = np.dtype(dtype)
+        rows = np.array([len(p) for p in self._parts], dtype=np.int64)
+        self._ends = np.cumsum(rows)
+        self._starts = self._ends - rows
+        self._count = int(self._ends[-1]) if len(rows) else 0
+        self.names = tuple(names)
+        for p in self._parts:
+            if p.ndim != 2 or p.shape[1] != self._dim or p.dtype != self._dtype:
+                raise ValueError(f"shard of shape {p.shape} and dtype {p.dtype}; expected "
+                                 f"(rows, {self._dim}) {self._dtype}")
+
+    # array-like attributes
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self._count, self._dim)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The on-disk dtype; everything read comes back as float32."""
+        return self._dtype
+
+    @property
+    def size(self) -> int:
+        return self._count * self._dim
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._dtype.itemsize
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._parts)
+
+    @property
+    def shard_rows(self) -> list[int]:
+        return [len(p) for p in self._parts]
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return (f"ShardedArray(shape={self.shape}, dtype={self._dtype.name}, "
+                f"shards={self.num_shards})")
+
+    # reading
+    def _normalise(self, idx: Any) -> np.ndarray:
+        idx = np.asarray(idx)
+        if idx.dtype.kind not in "iu":
+            if idx.size == 0:
+                idx = idx.astype(np.int64)
+            else:
+                raise IndexError(f"row indices have dtype {idx.dtype}; expected integers")
+        idx = idx.astype(np.int64, copy=False)
+        if idx.size:
+            lo, hi = int(idx.min()), int(idx.max())
+            n = self._count
+            if lo < -n or hi >= n:
+                bad = lo if lo < -n else hi
+                raise IndexError(f"index {bad} is out of bounds for axis 0 with size {n}")
+            if lo < 0:
+                idx = np.where(idx < 0, idx + n, idx)
+        return idx
+
+    def take(self, idx: Any) -> np.ndarray:
+        """Rows `idx` (any order, repeats allowed, negatives from the end) as a new float32
+        array of shape (len(idx), dim), in the order given."""
+        idx = self._normalise(idx)
+        if idx.ndim != 1:
+            return self.take(idx.ravel()).reshape(idx.shape + (self._dim,))
+        out = np.empty((len(idx), self._dim), dtype=np.float32)
+        if not len(idx):
+            return out
+        shard = np.searchsorted(self._ends, idx, side="right")
+        first, last = int(shard.min()), int(shard.max())
+        if first == last:  # the common case: a batch within one shard
+            part = self._parts[first]
+            local = idx - self._starts[first] if first else idx
+            if part.dtype == np.float32:
+                np.take(part, local, axis=0, out=out)
+            else:
+                out[...] = part[local]
+            return out
+        order = np.argsort(shard, kind="stable")
+        counts = np.bincount(shard, minlength=len(self._parts))
+        pos = 0
+        for s in np.flatnonzero(counts):
+            sel = order[pos:pos + counts[s]]
+            pos += int(counts[s])
+            out[sel] = self._parts[s][idx[sel] - self._starts[s]]
+        return out
+
+    def _range(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((max(0, stop - start), self._dim), dtype=np.float32)
+        for s, part in enumerate(self._parts):
+            a, b = max(start, int(self._starts[s])), min(stop, int(self._ends[s]))
+            if a < b:
+                out[a - start:b - start] = part[a - self._starts[s]:b - self._starts[s]]
+        return out
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if isinstance(key, tuple):
+            if not key:
+                return self._range(0, self._count)
+            rows = self[key[0]]
+            rest = key[1:]
+            if rows.ndim == 1:  # an int row: the rest index the row itself
+                return rows[rest]
+            return rows[(slice(None),) + rest]
+        if key is Ellipsis:
+            return self._range(0, self._count)
+        if isinstance(key, slice):
+            start, stop, step = key.indices(self._count)
+            if step == 1:
+                return self._range(start, stop)
+            return self.take(np.arange(start, stop, step))
+        if not isinstance(key, (bool, np.bool_)):
+            try:
+                i = operator.index(key)
+            except TypeError:
+                i = None
+            if i is not None:
+                return self.take(np.array([i]))[0]
+        arr = np.asarray(key)
+        if arr.dtype == np.bool_:
+            if arr.shape != (self._count,):
+                raise IndexError(f"boolean index of shape {arr.shape}; expected "
+                                 f"({self._count},)")
+            return self.take(np.flatnonzero(arr))
+        return self.take(arr)
+
+    def __iter__(self):
+        for start in range(0, self._count, 4096):
+            yield from self._range(start, min(start + 4096, self._count))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if copy is False:
+            raise ValueError("a ShardedArray cannot be viewed as one array without a copy")
+        out = self._range(0, self._count)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 def load_manifest(shard_dir: str | os.PathLike) -> dict:
     path = Path(shard_dir) / MANIFEST
-    hint = "run the embed stage to (re)create the shards"
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ShardError(f"{path}: shard manifest not found; {hint}") from None
+        raise ShardError(f"{path}: shard manifest not found; {_HINT}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ShardError(f"{path}: cannot read shard manifest ({e}); {hint}") from None
+        raise ShardError(f"{path}: cannot read shard manifest ({e}); {_HINT}") from None
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
         raise ShardError(f"{path}: shard manifest is not valid JSON (line {e.lineno}, column "
-                         f"{e.colno}: {e.msg}); {hint}") from None
+                         f"{e.colno}: {e.msg}); {_HINT}") from None
     if not isinstance(manifest, dict):
-        raise ShardError(f"{path}: shard manifest is not a JSON object; {hint}")
+        raise ShardError(f"{path}: shard manifest is not a JSON object; {_HINT}")
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise ShardError(f"{path}: shard format_version is {version!r}, expected "
-                         f"{FORMAT_VERSION}; {hint}")
+                         f"{FORMAT_VERSION} (or the older {READABLE_VERSIONS[0]}); {_HINT}")
     missing = [k for k in ("dim", "dtype", "splits", "files") if k not in manifest]
     if missing:
-        raise ShardError(f"{path}: shard manifest lacks {missing}; {hint}")
+        raise ShardError(f"{path}: shard manifest lacks {missing}; {_HINT}")
+    if manifest["dtype"] not in DTYPES:
+        raise ShardError(f"{path}: shard dtype is {manifest['dtype']!r}, expected one of "
+                         f"{list(DTYPES)}; {_HINT}")
     return manifest
 
 
 @dataclass(frozen=True)
 class SplitShard:
-    """One split: texts in memory, embeddings as read-only memory maps."""
+    """One split: texts in memory, embeddings as read-only memory-mapped ShardedArrays."""
     split: str
     ids: np.ndarray           # object array of str
     input_texts: np.ndarray   # object array of str
     target_texts: np.ndarray  # object array of str
-    inputs: np.ndarray        # (count, dim) float32 memmap
-    targets: np.ndarray       # (count, dim) float32 memmap
+    inputs: ShardedArray      # (count, dim); reads come back float32
+    targets: ShardedArray     # (count, dim)
     dim: int
     count: int
 
@@ -238,19 +471,21 @@ def _verify_file(shard_dir: Path, name: str, manifest: dict) -> None:
                          f"found {digest}")
 
 
-def _load_array(path: Path, count: int, dim: int) -> np.ndarray:
+def _load_array(path: Path, rows: int, dim: int, dtype: np.dtype) -> np.ndarray:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as e:
-        raise ShardError(f"{path}: not a readable .npy array ({e}); expected ({count}, {dim}) "
-                         "float32") from None
-    if arr.shape != (count, dim):
-        raise ShardError(f"{path}: shape differs from the manifest: expected {(count, dim)}, "
+        raise ShardError(f"{path}: not a readable .npy array ({e}); expected ({rows}, {dim}) "
+                         f"{dtype.name}") from None
+    if arr.shape != (rows, dim):
+        raise ShardError(f"{path}: shape differs from the manifest: expected {(rows, dim)}, "
                          f"found {arr.shape}")
-    if arr.dtype != np.float32:
-        raise ShardError(f"{path}: dtype differs from the manifest: expected float32, "
+    if arr.dtype != dtype:
+        raise ShardError(f"{path}: dtype differs from the manifest: expected {dtype.name}, "
                          f"found {arr.dtype}")
-    return arr
+    # A plain ndarray view of the map (it keeps the map alive): gathers from it return plain
+    # arrays, without np.memmap's per-result bookkeeping.
+    return arr.view(np.ndarray)
 
 
 def _load_texts(path: Path, count: int) -> dict[str, np.ndarray]:
@@ -273,18 +508,39 @@ def _load_texts(path: Path, count: int) -> dict[str, np.ndarray]:
     return out
 
 
+def split_layout(manifest: dict, split: str, where: Path) -> tuple[int, str, list[dict]]:
+    """(count, texts file, shards [{"inputs", "targets", "rows"}]) of a split in either format."""
+    entry = manifest["splits"][split]
+    try:
+        count = int(entry["count"])
+        if manifest["format_version"] == 1:  # one float32 file per array
+            return count, entry["texts"], [{"inputs": entry["inputs"], "targets": entry["targets"],
+                                            "rows": count}]
+        shards = [{"inputs": s["inputs"], "targets": s["targets"], "rows": int(s["rows"])}
+                  for s in entry["shards"]]
+        texts = entry["texts"]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ShardError(f"{where}: split {split!r} entry is malformed ({e!r}); {_HINT}") from None
+    total = sum(s["rows"] for s in shards)
+    if total != count:
+        raise ShardError(f"{where}: split {split!r} shards hold {total} rows but its count is "
+                         f"{count}; {_HINT}")
+    return count, texts, shards
+
+
 def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True) -> SplitShard:
-    """Open one split. Existence, shapes, dtype and row count are always checked (they are
-    cheap); verify=True also checks every file's size and sha256 against the manifest."""
+    """Open one split. Existence, shapes, dtype and row count of every file are always checked
+    (they are cheap); verify=True also checks every file's size and sha256 against the
+    manifest. The arrays are memory-mapped, not read."""
     shard_dir = Path(shard_dir)
     manifest = load_manifest(shard_dir)
     splits = manifest["splits"]
     if split not in splits:
         raise ShardError(f"{shard_dir / MANIFEST}: no split {split!r}; splits present: "
                          f"{', '.join(sorted(splits)) or '(none)'}")
-    entry = splits[split]
-    count, dim = int(entry["count"]), int(manifest["dim"])
-    names = [entry["texts"], entry["inputs"], entry["targets"]]
+    count, texts_name, shards = split_layout(manifest, split, shard_dir / MANIFEST)
+    dim, dtype = int(manifest["dim"]), np.dtype(manifest["dtype"])
+    names = [texts_name] + [s[k] for s in shards for k in ("inputs", "targets")]
     for name in names:
         if not (shard_dir / name).is_file():
             raise ShardError(f"{shard_dir / name}: file missing (listed in the manifest for "
@@ -292,14 +548,18 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True) ->
     if verify:
         for name in names:
             _verify_file(shard_dir, name, manifest)
-    texts = _load_texts(shard_dir / entry["texts"], count)
+    texts = _load_texts(shard_dir / texts_name, count)
+    arrays = {}
+    for kind in ("inputs", "targets"):
+        parts = [_load_array(shard_dir / s[kind], s["rows"], dim, dtype) for s in shards]
+        arrays[kind] = ShardedArray(parts, dim, dtype, names=[s[kind] for s in shards])
     return SplitShard(
         split=split,
         ids=texts["id"],
         input_texts=texts["input_text"],
         target_texts=texts["target_text"],
-        inputs=_load_array(shard_dir / entry["inputs"], count, dim),
-        targets=_load_array(shard_dir / entry["targets"], count, dim),
+        inputs=arrays["inputs"],
+        targets=arrays["targets"],
         dim=dim,
         count=count,
     )

@@ -1,0 +1,484 @@
+"""Data-path benchmark: embedding, the embedding cache, the loader's memory and the trainer's
+wait for data, all measured in this one run. The last stdout line is one JSON object; progress
+lines go to stderr.
+
+- embed_speedup_vs_sentence_transformers (goal >= 1.0): texts/s of our embed path over texts/s of
+  a plain `SentenceTransformer.encode(texts)` (its defaults: batch_size 32), same bundled teacher,
+  same distinct texts (questions and answers of data/raw/qa_pairs.csv, a seeded sample), same
+  process. Our path is the embed stage's: pipeline.embedding.embed_texts_once(encode, questions,
+  answers, cache=None) with encode = pipeline.teacher.encode_texts at embed.batch_size (the
+  config's default). It is handed the rows (questions, answers) and embeds their distinct union
+  once; sentence-transformers is handed that same union, so both do the same encoding work and
+  dedup is not counted in the figure (the rows hold 2 x embed_rows texts, embed_distinct_texts of
+  them distinct: that is what dedup would add).
+  Arms alternate ABBA (ours, theirs, theirs, ours, ...), so a load that rises or falls over the
+  run hits both alike; the figure is the median of the per-round ratios.
+  embed_max_abs_diff (goal <= 2e-7): the largest |difference| between the two arms' vectors for
+  the same texts (batch size changes padding and BLAS blocking, never the result beyond that).
+- incremental_fraction (goal <= 0.05): through the content-addressed cache
+  (pipeline.embed_cache.EmbeddingCache / embed_distinct) in a fresh temporary directory, the time
+  to embed the texts plus 1 % new ones with the warm cache (a new EmbeddingCache object, which
+  reads the index from disk as a re-run would; only the new texts are encoded) over the time to
+  embed the texts into the empty cache (the warm run repeated on fresh copies of the cache, its
+  median taken). incremental_embedded is how many texts the second run encoded (must equal
+  incremental_new_texts); incremental_encode_s is the part of it spent encoding them.
+- loader_rss_growth_mb (goal < 64): growth of anonymous resident memory (RssAnon of
+  /proc/self/status) while iterating one shuffled epoch of pipeline.data.loader.BatchLoader
+  (batch 256) over a split of 1,000,000 synthetic 384-d float32 rows written with
+  pipeline.data.shards.write_shards and opened with open_split, minus the same over 10,000 rows
+  (what any epoch costs: the first batches, torch's allocator), each also reported by row count
+  (loader_rss_anon_growth_mb_1m, _10k) and as _big / _small. Shards of 131,072 rows (write_shards'
+  rows_per_shard, where it takes one); the loader's default prefetch, the trainer's (--prefetch
+  sets another). A shuffled epoch holds its permutation, 8 bytes a row: ~7.6 MiB at 1M rows, so
+  ~8 MB is the floor of this design. Each epoch runs in a fresh child
+  process (python -m bench.data --loader-child DIR), measured from after open_split and the
+  loader's construction (the split's text columns are loaded by then, and glibc's free heap is
+  handed back with malloc_trim so the epoch cannot hide in it) to the epoch's end, as the peak of
+  a reading taken after every batch. File-backed pages of the memory map (RssFile) are
+  page cache the kernel can drop; they are reported for context, not counted.
+- data_wait_fraction (goal <= 0.02): sum(perf/data_ms) / sum(perf/step_ms) over the telemetry rows
+  of one epoch of pipeline.training.Trainer on the `default` preset (train.epochs=1,
+  train.checkpoint_every=0), on the train split of data/shards when it opens (else synthetic
+  (2000, 384) arrays), its first --wait-rows rows.
+
+A missed goal is reported in goals_met, not as an exit status (the machine is shared and noisy);
+an error exits non-zero. --quick shrinks every part (fewer texts and rounds, 200,000 rows in
+place of 1,000,000, fewer train steps) to run in well under a minute.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from pipeline.paths import REPO_ROOT
+
+GOALS = {"embed_speedup_vs_sentence_transformers": 1.0, "embed_max_abs_diff": 2e-7,
+         "incremental_fraction": 0.05, "loader_rss_growth_mb": 64.0, "data_wait_fraction": 0.02}
+DIM = 384  # the bundled teacher's embedding size
+LOADER_BATCH = 256
+ROWS_PER_SHARD = 131072  # passed to write_shards when it takes rows_per_shard
+
+
+def say(msg: str) -> None:
+    print(f"[bench.data] {msg}", file=sys.stderr, flush=True)
+
+
+def proc_status_kb(field: str) -> int:
+    """A `field:  N kB` line of /proc/self/status, in kB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} line; expected Linux >= 4.5")
+
+
+def accepted(fn: Callable, name: str) -> bool:
+    """Whether `fn` takes keyword `name` (the shard writer and the loader are gaining options)."""
+    return name in inspect.signature(fn).parameters
+
+
+# ---------------------------------------------------------------------------- texts
+def sample_texts(n_distinct: int, new_fraction: float = 0.01, seed: int = 0):
+    """Rows of the shipped pairs in a seeded order (the file is grouped by topic), taken until
+    their questions and answers hold `n_distinct` distinct texts. Returns (questions, answers,
+    distinct union in embed_texts_once's order, new texts): the new ones are round(1 % of the
+    union) (at least 1) distinct texts of the rows that follow, none in the union."""
+    import pandas as pd
+
+    from pipeline.config import EmbedConfig
+    from pipeline.paths import repo_path
+
+    df = pd.read_csv(repo_path(EmbedConfig().dataset))
+    order = np.random.default_rng(seed).permutation(len(df))
+    q_all, a_all = df["question"].astype(str).to_numpy(), df["answer"].astype(str).to_numpy()
+    seen: dict[str, None] = {}
+    questions, answers = [], []
+    i = 0
+    while len(seen) < n_distinct and i < len(order):
+        q, a = q_all[order[i]], a_all[order[i]]
+        questions.append(q)
+        answers.append(a)
+        seen.setdefault(q)
+        seen.setdefault(a)
+        i += 1
+    distinct = list(dict.fromkeys([*questions, *answers]))
+    want_new = max(1, round(new_fraction * len(distinct)))
+    new: dict[str, None] = {}
+    for j in order[i:]:
+        for t in (q_all[j], a_all[j]):
+            if t not in seen and len(new) < want_new:
+                new.setdefault(t)
+        if len(new) >= want_new:
+            break
+    if len(new) < want_new:
+        raise ValueError(f"{len(distinct)} texts leave {len(new)} unseen ones in the dataset; "
+                         f"expected {want_new}: ask for fewer texts")
+    return questions, answers, distinct, list(new)
+
+
+# ---------------------------------------------------------------------------- embedding
+def embed_speed(model, batch_size: int, questions, answers, distinct, rounds: int) -> dict:
+    """ABBA rounds of our path and sentence-transformers' defaults on the same distinct texts."""
+    from pipeline.embedding import embed_texts_once
+    from pipeline.teacher import encode_texts
+
+    encode = lambda t: encode_texts(model, t, batch_size, progress=False)  # noqa: E731
+    index = {t: i for i, t in enumerate(distinct)}
+    rows_a = np.fromiter((index[t] for t in questions), dtype=np.int64, count=len(questions))
+    rows_b = np.fromiter((index[t] for t in answers), dtype=np.int64, count=len(answers))
+
+    def ours():
+        a, b, n, _ = embed_texts_once(encode, questions, answers, cache=None)
+        if n != len(distinct):
+            raise RuntimeError(f"embed_texts_once embedded {n} distinct texts; expected {len(distinct)}")
+        return a, b
+
+    def theirs():
+        return model.encode(distinct)  # every setting at sentence-transformers' default
+
+    # Untimed warm-up of both arms (thread pool, tokenizer caches, allocator).
+    encode(distinct[:64])
+    model.encode(distinct[:64])
+    secs: dict[str, list[float]] = {"ours": [], "theirs": []}
+    ratios, diff = [], 0.0
+    for r in range(rounds):
+        order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+        got = {}
+        for arm in order:
+            t0 = time.perf_counter()
+            got[arm] = ours() if arm == "ours" else theirs()
+            secs[arm].append(time.perf_counter() - t0)
+        ref = np.asarray(got["theirs"], dtype=np.float32)
+        a, b = got["ours"]
+        diff = max(diff, float(np.abs(a - ref[rows_a]).max()), float(np.abs(b - ref[rows_b]).max()))
+        ratios.append(secs["theirs"][-1] / secs["ours"][-1])  # (n / ours_s) / (n / theirs_s)
+        say(f"embed round {r + 1}/{rounds} ({'/'.join(order)}): ours {len(distinct) / secs['ours'][-1]:.0f} "
+            f"texts/s, theirs {len(distinct) / secs['theirs'][-1]:.0f} texts/s, ratio {ratios[-1]:.3f}")
+    n = len(distinct)
+    return {"embed_speedup_vs_sentence_transformers": float(np.median(ratios)),
+            "embed_texts_per_s_ours": n / float(np.median(secs["ours"])),
+            "embed_texts_per_s_sentence_transformers": n / float(np.median(secs["theirs"])),
+            "embed_round_ratios": ratios, "embed_rounds": rounds, "embed_distinct_texts": n,
+            "embed_rows": len(questions), "embed_batch_size_ours": batch_size,
+            "embed_batch_size_sentence_transformers": 32, "embed_max_abs_diff": diff}
+
+
+def incremental(model, identity: dict, batch_size: int, distinct, new, scratch: Path, repeats: int = 3) -> dict:
+    """Full embed into an empty cache, then the texts + the new ones with the warm cache,
+    `repeats` times, each on a fresh copy of the cache as the full embed left it (copied outside
+    the timed span); the figure uses the median of those. The re-run is short (~0.5 s) and one
+    burst of another process's work can double it; the full embed is long enough to average
+    such bursts out."""
+    from pipeline.embed_cache import EmbeddingCache, embed_distinct
+    from pipeline.teacher import encode_texts
+
+    encoded, encode_s = [0], [0.0]
+
+    def encode(texts):
+        t0 = time.perf_counter()
+        encoded[0] += len(texts)
+        out = encode_texts(model, texts, batch_size, progress=False)
+        encode_s[0] += time.perf_counter() - t0
+        return out
+
+    work = Path(tempfile.mkdtemp(prefix="bench-data-cache-", dir=scratch))
+    incr_s, enc_s, counts, identical = [], [], [], []
+    try:
+        t0 = time.perf_counter()
+        full, s_full = embed_distinct(distinct, encode, EmbeddingCache(work / "full", identity))
+        full_s = time.perf_counter() - t0
+        for r in range(repeats):
+            shutil.copytree(work / "full", work / f"warm-{r}")
+            before, encode_s[0] = encoded[0], 0.0
+            t0 = time.perf_counter()
+            more, stats = embed_distinct(distinct + new, encode, EmbeddingCache(work / f"warm-{r}", identity))
+            incr_s.append(time.perf_counter() - t0)
+            enc_s.append(encode_s[0])
+            counts.append((stats["embedded"], stats["cached"], encoded[0] - before))
+            # The warm run must hand back the first run's vectors bit for bit.
+            identical.append(bool(np.array_equal(more[:len(distinct)], full)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if len(set(counts)) != 1:
+        raise RuntimeError(f"the warm runs embedded different counts: {counts}")
+    embedded, cached, encoder_texts = counts[0]
+    med = float(np.median(incr_s))
+    say(f"incremental: full {full_s:.2f} s ({s_full['embedded']} texts), +{len(new)} new "
+        f"{', '.join(f'{t:.3f}' for t in incr_s)} s ({embedded} embedded, {cached} cached)")
+    return {"incremental_fraction": med / full_s, "incremental_full_s": full_s, "incremental_s": med,
+            "incremental_s_runs": incr_s, "incremental_encode_s": float(np.median(enc_s)),
+            "incremental_full_embedded": s_full["embedded"], "incremental_embedded": embedded,
+            "incremental_cached": cached, "incremental_new_texts": len(new),
+            "incremental_encoder_texts": encoder_texts,
+            "incremental_cached_vectors_identical": all(identical)}
+
+
+# ---------------------------------------------------------------------------- loader memory
+def write_synthetic(out_dir: Path, rows: int, scratch: Path, seed: int = 0) -> dict:
+    """A `train` split of `rows` random 384-d rows. The arrays are generated chunk by chunk into
+    .npy memory maps (file-backed, never whole in anonymous memory), handed to write_shards, and
+    deleted after; returns the manifest."""
+    import pandas as pd
+
+    from pipeline.data.shards import write_shards
+
+    raw = Path(tempfile.mkdtemp(prefix="raw-", dir=scratch))
+    try:
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for kind in ("inputs", "targets"):
+            mm = np.lib.format.open_memmap(raw / f"{kind}.npy", mode="w+", dtype=np.float32, shape=(rows, DIM))
+            for start in range(0, rows, 65536):
+                stop = min(rows, start + 65536)
+                mm[start:stop] = rng.standard_normal((stop - start, DIM), dtype=np.float32)
+            mm.flush()
+            arrays.append(mm)
+        ids = [f"q{i}" for i in range(rows)]
+        frame = pd.DataFrame({"id": ids, "input_text": ids, "target_text": [f"a{i}" for i in range(rows)]})
+        kw = {"rows_per_shard": ROWS_PER_SHARD} if accepted(write_shards, "rows_per_shard") else {}
+        manifest = write_shards(out_dir, {"train": (frame, arrays[0], arrays[1])},
+                                {"name": "synthetic", "dim": DIM}, **kw)
+        del arrays, frame, ids
+    finally:
+        gc.collect()
+        shutil.rmtree(raw, ignore_errors=True)
+    return manifest
+
+
+def malloc_trim() -> bool:
+    """Hand glibc's free heap pages back to the kernel (False where there is no glibc). Opening a
+    split frees as much as it keeps (the text columns pass through lists), and without this the
+    epoch's first allocations reuse those resident free pages: the 1M-row epoch then showed
+    +0.03 MB against +1.06 MB at 10k rows, hiding its 8 MB shuffle permutation."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)  # returns 1 if memory was released, 0 if there was none to release
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def loader_child(shard_dir: str, batch_size: int, prefetch) -> dict:
+    """One shuffled epoch over the split, in this (fresh) process; RssAnon read after each batch."""
+    from pipeline.data.loader import BatchLoader
+    from pipeline.data.shards import open_split
+
+    split = open_split(shard_dir, "train", verify=False)
+    kw = {}
+    if prefetch is not None:
+        kw["prefetch"] = prefetch
+    loader = BatchLoader(split.inputs, split.targets, batch_size=batch_size, shuffle=True, seed=0, **kw)
+    loader.set_epoch(0)
+    gc.collect()
+    trimmed = malloc_trim()
+    anon0, file0 = proc_status_kb("RssAnon"), proc_status_kb("RssFile")
+    peak, batches, rows = anon0, 0, 0
+    t0 = time.perf_counter()
+    for x, y in loader:
+        batches += 1
+        rows += len(x)
+        del x, y
+        peak = max(peak, proc_status_kb("RssAnon"))
+    epoch_s = time.perf_counter() - t0
+    anon1, file1 = proc_status_kb("RssAnon"), proc_status_kb("RssFile")
+    return {"rows": int(split.count), "rows_seen": rows, "batches": batches, "epoch_s": epoch_s,
+            "rss_anon_before_mb": anon0 / 1024, "rss_anon_peak_mb": peak / 1024, "rss_anon_after_mb": anon1 / 1024,
+            "rss_anon_growth_mb": (peak - anon0) / 1024, "rss_file_growth_mb": (file1 - file0) / 1024,
+            "prefetch": getattr(loader, "prefetch", prefetch), "malloc_trimmed": trimmed}
+
+
+def run_loader_child(shard_dir: Path, prefetch) -> dict:
+    cmd = [sys.executable, "-m", "bench.data", "--loader-child", str(shard_dir)]
+    if prefetch is not None:
+        cmd += ["--prefetch", str(prefetch)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    if proc.returncode:
+        raise RuntimeError(f"loader child on {shard_dir} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def loader_memory(big_rows: int, small_rows: int, scratch: Path, prefetch) -> dict:
+    from pipeline.data.loader import BatchLoader
+    from pipeline.data.shards import write_shards
+
+    if prefetch is None and accepted(BatchLoader.__init__, "prefetch"):
+        prefetch = inspect.signature(BatchLoader.__init__).parameters["prefetch"].default  # what the trainer gets
+    work = Path(tempfile.mkdtemp(prefix="bench-data-shards-", dir=scratch))
+    out: dict = {}
+    try:
+        for label, rows in (("small", small_rows), ("big", big_rows)):
+            t0 = time.perf_counter()
+            manifest = write_synthetic(work / f"shards-{rows}", rows, work)
+            write_s = time.perf_counter() - t0
+            child = run_loader_child(work / f"shards-{rows}", prefetch)
+            shutil.rmtree(work / f"shards-{rows}", ignore_errors=True)
+            if child["rows_seen"] != rows:
+                raise RuntimeError(f"the epoch yielded {child['rows_seen']} rows of {rows}")
+            out[label] = child
+            say(f"loader {rows} rows: wrote in {write_s:.1f} s ({len(manifest['files'])} files); epoch "
+                f"{child['epoch_s']:.1f} s, RssAnon +{child['rss_anon_growth_mb']:.1f} MB, "
+                f"RssFile +{child['rss_file_growth_mb']:.0f} MB")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    big, small = out["big"], out["small"]
+    tag = lambda n: f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k"  # noqa: E731
+    return {"loader_rss_growth_mb": big["rss_anon_growth_mb"] - small["rss_anon_growth_mb"],
+            f"loader_rss_anon_growth_mb_{tag(big_rows)}": big["rss_anon_growth_mb"],
+            f"loader_rss_anon_growth_mb_{tag(small_rows)}": small["rss_anon_growth_mb"],
+            "loader_rows_big": big_rows, "loader_rows_small": small_rows, "loader_batch_size": LOADER_BATCH,
+            "loader_batches_big": big["batches"], "loader_epoch_s_big": big["epoch_s"],
+            "loader_rss_anon_before_mb_big": big["rss_anon_before_mb"],
+            "loader_rss_file_growth_mb_big": big["rss_file_growth_mb"],
+            # The same two under fixed names (the tagged ones follow the row counts asked for).
+            "loader_rss_anon_growth_mb_big": big["rss_anon_growth_mb"],
+            "loader_rss_anon_growth_mb_small": small["rss_anon_growth_mb"],
+            "loader_prefetch": big["prefetch"], "loader_malloc_trimmed": big["malloc_trimmed"],
+            "loader_rows_per_shard": ROWS_PER_SHARD if accepted(write_shards, "rows_per_shard") else None}
+
+
+# ---------------------------------------------------------------------------- data wait
+def data_wait(rows: int) -> dict:
+    """One epoch of the default preset's Trainer over the first `rows` train rows."""
+    import torch
+
+    from pipeline.config import load_config
+    from pipeline.data.shards import open_split
+    from pipeline.errors import PipelineError, ShardError
+    from pipeline.training import Trainer
+
+    try:
+        split = open_split(REPO_ROOT / "data/shards", "train", verify=False)
+        x, y, source = split.inputs, split.targets, "data/shards"
+    except (ShardError, PipelineError, OSError, ValueError) as e:
+        say(f"data/shards unusable ({e}); synthetic (2000, {DIM}) arrays instead")
+        rng = np.random.default_rng(0)
+        x, y = (rng.standard_normal((2000, DIM), dtype=np.float32) for _ in range(2))
+        source = "synthetic"
+    n = min(rows, len(x)) if rows else len(x)
+    cfg = load_config(["preset=default", "train.epochs=1", "train.checkpoint_every=0"])
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, x[:n], y[:n], progress=False)
+    res = trainer.run()
+    wall = time.perf_counter() - t0
+    data_ms = sum(r["perf/data_ms"] for r in res.rows)
+    step_ms = sum(r["perf/step_ms"] for r in res.rows)
+    say(f"data wait: {len(res.rows)} rows, {res.rows[-1]['step'] if res.rows else 0} steps in {wall:.1f} s, "
+        f"data {data_ms / max(len(res.rows), 1):.3f} of {step_ms / max(len(res.rows), 1):.1f} ms/step (mean over rows)")
+    return {"data_wait_fraction": data_ms / step_ms, "data_wait_source": source, "data_wait_rows": n,
+            "data_wait_steps": res.rows[-1]["step"] if res.rows else 0, "data_wait_telemetry_rows": len(res.rows),
+            "data_wait_data_ms_per_step": float(np.median([r["perf/data_ms"] for r in res.rows])),
+            "data_wait_step_ms": float(np.median([r["perf/step_ms"] for r in res.rows])),
+            "data_wait_device": str(trainer.device),
+            "data_wait_loader_prefetch": getattr(trainer.loader, "prefetch", 0), "data_wait_batch_size": cfg.train.batch_size,
+            "data_wait_threads": torch.get_num_threads()}
+
+
+# ---------------------------------------------------------------------------- main
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m bench.data", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true",
+                    help="the test's mode: 200 texts, 2 rounds, 200,000 vs 10,000 loader rows, 640 train rows")
+    ap.add_argument("--texts", type=int, default=None,
+                    help="distinct texts embedded per arm and round (default 3000; --quick 200)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="ABBA rounds of the embed comparison, one run of each arm a round (default 4; --quick 2)")
+    ap.add_argument("--incremental-repeats", type=int, default=3,
+                    help="warm-cache re-runs, each on a fresh copy of the cache; the median is used (default 3)")
+    ap.add_argument("--loader-rows", type=int, default=None,
+                    help="rows of the large synthetic split (default 1000000; --quick 200000)")
+    ap.add_argument("--loader-small-rows", type=int, default=10_000, help="rows of the small one (default 10000)")
+    ap.add_argument("--wait-rows", type=int, default=None,
+                    help="train rows of the data-wait epoch (default: the whole split, ~119 steps of 32; "
+                         "--quick 640 = 20 steps)")
+    ap.add_argument("--prefetch", type=int, default=None,
+                    help="BatchLoader(prefetch=...) for the loader epochs, if the loader takes it "
+                         "(default: the loader's own default)")
+    ap.add_argument("--scratch", default=None,
+                    help="directory for the temporary cache and shards (default: the system temp dir; "
+                         "the 1M-row split needs ~6 GB while written)")
+    ap.add_argument("--skip", action="append", default=[], choices=["embed", "incremental", "loader", "wait"],
+                    help="leave a part out (repeatable)")
+    ap.add_argument("--loader-child", metavar="DIR", default=None,
+                    help="internal: iterate one epoch over DIR's train split in this process and print its "
+                         "RssAnon figures as JSON (what the loader part runs in a fresh process)")
+    args = ap.parse_args(argv)
+    if args.loader_child:
+        res = loader_child(args.loader_child, LOADER_BATCH, args.prefetch)
+        print(json.dumps(res))
+        return res
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    texts = args.texts or (200 if args.quick else 3000)
+    rounds = args.rounds or (2 if args.quick else 4)
+    big_rows = args.loader_rows or (200_000 if args.quick else 1_000_000)
+    wait_rows = args.wait_rows if args.wait_rows is not None else (640 if args.quick else 0)
+    scratch = Path(args.scratch or tempfile.gettempdir())
+    scratch.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    res: dict = {"threads": torch.get_num_threads(), "torch": torch.__version__, "quick": args.quick,
+                 "goals": GOALS}
+    model: dict = {}
+
+    def teacher():
+        if not model:
+            from pipeline.config import EmbedConfig
+            from pipeline.teacher import load_teacher, teacher_identity
+
+            model["m"] = load_teacher("bundled")
+            model["id"] = teacher_identity("bundled", model["m"])
+            model["batch"] = EmbedConfig().batch_size
+            model["texts"] = sample_texts(texts)
+        return model
+
+    parts = [("embed", lambda: embed_speed(teacher()["m"], teacher()["batch"], *teacher()["texts"][:3], rounds)),
+             ("incremental", lambda: incremental(teacher()["m"], teacher()["id"], teacher()["batch"],
+                                                 *teacher()["texts"][2:], scratch, args.incremental_repeats)),
+             ("wait", lambda: data_wait(wait_rows)),
+             ("loader", lambda: loader_memory(big_rows, args.loader_small_rows, scratch, args.prefetch))]
+    for name, fn in parts:
+        if name in args.skip:
+            continue
+        t = time.perf_counter()
+        res.update(fn())
+        say(f"{name}: {time.perf_counter() - t:.1f} s")
+    met = {}
+    if "embed_speedup_vs_sentence_transformers" in res:
+        met["embed_speedup_vs_sentence_transformers"] = (
+            res["embed_speedup_vs_sentence_transformers"] >= GOALS["embed_speedup_vs_sentence_transformers"])
+        met["embed_max_abs_diff"] = res["embed_max_abs_diff"] <= GOALS["embed_max_abs_diff"]
+    if "incremental_fraction" in res:
+        met["incremental_fraction"] = res["incremental_fraction"] <= GOALS["incremental_fraction"]
+    if "loader_rss_growth_mb" in res:
+        met["loader_rss_growth_mb"] = res["loader_rss_growth_mb"] < GOALS["loader_rss_growth_mb"]
+    if "data_wait_fraction" in res:
+        met["data_wait_fraction"] = res["data_wait_fraction"] <= GOALS["data_wait_fraction"]
+    res["goals_met"] = met
+    res["load_avg_end"] = os.getloadavg()[0]
+    res["bench_seconds"] = time.perf_counter() - t0
+    if not all(math.isfinite(v) for v in res.values() if isinstance(v, float)):
+        raise RuntimeError(f"a figure is not finite: {res}")
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()
