@@ -87,12 +87,16 @@ def test_empty_split_round_trips(tmp_path):
     assert s.count == 0 and s.inputs.shape == (0, 4) and list(s.ids) == []
 
 
+def flip_bit(path, offset: int, mask: int) -> None:
+    """Corrupt one byte in place: same size and shape, only the sha256 can tell."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.write_bytes(bytes(data))
+
+
 def test_tampered_npy_byte_is_caught(written):
     out, _, manifest = written
-    path = out / "train-00000_targets.npy"
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0x01
-    path.write_bytes(bytes(data))
+    flip_bit(out / "train-00000_targets.npy", -1, 0x01)
     with pytest.raises(ShardError) as exc:
         open_split(out, "train")
     msg = str(exc.value)
@@ -413,9 +417,7 @@ def sharded(tmp_path):
 def test_corrupted_middle_shard_is_named(sharded):
     out, _, manifest = sharded
     path = out / "train-00001_inputs.npy"
-    data = bytearray(path.read_bytes())
-    data[-3] ^= 0x10
-    path.write_bytes(bytes(data))
+    flip_bit(path, -3, 0x10)
     with pytest.raises(ShardError) as exc:
         open_split(out, "train")
     msg = str(exc.value)
