@@ -102,7 +102,7 @@ def test_tampered_npy_byte_is_caught(written):
     msg = str(exc.value)
     assert "train-00000_targets.npy" in msg and "sha256 differs" in msg
     assert manifest["files"]["train-00000_targets.npy"]["sha256"] in msg
-    assert hashlib.sha256(bytes(data)).hexdigest() in msg
+    assert hashlib.sha256((out / "train-00000_targets.npy").read_bytes()).hexdigest() in msg
     # Other splits are untouched and still open; verify=False skips the hash.
     open_split(out, "val")
     assert open_split(out, "train", verify=False).count == 10
