@@ -66,3 +66,31 @@ def embed_texts_once(encode, texts_a: list[str], texts_b: list[str],
     a = emb[np.fromiter((index[t] for t in texts_a), dtype=np.int64, count=len(texts_a))]
     b = emb[np.fromiter((index[t] for t in texts_b), dtype=np.int64, count=len(texts_b))]
     return a, b, len(distinct), stats
+
+
+class StreamedEmbeddings:
+    """A (len(texts), dim) float32 array whose rows are embedded when a slice of them is read.
+
+    write_shards reads one shard's rows at a time, so the embed stage holds one shard of vectors,
+    never the dataset's (1M pairs would be 3 GB). Texts seen before, in any slice or any earlier
+    run, come from the cache; `stats` counts both kinds."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, texts: list[str], encode, cache: EmbeddingCache, dim: int, stats: dict):
+        self.texts, self.encode, self.cache, self.stats = texts, encode, cache, stats
+        self.shape = (len(texts), int(dim))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice):
+            raise TypeError(f"StreamedEmbeddings reads row slices, got {type(key).__name__}")
+        texts = self.texts[key]
+        distinct = list(dict.fromkeys(texts))
+        vectors, stats = embed_distinct(distinct, self.encode, self.cache)
+        for k in ("cached", "embedded"):
+            self.stats[k] = self.stats.get(k, 0) + stats[k]
+        index = {t: i for i, t in enumerate(distinct)}
+        return vectors[np.fromiter((index[t] for t in texts), dtype=np.int64, count=len(texts))]

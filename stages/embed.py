@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import tempfile
 import time
 
 from pipeline import tracking
 from pipeline.config import flatten
 from pipeline.data.shards import dataset_digest, write_shards
 from pipeline.embed_cache import EmbeddingCache
-from pipeline.embedding import embed_texts_once, prepare_pairs
+from pipeline.embedding import StreamedEmbeddings, prepare_pairs
 from pipeline.paths import repo_path
 from pipeline.teacher import count_truncated, encode_texts, load_teacher, teacher_identity
 
@@ -39,29 +40,38 @@ def run(cfg) -> dict:
                              tags={"files": str(len(prepared.files)), "rows": str(len(df))})
         t0 = time.perf_counter()
         encode = lambda texts: encode_texts(teacher, texts, e.batch_size)  # noqa: E731
-        cache = EmbeddingCache(repo_path(e.cache_dir), ident) if e.cache_dir else None
-        inputs, targets, n_distinct, cache_stats = embed_texts_once(
-            encode, df.input_text.tolist(), df.target_text.tolist(), cache)
-        seconds = time.perf_counter() - t0
+        # Vectors are made shard by shard as write_shards reads them (StreamedEmbeddings); the
+        # cache dedups texts across shards and runs. With embed.cache_dir="" a cache in a
+        # temporary directory still dedups within the run.
+        scratch = None if e.cache_dir else tempfile.TemporaryDirectory(prefix="embed-cache-")
+        cache = EmbeddingCache(repo_path(e.cache_dir) if e.cache_dir else scratch.name, ident)
+        cache_stats: dict = {}
+        n_distinct = len(set(df.input_text) | set(df.target_text))
         splits = {}
         for name in e.splits:
-            mask = (df.split == name).to_numpy()
-            splits[name] = (df.loc[mask, ["id", "input_text", "target_text"]].reset_index(drop=True),
-                            inputs[mask], targets[mask])
-        manifest = write_shards(repo_path(e.out_dir), splits, ident, rows_per_shard=e.rows_per_shard, dtype=e.dtype,
-                                extra={
-            "source": {"path": e.dataset, "sha256": source_sha},
-            "stats": {**prepared.stats, "distinct_texts": n_distinct, "texts_truncated": n_truncated},
-            "embed_run_id": run.info.run_id,
-        })
+            part = df.loc[(df.split == name).to_numpy(), ["id", "input_text", "target_text"]].reset_index(drop=True)
+            splits[name] = (part, *(StreamedEmbeddings(part[col].tolist(), encode, cache, ident["dim"], cache_stats)
+                                    for col in ("input_text", "target_text")))
+        try:
+            manifest = write_shards(repo_path(e.out_dir), splits, ident, rows_per_shard=e.rows_per_shard,
+                                    dtype=e.dtype, extra={
+                                        "source": {"path": e.dataset, "sha256": source_sha},
+                                        "stats": {**prepared.stats, "distinct_texts": n_distinct,
+                                                  "texts_truncated": n_truncated},
+                                        "embed_run_id": run.info.run_id})
+        finally:
+            if scratch is not None:
+                scratch.cleanup()
+        seconds = time.perf_counter() - t0
+        cached, embedded = cache_stats.get("cached", 0), cache_stats.get("embedded", 0)
         tracking.log_metrics({**{f"data/{k}": v for k, v in prepared.stats.items()},
                               "data/distinct_texts": n_distinct, "data/texts_truncated": n_truncated,
-                              "data/texts_cached": cache_stats["cached"],
-                              "data/texts_embedded": cache_stats["embedded"], "perf/embed_seconds": seconds,
+                              "data/texts_cached": cached, "data/texts_embedded": embedded,
+                              "perf/embed_seconds": seconds,
                               "perf/texts_per_s": n_distinct / seconds if seconds else 0.0})
         tracking.log_artifact_file(repo_path(e.out_dir) / "manifest.json")
-    log.info("%d distinct texts: %d from the cache, %d embedded, in %.1f s (%.0f texts/s) -> %s", n_distinct,
-             cache_stats["cached"], cache_stats["embedded"], seconds, n_distinct / max(seconds, 1e-9), e.out_dir)
+    log.info("%d distinct texts: %d read from the cache, %d embedded, in %.1f s (%.0f texts/s) -> %s", n_distinct,
+             cached, embedded, seconds, n_distinct / max(seconds, 1e-9), e.out_dir)
     return manifest
 
 

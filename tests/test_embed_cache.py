@@ -97,3 +97,23 @@ def _bundled_identity():
     from pipeline.teacher import load_teacher, teacher_identity
 
     return teacher_identity("bundled", load_teacher("bundled"))
+
+
+def test_streamed_embeddings_are_made_one_shard_at_a_time(tmp_path):
+    import pandas as pd
+
+    from pipeline.data.shards import open_split, write_shards
+    from pipeline.embedding import StreamedEmbeddings
+
+    enc = CountingEncoder()
+    calls = []
+    encode = lambda texts: (calls.append(len(texts)), enc(texts))[1]  # noqa: E731
+    texts = [f"t{i % 40}" for i in range(100)]  # 40 distinct, each repeated across shards
+    frame = pd.DataFrame({"id": [str(i) for i in range(100)], "input_text": texts, "target_text": texts[::-1]})
+    cache, stats = EmbeddingCache(tmp_path / "c", TEACHER), {}
+    streamed = [StreamedEmbeddings(frame[c].tolist(), encode, cache, 8, stats) for c in ("input_text", "target_text")]
+    write_shards(tmp_path / "s", {"train": (frame, *streamed)}, TEACHER, rows_per_shard=16)
+    assert max(calls) <= 16  # never more than one shard's texts at once
+    assert sum(calls) == 40 and stats["embedded"] == 40  # each distinct text encoded once, across shards
+    split = open_split(tmp_path / "s", "train")
+    assert np.array_equal(split.inputs[:], enc(texts)) and np.array_equal(split.targets[:], enc(texts[::-1]))
