@@ -27,6 +27,9 @@ import numpy as np
 from .errors import ShardError
 
 KEY_BYTES = 16
+# Rows per Parquet row group: a lookup decodes only the groups holding its hits, so reading one
+# shard's vectors from a large cache does not decode the whole part (8192 x 384 x 4 B = 12 MiB).
+ROW_GROUP = 8192
 _KEY_FIELDS = ("name", "dim", "max_seq_length", "config_sha256", "weights_sha256")
 
 
@@ -82,14 +85,18 @@ class EmbeddingCache:
             if hit is not None:
                 wanted.setdefault(hit[0], []).append((i, hit[1]))
         for p, pairs in wanted.items():
-            col = pq.read_table(self._parts[p], columns=["embedding"]).column("embedding").combine_chunks()
+            dest, rows = (np.asarray(v) for v in zip(*pairs))
+            groups = np.unique(rows // ROW_GROUP)
+            col = pq.ParquetFile(self._parts[p]).read_row_groups(
+                groups.tolist(), columns=["embedding"]).column("embedding").combine_chunks()
             vectors = col.values.to_numpy(zero_copy_only=False).reshape(-1, self.dim)
             if vectors.shape[0] != len(col):
                 raise ShardError(f"embedding cache part {self._parts[p]} holds vectors of another size than "
                                  f"the teacher's {self.dim}: delete it and re-run")
-            dest, rows = zip(*pairs)
-            out[list(dest)] = vectors[list(rows)]
-            found[list(dest)] = True
+            # Row r of the part is row (position of its group among those read) * ROW_GROUP + r % ROW_GROUP.
+            local = np.searchsorted(groups, rows // ROW_GROUP) * ROW_GROUP + rows % ROW_GROUP
+            out[dest] = vectors[local]
+            found[dest] = True
         return found, out
 
     # ------------------------------------------------------------------ writing
@@ -107,12 +114,17 @@ class EmbeddingCache:
         self.dir.mkdir(parents=True, exist_ok=True)
         emb = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), self.dim)
         table = pa.table({"key": pa.array(keys, type=pa.binary(KEY_BYTES)), "embedding": emb})
-        n = len(list(self.dir.glob("part-*.parquet")))
-        dest = self.dir / f"part-{n:06d}-{uuid.uuid4().hex[:8]}.parquet"
+        index = self._load_index()
+        dest = self.dir / f"part-{len(self._parts):06d}-{uuid.uuid4().hex[:8]}.parquet"
         tmp = dest.with_name(f".{dest.name}.tmp")
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, row_group_size=ROW_GROUP)
         os.replace(tmp, dest)
-        self._index = None  # re-read on next use
+        # Extend the index in place: the embed stage adds a part per shard, and re-reading every
+        # part's keys after each would grow quadratically with the shards.
+        p = len(self._parts)
+        self._parts.append(dest)
+        for row, k in enumerate(keys):
+            index.setdefault(k, (p, row))
         return dest
 
 

@@ -117,3 +117,20 @@ def test_streamed_embeddings_are_made_one_shard_at_a_time(tmp_path):
     assert sum(calls) == 40 and stats["embedded"] == 40  # each distinct text encoded once, across shards
     split = open_split(tmp_path / "s", "train")
     assert np.array_equal(split.inputs[:], enc(texts)) and np.array_equal(split.targets[:], enc(texts[::-1]))
+
+
+def test_lookups_span_row_groups_and_parts(tmp_path, monkeypatch):
+    from pipeline import embed_cache
+
+    monkeypatch.setattr(embed_cache, "ROW_GROUP", 4)  # parts of 10 rows: groups 0-3, 4-7, 8-9
+    enc, cache = CountingEncoder(), EmbeddingCache(tmp_path, TEACHER)
+    first = [f"a{i}" for i in range(10)]
+    second = [f"b{i}" for i in range(10)]
+    cache.put([text_key(t) for t in first], enc(first))
+    cache.put([text_key(t) for t in second], enc(second))
+    wanted = ["b9", "a0", "zz", "a9", "b4", "a5", "a5"]  # unsorted, a miss, a repeat, several groups
+    for reader in (cache, EmbeddingCache(tmp_path, TEACHER)):  # the index kept in place, and re-read
+        found, vectors = reader.get([text_key(t) for t in wanted])
+        assert found.tolist() == [True, True, False, True, True, True, True]
+        hits = [t for t in wanted if t != "zz"]
+        assert np.array_equal(vectors[found], enc(hits)) and not vectors[~found].any()
