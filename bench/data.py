@@ -5,9 +5,9 @@ lines go to stderr.
 - embed_speedup_vs_sentence_transformers (goal >= 1.0): texts/s of our embed path over texts/s of
   a plain `SentenceTransformer.encode(texts)` (its defaults: batch_size 32), same bundled teacher,
   same distinct texts (questions and answers of data/raw/qa_pairs.csv, a seeded sample), same
-  process. Our path is the embed stage's: pipeline.embedding.embed_texts_once(encode, questions,
-  answers, cache=None) with encode = pipeline.teacher.encode_texts at embed.batch_size (the
-  config's default). It is handed the rows (questions, answers) and embeds their distinct union
+  process. Our path is the embed stage's per-shard path, embed_rows -> encode_texts, called as
+  pipeline.embedding.embed_texts_once(encode, questions, answers, cache=None) with encode =
+  pipeline.teacher.encode_texts at embed.batch_size (the config's default). It is handed the rows (questions, answers) and embeds their distinct union
   once; sentence-transformers is handed that same union, so both do the same encoding work and
   dedup is not counted in the figure (the rows hold 2 x embed_rows texts, embed_distinct_texts of
   them distinct: that is what dedup would add).

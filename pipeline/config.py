@@ -91,8 +91,9 @@ class GradScalerConfig:
 class TrainConfig:
     epochs: int = 12
     batch_size: int = 32
-    # Batches gathered ahead on a background thread (0 = none): gathering is ~0.35 us a row from
-    # page cache, so on CPU it only pays when the shards are read from a slow disk.
+    # Batches gathered ahead on a background thread (0 = none). Gathering from page cache took
+    # 0.14 ms of a 63 ms default step in bench.data (0.2 %), so on CPU it pays only for shards on
+    # a slow disk.
     prefetch: int = 0
     grad_accum: int = 1  # micro-batches per optimizer step: effective batch = batch_size * grad_accum
     lr: float = 3e-3

@@ -60,12 +60,18 @@ def embed_texts_once(encode, texts_a: list[str], texts_b: list[str],
     """Embed the union of both lists once (inputs and targets share texts: a fact's answer is
     repeated across its question phrasings), reusing the cache's vectors where it has them; return
     rows for each list, the distinct count and {"cached": n, "embedded": m}."""
-    distinct = list(dict.fromkeys([*texts_a, *texts_b]))
+    rows, stats = embed_rows([*texts_a, *texts_b], encode, cache)
+    return rows[:len(texts_a)], rows[len(texts_a):], stats["distinct"], stats
+
+
+def embed_rows(texts: list[str], encode, cache: EmbeddingCache | None) -> tuple[np.ndarray, dict]:
+    """One vector per text, each distinct text embedded (or read from the cache) once; stats
+    {"distinct", "cached", "embedded"}."""
+    distinct = list(dict.fromkeys(texts))
     index = {t: i for i, t in enumerate(distinct)}
-    emb, stats = embed_distinct(distinct, encode, cache)
-    a = emb[np.fromiter((index[t] for t in texts_a), dtype=np.int64, count=len(texts_a))]
-    b = emb[np.fromiter((index[t] for t in texts_b), dtype=np.int64, count=len(texts_b))]
-    return a, b, len(distinct), stats
+    vectors, stats = embed_distinct(distinct, encode, cache)
+    rows = vectors[np.fromiter((index[t] for t in texts), dtype=np.int64, count=len(texts))]
+    return rows, {"distinct": len(distinct), **stats}
 
 
 class StreamedEmbeddings:
@@ -87,10 +93,7 @@ class StreamedEmbeddings:
     def __getitem__(self, key: slice) -> np.ndarray:
         if not isinstance(key, slice):
             raise TypeError(f"StreamedEmbeddings reads row slices, got {type(key).__name__}")
-        texts = self.texts[key]
-        distinct = list(dict.fromkeys(texts))
-        vectors, stats = embed_distinct(distinct, self.encode, self.cache)
+        rows, stats = embed_rows(self.texts[key], self.encode, self.cache)
         for k in ("cached", "embedded"):
             self.stats[k] = self.stats.get(k, 0) + stats[k]
-        index = {t: i for i, t in enumerate(distinct)}
-        return vectors[np.fromiter((index[t] for t in texts), dtype=np.int64, count=len(texts))]
+        return rows

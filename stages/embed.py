@@ -28,7 +28,9 @@ def run(cfg) -> dict:
     ident = teacher_identity(e.teacher, teacher)
     source_sha = dataset_digest(prepared.files)
     df = prepared.frame
-    n_truncated = count_truncated(teacher, list(dict.fromkeys([*df.input_text, *df.target_text])))
+    distinct = list(dict.fromkeys([*df.input_text, *df.target_text]))
+    n_distinct = len(distinct)
+    n_truncated = count_truncated(teacher, distinct)
     if n_truncated:
         log.warning("%d distinct texts are longer than the teacher's window of %d tokens: each is embedded from "
                     "its first %d tokens only (data/texts_truncated)", n_truncated, teacher.max_seq_length,
@@ -46,7 +48,6 @@ def run(cfg) -> dict:
         scratch = None if e.cache_dir else tempfile.TemporaryDirectory(prefix="embed-cache-")
         cache = EmbeddingCache(repo_path(e.cache_dir) if e.cache_dir else scratch.name, ident)
         cache_stats: dict = {}
-        n_distinct = len(set(df.input_text) | set(df.target_text))
         splits = {}
         for name in e.splits:
             part = df.loc[(df.split == name).to_numpy(), ["id", "input_text", "target_text"]].reset_index(drop=True)
@@ -62,7 +63,7 @@ def run(cfg) -> dict:
         finally:
             if scratch is not None:
                 scratch.cleanup()
-        seconds = time.perf_counter() - t0
+        seconds = time.perf_counter() - t0  # embedding and writing the shards: they interleave
         cached, embedded = cache_stats.get("cached", 0), cache_stats.get("embedded", 0)
         tracking.log_metrics({**{f"data/{k}": v for k, v in prepared.stats.items()},
                               "data/distinct_texts": n_distinct, "data/texts_truncated": n_truncated,

@@ -85,11 +85,9 @@ class BatchLoader:
 
     @staticmethod
     def _gather(arr: Any, idx: np.ndarray) -> np.ndarray:
-        if isinstance(arr, np.ndarray):
-            # np.asarray: take() on a memmap returns a memmap subclass detached from any file.
-            return np.asarray(np.take(arr, idx, axis=0), dtype=np.float32)
-        if hasattr(arr, "take"):  # ShardedArray: one fancy index per shard touched, float32
-            return np.asarray(arr.take(idx), dtype=np.float32)
+        if not isinstance(arr, np.ndarray) and hasattr(arr, "take"):
+            return np.asarray(arr.take(idx), dtype=np.float32)  # ShardedArray: one fancy index per shard touched
+        # np.asarray: take() on a memmap returns a memmap subclass detached from any file.
         return np.asarray(np.take(arr, idx, axis=0), dtype=np.float32)
 
     def _tensor(self, arr: Any, idx: np.ndarray) -> torch.Tensor:

@@ -117,7 +117,7 @@ def read_dataset(spec: str | os.PathLike, input_field: str, target_field: str, i
         skipped += df.attrs.get("rows_skipped_empty", 0)
         if id_field is not None:
             for i in df["id"]:
-                if i in seen and seen[i] != f:
+                if i in seen:  # within one file read_pairs has already refused repeats
                     raise DatasetError(f"duplicate id {i!r} in field {id_field!r}: in {seen[i]} and in {f}; "
                                        "expected every id to be unique across the dataset's files")
                 seen.setdefault(i, f)
