@@ -15,3 +15,13 @@ class DatasetError(PipelineError):
 
 class ShardError(PipelineError):
     """Embedding shards are missing or do not match their manifest; the message names the file."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `kill`, `dvc queue kill`), raised in the main thread so that every
+    `with` block unwinds as for Ctrl-C: metrics are flushed and the MLflow run ends KILLED. It is a
+    KeyboardInterrupt so that code which already handles Ctrl-C handles this too."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum

@@ -1,8 +1,9 @@
 """MLflow tracking: where the store is, what every run is tagged with, and one run per model.
 
-Default store: `sqlite:///<project root>/mlflow.db`, where the project root is the repository the
-user works in. `dvc exp run --temp` / `--queue` run stages in a copy under
-`<root>/.dvc/tmp/exps/...`; we walk out of that copy so those runs land in the same store.
+Default store: `sqlite:///<project root>/mlflow.db`, artifacts in `<project root>/mlruns`, where
+the project root is the repository the user works in. `dvc exp run --temp` / `--queue` run stages
+in a copy under `<root>/.dvc/tmp/exps/...` that DVC deletes afterwards; we resolve the root out of
+that copy (DVC_ROOT, or the path), so those runs and their artifacts land in the same store.
 `MLFLOW_TRACKING_URI` overrides everything (a shared server).
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import logging
 import math
 import os
+import platform
 import socket
 import subprocess
 import time
@@ -27,10 +29,18 @@ from .paths import REPO_ROOT
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"  # written next to the model: the model's MLflow run id for evaluate/report
+DIFF_ARTIFACT = "git/diff.patch"  # a dirty run's uncommitted changes, against git.commit
+# Files DVC itself rewrites while a pipeline runs: a change there does not make the code dirty.
+_DVC_HOUSEKEEPING = (":(exclude)dvc.lock", ":(exclude,glob)**/.gitignore")
 
 
 def project_root(start: Path = REPO_ROOT) -> Path:
-    """The user's repository, also when running inside a DVC temp-experiment copy."""
+    """The user's repository, also when running inside a DVC temp-experiment copy. DVC sets
+    DVC_ROOT for every stage it runs (to the user's repository for --temp / --queue runs); the
+    `.dvc/tmp/exps` path is the fallback for a stage started by hand inside such a copy."""
+    dvc_root = os.environ.get("DVC_ROOT")
+    if dvc_root and start == REPO_ROOT:
+        return Path(dvc_root).resolve()
     parts = start.resolve().parts
     for i in range(len(parts) - 2):
         if parts[i] == ".dvc" and parts[i + 1] == "tmp" and parts[i + 2] == "exps":
@@ -42,6 +52,16 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
 
 
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts. A SQLite store's default is `./mlruns` under
+    the *current directory*, which for a first run from `dvc exp run --temp` is DVC's temporary
+    copy, deleted when the run ends; we put them next to the database instead. A server decides
+    for itself (None)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
+    return None
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
@@ -50,52 +70,140 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def provenance_tags(preset: str) -> dict[str, str]:
-    """git commit, dirty flag (tracked files only: DVC outputs are git-ignored), preset, host."""
+def git_provenance() -> tuple[dict[str, str], str]:
+    """Tags naming the code a run used, and the uncommitted diff that made it dirty ("" if none).
+
+    The commit is the experiment's baseline under `dvc exp run` (DVC_EXP_BASELINE_REV): a --temp
+    or --queue copy has the changes committed onto a private stash commit, so `git status` there
+    is clean although the code differs from anything the user has; diffing against the baseline
+    catches that. Tracked files only (DVC outputs are git-ignored), and not DVC's own housekeeping
+    (dvc.lock, .gitignore), which DVC rewrites mid-pipeline."""
+    commit = os.environ.get("DVC_EXP_BASELINE_REV") or _git("rev-parse", "HEAD")
+    diff = _git("diff", "--no-color", "--no-ext-diff", commit, "--", ".", *_DVC_HOUSEKEEPING) if commit else None
+    tags = {"git.commit": commit or "unknown",
+            "git.dirty": "unknown" if diff is None else str(bool(diff)).lower()}
+    if diff:
+        tags["git.diff.sha256"] = hashlib.sha256(diff.encode()).hexdigest()[:16]
+    return tags, diff or ""
+
+
+def device_tags(device: Any = "cpu") -> dict[str, str]:
+    """The device a stage computes on, and what it is (GPU name, or the CPU model and cores)."""
     import torch
 
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    tags = {
-        "git.commit": _git("rev-parse", "HEAD") or "unknown",
-        "git.dirty": "unknown" if status is None else str(bool(status)).lower(),
-        "preset": preset,
-        "host": socket.gethostname(),
-        "torch.version": torch.__version__,
-    }
-    exp = os.environ.get("DVC_EXP_NAME")
-    if exp:
-        tags["dvc.exp_name"] = exp
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = _cpu_model() or platform.processor() or platform.machine()
+        name = f"{name} ({os.cpu_count()} cores)"
+    return {"device": str(device), "device.name": name}
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def provenance(preset: str) -> tuple[dict[str, str], str]:
+    """A new run's tags: git commit and dirty flag, the dvc.lock digest, the DVC experiment,
+    preset, host, torch version; and the uncommitted diff (see git_provenance)."""
+    import torch
+
+    git_tags, diff = git_provenance()
+    tags = {**git_tags, "preset": preset, "host": socket.gethostname(),
+            "torch.version": torch.__version__}
+    for env, tag in (("DVC_EXP_NAME", "dvc.exp_name"), ("DVC_EXP_BASELINE_REV", "dvc.exp_baseline")):
+        if os.environ.get(env):
+            tags[tag] = os.environ[env]
+    # dvc.lock as the stage found it: the recorded state of the stages before this one.
     lock = REPO_ROOT / "dvc.lock"
     if lock.is_file():
         tags["dvc.lock.sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
-    return tags
+    return tags, diff
+
+
+def provenance_tags(preset: str) -> dict[str, str]:
+    return provenance(preset)[0]
+
+
+def stage_lock_tags(stage: str) -> dict[str, str]:
+    """`dvc.<stage>.sha256`: a digest of what dvc.lock records for `stage` (its command, the hash
+    of every dependency, its params), so two runs share it exactly when DVC holds their stage to
+    be the same code, data and parameters. DVC writes a stage's entry right after the stage
+    runs, so evaluate reads train's. Only under DVC (it sets DVC_STAGE): a stage started by
+    hand may not match what dvc.lock says."""
+    from omegaconf import OmegaConf
+
+    lock = REPO_ROOT / "dvc.lock"
+    if not os.environ.get("DVC_STAGE") or not lock.is_file():
+        return {}
+    entry = (OmegaConf.to_container(OmegaConf.load(lock)).get("stages") or {}).get(stage)
+    if not entry:
+        return {}
+    recorded = {k: entry.get(k) for k in ("cmd", "deps", "params")}
+    digest = hashlib.sha256(json.dumps(recorded, sort_keys=True).encode()).hexdigest()[:16]
+    return {f"dvc.{stage}.sha256": digest}
+
+
+def run_name(stage: str) -> str:
+    """What the UI lists a run as: under `dvc exp run` the model run takes the experiment's name
+    (so `dvc exp show` and MLflow's runs line up by name) and the embed run `<name>-embed`;
+    otherwise the stage's name."""
+    exp = os.environ.get("DVC_EXP_NAME")
+    if not exp:
+        return stage
+    return exp if stage == "train" else f"{exp}-{stage}"
+
+
+def _set_experiment(name: str) -> None:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if mlflow.get_experiment_by_name(name) is None:
+        with contextlib.suppress(MlflowException):  # a parallel queue worker made it first
+            mlflow.create_experiment(name, artifact_location=artifact_location(tracking_uri()))
+    mlflow.set_experiment(name)
 
 
 @contextlib.contextmanager
 def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_id: str | None = None,
                tags: dict | None = None) -> Iterator[Any]:
-    """Start (or, with run_id, resume) a run; end it FINISHED, FAILED or KILLED on every path."""
+    """Start (or, with run_id, resume) a run; end it FINISHED, FAILED or KILLED on every path
+    (KILLED for Ctrl-C and SIGTERM, which stages/_cli.py turns into an exception), after the
+    asynchronous metric queue is flushed: MLflow's end_run does not wait for it, so a run could
+    read FINISHED with its last metrics still in flight."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
     if run_id is None:
-        mlflow.set_experiment(experiment)
-        run = mlflow.start_run(run_name=run_name)
-        mlflow.set_tags({**provenance_tags(preset), **(tags or {})})
+        _set_experiment(experiment)
+        run = mlflow.start_run(run_name=run_name, log_system_metrics=False)
+        prov, diff = provenance(preset)
+        mlflow.set_tags({**prov, **(tags or {})})
+        if diff:
+            mlflow.log_text(diff, DIFF_ARTIFACT)
     else:
-        run = mlflow.start_run(run_id=run_id)
+        run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
         if tags:
             mlflow.set_tags(tags)
+    status = "FINISHED"
     try:
         yield run
-    except KeyboardInterrupt:
-        mlflow.end_run(status="KILLED")
+    except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (errors.Terminated)
+        status = "KILLED"
         raise
     except BaseException:
-        mlflow.end_run(status="FAILED")
+        status = "FAILED"
         raise
-    else:
-        mlflow.end_run(status="FINISHED")
+    finally:
+        try:
+            mlflow.flush_async_logging()
+        finally:
+            mlflow.end_run(status=status)
 
 
 def run_exists(run_id: str) -> bool:
@@ -121,51 +229,70 @@ def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
 
 
 class MetricBuffer:
-    """Telemetry rows to MLflow in batches: `buffer(metrics, step)` is the trainer's on_log.
+    """Telemetry rows to MLflow, batched and off the training process: `buffer(metrics, step)` is
+    the trainer's on_log.
 
-    Measured on the SQLite store (2 cores): one call with a 34-metric row costs ~7 ms of CPU, ten
-    rows in one log_batch ~21 ms. Sent one by one, rows every 5 steps of a 57 ms default step
-    cost 4.8 % of training time (bench.trainer); batched, a fraction of that. Rows keep their own
-    step and timestamp, so MLflow's curves are the same, just up to `flush_seconds` late. The
-    buffer is flushed before each checkpoint (a resumed run must not lose the rows before it),
-    at the end, and on every exit path."""
+    Rows are held and handed every `flush_seconds` to a sidecar process (pipeline.metric_writer)
+    that writes them with log_batch, up to 1000 values a call, and (system_metrics_s > 0) samples
+    CPU, memory, disk, network and NVIDIA GPU use as `system/...` metrics. Measured on the SQLite
+    store: sent row by row from the loop, rows every 5 steps of a 57 ms default step cost 4.8 %
+    of training time (bench.trainer); written by MLflow's asynchronous queue (threads of this
+    process), the smoke model trained 1.21-1.26x slower, the writes competing for the GIL; from
+    the sidecar, see bench.tracking. Rows keep their own step and timestamp, so MLflow's curves
+    are the same, just up to `flush_seconds` late.
 
-    BATCH_LIMIT = 1000  # MLflow's cap on metrics per log_batch
+    `sync()` blocks until the store has every row: before each checkpoint (a resumed run must not
+    lose the rows before it). On exit, on every path (an exception, Ctrl-C, SIGTERM), the rest is
+    sent and waited for, and the sidecar is closed."""
 
-    def __init__(self, run_id: str, flush_seconds: float = 10.0):
-        from mlflow.tracking import MlflowClient
+    # Rows reach the sidecar twice a second: the writes keep pace with training, so the wait at the
+    # end is for half a second of rows at most (~0.1 s on the smoke model, bench.tracking).
+    def __init__(self, run_id: str, flush_seconds: float = 0.5, system_metrics_s: float = 0.0):
+        from .metric_writer import MetricWriter
 
         self.run_id, self.flush_seconds = run_id, flush_seconds
-        self.client = MlflowClient(tracking_uri())
-        self.pending: list = []
+        self.writer = MetricWriter(tracking_uri(), run_id, system_metrics_s)
+        self.pending: list[tuple[str, float, int, int]] = []
+        self.sent = 0  # metric values handed to the writer so far
         self.last_flush = time.monotonic()
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
         ts = int(time.time() * 1000)
-        self.pending += [Metric(k, float(v), ts, step) for k, v in metrics.items()
+        self.pending += [(k, float(v), ts, step) for k, v in metrics.items()
                          if isinstance(v, (int, float)) and math.isfinite(v)]
         if time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = False) -> None:
         pending, self.pending = self.pending, []
-        for i in range(0, len(pending), self.BATCH_LIMIT):
-            self.client.log_batch(self.run_id, metrics=pending[i:i + self.BATCH_LIMIT])
+        self.writer.send(pending)
+        self.sent += len(pending)
         self.last_flush = time.monotonic()
+        if wait:
+            self.writer.sync()
+
+    def sync(self) -> None:
+        """Send everything buffered and wait until the store has it (before a checkpoint)."""
+        self.flush(wait=True)
+
+    def wait(self) -> None:
+        """Block until every row sent is in the store (raises if writing one failed)."""
+        self.writer.sync()
 
     def __enter__(self) -> "MetricBuffer":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.flush()
-            return
-        try:  # already failing: send what we have, but never hide the original error
-            self.flush()
-        except Exception as e:  # noqa: BLE001
-            log.warning("could not send %d buffered metrics to MLflow: %s", len(self.pending), e)
+        try:
+            if exc_type is None:
+                self.flush(wait=True)
+                return
+            try:  # already failing: send what we have, but never hide the original error
+                self.flush(wait=True)
+            except Exception as e:  # noqa: BLE001
+                log.warning("could not send %d buffered metrics to MLflow: %s", len(self.pending), e)
+        finally:
+            self.writer.close()
 
 
 def log_params(params: dict[str, Any]) -> None:

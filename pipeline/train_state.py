@@ -29,7 +29,7 @@ STATE_FILE = "last.pt"
 # Settings that change what is logged or where, never the weights: a run resumed with a new
 # value of these is still the same run.
 _NEUTRAL_TRAIN_KEYS = ("log_every", "checkpoint_every", "checkpoint_dir", "resume", "threads", "out_dir",
-                       "detect_anomaly_steps")
+                       "detect_anomaly_steps", "system_metrics_every_s")
 
 
 def fingerprint(cfg, data_digest: str) -> str:

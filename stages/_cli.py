@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from typing import Callable
 
 from pipeline.config import load_config
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import ConfigError, PipelineError, Terminated
 
 USAGE = """usage: python -m stages.{name} [OVERRIDE ...]
 
@@ -30,6 +31,7 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
         return 0
     logging.basicConfig(level=logging.INFO, format=f"[{name}] %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         cfg = load_config(args)
         body(cfg)
@@ -39,4 +41,15 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
     except PipelineError as e:
         print(f"[{name}] error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: everything is flushed, the run is KILLED
+        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+        print(f"[{name}] stopped by {signal.Signals(signum).name}: buffered metrics were sent and the MLflow "
+              "run ended KILLED (train resumes from its last checkpoint when run again)", file=sys.stderr)
+        return 128 + signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)

@@ -35,8 +35,9 @@ def run(cfg) -> dict:
         log.warning("%d distinct texts are longer than the teacher's window of %d tokens: each is embedded from "
                     "its first %d tokens only (data/texts_truncated)", n_truncated, teacher.max_seq_length,
                     teacher.max_seq_length)
-    with tracking.mlflow_run("embed", cfg.run.preset, cfg.run.experiment,
-                             tags={"stage": "embed", "dataset.sha256": source_sha[:16]}) as run:
+    with tracking.mlflow_run(tracking.run_name("embed"), cfg.run.preset, cfg.run.experiment,
+                             tags={"stage": "embed", "dataset.sha256": source_sha[:16],
+                                   **tracking.device_tags(teacher.device)}) as run:
         tracking.log_params({k: v for k, v in flatten(cfg).items() if k.startswith(("embed.", "run."))})
         tracking.log_dataset(df, source=str(e.dataset), digest=source_sha[:16], context="embed",
                              tags={"files": str(len(prepared.files)), "rows": str(len(df))})

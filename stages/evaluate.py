@@ -44,7 +44,8 @@ def run(cfg) -> dict:
     write_json(METRICS_DIR / "eval.json", metrics)
     with atomic_path(SAMPLES_CSV) as tmp:
         pd.DataFrame(samples, columns=["id", "input", "target", "decoded", "correct"]).to_csv(tmp, index=False)
-    with tracking.mlflow_run("evaluate", cfg.run.preset, run_id=run_info["run_id"]):
+    with tracking.mlflow_run("evaluate", cfg.run.preset, run_id=run_info["run_id"],
+                             tags=tracking.stage_lock_tags("train")):
         tracking.log_metrics(metrics)
         tracking.log_artifact_file(METRICS_DIR / "eval.json", "evaluate")
         tracking.log_artifact_file(SAMPLES_CSV, "evaluate")

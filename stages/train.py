@@ -1,8 +1,10 @@
 """train: train the energy-flow model on the embedding shards; write the model, its MLflow run id,
 per-window telemetry with gradient health (a DVC plot), skipped / flagged steps and
-metrics/train.json. Writes a resumable checkpoint every train.checkpoint_every steps: a killed
-train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends with the
-same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips skipped steps
+metrics/train.json. The MLflow run (named after the DVC experiment, if any) gets the whole config
+as params, the curves, system metrics (CPU, memory, GPU) and the model as an MLflow model
+(runs:/<run_id>/model). Writes a resumable checkpoint every train.checkpoint_every steps: a
+killed train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends
+with the same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips skipped steps
 in a row) still gets its stability report (reports/stability.html) before the stage fails."""
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from pipeline.atomic import atomic_path, write_json
 from pipeline.checkpoint import save_model
 from pipeline.config import flatten
 from pipeline.data.shards import load_manifest, open_split
+from pipeline.logged_model import log_trained_model
 from pipeline.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.report.build import build_report, log_report, verdict_line
 from pipeline.telemetry import step_columns
 from pipeline.train_state import STATE_FILE, fingerprint, load_state
-from pipeline.training import Checkpointing, TrainingDiverged, train_model
+from pipeline.training import Checkpointing, TrainingDiverged, select_device, train_model
 
 from ._cli import run_stage
 
@@ -45,7 +48,7 @@ def diagnose_divergence(cfg, run_id: str, result) -> None:
     write_telemetry(result)
     metrics = {**result.summary, "train/diverged": 1}
     write_json(METRICS_DIR / "train.json", metrics)
-    tracking.log_metrics(metrics)
+    tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
     report = build_report(cfg, run_id, pd.DataFrame(result.rows), result.events, metrics, None)
     log_report(report)
     log.error("training diverged at step %d; %s", result.summary["train/steps"], verdict_line(report))
@@ -65,13 +68,16 @@ def run(cfg) -> dict:
         resume_run = None  # the checkpoint's run is not in this store: the weights resume, the run is new
     tags = {"stage": "train", "embed.run_id": str(manifest.get("embed_run_id")),
             "dataset.sha256": str(manifest.get("source", {}).get("sha256", ""))[:16],
-            "teacher": str(manifest["teacher"]["name"]), "train.fingerprint": fp}
-    with tracking.mlflow_run("train", cfg.run.preset, cfg.run.experiment, run_id=resume_run, tags=tags) as run:
+            "teacher": str(manifest["teacher"]["name"]), "train.fingerprint": fp,
+            **tracking.device_tags(select_device(cfg.train.device))}
+    with tracking.mlflow_run(tracking.run_name("train"), cfg.run.preset, cfg.run.experiment, run_id=resume_run,
+                             tags=tags) as run:
         if resume_run is None:
             tracking.log_params({**flatten(cfg), "train.effective_batch": cfg.train.batch_size * cfg.train.grad_accum})
-        with tracking.MetricBuffer(run.info.run_id) as to_mlflow:
+        sampling = cfg.train.system_metrics_every_s
+        with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling) as to_mlflow:
             ckpt = Checkpointing(ckpt_path, fp, cfg.train.checkpoint_every, extra={"run_id": run.info.run_id},
-                                 resume_from=state, before_save=to_mlflow.flush)
+                                 resume_from=state, before_save=to_mlflow.sync)
             try:
                 result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets,
                                      checkpointing=ckpt, on_log=to_mlflow)
@@ -82,9 +88,12 @@ def run(cfg) -> dict:
         # The seed lets evaluate rebuild the untrained starting point (the "untrained" baseline).
         save_model(model_dir / "model.pt", result.model, cfg.model,
                    extra={"run_id": run.info.run_id, "seed": int(cfg.run.seed)})
+        log_trained_model(result.model)  # runs:/<run_id>/model, loadable with mlflow.pytorch
         summary = result.summary
         write_json(METRICS_DIR / "train.json", summary)
-        tracking.log_metrics(summary)
+        # At the last step, so MLflow's table shows these run totals (the latest value), not the
+        # last telemetry row's (perf/samples_per_s of one window, not of the run), as DVC does.
+        tracking.log_metrics(summary, step=int(summary["train/steps"]))
         for path in (METRICS_DIR / "train.json", STEPS_CSV, EVENTS_JSON):
             tracking.log_artifact_file(path, "train")
         tracking.write_run_file(model_dir, {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,

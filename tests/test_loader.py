@@ -207,19 +207,25 @@ def test_prefetch_order_is_fixed_when_iteration_starts():
                 collect(BatchLoader(*arrays(40), batch_size=5, seed=1)))
 
 
+def prefetch_threads() -> int:
+    """The loader's own threads alive now. Not threading.active_count(): other libraries' pools
+    (MLflow's async logging, started by earlier tests in this process) come and go on their own."""
+    return sum(t.name == "BatchLoader-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
 def wait_for_threads(expected: int) -> int:
     deadline = time.monotonic() + 2.0
-    while threading.active_count() > expected and time.monotonic() < deadline:
+    while prefetch_threads() > expected and time.monotonic() < deadline:
         time.sleep(0.01)
-    return threading.active_count()
+    return prefetch_threads()
 
 
 def test_early_break_leaves_no_thread():
-    before = threading.active_count()
+    before = prefetch_threads()
     loader = BatchLoader(*arrays(200), batch_size=4, prefetch=3)
     for i, _ in enumerate(loader):
         if i == 0:
-            assert threading.active_count() == before + 1  # the prefetch thread
+            assert prefetch_threads() == before + 1  # the prefetch thread
         if i == 2:
             break
     gc.collect()
@@ -227,19 +233,19 @@ def test_early_break_leaves_no_thread():
 
 
 def test_closed_generator_leaves_no_thread():
-    before = threading.active_count()
+    before = prefetch_threads()
     gen = BatchLoader(*arrays(200), batch_size=4, prefetch=2).batches(1)
     next(gen)
     time.sleep(0.05)  # let the thread fill the queue and block on it
     gen.close()
-    assert threading.active_count() == before  # close() joined it
+    assert prefetch_threads() == before  # close() joined it
     gen = BatchLoader(*arrays(200), batch_size=4, prefetch=2).batches()
-    assert threading.active_count() == before  # nothing starts before the first batch is asked for
+    assert prefetch_threads() == before  # nothing starts before the first batch is asked for
     del gen
 
 
 def test_exception_in_consumer_leaves_no_thread():
-    before = threading.active_count()
+    before = prefetch_threads()
 
     def consume():
         for i, _ in enumerate(BatchLoader(*arrays(200), batch_size=4, prefetch=2)):
@@ -272,7 +278,7 @@ class FailingRows:
 @pytest.mark.parametrize("prefetch", [0, 1, 4])
 def test_worker_exception_is_raised_in_the_consumer(prefetch):
     inputs, targets = arrays(100)
-    before = threading.active_count()
+    before = prefetch_threads()
     loader = BatchLoader(FailingRows(inputs, ok=3), targets, 10, shuffle=False, prefetch=prefetch)
     seen = []
     with pytest.raises(OSError, match="read failed on gather 4") as exc:

@@ -72,5 +72,180 @@ def test_metric_buffer_sends_every_row_with_its_step_in_batches_and_on_error(tmp
     assert [m.value for m in client.get_metric_history(run.info.run_id, "late/metric")] == [7.0]
     with tracking.mlflow_run("timed", "smoke", experiment="t") as run:
         with tracking.MetricBuffer(run.info.run_id, flush_seconds=0) as buf:
-            buf({"now": 1.0}, 1)  # flush_seconds elapsed: sent at once
+            buf({"now": 1.0}, 1)  # flush_seconds elapsed: handed to MLflow's queue at once
+            assert buf.pending == [] and buf.sent == 1
+            buf.wait()  # ... and in the store once the queue has written it
             assert len(client.get_metric_history(run.info.run_id, "now")) == 1
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    _git(repo, "config", "user.email", "t@example.com")
+    _git(repo, "config", "user.name", "t")
+    (repo / "params.yaml").write_text("lr: 0.003\n")
+    (repo / "dvc.lock").write_text("schema: '2.0'\n")
+    (repo / ".gitignore").write_text("/models\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    return repo
+
+
+def test_git_provenance_sees_a_dirty_tree_and_ignores_dvc_housekeeping(tmp_path, monkeypatch):
+    repo = _repo(tmp_path)
+    monkeypatch.setattr(tracking, "REPO_ROOT", repo)
+    monkeypatch.delenv("DVC_EXP_BASELINE_REV", raising=False)
+    base = _git(repo, "rev-parse", "HEAD")
+    assert tracking.git_provenance() == ({"git.commit": base, "git.dirty": "false"}, "")
+    # DVC rewrites dvc.lock and .gitignore while the pipeline runs: not the user's change.
+    (repo / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    (repo / ".gitignore").write_text("/models\n/metrics\n")
+    assert tracking.git_provenance()[0]["git.dirty"] == "false"
+    (repo / "params.yaml").write_text("lr: 0.01\n")
+    tags, diff = tracking.git_provenance()
+    assert tags["git.dirty"] == "true" and "-lr: 0.003" in diff and "+lr: 0.01" in diff
+    assert "dvc.lock" not in diff and len(tags["git.diff.sha256"]) == 16
+
+
+def test_git_provenance_of_a_dvc_temp_experiment_diffs_against_its_baseline(tmp_path, monkeypatch):
+    """`dvc exp run --temp/--queue` commits the changed params onto a private stash commit and
+    runs there: `git status` is clean, but the code is not the baseline the user has."""
+    repo = _repo(tmp_path)
+    monkeypatch.setattr(tracking, "REPO_ROOT", repo)
+    baseline = _git(repo, "rev-parse", "HEAD")
+    (repo / "params.yaml").write_text("lr: 0.01\n")
+    _git(repo, "commit", "-qam", "stash: the experiment's params")
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", baseline)
+    tags, diff = tracking.git_provenance()
+    assert tags["git.commit"] == baseline and tags["git.dirty"] == "true" and "+lr: 0.01" in diff
+    monkeypatch.setenv("DVC_EXP_NAME", "lr-b")
+    tags = tracking.provenance_tags("smoke")
+    assert tags["dvc.exp_name"] == "lr-b" and tags["dvc.exp_baseline"] == baseline
+    assert len(tags["dvc.lock.sha256"]) == 16
+
+
+def test_a_new_run_is_tagged_and_keeps_its_diff_and_device(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    repo = _repo(tmp_path)
+    monkeypatch.setattr(tracking, "REPO_ROOT", repo)
+    monkeypatch.delenv("DVC_EXP_BASELINE_REV", raising=False)
+    (repo / "params.yaml").write_text("lr: 0.01\n")
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with tracking.mlflow_run("r", "smoke", experiment="t", tags=tracking.device_tags("cpu")) as run:
+        pass
+    client = MlflowClient(uri)
+    tags = client.get_run(run.info.run_id).data.tags
+    assert tags["device"] == "cpu" and "cores" in tags["device.name"] and tags["git.dirty"] == "true"
+    assert tags["torch.version"] and tags["host"] and tags["preset"] == "smoke"
+    patch = client.download_artifacts(run.info.run_id, tracking.DIFF_ARTIFACT, str(tmp_path))
+    assert "+lr: 0.01" in Path(patch).read_text()
+
+
+def test_a_new_experiment_keeps_artifacts_next_to_the_database_not_the_working_dir(tmp_path, monkeypatch):
+    """A first run from `dvc exp run --temp` works in DVC's temporary copy: MLflow's default
+    (./mlruns) would put the artifacts there, to be deleted with it."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    store = tmp_path / "store"
+    store.mkdir()
+    elsewhere = tmp_path / "repo" / ".dvc" / "tmp" / "exps" / "tmp1"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    uri = f"sqlite:///{store / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with tracking.mlflow_run("r", "smoke", experiment="t") as run:
+        mlflow.log_text("x", "a.txt")
+    exp = MlflowClient(uri).get_experiment(run.info.experiment_id)
+    assert exp.artifact_location == (store / "mlruns").as_uri()
+    assert (store / "mlruns").is_dir() and not (elsewhere / "mlruns").exists()
+    assert tracking.artifact_location("http://127.0.0.1:5000") is None  # a server decides
+
+
+def test_project_root_follows_dvc_root(monkeypatch, tmp_path):
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert tracking.project_root() == tmp_path.resolve()
+    monkeypatch.delenv("DVC_ROOT")
+    assert tracking.project_root() == tracking.REPO_ROOT.resolve()
+
+
+SIGTERM_WORKER = '''
+import sys, time
+from pathlib import Path
+from pipeline import tracking
+from stages._cli import run_stage
+
+def body(cfg):
+    with tracking.mlflow_run("sigterm", "smoke", experiment="t") as run:
+        with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
+            for step in range(1, 6):
+                buf({"train/loss": 1.0 / step}, step)
+            tracking.log_metrics({"direct/async": 1.0})
+            Path(sys.argv[1]).write_text(run.info.run_id)  # ready: 5 rows buffered, none sent
+            time.sleep(120)
+
+sys.exit(run_stage("worker", "a test worker", "run", body, []))
+'''
+
+
+def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    ready = tmp_path / "ready"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(tracking.REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_WORKER, str(ready)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err and "KILLED" in err
+    client = MlflowClient(uri)
+    run_id = ready.read_text()
+    run = client.get_run(run_id)
+    assert run.info.status == "KILLED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == \
+        [(s, 1.0 / s) for s in range(1, 6)]
+    assert run.data.metrics["direct/async"] == 1.0
+
+
+def test_device_tags_name_the_cpu():
+    tags = tracking.device_tags("cpu")
+    assert tags["device"] == "cpu" and tags["device.name"].endswith("cores)")
+
+
+def test_stage_lock_tags_digest_what_dvc_lock_records_for_the_stage(tmp_path, monkeypatch):
+    lock = tmp_path / "dvc.lock"
+    monkeypatch.setattr(tracking, "REPO_ROOT", tmp_path)
+    entry = ("schema: '2.0'\nstages:\n  train:\n    cmd: python -m stages.train\n    deps:\n    - path: a.py\n"
+             "      md5: {md5}\n      size: 3\n    params:\n      params.yaml:\n        train.lr: 0.003\n"
+             "    outs:\n    - path: models\n      md5: {out}\n")
+    lock.write_text(entry.format(md5="aaa", out="x"))
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    assert tracking.stage_lock_tags("train") == {}  # not under DVC: dvc.lock may be stale
+    monkeypatch.setenv("DVC_STAGE", "evaluate")
+    first = tracking.stage_lock_tags("train")["dvc.train.sha256"]
+    lock.write_text(entry.format(md5="aaa", out="y"))  # outputs differ (another run's weights)
+    assert tracking.stage_lock_tags("train")["dvc.train.sha256"] == first
+    lock.write_text(entry.format(md5="bbb", out="x"))  # a dependency changed
+    assert tracking.stage_lock_tags("train")["dvc.train.sha256"] != first
+    assert tracking.stage_lock_tags("nope") == {}

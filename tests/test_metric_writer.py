@@ -1,0 +1,123 @@
+"""The tracking sidecar (pipeline.metric_writer): rows sent are in the store after sync, a
+store error surfaces at the next sync, system metrics are sampled, and rows already sent are
+written even when the training process is killed outright."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline.errors import PipelineError
+from pipeline.metric_writer import MetricWriter
+from pipeline.paths import REPO_ROOT
+
+
+@pytest.fixture
+def run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("w", artifact_location=(tmp_path / "a").as_uri())
+    return uri, client, client.create_run(exp).info.run_id
+
+
+def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run):
+    uri, client, run_id = run
+    writer = MetricWriter(uri, run_id)
+    try:
+        # 1,500 values in one message: more than one log_batch (1,000) holds.
+        writer.send([(f"m/{i}", float(step), 1000 + step, step) for step in range(1, 31) for i in range(50)])
+        writer.sync()
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "m/49")] == \
+            [(s, float(s)) for s in range(1, 31)]
+        writer.send([("late", 7.0, 5000, 31)])
+        writer.sync()
+        assert client.get_run(run_id).data.metrics["late"] == 7.0
+    finally:
+        writer.close()
+    assert writer.proc.returncode == 0
+
+
+def test_a_store_error_is_raised_at_the_next_sync_and_the_writer_goes_on(run):
+    uri, client, run_id = run
+    writer = MetricWriter(uri, "0" * 32)  # no such run
+    try:
+        writer.send([("m", 1.0, 1, 1)])
+        with pytest.raises(PipelineError, match="MLflow could not store metrics"):
+            writer.sync()
+        writer.sync()  # reported once; the writer still answers
+    finally:
+        writer.close()
+
+
+def test_system_metrics_are_sampled_while_the_writer_runs(run):
+    uri, client, run_id = run
+    writer = MetricWriter(uri, run_id, system_metrics_s=0.2)
+    try:
+        deadline = time.monotonic() + 60
+        while "system/cpu_utilization_percentage" not in client.get_run(run_id).data.metrics:
+            assert time.monotonic() < deadline, "no system metrics after 60 s"
+            time.sleep(0.2)
+    finally:
+        writer.close()
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["system/system_memory_usage_megabytes"] > 0
+
+
+KILLED_PARENT = '''
+import sys, time
+from pipeline.metric_writer import MetricWriter
+writer = MetricWriter(sys.argv[1], sys.argv[2])
+writer.send([("m", float(s), 1000 + s, s) for s in range(100)])
+open(sys.argv[3], "w").write(str(writer.proc.pid))
+time.sleep(120)
+'''
+
+
+def test_rows_sent_are_written_even_if_the_training_process_is_killed(run, tmp_path):
+    uri, client, run_id = run
+    ready = tmp_path / "ready"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, uri, run_id, str(ready)], env=env)
+    deadline = time.monotonic() + 60
+    while not ready.exists() or not ready.read_text():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    child = int(ready.read_text())
+    parent.send_signal(signal.SIGKILL)
+    parent.wait(timeout=30)
+    # The child sees its input close, writes the 100 rows and exits.
+    while len(client.get_metric_history(run_id, "m")) < 100:
+        assert time.monotonic() < deadline + 60, "the rows sent before the kill were not written"
+        time.sleep(0.1)
+    while _alive(child):
+        assert time.monotonic() < deadline + 90, f"the writer (pid {child}) outlived its parent"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (exited, not yet reaped by init) counts as gone.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_writer_closed_at_once_still_records_a_system_sample(run):
+    """A smoke run trains for a fraction of a second: it still gets its samples (one at the
+    start, one at the end), whatever the interval."""
+    uri, client, run_id = run
+    writer = MetricWriter(uri, run_id, system_metrics_s=60)
+    writer.sync()
+    writer.close()
+    history = client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert [m.step for m in history] == [0, 1]
