@@ -1,6 +1,8 @@
 """End to end, as a user runs it: a fresh git repository holding the project, the smoke preset
 selected through `dvc exp run -S preset=smoke` (Hydra composition), every stage run by DVC, the
-outputs, metrics and MLflow runs checked, and a second `dvc repro` that has nothing to do."""
+outputs, metrics and MLflow runs checked, a second `dvc repro` that has nothing to do, a plain
+`dvc repro` after an edit, and a killed train stage that resumes. The repository is the session's
+`smoke_experiments` (tests/conftest.py); the tests that change its workspace come last."""
 from __future__ import annotations
 
 import json
@@ -12,23 +14,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.report.checks import CHECK_ORDER
-from pipeline.report.fault_matrix import clean_env, project_copy
-
-
-def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-6000:]}"
-    return out
+from tests.conftest import sh
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    """A copy of the project's files (what git would clone, plus uncommitted work) in a new repo."""
-    dest = project_copy(tmp_path_factory.mktemp("project"))
-    env = clean_env()
-    out = sh([sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke"], dest, env)
-    return dest, env, out
+def project(smoke_experiments):
+    return smoke_experiments.root, smoke_experiments.env, smoke_experiments.workspace_log
 
 
 def test_every_stage_ran_and_wrote_its_outputs(project):
@@ -67,9 +58,10 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
     root = project[0]
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("energy-flow")
-    runs = client.search_runs([exp.experiment_id])
+    # The workspace experiment (smoke-a) made one embed run and one model run.
+    runs = client.search_runs([exp.experiment_id], "tags.`dvc.exp_name` = 'smoke-a'")
     by_stage = {r.data.tags.get("stage"): r for r in runs}
-    assert set(by_stage) == {"embed", "train"}, "one embed run and one model run"
+    assert sorted(r.data.tags.get("stage") for r in runs) == ["embed", "train"], "one embed run and one model run"
     embed_run, model_run = by_stage["embed"], by_stage["train"]
     assert embed_run.info.status == model_run.info.status == "FINISHED"
     assert model_run.data.tags["embed.run_id"] == embed_run.info.run_id
@@ -82,8 +74,8 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
     verdict = model_run.data.tags["stability.verdict"]
     assert verdict in ("stable", "unstable") and m["stability/stable"] == float(verdict == "stable")
     # Filterable by verdict, as in the UI's search box.
-    assert [r.info.run_id for r in client.search_runs([exp.experiment_id], f"tags.`stability.verdict` = '{verdict}'")] \
-        == [model_run.info.run_id]
+    assert model_run.info.run_id in [r.info.run_id for r in client.search_runs(
+        [exp.experiment_id], f"tags.`stability.verdict` = '{verdict}'")]
     assert model_run.data.params["train.lr"] == "0.003"  # the whole resolved config, flattened
     assert len(client.get_metric_history(model_run.info.run_id, "train/loss")) > 3  # a curve, not a point
     artifacts = {a.path for a in client.list_artifacts(model_run.info.run_id, "report")}
@@ -98,13 +90,27 @@ def test_second_repro_does_nothing(project):
     assert "up to date" in sh([sys.executable, "-m", "dvc", "status"], root, env)
 
 
-def test_changing_a_train_parameter_reruns_train_evaluate_report_not_embed(project):
+def test_plain_repro_after_an_edit_reruns_train_evaluate_report_not_embed_and_is_tracked(project):
+    """No `dvc exp run`: the user edits params.yaml and runs `dvc repro`. A new model run lands in
+    the same store, with no experiment name, dirty (params.yaml differs from the commit)."""
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
     root, env, _ = project
-    out = sh([sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke", "-S", "train.epochs=1"], root, env)
+    params = OmegaConf.load(root / "params.yaml")
+    params.train.epochs = 1
+    OmegaConf.save(params, root / "params.yaml")
+    out = sh([sys.executable, "-m", "dvc", "repro"], root, env)
     assert "Running stage 'embed'" not in out and "'embed' didn't change" in out, out
     for stage in ("train", "evaluate", "report"):
         assert f"Running stage '{stage}'" in out
     assert json.loads((root / "metrics/train.json").read_text())["train/steps"] < 20
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    run_id = json.loads((root / "models/run.json").read_text())["run_id"]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and "dvc.exp_name" not in run.data.tags
+    assert run.data.params["train.epochs"] == "1" and run.data.tags["git.dirty"] == "true"
+    assert "test/cosine" in run.data.metrics and run.data.tags["stability.verdict"] in ("stable", "unstable")
 
 
 def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
@@ -138,3 +144,38 @@ def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
     fp = run.data.tags["train.fingerprint"]
     same = client.search_runs([run.info.experiment_id], f"tags.`train.fingerprint` = '{fp}'")
     assert [r.info.run_id for r in same] == [run_id]  # the restart made no second run
+
+
+def test_sigterm_to_the_train_stage_sends_its_metrics_and_ends_the_run_killed(project):
+    """A scheduler's SIGTERM mid-training: the stage exits 143 at once, the buffered telemetry
+    is in MLflow and the run reads KILLED (not RUNNING forever); the checkpoint stays to resume."""
+    import signal
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    root, env, _ = project
+    ckpt = root / "checkpoints/train/last.pt"
+    ckpt.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "stages.train", "train.epochs=40", "train.checkpoint_every=20",
+                             "train.resume=false"], cwd=root, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "stopped by SIGTERM" in err
+    state = torch_load(ckpt)
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    run = client.get_run(state["extra"]["run_id"])
+    assert run.info.status == "KILLED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert steps and max(steps) >= state["step"]  # everything up to the checkpoint, at least
+
+
+def torch_load(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, weights_only=True)

@@ -1,0 +1,81 @@
+"""Shared fixtures. `smoke_experiments` is what a researcher's repository looks like after a few
+experiments: the project in a fresh git repo, and three smoke-preset experiments made the three
+ways DVC runs them, all tracked in the repo's one MLflow store (mlflow.db at its root):
+
+- `smoke-a`: `dvc exp run` in the workspace (train.lr 0.003, the preset's);
+- `smoke-b`: `dvc exp run --temp` (train.lr 0.01), in a copy under .dvc/tmp/exps;
+- `smoke-c`: `dvc exp run --queue`, then `dvc queue start` (train.lr 0.001), in a queue worker.
+
+It is made once per session (about two minutes on 2 cores) and read by tests/test_e2e.py and
+tests/test_experiments.py. Tests that change the workspace (a plain `dvc repro` after an edit,
+a killed train stage) come last in test_e2e.py; the experiments themselves live in git refs and
+the store, which those tests only add to."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pipeline.report.fault_matrix import clean_env, project_copy
+
+EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # name -> train.lr
+
+
+def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed ({proc.returncode}):\n{out[-6000:]}"
+    return out
+
+
+def dvc(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dvc", *args]
+
+
+@dataclass
+class SmokeExperiments:
+    root: Path
+    env: dict
+    workspace_log: str  # output of the workspace `dvc exp run` (smoke-a)
+    seconds: dict
+
+
+def wait_for_queue(root: Path, env: dict, name: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = sh(dvc("queue", "status"), root, env)
+        row = next((line for line in status.splitlines() if f" {name} " in f" {line} "), "")
+        if "Success" in row:
+            return
+        if "Failed" in row:
+            raise AssertionError(f"queued experiment {name} failed:\n" + sh(dvc("queue", "logs", name), root, env)[-6000:])
+        time.sleep(1)
+    raise AssertionError(f"queued experiment {name} did not finish in {timeout} s:\n{status}")
+
+
+@pytest.fixture(scope="session")
+def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
+    root = project_copy(tmp_path_factory.mktemp("project"))
+    env = clean_env()
+    seconds = {}
+    t0 = time.monotonic()
+    log = sh(dvc("exp", "run", "-n", "smoke-a", "-S", "preset=smoke"), root, env)
+    seconds["workspace"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    sh(dvc("exp", "run", "--temp", "-n", "smoke-b", "-S", "preset=smoke", "-S", f"train.lr={EXPERIMENTS['smoke-b']}"),
+       root, env)
+    seconds["temp"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    sh(dvc("exp", "run", "--queue", "-n", "smoke-c", "-S", "preset=smoke", "-S",
+           f"train.lr={EXPERIMENTS['smoke-c']}"), root, env)
+    sh(dvc("queue", "start", "-j", "1"), root, env)
+    try:
+        wait_for_queue(root, env, "smoke-c")
+    finally:
+        subprocess.run(dvc("queue", "stop"), cwd=root, env=env, capture_output=True, timeout=120)
+    seconds["queue"] = time.monotonic() - t0
+    return SmokeExperiments(root, env, log, seconds)

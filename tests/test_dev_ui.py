@@ -1,0 +1,63 @@
+"""`./dev ui [PORT]` (the README's command) serves the MLflow UI on 127.0.0.1 over the store
+tracking_uri() names, and only says where to look when that store is a server already."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+
+from mlflow.tracking import MlflowClient
+
+from pipeline.paths import REPO_ROOT
+from tests.mlflow_browser import _free_port, _kill_group
+
+
+def test_dev_ui_serves_the_store_on_loopback(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment("ui-check", artifact_location=(tmp_path / "a").as_uri())
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    proc = subprocess.Popen([str(REPO_ROOT / "dev"), "ui", str(port)], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search"
+                                            "?max_results=10", timeout=5) as r:
+                    names = [e["name"] for e in json.load(r)["experiments"]]
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the UI did not answer within 120 s"
+                time.sleep(0.5)
+        assert "ui-check" in names
+        assert listening_addresses(port) == {"127.0.0.1"}  # loopback only, not 0.0.0.0
+    finally:
+        _kill_group(proc)
+
+
+def test_dev_ui_points_at_a_tracking_server_instead_of_starting_one():
+    env = {**os.environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:5999"}
+    proc = subprocess.run([str(REPO_ROOT / "dev"), "ui"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "is a tracking server already" in proc.stderr
+
+
+def listening_addresses(port: int) -> set[str]:
+    """IPv4 addresses with a socket listening on `port` (from /proc/net/tcp; IPv6 listeners in
+    /proc/net/tcp6 are reported as "ipv6")."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:
+                found.add(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(addr) == 8 else "ipv6")
+    return found
