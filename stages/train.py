@@ -4,8 +4,9 @@ metrics/train.json. The MLflow run (named after the DVC experiment, if any) gets
 as params, the curves, system metrics (CPU, memory, GPU) and the model as an MLflow model
 (runs:/<run_id>/model). Writes a resumable checkpoint every train.checkpoint_every steps: a
 killed train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends
-with the same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips skipped steps
-in a row) still gets its stability report (reports/stability.html) before the stage fails."""
+with the same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips
+skipped steps in a row) still gets its stability report (reports/stability.html) before the stage
+fails."""
 from __future__ import annotations
 
 import hashlib

@@ -52,7 +52,8 @@ def wait_for_queue(root: Path, env: dict, name: str, timeout: float = 600) -> No
         if "Success" in row:
             return
         if "Failed" in row:
-            raise AssertionError(f"queued experiment {name} failed:\n" + sh(dvc("queue", "logs", name), root, env)[-6000:])
+            logs = sh(dvc("queue", "logs", name), root, env)
+            raise AssertionError(f"queued experiment {name} failed:\n{logs[-6000:]}")
         time.sleep(1)
     raise AssertionError(f"queued experiment {name} did not finish in {timeout} s:\n{status}")
 

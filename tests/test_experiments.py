@@ -2,11 +2,14 @@
 in the workspace, `--temp` and `--queue` + `dvc queue start` (tests/conftest.py) all land in the
 repo's one MLflow store, fully tagged; each model run holds a loadable MLflow model; and DVC's
 own views (`dvc exp show`, `dvc metrics diff`, `dvc plots diff`) show the same numbers as
-MLflow. The MLflow UI's compare page is checked in a real browser in test_mlflow_browser.py."""
+MLflow; and the real MLflow UI's compare page shows two of them side by side in headless Chromium
+(tests/mlflow_browser.py; tests/test_mlflow_browser.py checks that harness on synthetic runs).
+The experiments are the session's `smoke_experiments` (tests/conftest.py)."""
 from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 
 import numpy as np
@@ -78,8 +81,6 @@ def _model_pt(root, rev: str, env):
 
     code = ("import sys, dvc.api; sys.stdout.buffer.write(dvc.api.read('models/model.pt', repo='.', rev=sys.argv[1], "
             "mode='rb'))")
-    import subprocess
-
     raw = subprocess.run([sys.executable, "-c", code, rev], cwd=root, env=env, capture_output=True, check=True).stdout
     path = root / ".." / f"model-{rev}.pt"
     path.write_bytes(raw)
@@ -147,7 +148,8 @@ def test_dvc_plots_diff_shows_both_experiments_training_curves(smoke_experiments
     (loss,) = plots["loss"]
     assert loss["revisions"] == ["smoke-a", "smoke-b"]
     for name in ("smoke-a", "smoke-b"):
-        curve = [(int(r["step"]), float(r["train/loss"])) for r in loss["content"]["data"]["values"] if r["rev"] == name]
+        rows = loss["content"]["data"]["values"]
+        curve = [(int(r["step"]), float(r["train/loss"])) for r in rows if r["rev"] == name]
         history = client.get_metric_history(runs[name].info.run_id, "train/loss")
         # DVC's curve is MLflow's curve (where the run's final figure, logged at the last step,
         # repeats the last row's loss).
