@@ -11,7 +11,8 @@ training process only pickles rows down a pipe (~1 ms per second of rows) and th
 on another core.
 
 Protocol, over the child's stdin / stdout (pickles, in order):
-  ("rows", [(key, value, timestamp_ms, step), ...])  write these
+  ("rows", [(step, timestamp_ms, {key: value}), ...])  write these (non-finite and non-numeric
+                     values are dropped: MLflow rejects NaN/inf)
   ("sync", n)        reply ("synced", n, error) once everything before it is written; error is
                      the first failure since the last sync (None if there was none)
   end of input       write what is left, stop the system-metrics sampler, exit 0
@@ -23,6 +24,7 @@ sent are written even then.
 """
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import queue
@@ -59,7 +61,7 @@ class MetricWriter:
             raise PipelineError(f"the MLflow metric writer (pid {self.proc.pid}) has exited with status "
                                 f"{self.proc.poll()}; its error is printed above") from None
 
-    def send(self, rows: list[tuple[str, float, int, int]]) -> None:
+    def send(self, rows: list[tuple[int, int, dict]]) -> None:
         if rows:
             self._put(("rows", rows))
 
@@ -150,7 +152,8 @@ def _serve(run_id: str, system_metrics_s: float, inp, out) -> None:
         while (message := messages.get()) is not None:
             kind, payload = message
             if kind == "rows":
-                metrics = [Metric(k, v, ts, step) for k, v, ts, step in payload]
+                metrics = [Metric(k, float(v), ts, step) for step, ts, row in payload for k, v in row.items()
+                           if isinstance(v, (int, float)) and math.isfinite(v)]
                 try:
                     for i in range(0, len(metrics), BATCH_LIMIT):
                         client.log_batch(run_id, metrics=metrics[i:i + BATCH_LIMIT])
@@ -169,6 +172,9 @@ def _serve(run_id: str, system_metrics_s: float, inp, out) -> None:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Background work: where it competes with training for a core (a preset using every core),
+    # training comes first; the rows wait, and sync() waits for them at a checkpoint or the end.
+    os.nice(10)
     # Replies go to the real stdout; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

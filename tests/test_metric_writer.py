@@ -30,13 +30,15 @@ def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run):
     writer = MetricWriter(uri, run_id)
     try:
         # 1,500 values in one message: more than one log_batch (1,000) holds.
-        writer.send([(f"m/{i}", float(step), 1000 + step, step) for step in range(1, 31) for i in range(50)])
+        writer.send([(step, 1000 + step, {**{f"m/{i}": float(step) for i in range(50)}, "bad": float("nan"),
+                                          "text": "x"}) for step in range(1, 31)])
         writer.sync()
         assert [(m.step, m.value) for m in client.get_metric_history(run_id, "m/49")] == \
             [(s, float(s)) for s in range(1, 31)]
-        writer.send([("late", 7.0, 5000, 31)])
+        writer.send([(31, 5000, {"late": 7})])
         writer.sync()
-        assert client.get_run(run_id).data.metrics["late"] == 7.0
+        metrics = client.get_run(run_id).data.metrics
+        assert metrics["late"] == 7.0 and "bad" not in metrics and "text" not in metrics
     finally:
         writer.close()
     assert writer.proc.returncode == 0
@@ -46,7 +48,7 @@ def test_a_store_error_is_raised_at_the_next_sync_and_the_writer_goes_on(run):
     uri, client, run_id = run
     writer = MetricWriter(uri, "0" * 32)  # no such run
     try:
-        writer.send([("m", 1.0, 1, 1)])
+        writer.send([(1, 1, {"m": 1.0})])
         with pytest.raises(PipelineError, match="MLflow could not store metrics"):
             writer.sync()
         writer.sync()  # reported once; the writer still answers
@@ -72,7 +74,7 @@ KILLED_PARENT = '''
 import sys, time
 from pipeline.metric_writer import MetricWriter
 writer = MetricWriter(sys.argv[1], sys.argv[2])
-writer.send([("m", float(s), 1000 + s, s) for s in range(100)])
+writer.send([(s, 1000 + s, {"m": float(s)}) for s in range(100)])
 open(sys.argv[3], "w").write(str(writer.proc.pid))
 time.sleep(120)
 '''
