@@ -6,12 +6,16 @@ The last stdout line is one JSON object; progress lines go to stderr.
   and synthetic data. "Full logging" is what the train stage does: tracking.mlflow_run with
   the whole config as params, and every telemetry row (~35 metrics every train.log_every = 2
   steps) through tracking.MetricBuffer, whose sidecar process (pipeline.metric_writer) writes
-  them and samples system metrics every train.system_metrics_every_s (1 s). Step time is the
-  wall time of the training span over its optimizer steps; the span includes starting the
-  sidecar and the final wait until the store has every row, so a logger that only defers its
-  work to the end of the run is charged for it. Runs of both arms alternate (ABBA order) on
-  the same data and seed; the ratio is of the median step times. logging_overhead_step_ms is the
-  same from the rows' own perf/step_ms (which leaves out the time between windows).
+  them and samples system metrics every train.system_metrics_every_s (1 s). Step time is wall
+  time per step between telemetry rows, from the row at 20 % of the run to the last: everything
+  the loop does between steps counts (handing rows over, flushing), and the writes happen
+  meanwhile; the sidecar's start (~2 s of MLflow imports, on the other core) is over by then.
+  Runs of both arms alternate (ABBA order) on the same data and seed; the ratio is of the median
+  step times.
+  logging_overhead_whole_run: the same over each run's whole span, which also holds what a run
+  pays once: starting the sidecar and the final wait until the store has every row
+  (logging_fixed_cost_s_per_run, seconds). logging_overhead_step_ms: from the rows' own
+  perf/step_ms (which leaves out the time between windows).
 - metrics_logged_per_s: the logging path's throughput: rows of 35 metrics pushed through
   tracking.MetricBuffer into a SQLite store and waited for, metric values per second.
 - metrics_per_s_during_training: what the tracked arm asked of that path (context: it must be
@@ -44,38 +48,63 @@ def say(msg: str) -> None:
     print(f"[bench.tracking] {msg}", file=sys.stderr, flush=True)
 
 
+class RowClock:
+    """The trainer's on_log in both arms: notes when each telemetry row arrives (wall clock), and
+    passes the row on to MLflow in the tracked arm. Rows arrive every log_every steps, after
+    everything the loop does between steps (an in-loop logger's cost included)."""
+
+    def __init__(self, inner=None):
+        self.inner, self.stamps = inner, []
+
+    def __call__(self, metrics: dict, step: int) -> None:
+        self.stamps.append((step, time.perf_counter()))
+        if self.inner is not None:
+            self.inner(metrics, step)
+
+    def steady_step_ms(self, skip: float = 0.2) -> float:
+        """Wall ms per step from the row at `skip` of the run to the last: the sidecar's start
+        (MLflow's import, ~2 s of the other core) is over by then."""
+        (s0, t0), (s1, t1) = self.stamps[int(len(self.stamps) * skip)], self.stamps[-1]
+        return 1000 * (t1 - t0) / (s1 - s0)
+
+
 def timed_run(cfg, x, y, tracked: bool, name: str, flush_seconds: float | None = None) -> dict:
-    """One training run; its training span in seconds, steps, rows and metric values logged."""
+    """One training run: its whole training span in seconds (for the tracked arm: from starting
+    the sidecar to the end of the final wait until the store has every row), its steady step
+    time, its rows and the metric values logged."""
     from pipeline import tracking
 
     if not tracked:
+        clock = RowClock()
         t0 = time.perf_counter()
-        res = train_model(cfg, x, y, progress=False)
-        return {"seconds": time.perf_counter() - t0, "steps": res.summary["train/steps"], "rows": res.rows,
-                "metrics_logged": 0}
+        res = train_model(cfg, x, y, on_log=clock, progress=False)
+        return {"seconds": time.perf_counter() - t0, "steady_ms": clock.steady_step_ms(),
+                "steps": res.summary["train/steps"], "rows": res.rows, "metrics_logged": 0}
     with tracking.mlflow_run(name, cfg.run.preset, experiment=EXPERIMENT) as run:
         tracking.log_params(flatten(cfg))
         t0 = time.perf_counter()
         extra = {} if flush_seconds is None else {"flush_seconds": flush_seconds}
         with tracking.MetricBuffer(run.info.run_id, system_metrics_s=cfg.train.system_metrics_every_s,
                                    **extra) as to_mlflow:
-            res = train_model(cfg, x, y, on_log=to_mlflow, progress=False)
+            clock = RowClock(to_mlflow)
+            res = train_model(cfg, x, y, on_log=clock, progress=False)
         seconds = time.perf_counter() - t0  # includes the final flush, waited for (__exit__)
         tracking.log_metrics(res.summary, step=int(res.summary["train/steps"]))
-    return {"seconds": seconds, "steps": res.summary["train/steps"], "rows": res.rows,
-            "metrics_logged": to_mlflow.sent}
+    return {"seconds": seconds, "steady_ms": clock.steady_step_ms(), "steps": res.summary["train/steps"],
+            "rows": res.rows, "metrics_logged": to_mlflow.sent}
 
 
 def logging_overhead(pairs: int, steps: int, *overrides: str, flush_seconds: float | None = None) -> dict:
     cfg, n = config("smoke", steps, *overrides)
     x, y = synthetic(n)
-    per_step: dict[str, list[float]] = {"tracked": [], "untracked": []}
-    row_ms: dict[str, list[float]] = {"tracked": [], "untracked": []}
-    pair_ratios, rates, flows = [], [], []
+    arms = ("tracked", "untracked")
+    steady = {a: [] for a in arms}  # wall ms per step, steady state
+    whole = {a: [] for a in arms}  # wall ms per step over the whole span
+    row_ms = {a: [] for a in arms}  # the rows' own perf/step_ms
+    pair_ratios, rates, flows, fixed_s = [], [], [], []
     load_before = os.getloadavg()[0]
     with temporary_store():
-        # Untimed warm-up of both arms: torch's allocator, MLflow's imports, the store's schema,
-        # the async queue's threads and the system-metrics sampler all start here.
+        # Untimed warm-up of both arms: torch's allocator, MLflow's imports, the store's schema.
         wcfg, wn = config("smoke", 20, *overrides)
         for tracked in (True, False):
             timed_run(wcfg, *synthetic(wn), tracked, "warm-up", flush_seconds)
@@ -85,19 +114,28 @@ def logging_overhead(pairs: int, steps: int, *overrides: str, flush_seconds: flo
             for tracked in order:
                 r = timed_run(cfg, x, y, tracked, f"overhead-{i}", flush_seconds)
                 arm = "tracked" if tracked else "untracked"
-                per_step[arm].append(1000 * r["seconds"] / r["steps"])
+                steady[arm].append(r["steady_ms"])
+                whole[arm].append(1000 * r["seconds"] / r["steps"])
                 row_ms[arm] += [row["perf/step_ms"] for row in r["rows"][2:]]
                 flows.append([row["flow/flow_steps"] for row in r["rows"]])
-                pair[arm] = per_step[arm][-1]
+                pair[arm] = r
                 if tracked:
                     rates.append(r["metrics_logged"] / r["seconds"])
-            pair_ratios.append(pair["tracked"] / pair["untracked"])
-            say(f"pair {i + 1}/{pairs}: tracked/untracked step time {pair_ratios[-1]:.3f}")
-    med = {a: float(np.median(v)) for a, v in per_step.items()}
-    med_row = {a: float(np.median(v)) for a, v in row_ms.items()}
-    return {"logging_overhead": med["tracked"] / med["untracked"],
-            "logging_overhead_step_ms": med_row["tracked"] / med_row["untracked"],
-            "tracked_step_ms": med["tracked"], "untracked_step_ms": med["untracked"],
+            pair_ratios.append(pair["tracked"]["steady_ms"] / pair["untracked"]["steady_ms"])
+            # What a run pays once: its whole span beyond its steps at the steady rate, over the
+            # same for the untracked run of the pair.
+            fixed_s.append((pair["tracked"]["seconds"] - pair["tracked"]["steady_ms"] * pair["tracked"]["steps"] / 1000)
+                           - (pair["untracked"]["seconds"]
+                              - pair["untracked"]["steady_ms"] * pair["untracked"]["steps"] / 1000))
+            say(f"pair {i + 1}/{pairs}: tracked/untracked step time {pair_ratios[-1]:.3f}, "
+                f"whole run {pair['tracked']['seconds'] / pair['untracked']['seconds']:.3f}")
+    med = {k: {a: float(np.median(v[a])) for a in arms} for k, v in
+           (("steady", steady), ("whole", whole), ("row", row_ms))}
+    return {"logging_overhead": med["steady"]["tracked"] / med["steady"]["untracked"],
+            "logging_overhead_whole_run": med["whole"]["tracked"] / med["whole"]["untracked"],
+            "logging_overhead_step_ms": med["row"]["tracked"] / med["row"]["untracked"],
+            "logging_fixed_cost_s_per_run": float(np.median(fixed_s)),
+            "tracked_step_ms": med["steady"]["tracked"], "untracked_step_ms": med["steady"]["untracked"],
             "logging_overhead_pair_ratios": pair_ratios, "pairs": pairs, "steps_per_run": steps,
             "log_every": cfg.train.log_every, "system_metrics_every_s": cfg.train.system_metrics_every_s,
             "metrics_per_s_during_training": float(np.median(rates)),
@@ -127,7 +165,8 @@ def logging_throughput(rows: int, metrics_per_row: int = 35) -> dict:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m bench.tracking", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=6, help="tracked/untracked run pairs (default 6)")
+    ap.add_argument("--pairs", type=int, default=10,
+                    help="tracked/untracked run pairs (default 10: single pairs vary by +-3 %% on a shared 2-core machine)")
     ap.add_argument("--steps", type=int, default=1000,
                     help="optimizer steps per run (default 1000: ~6 s of smoke training on 1 thread, so the "
                          "10 s flush period and the final flush both fall inside the measured span)")
