@@ -17,7 +17,7 @@ from torch import nn
 
 from .model import EnergyFlowModel
 
-ARTIFACT = "model"  # the run's artifact folder: runs:/<run_id>/model
+ARTIFACT = "model"  # the logged model's name: runs:/<run_id>/model loads it
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -39,12 +39,12 @@ def signature(dim: int):
     from mlflow.types import Schema, TensorSpec
 
     spec = Schema([TensorSpec(np.dtype(np.float32), (-1, dim))])
-    return ModelSignature(inputs=spec, outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, dim))]))
+    return ModelSignature(inputs=spec, outputs=spec)
 
 
 def requirements() -> list[str]:
-    """Pinned from this environment, so MLflow need not infer them (that runs a subprocess
-    that imports the model: ~10 s per run)."""
+    """Pinned from this environment, so MLflow need not infer them (inference starts a
+    subprocess that loads the model to see what it imports)."""
     from importlib.metadata import version
 
     return [f"{name}=={version(name)}" for name in ("torch", "mlflow", "numpy", "omegaconf")]

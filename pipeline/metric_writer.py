@@ -74,10 +74,12 @@ class MetricWriter:
             raise PipelineError(f"the MLflow metric writer did not confirm its writes within {timeout:g} s: "
                                 "is the tracking store reachable (MLFLOW_TRACKING_URI)?")
         try:
-            kind, n, error = pickle.load(self.proc.stdout)
+            _, n, error = pickle.load(self.proc.stdout)
         except EOFError:
             raise PipelineError(f"the MLflow metric writer (pid {self.proc.pid}) exited with status "
                                 f"{self.proc.wait()}; its error is printed above") from None
+        if n != self.syncs:  # replies come in order, one per sync: anything else is a bug here
+            raise PipelineError(f"the MLflow metric writer answered sync {n}, expected {self.syncs}")
         if error:
             raise PipelineError(f"MLflow could not store metrics: {error}")
 

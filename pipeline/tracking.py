@@ -275,22 +275,17 @@ class MetricBuffer:
         """Send everything buffered and wait until the store has it (before a checkpoint)."""
         self.flush(wait=True)
 
-    def wait(self) -> None:
-        """Block until every row sent is in the store (raises if writing one failed)."""
-        self.writer.sync()
-
     def __enter__(self) -> "MetricBuffer":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
+            self.flush(wait=True)
+        except Exception as e:  # noqa: BLE001
             if exc_type is None:
-                self.flush(wait=True)
-                return
-            try:  # already failing: send what we have, but never hide the original error
-                self.flush(wait=True)
-            except Exception as e:  # noqa: BLE001
-                log.warning("could not send %d buffered metrics to MLflow: %s", len(self.pending), e)
+                raise
+            # Already failing: say what was lost, but never hide the original error.
+            log.warning("could not store the last telemetry rows in MLflow: %s", e)
         finally:
             self.writer.close()
 

@@ -72,9 +72,9 @@ def test_metric_buffer_sends_every_row_with_its_step_in_batches_and_on_error(tmp
     assert [m.value for m in client.get_metric_history(run.info.run_id, "late/metric")] == [7.0]
     with tracking.mlflow_run("timed", "smoke", experiment="t") as run:
         with tracking.MetricBuffer(run.info.run_id, flush_seconds=0) as buf:
-            buf({"now": 1.0}, 1)  # flush_seconds elapsed: handed to MLflow's queue at once
+            buf({"now": 1.0}, 1)  # flush_seconds elapsed: handed to the sidecar at once
             assert buf.pending == [] and buf.sent == 1
-            buf.wait()  # ... and in the store once the queue has written it
+            buf.sync()  # ... and in the store once the sidecar has written it
             assert len(client.get_metric_history(run.info.run_id, "now")) == 1
 
 
