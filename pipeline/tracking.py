@@ -181,6 +181,8 @@ def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_
     mlflow.set_tracking_uri(tracking_uri())
     if run_id is None:
         _set_experiment(experiment)
+        # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's sidecar samples them
+        # (pipeline.metric_writer), and a second sampler would log each metric twice.
         run = mlflow.start_run(run_name=run_name, log_system_metrics=False)
         prov, diff = provenance(preset)
         mlflow.set_tags({**prov, **(tags or {})})

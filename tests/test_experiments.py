@@ -87,7 +87,7 @@ def _model_pt(root, rev: str, env):
     return load_model(path)[0]
 
 
-def test_the_logged_mlflow_model_reloads_and_predicts_exactly_like_the_dvc_model(smoke_experiments, store):
+def test_the_logged_mlflow_model_reloads_and_predicts_exactly_like_the_dvc_model(smoke_experiments, store, tmp_path):
     import mlflow.pyfunc
     import mlflow.pytorch
 
@@ -109,6 +109,16 @@ def test_the_logged_mlflow_model_reloads_and_predicts_exactly_like_the_dvc_model
         assert torch.equal(got, expected), name
         pyfunc = mlflow.pyfunc.load_model(uri)
         assert np.array_equal(np.asarray(pyfunc.predict(x.numpy())), expected.numpy()), name
+    # The model carries the pipeline package: it loads where this repository is not importable.
+    elsewhere = subprocess.run(
+        [sys.executable, "-c", "import sys, mlflow.pytorch; mlflow.set_tracking_uri(sys.argv[1]); "
+         "assert 'pipeline' not in sys.modules; m = mlflow.pytorch.load_model(sys.argv[2]); "
+         "print(type(m).__module__, type(m).__name__)",
+         client.tracking_uri, f"runs:/{runs['smoke-a'].info.run_id}/model"],
+        cwd=tmp_path, env={k: v for k, v in smoke_experiments.env.items() if k != "PYTHONPATH"},
+        capture_output=True, text=True, timeout=300)
+    assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
+    assert elsewhere.stdout.split()[-2:] == ["pipeline.logged_model", "EmbeddingPredictor"]
     # Different params, different models: the comparison is not of two copies.
     assert runs["smoke-a"].data.metrics["test/cosine"] != runs["smoke-b"].data.metrics["test/cosine"]
 
