@@ -190,7 +190,11 @@ def body(cfg):
             for step in range(1, 6):
                 buf({"train/loss": 1.0 / step}, step)
             tracking.log_metrics({"direct/async": 1.0})
-            Path(sys.argv[1]).write_text(run.info.run_id)  # ready: 5 rows buffered, none sent
+            # ready: 5 rows buffered, none sent. Written then renamed: the test's SIGTERM can land as soon as the
+            # file exists, and a plain write_text could then leave it empty (seen once in CI).
+            tmp = Path(sys.argv[1] + ".tmp")
+            tmp.write_text(run.info.run_id)
+            tmp.replace(sys.argv[1])
             time.sleep(120)
 
 sys.exit(run_stage("worker", "a test worker", "run", body, []))
