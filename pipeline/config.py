@@ -53,6 +53,10 @@ class EmbedConfig:
     # Content-addressed embedding cache (pipeline/embed_cache.py): each distinct text embedded once
     # per teacher, across runs. Not a DVC output (DVC would delete it before each run). "" = off.
     cache_dir: str = ".cache/embeddings"
+    # Processes that share the embedding (torchrun on this machine, launched by the stage). Each
+    # embeds its share of the texts and writes its share of the shards; the shards and manifest
+    # equal one process's. 1 = no torch.distributed.
+    nproc: int = 1
 
 
 @dataclass
@@ -124,6 +128,11 @@ class TrainConfig:
     # with it they agree bitwise, at no measurable cost (default preset: 51.7-55.1 vs 55.1-56.5
     # ms/step). Ops with no deterministic kernel (some on CUDA) warn instead of failing.
     deterministic: bool = True
+    # Processes for DistributedDataParallel (torchrun on this machine, launched by the stage;
+    # under your own torchrun, torchrun's count wins). Each process trains on batch_size rows per
+    # micro-batch, so the effective batch is batch_size * grad_accum * processes: 2 processes with
+    # grad_accum 1 train the model that 1 process with grad_accum 2 trains.
+    nproc: int = 1
     out_dir: str = "models"
 
 
@@ -144,6 +153,7 @@ class FaultConfig:
     # the smoke model (+3 MB over its 28 steps, lost in allocator noise); 8 MB a step is a small
     # model's activations, +224 MB over the smoke run.
     leak_mb: float = 8.0
+    rank: int = -1  # distributed training: the one rank the fault hits (-1 = every rank)
 
 
 @dataclass
@@ -285,6 +295,9 @@ def _check_values(cfg: DictConfig) -> None:
     _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
     _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
     _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
+    _require(t.nproc >= 1, "train.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", t.nproc)
+    _require(e.nproc >= 1, "embed.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", e.nproc)
+    _require(f.rank >= -1, "fault.rank", "-1 (every rank) or a rank >= 0", f.rank)
     _require(t.system_metrics_every_s >= 0, "train.system_metrics_every_s", ">= 0 seconds (0 = off)",
              t.system_metrics_every_s)
     _require(t.prefetch >= 0, "train.prefetch", ">= 0 (batches gathered ahead; 0 = off)", t.prefetch)

@@ -1,7 +1,8 @@
 """Deliberate faults (the `fault` config group): how the detectors and the report are proven.
 
 Each fault hits optimizer steps [step, step + steps) (1-based), except `leak`, which starts at
-`step` and never stops, as the seeds' bug did.
+`step` and never stops, as the seeds' bug did. In distributed training `fault.rank` picks the one
+rank it hits (-1: all of them), which is how a NaN on one rank is shown to skip the step on all.
 """
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from .errors import ConfigError
 
 
 class FaultInjector:
-    def __init__(self, fault_cfg, model: nn.Module):
-        self.kind = fault_cfg.kind
+    def __init__(self, fault_cfg, model: nn.Module, rank: int = 0):
+        # A fault aimed at another rank is no fault here.
+        self.kind = fault_cfg.kind if fault_cfg.get("rank", -1) in (-1, rank) else "none"
         self.first, self.last = fault_cfg.step, fault_cfg.step + fault_cfg.steps - 1
         self.factor = float(fault_cfg.factor)
         self.module = fault_cfg.module

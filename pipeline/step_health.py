@@ -12,7 +12,7 @@ only host sync. The code packs every fact a skip needs to be explained into one 
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -83,7 +83,8 @@ class StepHealth:
     """Measures a step's gradients, clips them and keeps the log window's accumulators."""
 
     def __init__(self, model: nn.Module, *, grad_clip: float, grad_warning: float, grad_critical: float,
-                 spike_window: int, spike_k: float, skip_spikes: bool, device: torch.device):
+                 spike_window: int, spike_k: float, skip_spikes: bool, device: torch.device,
+                 agree: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         # Top-level modules nearest the loss first (backward order): the first one with a
         # non-finite gradient is where the trouble surfaced.
         self.modules = [(name, [p for p in m.parameters() if p.requires_grad])
@@ -95,8 +96,13 @@ class StepHealth:
         self.skip_spikes = skip_spikes
         self.device = device
         self.spikes = SpikeDetector(spike_window, spike_k, device)
-        self._module_bits = torch.tensor([1 << (MODULE_SHIFT + i) for i in range(len(self.modules))],
-                                         dtype=torch.long, device=device)
+        # The code's bits in the order of measure()'s flags: the loss's and the norm's, then one per module.
+        self._code_bits = torch.tensor([NAN_LOSS, INF_LOSS, NAN_GRAD, INF_GRAD, SPIKE,
+                                        *(1 << (MODULE_SHIFT + i) for i in range(len(self.modules)))],
+                                       dtype=torch.long, device=device)
+        # Distributed training: an element-wise max of the flags over ranks (Dist.all_reduce), so
+        # a non-finite value or a spike on any rank skips the step on every rank.
+        self.agree = agree
         self.update_ratio = torch.zeros((), dtype=torch.float64, device=device)  # latest sample
         self.new_window()
 
@@ -118,11 +124,16 @@ class StepHealth:
         norm = torch.linalg.vector_norm(mod_norms)
         loss = loss.detach().double()
         threshold = self.spikes.threshold()
-        spike = torch.isfinite(loss) & (loss > threshold)
-        code = (torch.isnan(loss) * NAN_LOSS + torch.isinf(loss) * INF_LOSS + torch.isnan(norm) * NAN_GRAD
-                + torch.isinf(norm) * INF_GRAD + spike * SPIKE
-                + (~torch.isfinite(mod_norms) * self._module_bits).sum())
-        finite = torch.isfinite(loss) & torch.isfinite(norm)
+        flags = torch.cat([torch.stack([torch.isnan(loss), torch.isinf(loss), torch.isnan(norm), torch.isinf(norm),
+                                        torch.isfinite(loss) & (loss > threshold)]), ~torch.isfinite(mod_norms)])
+        if self.agree is not None:
+            # With DDP the loss (reduced by the trainer) and the gradients are the same on every
+            # rank, so the flags already agree; a non-finite value made after the reduction on one
+            # rank alone (unscaling, an injected fault) would not, and the ranks' weights would part.
+            flags = self.agree(flags.double()) > 0
+        code = (flags * self._code_bits).sum()
+        spike = flags[4]
+        finite = ~flags[:4].any()
         ok = finite & ~spike if self.skip_spikes else finite  # the host's skip decision, on the device
         if self.grad_clip > 0:
             # clip_grads_with_norm_ reuses our norm (no second pass over the gradients). With a

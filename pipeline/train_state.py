@@ -29,14 +29,18 @@ STATE_FILE = "last.pt"
 # Settings that change what is logged or where, never the weights: a run resumed with a new
 # value of these is still the same run.
 _NEUTRAL_TRAIN_KEYS = ("log_every", "checkpoint_every", "checkpoint_dir", "resume", "threads", "out_dir",
-                       "detect_anomaly_steps", "system_metrics_every_s")
+                       "detect_anomaly_steps", "system_metrics_every_s", "nproc")
 
 
-def fingerprint(cfg, data_digest: str) -> str:
+def fingerprint(cfg, data_digest: str, processes: int = 1) -> str:
+    """`processes` is the job's actual world size (train.nproc asks for one, a user's own torchrun
+    may give another): it sets the effective batch. One process leaves the digest as it was."""
     train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items()
              if k not in _NEUTRAL_TRAIN_KEYS}
     doc = {"seed": cfg.run.seed, "model": OmegaConf.to_container(cfg.model, resolve=True), "train": train,
            "fault": OmegaConf.to_container(cfg.fault, resolve=True), "data": data_digest}
+    if processes > 1:
+        doc["processes"] = processes
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -15,6 +15,12 @@ the skip decision, and on a log step the window's device-side accumulators in th
 Nothing of a step survives it: the loss kept for logging is detached, and
 `torch.cuda.empty_cache()` is never called (the seeds measured it as a 15-20 % slowdown).
 Peak-memory statistics are reset only at log boundaries, so a row's peak covers its window.
+
+Distributed (torchrun; pipeline/distributed.py): the model is wrapped in DistributedDataParallel
+and each rank trains on its own batches (BatchLoader's rank slice). DDP averages the gradients in
+backward (once per optimizer step: the micro-batches before the last run under no_sync), the loss
+is averaged over ranks with one all-reduce, and the skip flags are max-reduced, so every rank
+measures the same reduced gradients and takes the same decision. Only rank 0 writes checkpoints.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import numpy as np
 import torch
 
 from .data.loader import BatchLoader
+from .distributed import Dist, threads_per_process
 from .errors import PipelineError
 from .faults import FaultInjector
 from .model import EnergyFlowModel, energy_flow_loss
@@ -98,9 +105,12 @@ def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
 
 @torch.no_grad()
 def evaluate_loss(model: EnergyFlowModel, inputs, targets, batch_size: int, cosine_weight: float,
-                  device: torch.device) -> dict[str, float]:
+                  device: torch.device, place: Dist = Dist()) -> dict[str, float]:
+    """Mean loss and cosine over the rows; with several ranks each takes every world_size-th batch
+    and the sums are all-reduced (the same batches as one process, so the same numbers)."""
     model.eval()
-    loader = BatchLoader(inputs, targets, batch_size, shuffle=False)
+    loader = BatchLoader(inputs, targets, batch_size, shuffle=False, rank=place.rank, world_size=place.world_size,
+                         even=False)
     loss_sum = torch.zeros((), device=device)
     cos_sum = torch.zeros((), device=device)
     n = 0
@@ -111,29 +121,43 @@ def evaluate_loss(model: EnergyFlowModel, inputs, targets, batch_size: int, cosi
         cos_sum += torch.nn.functional.cosine_similarity(out.pred, y, dim=1).sum()
         n += len(x)
     model.train()
-    return {"loss": float(loss_sum) / max(n, 1), "cosine": float(cos_sum) / max(n, 1)}
+    count = torch.tensor(float(n), dtype=torch.float64, device=device)
+    totals = place.all_reduce(torch.stack([loss_sum.double(), cos_sum.double(), count]))
+    loss_total, cos_total, n_total = totals.tolist()
+    return {"loss": loss_total / max(n_total, 1), "cosine": cos_total / max(n_total, 1)}
 
 
 class Trainer:
     def __init__(self, cfg, train_inputs, train_targets, val_inputs=None, val_targets=None, *,
                  on_log: Optional[Callable[[dict, int], None]] = None, progress: bool = True,
-                 checkpointing: Optional[Checkpointing] = None):
+                 checkpointing: Optional[Checkpointing] = None, place: Dist = Dist()):
         t = self.t = cfg.train
+        self.place = place
         torch.manual_seed(cfg.run.seed)
-        self.device = device = select_device(t.device)
+        # Each rank of a CUDA job its own GPU: train.device "cuda"/"auto" means cuda:LOCAL_RANK there.
+        name = f"cuda:{place.local_rank}" if place.enabled and select_device(t.device).type == "cuda" else t.device
+        self.device = device = select_device(name)
         self.amp_dtype = select_precision(t.precision, device)
         self.model = EnergyFlowModel.from_config(cfg.model, int(train_inputs.shape[1])).to(device)
         self.model.train()
+        # The forward pass (and backward's gradient all-reduce) go through DDP; everything else
+        # (health, checkpoints, evaluation) uses the model itself. All parameters take part in
+        # every forward (checked: no gradient is None at batch 1, 4 or 16), so no unused-parameter
+        # search; the model has no buffers, so DDP has none to broadcast.
+        self.forward = torch.nn.parallel.DistributedDataParallel(
+            self.model, device_ids=[device.index] if device.type == "cuda" else None) if place.enabled else self.model
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
         self.loader = BatchLoader(train_inputs, train_targets, t.batch_size, shuffle=True, seed=cfg.run.seed,
                                   drop_last=len(train_inputs) > t.batch_size, pin_memory=device.type == "cuda",
-                                  prefetch=t.prefetch)
+                                  prefetch=t.prefetch, rank=place.rank, world_size=place.world_size)
         self.steps_per_epoch = len(self.loader) // t.grad_accum
         if self.steps_per_epoch == 0:
+            per_step = t.batch_size * t.grad_accum * place.world_size
+            procs = f" * {place.world_size} processes" if place.enabled else ""
             raise PipelineError(
-                f"the train split has {len(train_inputs)} rows: fewer than train.batch_size * train.grad_accum "
-                f"= {t.batch_size * t.grad_accum}, so not one optimizer step fits; lower either")
+                f"the train split has {len(train_inputs)} rows: fewer than train.batch_size * train.grad_accum"
+                f"{procs} = {per_step}, so not one optimizer step fits; lower one of them")
         self.total_steps = t.epochs * self.steps_per_epoch
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.warmup_steps, self.total_steps))
         s = t.scaler
@@ -142,8 +166,9 @@ class Trainer:
             if self.amp_dtype == torch.float16 else None
         self.health = StepHealth(self.model, grad_clip=t.grad_clip, grad_warning=t.grad_warning,
                                  grad_critical=t.grad_critical, spike_window=t.spike_window, spike_k=t.spike_k,
-                                 skip_spikes=t.skip_spikes, device=device)
-        self.faults = FaultInjector(cfg.fault, self.model)
+                                 skip_spikes=t.skip_spikes, device=device,
+                                 agree=(lambda flags: place.all_reduce(flags, "max")) if place.enabled else None)
+        self.faults = FaultInjector(cfg.fault, self.model, rank=place.rank)
         self.timer = PhaseTimer(device)
         self.val = (val_inputs, val_targets) if val_inputs is not None and len(val_inputs) else None
         self.on_log, self.progress, self.ckpt = on_log, progress, checkpointing
@@ -195,8 +220,8 @@ class Trainer:
         deterministic = (torch.are_deterministic_algorithms_enabled(),
                          torch.is_deterministic_algorithms_warn_only_enabled())
         mkldnn = torch.backends.mkldnn.enabled
-        if self.t.threads:
-            torch.set_num_threads(self.t.threads)
+        if self.t.threads or self.place.enabled:
+            torch.set_num_threads(threads_per_process(self.t.threads, self.place))
         if self.t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         if self.amp_dtype is not None and self.device.type == "cpu":
@@ -230,7 +255,7 @@ class Trainer:
                 self._train_step(batches)
             if self.val:
                 t_val = time.perf_counter()
-                val = evaluate_loss(self.model, *self.val, t.batch_size, t.cosine_weight, self.device)
+                val = evaluate_loss(self.model, *self.val, t.batch_size, t.cosine_weight, self.device, self.place)
                 # Not a training step: kept out of perf/step_ms (it showed as a 2x spike at every
                 # epoch boundary of the default run, 143 vs 75 ms).
                 self.win["not_steps_s"] += time.perf_counter() - t_val
@@ -238,6 +263,7 @@ class Trainer:
                 self.result.summary.update({k: v for k, v in row.items() if k != "epoch"})
                 if self.on_log:
                     self.on_log(row, self.step)
+            self._epoch_summary()
             self.epoch += 1
             self.epoch_step = 0
         self.bar.close()
@@ -250,21 +276,24 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
     def _train_step(self, batches) -> None:
-        t, model, timer = self.t, self.model, self.timer
+        t, timer = self.t, self.timer
         self.step += 1
         self.epoch_step += 1
         step = self.step
         anomaly = step <= t.detect_anomaly_steps
         loss_sum = None
-        for _ in range(t.grad_accum):
+        for micro in range(t.grad_accum):
             t_data = time.perf_counter()
             x, y = (b.to(self.device, non_blocking=True) for b in next(batches))
             timer.add_host("data", time.perf_counter() - t_data)
             timer.start()
-            with torch.autograd.set_detect_anomaly(anomaly, check_nan=True):
+            # DDP all-reduces the gradients in the backward of the step's last micro-batch only.
+            sync = not self.place.enabled or micro == t.grad_accum - 1
+            with torch.autograd.set_detect_anomaly(anomaly, check_nan=True), \
+                    (contextlib.nullcontext() if sync else self.forward.no_sync()):
                 try:
                     with self._autocast():
-                        out = model(x)
+                        out = self.forward(x)
                     loss = energy_flow_loss(out.pred.float(), y, t.cosine_weight)
                     loss = self.faults.on_loss(step, loss)
                     timer.lap("forward")
@@ -281,10 +310,12 @@ class Trainer:
             loss_sum = part if loss_sum is None else loss_sum + part
             self.win["flow_steps"] += out.flow_steps  # python ints: known on the host already
             self.win["steps_used"] += out.steps_used
-            self.win["samples"] += len(x)
-            self.samples_total += len(x)
+            self.win["samples"] += len(x) * self.place.world_size  # every rank's batch is this size
+            self.samples_total += len(x) * self.place.world_size
             del out, loss, scaled  # nothing of this step's graph outlives it
 
+        if self.place.enabled:  # the global batch's loss, as one process would compute it
+            loss_sum = self.place.all_reduce(loss_sum.detach().clone()) / self.place.world_size
         self.faults.on_grads(step)  # before unscale_, so the scaler sees an injected inf
         if self.scaler:
             self.scaler.unscale_(self.opt)  # clipping and norms see true gradients
@@ -320,7 +351,7 @@ class Trainer:
             self._diverged(step)
         if log_step:
             self._close_window(values)
-            if self.ckpt and self.ckpt.every and step % self.ckpt.every == 0:
+            if self.ckpt and self.ckpt.every and step % self.ckpt.every == 0 and self.place.is_main:
                 if self.ckpt.before_save:
                     self.ckpt.before_save()
                 save_state(self.ckpt.path, self.state_dict())
@@ -400,6 +431,18 @@ class Trainer:
             self.on_log(row, self.step)
         reset_peak(self.device)
 
+    def _epoch_summary(self) -> None:
+        """One line per epoch (rank 0's: the other ranks log warnings only)."""
+        rows = [r for r in self.result.rows if r["epoch"] == self.epoch]
+        losses = [r["train/loss"] for r in rows if math.isfinite(r["train/loss"])]
+        parts = [f"train/loss {losses[-1]:.4f}" if losses else "train/loss n/a"]
+        if self.val:
+            parts += [f"val/loss {self.result.summary['val/loss']:.4f}",
+                      f"val/cosine {self.result.summary['val/cosine']:.4f}"]
+        skipped = sum(r["train/skipped"] for r in rows)
+        log.info("epoch %d/%d (step %d): %s, %d skipped", self.epoch + 1, self.t.epochs, self.step,
+                 ", ".join(parts), skipped)
+
     def _summarise(self) -> None:
         rows = self.result.rows
         wall = self.elapsed_before + time.perf_counter() - self.t_start
@@ -410,7 +453,8 @@ class Trainer:
             "train/planned_steps": self.total_steps,
             "train/skipped_steps": self.skipped_total,
             "train/spikes": self.spikes_total,
-            "train/effective_batch": self.t.batch_size * self.t.grad_accum,
+            "train/effective_batch": self.t.batch_size * self.t.grad_accum * self.place.world_size,
+            "train/processes": self.place.world_size,
             "train/resumed_from_step": self.resumed_from,
             "train/seconds": wall,
             "perf/samples_per_s": self.samples_total / wall if wall > 0 else 0.0,
@@ -427,10 +471,13 @@ class Trainer:
 
 def train_model(cfg, train_inputs, train_targets, val_inputs=None, val_targets=None, *,
                 on_log: Optional[Callable[[dict, int], None]] = None, progress: bool = True,
-                checkpointing: Optional[Checkpointing] = None) -> TrainResult:
+                checkpointing: Optional[Checkpointing] = None, place: Dist = Dist()) -> TrainResult:
     """Train the energy-flow model on (memory-mapped) embedding arrays; return model and telemetry.
+
+    With `place` from distributed.process_group, this process is one rank of a DDP job and the
+    arrays are the whole splits: each rank reads its own batches of them.
 
     `on_log(metrics, step)` receives each telemetry row and each epoch's validation metrics
     (the stage points it at MLflow; tests leave it out)."""
     return Trainer(cfg, train_inputs, train_targets, val_inputs, val_targets, on_log=on_log,
-                   progress=progress, checkpointing=checkpointing).run()
+                   progress=progress, checkpointing=checkpointing, place=place).run()

@@ -6,6 +6,9 @@ import signal
 import sys
 from typing import Callable
 
+from omegaconf import OmegaConf
+
+from pipeline import distributed
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, PipelineError, Terminated
 
@@ -21,19 +24,35 @@ stage before any work, naming the key.
 
 Through DVC:  dvc repro {name}            (runs what is out of date up to this stage)
               dvc exp run -S train.lr=3e-4 (an experiment with one parameter changed)
+{distributed}"""
+DISTRIBUTED = """
+Distributed:  {key}=N runs N processes on this machine under torchrun (torch.distributed);
+              or start them yourself, on one node or many:
+              torchrun --nproc-per-node N [--nnodes M --rdzv-backend c10d --rdzv-endpoint HOST:PORT]
+                       -m stages.{name} [OVERRIDE ...]
 """
 
 
-def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str] | None = None) -> int:
+def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str] | None = None,
+              nproc_key: str | None = None) -> int:
+    """Parse, validate and run `body(cfg)`. With the config's `nproc_key` (train.nproc) > 1 and no
+    torchrun around this process yet, start that many copies of the stage under torchrun instead
+    (after validating, so a bad key fails once, before any process starts)."""
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
-        print(USAGE.format(name=name, doc=doc.strip(), sections=sections))
+        extra = DISTRIBUTED.format(key=nproc_key, name=name) if nproc_key else ""
+        print(USAGE.format(name=name, doc=doc.strip(), sections=sections, distributed=extra))
         return 0
+    module, place = f"stages.{name}", distributed.from_env()
     logging.basicConfig(level=logging.INFO, format=f"[{name}] %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    name = distributed.configure_rank_output(name, place)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         cfg = load_config(args)
+        processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
+        if processes > 1 and not distributed.under_launcher():
+            return distributed.launch(processes, module, args, name)
         body(cfg)
     except ConfigError as e:
         print(f"[{name}] config error: {e}", file=sys.stderr)
@@ -43,8 +62,9 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: everything is flushed, the run is KILLED
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-        print(f"[{name}] stopped by {signal.Signals(signum).name}: buffered metrics were sent and the MLflow "
-              "run ended KILLED (train resumes from its last checkpoint when run again)", file=sys.stderr)
+        what = ": buffered metrics were sent and the MLflow run ended KILLED (train resumes from its last " \
+            "checkpoint when run again)" if place.is_main else ""  # rank 0 owns the run and the checkpoints
+        print(f"[{name}] stopped by {signal.Signals(signum).name}{what}", file=sys.stderr)
         return 128 + signum
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -6,7 +6,14 @@ as params, the curves, system metrics (CPU, memory, GPU) and the model as an MLf
 killed train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends
 with the same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips
 skipped steps in a row) still gets its stability report (reports/stability.html) before the stage
-fails."""
+fails.
+
+With train.nproc=N (or under torchrun) it trains with DistributedDataParallel on N processes: gloo
+on CPU, nccl on CUDA (one GPU per process); each process reads its own batches of the shards,
+and the effective batch is train.batch_size * train.grad_accum * N. Rank 0 alone logs to MLflow,
+writes the checkpoints, model, metrics, telemetry and report, and prints; the other ranks print
+only their warnings, prefixed with their rank. Multi-node: every node needs the shards and
+train.checkpoint_dir on a shared path (every rank resumes from rank 0's checkpoint)."""
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +23,7 @@ import sys
 
 import pandas as pd
 
-from pipeline import tracking
+from pipeline import distributed, tracking
 from pipeline.atomic import atomic_path, write_json
 from pipeline.checkpoint import save_model
 from pipeline.config import flatten
@@ -55,33 +62,61 @@ def diagnose_divergence(cfg, run_id: str, result) -> None:
     log.error("training diverged at step %d; %s", result.summary["train/steps"], verdict_line(report))
 
 
-def run(cfg) -> dict:
+def run(cfg) -> dict | None:
+    with distributed.process_group(select_device(cfg.train.device)) as place:
+        if place.is_main:
+            return train_and_record(cfg, place)
+        train_only(cfg, place)
+        return None
+
+
+def prepare(cfg, place):
+    """What every rank reads: the shards (memory-mapped), the fingerprint and a checkpoint."""
     shard_dir = repo_path(cfg.embed.out_dir)
     manifest = load_manifest(shard_dir)
     train, val = open_split(shard_dir, "train"), open_split(shard_dir, "val")
-    model_dir = repo_path(cfg.train.out_dir)
     data_digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
     ckpt_path = repo_path(cfg.train.checkpoint_dir) / STATE_FILE
-    fp = fingerprint(cfg, data_digest)
+    fp = fingerprint(cfg, data_digest, place.world_size)
     state = load_state(ckpt_path, fp) if cfg.train.resume else None
+    return manifest, train, val, ckpt_path, fp, state
+
+
+def train_only(cfg, place) -> None:
+    """A rank other than 0: train in step with the others, write and log nothing."""
+    _, train, val, ckpt_path, fp, state = prepare(cfg, place)
+    ckpt = Checkpointing(ckpt_path, fp, 0, resume_from=state)
+    try:
+        train_model(cfg, train.inputs, train.targets, val.inputs, val.targets, checkpointing=ckpt, progress=False,
+                    place=place)
+    except TrainingDiverged:
+        pass  # every rank stops at the same step (the skips are agreed); rank 0 reports it
+
+
+def train_and_record(cfg, place) -> dict:
+    manifest, train, val, ckpt_path, fp, state = prepare(cfg, place)
+    model_dir = repo_path(cfg.train.out_dir)
     resume_run = (state or {}).get("extra", {}).get("run_id")
     if resume_run and not tracking.run_exists(resume_run):
         resume_run = None  # the checkpoint's run is not in this store: the weights resume, the run is new
     tags = {"stage": "train", "embed.run_id": str(manifest.get("embed_run_id")),
             "dataset.sha256": str(manifest.get("source", {}).get("sha256", ""))[:16],
             "teacher": str(manifest["teacher"]["name"]), "train.fingerprint": fp,
+            "train.processes": str(place.world_size), "distributed.backend": place.backend or "none",
             **tracking.device_tags(select_device(cfg.train.device))}
     with tracking.mlflow_run(tracking.run_name("train"), cfg.run.preset, cfg.run.experiment, run_id=resume_run,
                              tags=tags) as run:
         if resume_run is None:
-            tracking.log_params({**flatten(cfg), "train.effective_batch": cfg.train.batch_size * cfg.train.grad_accum})
+            effective = cfg.train.batch_size * cfg.train.grad_accum * place.world_size
+            tracking.log_params({**flatten(cfg), "train.processes": place.world_size,
+                                 "train.effective_batch": effective})
         sampling = cfg.train.system_metrics_every_s
         with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling) as to_mlflow:
             ckpt = Checkpointing(ckpt_path, fp, cfg.train.checkpoint_every, extra={"run_id": run.info.run_id},
                                  resume_from=state, before_save=to_mlflow.sync)
             try:
                 result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets,
-                                     checkpointing=ckpt, on_log=to_mlflow)
+                                     checkpointing=ckpt, on_log=to_mlflow, place=place)
             except TrainingDiverged as e:
                 diagnose_divergence(cfg, run.info.run_id, e.result)
                 raise
@@ -109,7 +144,7 @@ def run(cfg) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("train", __doc__, "run, embed.out_dir, model, train, fault", run, argv)
+    return run_stage("train", __doc__, "run, embed.out_dir, model, train, fault", run, argv, nproc_key="train.nproc")
 
 
 if __name__ == "__main__":

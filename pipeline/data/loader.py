@@ -11,6 +11,14 @@ With prefetch=N one background thread gathers (and, with pin_memory on CUDA, pin
 batches while the consumer works on the current one. Order and contents are identical with and
 without it; the thread stops when the consumer stops (end, break, close, exception), and an
 exception in the thread is raised in the consumer.
+
+In distributed training each rank has its own loader over the same arrays with its `rank` and
+`world_size`: the epoch's order is the same on every rank (it depends on seed and epoch only), and
+rank r takes batches r, r + world_size, r + 2 * world_size, ... of it, so the ranks read disjoint
+rows and together see what one process would. With even=True (training) every rank gets the same
+number of batches (DDP needs that: a rank with one batch more would wait forever for the others in
+its gradient all-reduce), and the up to world_size - 1 batches left over are dropped, as drop_last
+drops a partial batch; with even=False (evaluation) nothing is dropped.
 """
 from __future__ import annotations
 
@@ -32,7 +40,8 @@ class BatchLoader:
 
     def __init__(self, inputs: Any, targets: Any, batch_size: int,
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 pin_memory: bool = False, prefetch: int = 0):
+                 pin_memory: bool = False, prefetch: int = 0, rank: int = 0, world_size: int = 1,
+                 even: bool = True):
         if len(inputs) != len(targets):
             raise ValueError(f"inputs have {len(inputs)} rows but targets have {len(targets)}; "
                              "expected the same number")
@@ -50,15 +59,25 @@ class BatchLoader:
         # Pinning needs a CUDA runtime; without one it would raise, and there is nothing to gain.
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         self.prefetch = int(prefetch)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank!r}, world_size={world_size!r}; expected 0 <= rank < world_size")
+        self.rank, self.world_size, self.even = int(rank), int(world_size), even
         self.epoch = 0
 
     @property
     def num_samples(self) -> int:
         return len(self.inputs)
 
-    def __len__(self) -> int:
+    @property
+    def total_batches(self) -> int:
+        """Batches of an epoch over all ranks."""
         n, b = self.num_samples, self.batch_size
         return n // b if self.drop_last else -(-n // b)
+
+    def __len__(self) -> int:
+        """This rank's batches of an epoch."""
+        total, w = self.total_batches, self.world_size
+        return total // w if self.even else len(range(self.rank, total, w))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
@@ -78,7 +97,8 @@ class BatchLoader:
         yield from self._indices(self.order(), start_batch)
 
     def _indices(self, order: np.ndarray, start_batch: int) -> Iterator[np.ndarray]:
-        for start in range(start_batch * self.batch_size, len(self) * self.batch_size, self.batch_size):
+        for local in range(start_batch, len(self)):
+            start = (local * self.world_size + self.rank) * self.batch_size
             # Sorting keeps the batch's members but turns random reads of a memory map into
             # forward ones; the order inside a batch does not matter to the loss.
             yield np.sort(order[start:start + self.batch_size])
