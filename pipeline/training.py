@@ -340,6 +340,8 @@ class Trainer:
             self.win["skipped"] += 1
         if self.scaler:
             self.scaler.update()  # backs off after an overflow (found by unscale_), else counts growth
+            if self.place.enabled:
+                self._agree_scaler()
         self.opt.zero_grad(set_to_none=True)
         timer.lap("optimizer")
         self.faults.after_step(step)  # outside the phases, and its time is taken off the window's
@@ -356,6 +358,16 @@ class Trainer:
                     self.ckpt.before_save()
                 save_state(self.ckpt.path, self.state_dict())
             self._new_window()  # after logging and checkpointing: a row times training steps only
+
+    def _agree_scaler(self) -> None:
+        """Every rank's GradScaler in the same state. Each found its overflow in its own (reduced,
+        so equal) gradients, but an inf made on one rank after the all-reduce backs off that rank's
+        scale alone, and DDP would then average gradients scaled differently. The smallest scale
+        and growth count win: the backed-off ones."""
+        state = torch.stack([self.scaler._scale.double(), self.scaler._growth_tracker.double()])
+        self.place.all_reduce(state, "min")
+        self.scaler._scale.fill_(state[0])
+        self.scaler._growth_tracker.fill_(state[1].to(self.scaler._growth_tracker.dtype))
 
     def _record_event(self, step: int, code: int, loss: float, threshold: float, skipped: bool) -> None:
         kind = decode_kind(code)

@@ -34,6 +34,9 @@ CASES = {
     # An inf written into rank 1's gradient after DDP's all-reduce: only the agreed skip flags
     # make rank 0 skip too.
     "inf_rank1": [*BASE, "fault=inf_grad", f"fault.step={FAULT_STEP}", "fault.module=neuron", "fault.rank=1"],
+    # The same under fp16: rank 1's GradScaler backs off, and rank 0's must follow it.
+    "inf_rank1_fp16": [*BASE, "train.precision=fp16", "fault=inf_grad", f"fault.step={FAULT_STEP}",
+                       "fault.module=neuron", "fault.rank=1"],
 }
 
 
@@ -131,3 +134,13 @@ def test_cpu_uses_gloo_and_cuda_nccl_and_threads_are_shared_out():
     cores = len(os.sched_getaffinity(0))
     assert distributed.threads_per_process(0, two_on_one_node) == max(1, cores // 2)
     assert distributed.threads_per_process(3, two_on_one_node) == 3
+
+
+def test_under_fp16_both_grad_scalers_back_off_together(two_ranks):
+    rank0, rank1 = two_ranks[0]["inf_rank1_fp16"]
+    for rank in (rank0, rank1):
+        [event] = rank["events"]
+        assert (event["step"], event["kind"], event["action"]) == (FAULT_STEP, "inf_grad", "skipped; scaler backed off")
+        assert event["scale"] == 1024.0 * 0.5  # the smoke preset's init_scale, backed off once
+    assert rank0["summary"]["amp/scale"] == rank1["summary"]["amp/scale"]
+    assert_ranks_identical(rank0, rank1)
