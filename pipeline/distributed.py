@@ -112,7 +112,9 @@ def process_group(device: torch.device) -> Iterator[Dist]:
     if device.type == "cuda":
         gpu = torch.device("cuda", place.local_rank)
         torch.cuda.set_device(gpu)
-    torch.distributed.init_process_group(backend, timeout=TIMEOUT, device_id=gpu)
+    # With nccl, small host-side exchanges (broadcast_text) still go over gloo: one group, both.
+    torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if backend == "nccl" else backend, timeout=TIMEOUT,
+                                         device_id=gpu)
     try:
         yield Dist(place.rank, place.world_size, place.local_rank, place.local_world_size, backend)
     finally:
@@ -152,7 +154,12 @@ def launch(nproc: int, module: str, args: Sequence[str], stage: str) -> int:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn",
                           monitor_interval=0.1)
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # its INFO chatter: rendezvous etc.
+    # torchrun's own loggers set their level at import (WARNING): quiet them, as the failure and
+    # the signal are reported below in one line each (they add "Received 15 death signal" and an
+    # "E ... failed (exitcode: 1)" line with a pointer to torchrun's error-file docs).
+    for name in list(logging.Logger.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     log.info("%d processes under torchrun (standalone, this machine)", nproc)
     try:
         elastic_launch(config, sys.executable)("-u", "-m", module, *args)

@@ -62,20 +62,22 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
         torch.save(state, tmp)
 
 
-def load_state(path: Path, expected_fingerprint: str) -> Optional[dict[str, Any]]:
-    """The checkpoint at `path` if it exists and belongs to this config and data, else None."""
+def load_state(path: Path, expected_fingerprint: str, quiet: bool = False) -> Optional[dict[str, Any]]:
+    """The checkpoint at `path` if it exists and belongs to this config and data, else None.
+    `quiet`: say nothing of one set aside (distributed ranks other than 0: rank 0 says it)."""
+    warn = (lambda *a: None) if quiet else log.warning
     path = Path(path)
     if not path.is_file():
         return None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a damaged checkpoint must not stop a fresh start
-        log.warning("checkpoint %s is unreadable (%s): starting from step 0", path, str(e).splitlines()[0])
+        warn("checkpoint %s is unreadable (%s): starting from step 0", path, str(e).splitlines()[0])
         return None
     found = state.get("fingerprint") if isinstance(state, dict) else None
     if found != expected_fingerprint:
-        log.warning("checkpoint %s is from another config or dataset (fingerprint %s, this run %s): "
-                    "starting from step 0", path, found, expected_fingerprint)
+        warn("checkpoint %s is from another config or dataset (fingerprint %s, this run %s): "
+             "starting from step 0", path, found, expected_fingerprint)
         return None
     return state
 

@@ -384,6 +384,8 @@ class Trainer:
         self.result.events.append(event)
         if kind is None:
             self.spikes_total += 1
+        if not self.place.is_main:
+            return  # the ranks take the decision together (agreed flags): rank 0 reports it
         if len(self.result.events) <= _EVENT_LOG_MAX:
             where = f" (first non-finite gradient: {event['module']})" if event.get("module") else ""
             detail = f" loss {loss:.4g} > {threshold:.4g}" if kind is None else ""

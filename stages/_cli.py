@@ -62,8 +62,10 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: everything is flushed, the run is KILLED
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-        what = ": buffered metrics were sent and the MLflow run ended KILLED (train resumes from its last " \
-            "checkpoint when run again)" if place.is_main else ""  # rank 0 owns the run and the checkpoints
+        what = ""
+        if place.is_main:  # rank 0 owns the run and the checkpoints
+            what = ": buffered metrics were sent and the MLflow run ended KILLED" + \
+                (" (train resumes from its last checkpoint when run again)" if module == "stages.train" else "")
         print(f"[{name}] stopped by {signal.Signals(signum).name}{what}", file=sys.stderr)
         return 128 + signum
     finally:

@@ -78,7 +78,7 @@ def prepare(cfg, place):
     data_digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
     ckpt_path = repo_path(cfg.train.checkpoint_dir) / STATE_FILE
     fp = fingerprint(cfg, data_digest, place.world_size)
-    state = load_state(ckpt_path, fp) if cfg.train.resume else None
+    state = load_state(ckpt_path, fp, quiet=not place.is_main) if cfg.train.resume else None
     return manifest, train, val, ckpt_path, fp, state
 
 
