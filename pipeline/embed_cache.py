@@ -72,6 +72,14 @@ class EmbeddingCache:
     def __len__(self) -> int:
         return len(self._load_index())
 
+    def keys(self) -> Iterable[bytes]:
+        """The keys of the parts read so far (and of those this object added since)."""
+        return self._load_index().keys()
+
+    def reload(self) -> None:
+        """Re-read the parts at the next lookup: other processes may have added some."""
+        self._index, self._parts = None, []
+
     def get(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """(found mask, (len(keys), dim) float32 array; rows of missing keys are zero)."""
         import pyarrow.parquet as pq

@@ -1,14 +1,18 @@
 """The embed stage's core: read and validate the pairs, split them, embed every distinct text once."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
+from typing import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
 from .data.readers import content_id, drop_duplicate_pairs, read_dataset
+from .data.shards import KINDS, shard_ranges
 from .data.split import assign_splits
-from .embed_cache import EmbeddingCache, embed_distinct
+from .embed_cache import EmbeddingCache, embed_distinct, text_key
+from .errors import ShardError
 from .paths import repo_path
 
 
@@ -97,3 +101,118 @@ class StreamedEmbeddings:
         for k in ("cached", "embedded"):
             self.stats[k] = self.stats.get(k, 0) + stats[k]
         return rows
+
+
+# --------------------------------------------------------------------------- split across ranks
+#
+# One process makes vectors as write_shards reads them: each read of a shard's inputs or targets
+# encodes, in one call, the distinct texts of those rows that neither the cache nor an earlier
+# read had. A text's vector depends on the texts it is encoded with (~1.5e-7, see
+# pipeline/embed_cache.py), so N processes give one process's bits only if they make those same
+# calls: every rank plans them (plan_encodes, without encoding anything), the ranks share out
+# their chunks (embed_share), and then every rank writes its shards from the cache alone.
+
+
+class _KnownKeys:
+    """The cache as the plan sees it: which keys it holds, and zero-width vectors."""
+
+    def __init__(self, keys: Iterable[bytes]):
+        self.keys = set(keys)
+
+    def get(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        found = np.fromiter((k in self.keys for k in keys), dtype=bool, count=len(keys))
+        return found, np.zeros((len(keys), 0), dtype=np.float32)
+
+    def put(self, keys: Iterable[bytes], vectors: np.ndarray) -> None:
+        self.keys.update(keys)
+
+
+def shard_reads(columns: dict[str, tuple[list[str], list[str]]], rows_per_shard: int) -> Iterator[list[str]]:
+    """The texts of each read write_shards makes of a split's (inputs, targets), in its order:
+    split by split, shard by shard, inputs then targets (KINDS)."""
+    for inputs, targets in columns.values():
+        arrays = dict(zip(("inputs", "targets"), (inputs, targets)))
+        for start, stop in shard_ranges(len(inputs), rows_per_shard):
+            for kind in KINDS:
+                yield arrays[kind][start:stop]
+
+
+def plan_encodes(reads: Iterable[list[str]], cached: Iterable[bytes]) -> tuple[list[list[str]], dict]:
+    """The encode() calls, in order, that one process makes for these reads (lists of texts, in
+    the order write_shards reads them) with a cache holding the keys `cached`, and its stats
+    {"cached", "embedded"}. The reads go through embed_rows itself, so the plan is what
+    StreamedEmbeddings would do; vectors are zero-width, so a read costs no memory."""
+    calls: list[list[str]] = []
+    stats = {"cached": 0, "embedded": 0}
+
+    def record(texts: list[str]) -> np.ndarray:
+        calls.append(list(texts))
+        return np.zeros((len(texts), 0), dtype=np.float32)
+
+    known = _KnownKeys(cached)
+    for texts in reads:
+        _, s = embed_rows(texts, record, known)
+        for k in stats:
+            stats[k] += s[k]
+    return calls, stats
+
+
+def plan_digest(calls: list[list[str]]) -> int:
+    """A 63-bit digest of a plan: ranks compare theirs before encoding."""
+    h = hashlib.sha256()
+    for texts in calls:
+        for t in texts:
+            h.update(text_key(t))
+        h.update(b"\0")
+    return int.from_bytes(h.digest()[:8], "big") >> 1
+
+
+def share_work(weights: list[int], world: int) -> list[int]:
+    """A rank for each unit of work: heaviest first, each to the least loaded rank so far (ties to
+    the lower unit index and the lower rank), so every rank computes the same answer."""
+    load = [0] * world
+    owner = [0] * len(weights)
+    for u in sorted(range(len(weights)), key=lambda u: (-weights[u], u)):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[u] = r
+        load[r] += weights[u]
+    return owner
+
+
+def embed_share(calls: list[list[str]], chunks, encode, cache: EmbeddingCache, rank: int, world: int,
+                progress: bool = False, flush_rows: int = 65536) -> dict:
+    """Encode this rank's share of the planned calls into the cache. The unit of work is one chunk
+    of one call (`chunks(texts)` -> index arrays, `encode(texts)` -> vectors: the teacher's
+    encode_chunks and encode_chunk), weighted by its characters; every text of the plan is
+    encoded by exactly one rank, in the chunk one process would encode it in. Vectors go to the
+    cache a part per `flush_rows` rows (100 MB at dim 384), so a rank holds no more than that.
+    Returns {"chunks", "texts"} done here."""
+    from tqdm.auto import tqdm
+
+    units = [(k, idx) for k, texts in enumerate(calls) for idx in chunks(texts)]
+    owner = share_work([sum(len(calls[k][i]) for i in idx) for k, idx in units], world)
+    mine = [u for u, r in zip(units, owner) if r == rank]
+    keys: list[bytes] = []
+    vectors: list[np.ndarray] = []
+    done = 0
+    with tqdm(total=sum(len(idx) for _, idx in mine), unit="text", desc="embed", disable=not progress,
+              mininterval=1.0) as bar:
+        for k, idx in mine:
+            texts = [calls[k][i] for i in idx]
+            vectors.append(encode(texts))
+            keys.extend(text_key(t) for t in texts)
+            done += len(texts)
+            bar.update(len(texts))
+            if len(keys) >= flush_rows:
+                cache.put(keys, np.concatenate(vectors))
+                keys, vectors = [], []
+        if keys:
+            cache.put(keys, np.concatenate(vectors))
+    return {"chunks": len(mine), "texts": done}
+
+
+def cache_only(texts: list[str]) -> np.ndarray:
+    """The encode of a rank writing shards after embed_share: every text is in the cache by then,
+    so a call means the plan missed one."""
+    raise ShardError(f"{len(texts)} texts (e.g. {texts[0][:60]!r}) were not in the embedding cache after the ranks "
+                     "embedded their share: the ranks' plan differs from the shards read")

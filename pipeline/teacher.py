@@ -93,24 +93,36 @@ def count_truncated(model, texts: list[str]) -> int:
     return n
 
 
+def encode_chunks(texts: list[str], batch_size: int) -> list[np.ndarray]:
+    """The chunks encode_texts passes to the model, as index arrays into `texts`, in order: longest
+    first (the order sentence-transformers uses inside encode(), made global so a chunk is a
+    whole run of its batches), 16 batches a chunk (a progress update every ~1 s). A text's vector
+    depends on the other texts of its batch (~1.5e-7, see pipeline/embed_cache.py), so on its
+    chunk, never on the other chunks: the chunks of one call can be encoded in other processes."""
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    chunk = batch_size * 16
+    return [order[start:start + chunk] for start in range(0, len(texts), chunk)]
+
+
+def encode_chunk(model, texts: list[str], batch_size: int) -> np.ndarray:
+    """One chunk of encode_chunks -> float32 (n, dim), under inference_mode."""
+    import torch
+
+    with torch.inference_mode():
+        return model.encode(texts, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True,
+                            normalize_embeddings=False)
+
+
 def encode_texts(model, texts: list[str], batch_size: int, progress: bool = True) -> np.ndarray:
     """Embed texts -> float32 (n, dim), longest first in batches of similar length (less
     padding), under inference_mode, with a progress bar counting texts/s."""
-    import torch
     from tqdm.auto import tqdm
 
     if not texts:
         return np.zeros((0, embedding_dim(model)), dtype=np.float32)
-    # The order sentence-transformers uses inside encode(), made global so the chunks below are
-    # whole runs of its batches (a chunk is 16 batches: a progress update every ~1 s).
-    order = np.argsort([-len(t) for t in texts], kind="stable")
     out = np.empty((len(texts), embedding_dim(model)), dtype=np.float32)
-    chunk = batch_size * 16
-    with torch.inference_mode(), tqdm(total=len(texts), unit="text", desc="embed", disable=not progress,
-                                       mininterval=1.0) as bar:
-        for start in range(0, len(texts), chunk):
-            idx = order[start:start + chunk]
-            out[idx] = model.encode([texts[i] for i in idx], batch_size=batch_size, show_progress_bar=False,
-                                    convert_to_numpy=True, normalize_embeddings=False)
+    with tqdm(total=len(texts), unit="text", desc="embed", disable=not progress, mininterval=1.0) as bar:
+        for idx in encode_chunks(texts, batch_size):
+            out[idx] = encode_chunk(model, [texts[i] for i in idx], batch_size)
             bar.update(len(idx))
     return out

@@ -45,6 +45,7 @@ _FINITE_ROWS = 65536  # rows per finiteness check: no full-size boolean temporar
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # becomes part of file names
 _RESERVED = {"format_version", "dim", "dtype", "rows_per_shard", "teacher", "splits", "files"}
 _HINT = "run the embed stage to (re)create the shards"
+KINDS = ("inputs", "targets")  # the arrays of a shard, in the order they are written
 
 
 def sha256_file(path: str | os.PathLike) -> str:
@@ -173,18 +174,35 @@ def _fsync(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def shard_ranges(count: int, rows_per_shard: int) -> list[tuple[int, int]]:
+    """[start, stop) of each shard of a split of `count` rows, in file order (none for 0 rows)."""
+    return [(start, min(start + rows_per_shard, count)) for start in range(0, count, rows_per_shard)]
+
+
 def write_shards(out_dir: str | os.PathLike,
                  splits: dict[str, tuple[pd.DataFrame, Any, Any]],
                  teacher: dict, extra: dict | None = None, *,
-                 rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, dtype: str = "float32") -> dict:
+                 rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, dtype: str = "float32",
+                 place: Any = None) -> dict:
     """Write all splits and the manifest, replacing `out_dir` as a whole; return the manifest.
 
     Each split's (count, dim) inputs and targets are written as consecutive shard files of at
     most `rows_per_shard` rows, in `dtype` (float32 or float16), converting one shard at a time
     so the split is never held twice in memory. Everything is written into a fresh directory
     beside `out_dir` and swapped in at the end, so a killed run leaves either the previous
-    shards or the new ones, never a mix."""
+    shards or the new ones, never a mix. The arrays are read in KINDS order per shard, shard
+    by shard, split by split (the embed stage's plan of encode calls relies on this order).
+
+    `place` (a pipeline.distributed.Dist with more than one rank): every rank calls this with
+    the same arguments and writes its share of the shard files (shard n of all splits counted
+    together goes to rank n % world) into rank 0's temporary directory, recording their sha256
+    in a per-rank file there; after a barrier rank 0 writes the texts files and the manifest,
+    exactly as one process would, and swaps the directory in. `extra` is read on rank 0 only.
+    Every rank returns the manifest. On an error the temporary directory is removed (by each
+    failing rank: peers fail too, at their next collective)."""
     out_dir = Path(out_dir)
+    rank, world = (place.rank, place.world_size) if place is not None else (0, 1)
+    main = rank == 0
     rows_per_shard = _check_rows_per_shard(rows_per_shard)
     dtype_name = _check_dtype(dtype)
     np_dtype = np.dtype(dtype_name)
@@ -195,11 +213,7 @@ def write_shards(out_dir: str | os.PathLike,
                          f"expected none of {sorted(_RESERVED)}")
     prepared, dim = _prepare(splits)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; the shard dir should look like any other
+    tmp = _new_dir_beside(out_dir) if main else None
     files: dict[str, Any] = {}
 
     def record(name: str) -> None:
@@ -207,35 +221,95 @@ def write_shards(out_dir: str | os.PathLike,
         files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
 
     try:
+        if world > 1:
+            tmp = _shared_dir(place, tmp)
         split_entries: dict[str, Any] = {}
+        counter = 0  # shards of all splits so far: shard n is rank n % world's
         for split, (frame, inputs, targets) in prepared.items():
             count = len(frame)
             texts = f"{split}.parquet"
-            _write_texts(tmp / texts, frame)
-            record(texts)
+            if main:
+                _write_texts(tmp / texts, frame)
+                record(texts)
             shard_entries = []
-            for index, start in enumerate(range(0, count, rows_per_shard)):
-                stop = min(start + rows_per_shard, count)
+            for index, (start, stop) in enumerate(shard_ranges(count, rows_per_shard)):
                 entry = {"rows": stop - start}
-                for kind, arr, name in zip(("inputs", "targets"), (inputs, targets),
-                                           shard_names(split, index)):
-                    block = _shard_block(split, kind, arr, start, stop, np_dtype)
-                    np.save(tmp / name, block, allow_pickle=False)
-                    del block
-                    record(name)
+                for kind, arr, name in zip(KINDS, (inputs, targets), shard_names(split, index)):
+                    if counter % world == rank:
+                        block = _shard_block(split, kind, arr, start, stop, np_dtype)
+                        np.save(tmp / name, block, allow_pickle=False)
+                        del block
+                        record(name)
                     entry[kind] = name
                 shard_entries.append(entry)
+                counter += 1
             split_entries[split] = {"count": count, "texts": texts, "shards": shard_entries}
-        manifest = {"format_version": FORMAT_VERSION, "dim": dim, "dtype": dtype_name,
-                    "rows_per_shard": rows_per_shard, "teacher": teacher,
-                    "splits": split_entries, "files": files, **extra}
-        write_json(tmp / MANIFEST, manifest)
-        _swap_in(tmp, out_dir)
+        if world > 1:
+            files = _gather_records(place, tmp, files, split_entries)
+        if main:
+            manifest = {"format_version": FORMAT_VERSION, "dim": dim, "dtype": dtype_name,
+                        "rows_per_shard": rows_per_shard, "teacher": teacher,
+                        "splits": split_entries, "files": files, **extra}
+            write_json(tmp / MANIFEST, manifest)
+            _swap_in(tmp, out_dir)
+        if world > 1:
+            place.barrier()  # rank 0 has swapped the directory in: every rank may read it
+            if not main:
+                manifest = load_manifest(out_dir)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        # Safe on any rank: rank 0 moves `tmp` only after the barrier that every rank reaches after
+        # its last write, and os.replace is atomic, so a rank failing after it finds `tmp` either
+        # unswapped or gone. A rank failing mid-write, while a peer is already removing `tmp`,
+        # removes it again when its own next collective fails.
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     # Round-trip through JSON so the caller sees exactly what a reader will (tuples -> lists).
     return json.loads(json.dumps(manifest))
+
+
+def _new_dir_beside(out_dir: Path) -> Path:
+    """A fresh hidden `.{name}.*.tmp` directory beside `out_dir`, with the usual permissions."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; the shard dir should look like any other
+    return tmp
+
+
+def _shared_dir(place: Any, tmp: Path | None) -> Path:
+    """Rank 0's directory on every rank; a rank that cannot see it (another node without a shared
+    filesystem) fails with the reason."""
+    path = Path(place.broadcast_text(str(tmp) if tmp is not None else ""))
+    if not path.is_dir():
+        raise ShardError(f"{path}: rank 0's directory is not visible to rank {place.rank}; every rank must write "
+                         "to the same filesystem (one machine, or a shared one)")
+    return path
+
+
+def _rank_file(rank: int) -> str:
+    return f".rank-{rank:05d}.json"  # a leading dot: no split's file name can start so
+
+
+def _gather_records(place: Any, tmp: Path, files: dict, split_entries: dict) -> dict:
+    """Every rank's file records, on rank 0, in the order one process records them (texts, then
+    shards, split by split); {} on the other ranks. A barrier: all shard files are written."""
+    write_json(tmp / _rank_file(place.rank), files)
+    place.barrier()
+    if not place.is_main:
+        return {}
+    for r in range(1, place.world_size):
+        path = tmp / _rank_file(r)
+        files = {**files, **json.loads(path.read_text(encoding="utf-8"))}
+        path.unlink()
+    (tmp / _rank_file(0)).unlink()
+    order = [name for entry in split_entries.values()
+             for name in (entry["texts"], *(s[k] for s in entry["shards"] for k in KINDS))]
+    missing = [n for n in order if n not in files]
+    if missing:
+        raise ShardError(f"{tmp}: no rank recorded {missing[:3]}; expected every shard file written")
+    return {n: files[n] for n in order}
 
 
 def _swap_in(new: Path, dest: Path) -> None:

@@ -1,0 +1,37 @@
+"""The embed stage on 2 ranks, one of which fails mid-write, as on a full disk:
+
+    python -m tests.embed_fault_worker RANK [OVERRIDE ...]
+
+starts 2 copies of itself under torchrun's launcher (as embed.nproc=2 starts stages.embed); in
+each, the stage runs with the overrides, and on rank RANK writing a shard file raises OSError
+after the file is half written (np.save writes it, then fails). Exits with the launcher's code.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from pipeline import distributed
+from stages import embed
+
+
+def main(argv: list[str]) -> int:
+    if not distributed.under_launcher():
+        return distributed.launch(2, "tests.embed_fault_worker", argv, "embed")
+    rank, overrides = int(argv[0]), argv[1:]
+    if distributed.from_env().rank == rank:
+        save = np.save
+
+        def failing_save(path, arr, *args, **kwargs):
+            save(path, arr[: len(arr) // 2], *args, **kwargs)
+            raise OSError(f"No space left on device (injected on rank {rank})")
+
+        np.save = failing_save
+    os.environ.setdefault(*embed.STRICT_GEMM)
+    return embed.main(overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
