@@ -1,6 +1,8 @@
 """`dvc exp run -S train.nproc=2` launches the train stage on 2 processes under torchrun (gloo):
 the whole smoke pipeline completes, rank 0 alone prints, writes and logs, and the MLflow run says
-how it was trained."""
+how it was trained. Marked slow (the whole smoke pipeline through DVC, ~40 s): `./dev test -m slow`,
+which CI runs too. The default suite launches 2 ranks through torchrun in test_distributed_train.py
+and through the stage's own launcher in test_distributed_embed.py."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,9 @@ from mlflow.tracking import MlflowClient
 from pipeline.report.fault_matrix import clean_env, project_copy
 
 from .conftest import dvc, sh
+
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
