@@ -123,7 +123,8 @@ def process_group(device: torch.device) -> Iterator[Dist]:
 
 def threads_per_process(configured: int, place: Dist) -> int:
     """Intra-op threads: the configured number, else this machine's cores shared out among the
-    processes on it (2 processes x 2 threads on 2 cores ran 1.6x slower than x 1: they fight)."""
+    processes on it, so that 2 processes on 2 cores do not start 2 threads each and oversubscribe
+    them (torchrun's command line sets OMP_NUM_THREADS=1 for the same reason)."""
     if configured:
         return configured
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

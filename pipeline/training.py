@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .data.loader import BatchLoader
 from .distributed import Dist, threads_per_process
@@ -233,7 +234,10 @@ class Trainer:
             # context manager warns about TF32 on this build. (fp32 never uses these kernels.)
             torch.backends.mkldnn.enabled = False
         try:
-            return self._run()
+            # Log lines (epoch summaries, skipped steps) go through tqdm.write while the bar is up,
+            # so they print above it instead of after it on the bar's own line.
+            with logging_redirect_tqdm() if self.progress else contextlib.nullcontext():
+                return self._run()
         finally:
             torch.set_num_threads(threads)
             torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
