@@ -42,6 +42,7 @@ from .errors import PipelineError
 from .faults import FaultInjector
 from .model import EnergyFlowModel, energy_flow_loss
 from .step_health import NONFINITE, SPIKE, StepHealth, decode_kind
+from .stop_signals import DeferredStop
 from .telemetry import PHASES, PhaseTimer, device_memory_mb, reset_peak, rss_mb
 from .train_state import rng_state, save_state, set_rng_state
 
@@ -179,6 +180,7 @@ class Trainer:
         self.consecutive_skips = self.skipped_total = self.spikes_total = self.samples_total = 0
         self.elapsed_before = 0.0  # seconds trained by earlier (killed) processes of this run
         self.resumed_from = 0
+        self.stop: Optional[DeferredStop] = None  # set while run() runs
         if checkpointing and checkpointing.resume_from:
             self._restore(checkpointing.resume_from)
 
@@ -236,7 +238,8 @@ class Trainer:
         try:
             # Log lines (epoch summaries, skipped steps) go through tqdm.write while the bar is up,
             # so they print above it instead of after it on the bar's own line.
-            with logging_redirect_tqdm() if self.progress else contextlib.nullcontext():
+            with logging_redirect_tqdm() if self.progress else contextlib.nullcontext(), DeferredStop() as stop:
+                self.stop = stop
                 return self._run()
         finally:
             torch.set_num_threads(threads)
@@ -362,6 +365,22 @@ class Trainer:
                     self.ckpt.before_save()
                 save_state(self.ckpt.path, self.state_dict())
             self._new_window()  # after logging and checkpointing: a row times training steps only
+        if self.stop is not None and self.stop.requested:
+            self._stop_here(step)
+
+    def _stop_here(self, step: int) -> None:
+        """SIGTERM or Ctrl-C arrived during this step (pipeline/stop_signals.py): close the telemetry
+        window, write a checkpoint of this step (rank 0, when checkpointing is on) and stop."""
+        if self.win["steps"]:
+            self._close_window(None)
+        self.bar.close()
+        if self.ckpt and self.ckpt.every and self.place.is_main:
+            if self.ckpt.before_save:
+                self.ckpt.before_save()
+            save_state(self.ckpt.path, self.state_dict())
+            log.warning("stopping at step %d: checkpoint written to %s (the stage resumes from it when run again)",
+                        step, self.ckpt.path)
+        self.stop.raise_()
 
     def _agree_scaler(self) -> None:
         """Every rank's GradScaler in the same state. Each found its overflow in its own (reduced,

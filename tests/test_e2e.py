@@ -147,8 +147,9 @@ def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
 
 
 def test_sigterm_to_the_train_stage_sends_its_metrics_and_ends_the_run_killed(project):
-    """A scheduler's SIGTERM mid-training: the stage exits 143 at once, the buffered telemetry
-    is in MLflow and the run reads KILLED (not RUNNING forever); the checkpoint stays to resume."""
+    """A scheduler's SIGTERM mid-training: the stage finishes the step in flight, writes a
+    checkpoint of it and exits 143; the buffered telemetry is in MLflow and the run reads KILLED
+    (not RUNNING forever); the checkpoint stays to resume."""
     import signal
     import time
 
@@ -168,6 +169,9 @@ def test_sigterm_to_the_train_stage_sends_its_metrics_and_ends_the_run_killed(pr
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert "stopped by SIGTERM" in err
     state = torch_load(ckpt)
+    # Written at the stop, not the periodic one of step 20 (unless the signal came right after it).
+    assert state["step"] >= 20 and f"stopping at step {state['step']}: checkpoint written" in err
+    assert state["rows"][-1]["step"] == state["step"]  # the stopped window's row is in it
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     run = client.get_run(state["extra"]["run_id"])
     assert run.info.status == "KILLED"

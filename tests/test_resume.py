@@ -106,3 +106,39 @@ def test_resume_in_process_continues_where_the_state_left_off(tmp_path):
     for k, v in whole.model.state_dict().items():
         assert torch.equal(v, resumed.model.state_dict()[k]), k
     assert np.array_equal([r["train/loss"] for r in whole.rows], [r["train/loss"] for r in resumed.rows])
+
+
+def test_sigterm_mid_run_checkpoints_the_step_it_finishes_and_resumes_to_the_same_weights(tmp_path):
+    """SIGTERM arrives inside step 7 (between two log boundaries): the step is finished, its
+    telemetry row closed and a checkpoint of step 7 written, then the run stops with Terminated;
+    run again, it ends bitwise where an uninterrupted run ends."""
+    import os
+
+    import pytest
+
+    from pipeline.errors import Terminated
+    from pipeline.training import Trainer
+
+    x, y = linear_task()
+    cfg = _cfg("train.checkpoint_every=8")
+    whole = train_model(cfg, x, y, progress=False)
+    path = tmp_path / STATE_FILE
+    trainer = Trainer(cfg, x, y, progress=False, checkpointing=Checkpointing(path, "fp", 8))
+    original = trainer.faults.on_grads
+
+    def signal_in_step_7(step):  # after backward, before the optimizer step: mid-step
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGTERM)
+        original(step)
+
+    trainer.faults.on_grads = signal_in_step_7
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Terminated):
+        trainer.run()
+    assert signal.getsignal(signal.SIGTERM) is before  # the held-signal handler was for the run only
+    state = load_state(path, "fp")
+    assert state["step"] == 7 and state["rows"][-1]["step"] == 7  # the partial window's row is kept
+    resumed = train_model(cfg, x, y, progress=False, checkpointing=Checkpointing(path, "fp", 8, resume_from=state))
+    assert resumed.summary["train/resumed_from_step"] == 7
+    for k, v in whole.model.state_dict().items():
+        assert torch.equal(v, resumed.model.state_dict()[k]), k

@@ -1,0 +1,31 @@
+"""Signals held until the training step in flight is done (pipeline/stop_signals.py)."""
+import os
+import signal
+
+import pytest
+
+from pipeline.errors import Terminated
+from pipeline.stop_signals import DeferredStop
+
+
+def test_a_signal_is_held_and_raised_when_asked_and_the_handlers_come_back():
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with DeferredStop() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.signum == signal.SIGTERM  # held: nothing raised yet
+        with pytest.raises(Terminated) as e:
+            stop.raise_()
+        assert e.value.signum == signal.SIGTERM
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_second_signal_stops_at_once_and_ctrl_c_is_a_keyboard_interrupt():
+    with DeferredStop() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # the impatient second Ctrl-C
+        with pytest.raises(KeyboardInterrupt) as e:
+            stop.raise_()
+        assert not isinstance(e.value, Terminated)
