@@ -25,6 +25,7 @@ from typing import Any, Iterator
 from .atomic import write_json
 from .errors import PipelineError
 from .paths import REPO_ROOT
+from .redact import redact_params, redact_text
 
 log = logging.getLogger(__name__)
 
@@ -295,14 +296,16 @@ class MetricBuffer:
 def log_params(params: dict[str, Any]) -> None:
     import mlflow
 
-    # MLflow caps a param value at 6000 characters and a batch at 100 params.
-    items = [(k, str(v)[:6000]) for k, v in params.items()]
+    # MLflow caps a param value at 6000 characters and a batch at 100 params. Secrets are replaced
+    # first (pipeline/redact.py): a param is kept forever and shown to everyone with the UI.
+    items = [(k, v[:6000]) for k, v in redact_params(params).items()]
     for i in range(0, len(items), 100):
         mlflow.log_params(dict(items[i:i + 100]))
 
 
 def write_run_file(dest_dir: Path, info: dict) -> None:
-    write_json(Path(dest_dir) / RUN_FILE, info)
+    # A DVC output (and so cached and pushed): no password of a tracking URI in it.
+    write_json(Path(dest_dir) / RUN_FILE, {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
 
 
 def read_run_file(model_dir: Path) -> dict:

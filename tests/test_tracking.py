@@ -253,3 +253,26 @@ def test_stage_lock_tags_digest_what_dvc_lock_records_for_the_stage(tmp_path, mo
     lock.write_text(entry.format(md5="bbb", out="x"))  # a dependency changed
     assert tracking.stage_lock_tags("train")["dvc.train.sha256"] != first
     assert tracking.stage_lock_tags("nope") == {}
+
+
+def test_secrets_are_never_logged_as_params_nor_written_to_the_run_file(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.redact import REDACTED
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    params = {"run.hf_token": "hf_abcdef", "db.password": "hunter2", "x.api_key": "k-123", "x.AWS_SECRET": "s",
+              "embed.teacher": "https://alice:pa55word@models.example/minilm", "train.lr": 0.003,
+              "train.tokenizer_threads": 2, "x.HFTOKEN": "t", "x.author": "me"}
+    with tracking.mlflow_run("secrets", "smoke", experiment="t") as run:
+        tracking.log_params(params)
+    logged = MlflowClient(uri).get_run(run.info.run_id).data.params
+    for key in ("run.hf_token", "db.password", "x.api_key", "x.AWS_SECRET", "x.HFTOKEN"):
+        assert logged[key] == REDACTED, key
+    assert logged["train.tokenizer_threads"] == "2" and logged["x.author"] == "me"
+    assert logged["embed.teacher"] == f"https://alice:{REDACTED}@models.example/minilm"
+    assert logged["train.lr"] == "0.003"
+    tracking.write_run_file(tmp_path, {"run_id": "r", "tracking_uri": "https://bob:s3cret@mlflow.example:5000"})
+    text = (tmp_path / tracking.RUN_FILE).read_text()
+    assert "s3cret" not in text and f"bob:{REDACTED}@mlflow.example" in text
