@@ -27,6 +27,9 @@ class RunConfig:
     preset: str = "default"  # recorded as an MLflow tag; set by the preset file
     seed: int = 0
     experiment: str = "energy-flow"  # MLflow experiment name
+    # required: a tracking server (MLFLOW_TRACKING_URI) that does not answer stops the stage at its
+    # start, naming it; optional: the stage goes on with tracking off and says so; disabled: none.
+    tracking: str = "required"
 
 
 @dataclass
@@ -295,6 +298,8 @@ def _check_values(cfg: DictConfig) -> None:
     _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
     _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
     _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
+    _require(cfg.run.tracking in ("required", "optional", "disabled"), "run.tracking",
+             "required, optional or disabled", cfg.run.tracking)
     _require(t.nproc >= 1, "train.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", t.nproc)
     _require(e.nproc >= 1, "embed.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", e.nproc)
     _require(f.rank >= -1, "fault.rank", "-1 (every rank) or a rank >= 0", f.rank)

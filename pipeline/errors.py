@@ -17,6 +17,10 @@ class ShardError(PipelineError):
     """Embedding shards are missing or do not match their manifest; the message names the file."""
 
 
+class TrackingUnavailable(PipelineError):
+    """The MLflow tracking server does not answer; the message names its URI and what to do."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a scheduler, `kill`, `dvc queue kill`), raised in the main thread so that every
     `with` block unwinds as for Ctrl-C: metrics are flushed and the MLflow run ends KILLED. It is a

@@ -51,7 +51,12 @@ def requirements() -> list[str]:
 
 
 def log_trained_model(model: EnergyFlowModel):
-    """Log the model (on CPU, in eval mode) to the active run; returns MLflow's ModelInfo."""
+    """Log the model (on CPU, in eval mode) to the active run; returns MLflow's ModelInfo (None with
+    tracking off)."""
+    from . import tracking
+
+    if not tracking.enabled():
+        return None
     import mlflow.pytorch
 
     predictor = EmbeddingPredictor(model).to("cpu").eval()

@@ -20,10 +20,11 @@ import subprocess
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 from .atomic import write_json
-from .errors import PipelineError
+from .errors import PipelineError, TrackingUnavailable
 from .paths import REPO_ROOT
 from .redact import redact_params, redact_text
 
@@ -51,6 +52,60 @@ def project_root(start: Path = REPO_ROOT) -> Path:
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+# Tracking for this process: on, unless run.tracking=disabled, or =optional with a server that
+# does not answer. Off, every function here is a no-op and runs have no id ("").
+_ENABLED = [True]
+# A server that answers at all answers /health within this; one that does not is unreachable.
+# MLflow's own client would retry for about 2 minutes (7 retries with backoff) before failing.
+PROBE_TIMEOUT_S = 5.0
+
+
+def enabled() -> bool:
+    return _ENABLED[0]
+
+
+def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why the tracking server at `uri` cannot be reached (None: it answered, or the store is a
+    local one). Any HTTP answer counts as reachable: a 401 or 404 is the server's to explain."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.startswith(("http://", "https://")):
+        return None
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason
+
+
+def configure(mode: str) -> None:
+    """Apply run.tracking for this process, before any work. required: a tracking server that does
+    not answer stops the stage now, naming it (not after minutes of MLflow retries, and not after
+    the stage has written outputs it then cannot log); optional: it turns tracking off, with a
+    warning; disabled: no tracking at all."""
+    _ENABLED[0] = mode != "disabled"
+    if mode == "disabled":
+        return
+    uri = tracking_uri()
+    reason = unreachable_reason(uri)
+    if reason is None:
+        return
+    shown = redact_text(uri)
+    if mode == "optional":
+        _ENABLED[0] = False
+        log.warning("the MLflow tracking server %s is unreachable (%s): tracking is OFF for this stage "
+                    "(run.tracking=optional); nothing of it will be in MLflow", shown, reason)
+        return
+    raise TrackingUnavailable(
+        f"the MLflow tracking server {shown} (MLFLOW_TRACKING_URI) is unreachable: {reason}. Start it, point "
+        "MLFLOW_TRACKING_URI at one that runs (unset, the project's mlflow.db is used), or set "
+        "run.tracking=optional (track when it answers) or run.tracking=disabled")
 
 
 def artifact_location(uri: str) -> str | None:
@@ -176,11 +231,17 @@ def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_
     """Start (or, with run_id, resume) a run; end it FINISHED, FAILED or KILLED on every path
     (KILLED for Ctrl-C and SIGTERM, which stages/_cli.py turns into an exception), after the
     asynchronous metric queue is flushed: MLflow's end_run does not wait for it, so a run could
-    read FINISHED with its last metrics still in flight."""
+    read FINISHED with its last metrics still in flight.
+
+    With tracking off it yields a stand-in whose run id is "". A run_id of "" (a model trained
+    with tracking off) starts a new run."""
+    if not enabled():
+        yield _NO_RUN
+        return
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())
-    if run_id is None:
+    if not run_id:
         _set_experiment(experiment)
         # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's sidecar samples them
         # (pipeline.metric_writer), and a second sampler would log each metric twice.
@@ -209,8 +270,13 @@ def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_
             mlflow.end_run(status=status)
 
 
+_NO_RUN = SimpleNamespace(info=SimpleNamespace(run_id="", experiment_id="", run_name=""))
+
+
 def run_exists(run_id: str) -> bool:
     """Whether the store at tracking_uri() holds this run (a checkpoint may come from another store)."""
+    if not enabled() or not run_id:
+        return False
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -224,6 +290,8 @@ def run_exists(run_id: str) -> bool:
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
     """One batched, asynchronous call per log boundary (never one call per metric)."""
+    if not enabled():
+        return
     import mlflow
 
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
@@ -254,12 +322,14 @@ class MetricBuffer:
         from .metric_writer import MetricWriter
 
         self.run_id, self.flush_seconds = run_id, flush_seconds
-        self.writer = MetricWriter(tracking_uri(), run_id, system_metrics_s)
+        self.writer = MetricWriter(tracking_uri(), run_id, system_metrics_s) if enabled() else None
         self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)
         self.sent = 0  # metric values handed to the writer so far (non-finite ones are dropped there)
         self.last_flush = time.monotonic()
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
+        if self.writer is None:  # tracking off
+            return
         # The row as it is (a shallow copy): unpacking it into metric tuples is the sidecar's work
         # (it was ~1 % of the smoke model's step time here).
         self.pending.append((step, int(time.time() * 1000), dict(metrics)))
@@ -267,6 +337,8 @@ class MetricBuffer:
             self.flush()
 
     def flush(self, wait: bool = False) -> None:
+        if self.writer is None:
+            return
         pending, self.pending = self.pending, []
         self.writer.send(pending)
         self.sent += sum(len(row) for _, _, row in pending)
@@ -290,10 +362,13 @@ class MetricBuffer:
             # Already failing: say what was lost, but never hide the original error.
             log.warning("could not store the last telemetry rows in MLflow: %s", e)
         finally:
-            self.writer.close()
+            if self.writer is not None:
+                self.writer.close()
 
 
 def log_params(params: dict[str, Any]) -> None:
+    if not enabled():
+        return
     import mlflow
 
     # MLflow caps a param value at 6000 characters and a batch at 100 params. Secrets are replaced
@@ -317,6 +392,8 @@ def read_run_file(model_dir: Path) -> dict:
 
 
 def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:
+    if not enabled():
+        return
     import mlflow
 
     mlflow.log_artifact(str(path), artifact_path=artifact_path)
@@ -325,6 +402,8 @@ def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:
 def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = None) -> None:
     """The dataset as an MLflow input of the active run: its schema, row count, source and
     content digest (the UI's Datasets column; runs on the same data share the digest)."""
+    if not enabled():
+        return
     import mlflow
     import mlflow.data
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from pipeline import distributed
+from pipeline import distributed, tracking
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, PipelineError, Terminated
 
@@ -52,7 +52,11 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
         cfg = load_config(args)
         processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
         if processes > 1 and not distributed.under_launcher():
+            if cfg.run.tracking == "required":
+                tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
             return distributed.launch(processes, module, args, name)
+        # Before any work. Only rank 0 tracks; the other ranks never probe the server.
+        tracking.configure(cfg.run.tracking if place.is_main else "disabled")
         body(cfg)
     except ConfigError as e:
         print(f"[{name}] config error: {e}", file=sys.stderr)

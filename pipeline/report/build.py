@@ -50,6 +50,8 @@ def build_report(cfg, run_id: str, steps: pd.DataFrame, events: Sequence[Mapping
 def log_report(result: Mapping) -> None:
     """Into the active MLflow run: the verdict as tags (filterable) and as a 1/0 metric
     (sortable), each check's pass and numeric evidence as metrics, the files as artifacts."""
+    if not tracking.enabled():
+        return
     import mlflow
 
     mlflow.set_tags({"stability.verdict": result["verdict"], "stability.failed": ",".join(result["failed"]) or "none"})

@@ -1,0 +1,61 @@
+"""A tracking server that is not there (issue 9): with run.tracking=required (the default) the
+stage stops at its start, within seconds, naming the server, before any work; with
+run.tracking=optional it goes on with tracking off and says so; =disabled never asks."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from pipeline import tracking
+from stages import embed, evaluate
+
+
+@pytest.fixture
+def dead_server(monkeypatch):
+    """MLFLOW_TRACKING_URI pointing at a loopback port nothing listens on (with a password in it);
+    the tracking switch is put back after the test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"http://ci:hunter2@127.0.0.1:{port}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(tracking, "_ENABLED", [True])
+    return uri
+
+
+def test_an_unreachable_server_stops_the_stage_at_once_naming_it(dead_server, monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(evaluate, "run", lambda cfg: ran.append(cfg))
+    t0 = time.monotonic()
+    assert evaluate.main([]) == 1
+    # MLflow's client alone would retry for ~2 minutes; the probe is one request.
+    assert time.monotonic() - t0 < 30
+    assert not ran  # before any work
+    err = capsys.readouterr().err
+    port = dead_server.rsplit(":", 1)[1]
+    assert f"[evaluate] error: the MLflow tracking server http://ci:[redacted]@127.0.0.1:{port} " in err
+    assert "unreachable" in err and "run.tracking=optional" in err and "hunter2" not in err
+
+
+def test_optional_tracking_goes_on_without_the_server_and_says_so(dead_server, tmp_path, caplog):
+    out = tmp_path / "shards"
+    code = embed.main(["preset=smoke", "embed.max_rows=60", "embed.cache_dir=", f"embed.out_dir={out}",
+                       "run.tracking=optional"])
+    assert code == 0
+    assert "tracking is OFF for this stage (run.tracking=optional)" in caplog.text
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["embed_run_id"] == ""  # no run was made
+
+
+def test_disabled_tracking_never_asks_the_server(dead_server, monkeypatch):
+    asked = []
+    monkeypatch.setattr(tracking, "unreachable_reason", lambda uri, timeout=0: asked.append(uri))
+    tracking.configure("disabled")
+    assert not asked and not tracking.enabled()
+    with tracking.mlflow_run("x", "smoke") as run:  # a stand-in: nothing is logged anywhere
+        tracking.log_params({"a": 1})
+        tracking.log_metrics({"m": 1.0})
+    assert run.info.run_id == ""
