@@ -54,6 +54,12 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
 
 
+def pending_dir() -> Path:
+    """Where metric values the store refused wait to be replayed (pipeline/metric_writer.py): in
+    the project, beside the store, so a --temp experiment's copy can go without losing them."""
+    return project_root() / ".mlflow-pending"
+
+
 # Tracking for this process: on, unless run.tracking=disabled, or =optional with a server that
 # does not answer. Off, every function here is a no-op and runs have no id ("").
 _ENABLED = [True]
@@ -314,7 +320,11 @@ class MetricBuffer:
 
     `sync()` blocks until the store has every row: before each checkpoint (a resumed run must not
     lose the rows before it). On exit, on every path (an exception, Ctrl-C, SIGTERM), the rest is
-    sent and waited for, and the sidecar is closed."""
+    sent and waited for, and the sidecar is closed.
+
+    A store that stops answering does not stop training: the sidecar keeps what it refuses in
+    pending_dir()/<run_id>.jsonl (durable before sync returns) and sends it when the store is back;
+    sync says so once per outage, and the end says what is left to replay."""
 
     # Rows reach the sidecar twice a second: the writes keep pace with training, so the wait at the
     # end is for half a second of rows at most (~0.1 s on the smoke model, bench.tracking).
@@ -322,7 +332,9 @@ class MetricBuffer:
         from .metric_writer import MetricWriter
 
         self.run_id, self.flush_seconds = run_id, flush_seconds
-        self.writer = MetricWriter(tracking_uri(), run_id, system_metrics_s) if enabled() else None
+        self.writer = MetricWriter(tracking_uri(), run_id, system_metrics_s,
+                                   pending_dir() / f"{run_id}.jsonl") if enabled() else None
+        self.outage: dict | None = None  # the last sync's pending status, while the store is away
         self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)
         self.sent = 0  # metric values handed to the writer so far (non-finite ones are dropped there)
         self.last_flush = time.monotonic()
@@ -344,7 +356,16 @@ class MetricBuffer:
         self.sent += sum(len(row) for _, _, row in pending)
         self.last_flush = time.monotonic()
         if wait:
-            self.writer.sync()
+            self._report(self.writer.sync())
+
+    def _report(self, status: dict | None) -> None:
+        if status and not self.outage:
+            log.warning("the MLflow store is not taking metrics (%s): training goes on; %d values are kept in %s and "
+                        "sent when it answers again", redact_text(str(status["reason"])), status["pending"],
+                        status["file"])
+        elif self.outage and not status:
+            log.info("the MLflow store answers again: the %d kept metric values are stored", self.outage["pending"])
+        self.outage = status
 
     def sync(self) -> None:
         """Send everything buffered and wait until the store has it (before a checkpoint)."""
@@ -355,7 +376,7 @@ class MetricBuffer:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            self.flush(wait=True)
+            self.flush(wait=True)  # values still pending after it get the sidecar's last tries, then its word
         except Exception as e:  # noqa: BLE001
             if exc_type is None:
                 raise

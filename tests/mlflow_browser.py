@@ -171,7 +171,7 @@ def _tail(log, lines: int = 30, noise=None) -> str:
 
 @contextlib.contextmanager
 def start_mlflow_server(backend_store_uri: str, artifacts_dir: Path,
-                        timeout: float = SERVER_START_TIMEOUT) -> Iterator[str]:
+                        timeout: float = SERVER_START_TIMEOUT, port: int | None = None) -> Iterator[str]:
     """Run the real `mlflow server` (this venv's) on 127.0.0.1 and a free port; yield its base URL
     (http://127.0.0.1:PORT) once it answers /health; kill its whole process group on exit.
 
@@ -182,7 +182,8 @@ def start_mlflow_server(backend_store_uri: str, artifacts_dir: Path,
 
     One uvicorn worker: the UI makes a handful of requests and the machines may have 2 cores.
     Host-header/CORS security middleware stays on: its defaults allow 127.0.0.1 on any port,
-    which is what the browser uses.
+    which is what the browser uses. `port`: this one rather than a free one (a server restarted
+    where its clients expect it).
 
     Raises RuntimeError (with the tail of the server's output) if the server exits early or does
     not answer within `timeout` seconds."""
@@ -192,7 +193,7 @@ def start_mlflow_server(backend_store_uri: str, artifacts_dir: Path,
     if not os.access(mlflow_exe, os.X_OK):
         raise RuntimeError(f"no mlflow executable next to this Python ({mlflow_exe}); "
                            "run the tests with the project's venv (.venv/bin/python -m pytest)")
-    port = _free_port()
+    port = port or _free_port()
     base_url = f"http://127.0.0.1:{port}"
     args = [str(mlflow_exe), "server",
             "--backend-store-uri", backend_store_uri,

@@ -12,7 +12,6 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.errors import PipelineError
 from pipeline.metric_writer import MetricWriter
 from pipeline.paths import REPO_ROOT
 
@@ -44,16 +43,21 @@ def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run):
     assert writer.proc.returncode == 0
 
 
-def test_a_store_error_is_raised_at_the_next_sync_and_the_writer_goes_on(run):
+def test_values_the_store_refuses_are_kept_in_the_pending_file_and_the_writer_goes_on(run, tmp_path):
     uri, client, run_id = run
-    writer = MetricWriter(uri, "0" * 32)  # no such run
+    pending = tmp_path / "pending" / ("0" * 32 + ".jsonl")
+    writer = MetricWriter(uri, "0" * 32, pending_file=pending)  # no such run: every write is refused
     try:
-        writer.send([(1, 1, {"m": 1.0})])
-        with pytest.raises(PipelineError, match="MLflow could not store metrics"):
-            writer.sync()
-        writer.sync()  # reported once; the writer still answers
+        writer.send([(1, 1, {"m": 1.0}), (2, 2, {"m": 2.0})])
+        status = writer.sync()
+        assert status["pending"] == 2 and status["file"] == str(pending) and "0" * 32 in status["reason"]
+        assert pending.read_text().splitlines() == ['["m", 1.0, 1, 1]', '["m", 2.0, 2, 2]']  # on disk by now
+        writer.send([(3, 3, {"m": 3.0})])
+        assert writer.sync()["pending"] == 3  # the writer still answers, and keeps adding
+        assert len(pending.read_text().splitlines()) == 3
     finally:
         writer.close()
+    assert pending.exists()  # never stored: left for pipeline.metric_replay
 
 
 def test_system_metrics_are_sampled_while_the_writer_runs(run):

@@ -1,0 +1,64 @@
+"""The tracking server goes away mid-run (issue 9), tested against a real `mlflow server` on
+loopback that is stopped and started again on the same port: training's metrics are kept (in
+memory and in the pending file) while it is away, stored when it is back, and what is still
+pending when the run ends is replayed by `python -m pipeline.metric_replay`. Nothing is lost."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from pipeline import tracking
+from pipeline.paths import REPO_ROOT
+
+from .mlflow_browser import _free_port, start_mlflow_server
+
+pytestmark = pytest.mark.slow  # three server starts, ~40 s: `./dev test -m slow`, which CI runs
+
+
+def rows(buffer, steps) -> None:
+    for s in steps:
+        buffer({"train/loss": 1.0 / s}, s)
+
+
+def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.tracking")
+    store, artifacts, port = f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "artifacts", _free_port()
+    url = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    monkeypatch.setattr(tracking, "pending_dir", lambda: tmp_path / "pending")
+    with start_mlflow_server(store, artifacts, port=port):
+        client = MlflowClient(url)
+        run_id = client.create_run(client.create_experiment("outage")).info.run_id
+        buffer = tracking.MetricBuffer(run_id, flush_seconds=0).__enter__()
+        rows(buffer, range(1, 6))
+        buffer.sync()
+        assert buffer.outage is None
+    pending = tmp_path / "pending" / f"{run_id}.jsonl"
+    # Away: the rows are kept, on disk before sync returns, and training is not stopped.
+    rows(buffer, range(6, 11))
+    buffer.sync()
+    assert buffer.outage["pending"] == 5 and len(pending.read_text().splitlines()) == 5
+    assert "the MLflow store is not taking metrics" in caplog.text and "training goes on" in caplog.text
+    with start_mlflow_server(store, artifacts, port=port):
+        # Back: the kept rows go first, then the new ones; the pending file is gone.
+        rows(buffer, range(11, 16))
+        buffer.sync()
+        assert buffer.outage is None and not pending.exists()
+        assert "the MLflow store answers again: the 5 kept metric values are stored" in caplog.text
+    # Away at the end: the writer tries a few more times, then leaves the file to replay.
+    rows(buffer, range(16, 21))
+    buffer.__exit__(None, None, None)
+    assert len(pending.read_text().splitlines()) == 5
+    with start_mlflow_server(store, artifacts, port=port):
+        replay = subprocess.run([sys.executable, "-m", "pipeline.metric_replay", str(pending)], cwd=REPO_ROOT,
+                                env={**os.environ, "MLFLOW_TRACKING_URI": url}, capture_output=True,
+                                text=True, timeout=120)
+        assert replay.returncode == 0, replay.stderr
+        assert f"5 values stored in run {run_id}" in replay.stdout and not pending.exists()
+        history = MlflowClient(url).get_metric_history(run_id, "train/loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, 1.0 / s) for s in range(1, 21)]  # nothing lost, no copies
