@@ -1,6 +1,7 @@
 """The embed stage's core: read and validate the pairs, split them, embed every distinct text once."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
@@ -8,6 +9,7 @@ from typing import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
+from .atomic import DiskFull, disk_full_error, is_disk_full
 from .data.readers import content_id, drop_duplicate_pairs, read_dataset
 from .data.shards import KINDS, shard_ranges
 from .data.split import assign_splits
@@ -25,8 +27,8 @@ class PreparedPairs:
 
 def prepare_pairs(embed_cfg) -> PreparedPairs:
     """Read, validate, de-duplicate, optionally subsample, and split. Raises DatasetError."""
-    df = read_dataset(dataset_spec(embed_cfg.dataset), embed_cfg.input_field, embed_cfg.target_field, embed_cfg.id_field, embed_cfg.format,
-                      skip_empty=embed_cfg.empty_text == "skip")
+    df = read_dataset(dataset_spec(embed_cfg.dataset), embed_cfg.input_field, embed_cfg.target_field,
+                      embed_cfg.id_field, embed_cfg.format, skip_empty=embed_cfg.empty_text == "skip")
     skipped_empty = int(df.attrs.get("rows_skipped_empty", 0))
     files = list(df.attrs.get("files", []))
     n_files = len(files)
@@ -73,9 +75,23 @@ def embed_rows(texts: list[str], encode, cache: EmbeddingCache | None) -> tuple[
     {"distinct", "cached", "embedded"}."""
     distinct = list(dict.fromkeys(texts))
     index = {t: i for i, t in enumerate(distinct)}
-    vectors, stats = embed_distinct(distinct, encode, cache)
+    with _writing_cache(cache):
+        vectors, stats = embed_distinct(distinct, encode, cache)
     rows = vectors[np.fromiter((index[t] for t in texts), dtype=np.int64, count=len(texts))]
     return rows, {"distinct": len(distinct), **stats}
+
+
+@contextlib.contextmanager
+def _writing_cache(cache):
+    """A full disk while the embedding cache adds a part is named as the cache's: it happens while a
+    shard is being made, and may be on another disk than the shards."""
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, DiskFull) or not is_disk_full(e) or not hasattr(cache, "dir"):
+            raise
+        raise disk_full_error(cache.dir, e, "the cache keeps the parts it had (each is added whole or not at all)",
+                              'set embed.cache_dir to another disk ("" keeps it in $TMPDIR)') from e
 
 
 class StreamedEmbeddings:
@@ -204,10 +220,12 @@ def embed_share(calls: list[list[str]], chunks, encode, cache: EmbeddingCache, r
             done += len(texts)
             bar.update(len(texts))
             if len(keys) >= flush_rows:
-                cache.put(keys, np.concatenate(vectors))
+                with _writing_cache(cache):
+                    cache.put(keys, np.concatenate(vectors))
                 keys, vectors = [], []
         if keys:
-            cache.put(keys, np.concatenate(vectors))
+            with _writing_cache(cache):
+                cache.put(keys, np.concatenate(vectors))
     return {"chunks": len(mine), "texts": done}
 
 

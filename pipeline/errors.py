@@ -17,6 +17,15 @@ class ShardError(PipelineError):
     """Embedding shards are missing or do not match their manifest; the message names the file."""
 
 
+class DiskFull(PipelineError):
+    """A write failed for lack of space or quota; the message names the file and what was kept
+    (pipeline/atomic.py recognises the ways a full disk shows)."""
+
+    def __init__(self, message: str, path, errno_: int):
+        super().__init__(message)
+        self.path, self.errno = path, errno_
+
+
 class TrackingUnavailable(PipelineError):
     """The MLflow tracking server does not answer; the message names its URI and what to do."""
 

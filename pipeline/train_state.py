@@ -8,7 +8,10 @@ with weights_only=True: tensors, numbers, strings and containers only, never arb
 
 A checkpoint carries a fingerprint of everything that shapes the weights (run seed, model, train
 settings that change the maths, fault, and the data's digest). A run resumes only from a
-checkpoint with its own fingerprint; any other one is set aside with a message, never loaded.
+checkpoint with its own fingerprint; any other one is set aside with a message, never loaded. So
+is one whose model tensors do not fit the model this config builds (same fingerprint, but written
+by another version of the code): the message names the tensors, and the run starts afresh rather
+than stopping on every attempt until someone deletes the file.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch
 from omegaconf import OmegaConf
 
 from .atomic import atomic_path
+from .checkpoint import tensor_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +62,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    # A file object, not a path: a full disk is then reported as one (see checkpoint.save_model).
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(state, f)
 
 
-def load_state(path: Path, expected_fingerprint: str, quiet: bool = False) -> Optional[dict[str, Any]]:
+def load_state(path: Path, expected_fingerprint: str, quiet: bool = False,
+               model_shapes: Optional[dict[str, tuple[int, ...]]] = None) -> Optional[dict[str, Any]]:
     """The checkpoint at `path` if it exists and belongs to this config and data, else None.
-    `quiet`: say nothing of one set aside (distributed ranks other than 0: rank 0 says it)."""
+    `quiet`: say nothing of one set aside (distributed ranks other than 0: rank 0 says it).
+    `model_shapes` (checkpoint.model_shapes of this run's model): also set aside a checkpoint
+    whose model tensors differ from these."""
     warn = (lambda *a: None) if quiet else log.warning
     path = Path(path)
     if not path.is_file():
@@ -79,5 +87,12 @@ def load_state(path: Path, expected_fingerprint: str, quiet: bool = False) -> Op
         warn("checkpoint %s is from another config or dataset (fingerprint %s, this run %s): "
              "starting from step 0", path, found, expected_fingerprint)
         return None
+    if model_shapes is not None:
+        model = state.get("model")
+        mismatch = tensor_mismatch(model, model_shapes) if isinstance(model, dict) else "it holds no model tensors"
+        if mismatch:
+            warn("checkpoint %s has this run's fingerprint but its model does not fit the one this config builds "
+                 "(written by another version of the code?): %s; starting from step 0", path, mismatch)
+            return None
     return state
 

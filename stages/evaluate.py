@@ -11,8 +11,8 @@ import pandas as pd
 
 from pipeline import tracking
 from pipeline.atomic import atomic_path, write_json
-from pipeline.checkpoint import load_model, untrained_model
-from pipeline.data.shards import open_split
+from pipeline.checkpoint import check_input_dim, load_model, untrained_model
+from pipeline.data.shards import load_manifest, open_split
 from pipeline.evaluation import evaluate_split, predict, ridge_fit, sample_table
 from pipeline.paths import METRICS_DIR, REPORTS_DIR, repo_path
 
@@ -27,6 +27,7 @@ def run(cfg) -> dict:
     shard_dir, model_dir = repo_path(cfg.embed.out_dir), repo_path(cfg.train.out_dir)
     run_info = tracking.read_run_file(model_dir)
     model, payload = load_model(model_dir / "model.pt")
+    check_input_dim(model_dir / "model.pt", payload, load_manifest(shard_dir), shard_dir)  # before any work
     untrained = untrained_model(payload)
     shards = {s: open_split(shard_dir, s) for s in ("train", "val", "test")}
     w = ridge_fit(shards["train"].inputs, shards["train"].targets, cfg.evaluate.ridge_alpha)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from pipeline import distributed, tracking
 from pipeline.atomic import atomic_path, write_json
-from pipeline.checkpoint import save_model
+from pipeline.checkpoint import model_shapes, save_model
 from pipeline.config import flatten
 from pipeline.data.shards import load_manifest, open_split
 from pipeline.logged_model import log_trained_model
@@ -78,7 +78,11 @@ def prepare(cfg, place):
     data_digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
     ckpt_path = repo_path(cfg.train.checkpoint_dir) / STATE_FILE
     fp = fingerprint(cfg, data_digest, place.world_size)
-    state = load_state(ckpt_path, fp, quiet=not place.is_main) if cfg.train.resume else None
+    state = None
+    if cfg.train.resume and ckpt_path.is_file():
+        # Shapes too: a checkpoint of this fingerprint from another version of the code is set aside, not a crash.
+        state = load_state(ckpt_path, fp, quiet=not place.is_main,
+                           model_shapes=model_shapes(cfg.model, int(manifest["dim"])))
     return manifest, train, val, ckpt_path, fp, state
 
 

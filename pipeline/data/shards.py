@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from pipeline.atomic import write_json
+from pipeline.atomic import DiskFull, disk_full_error, is_disk_full, write_json
 from pipeline.errors import ShardError
 
 FORMAT_VERSION = 2
@@ -199,7 +199,8 @@ def write_shards(out_dir: str | os.PathLike,
     in a per-rank file there; after a barrier rank 0 writes the texts files and the manifest,
     exactly as one process would, and swaps the directory in. `extra` is read on rank 0 only.
     Every rank returns the manifest. On an error the temporary directory is removed (by each
-    failing rank: peers fail too, at their next collective)."""
+    failing rank: peers fail too, at their next collective); a full disk (ENOSPC/EDQUOT) is raised
+    as atomic.DiskFull naming the file whose write failed."""
     out_dir = Path(out_dir)
     rank, world = (place.rank, place.world_size) if place is not None else (0, 1)
     main = rank == 0
@@ -213,14 +214,17 @@ def write_shards(out_dir: str | os.PathLike,
                          f"expected none of {sorted(_RESERVED)}")
     prepared, dim = _prepare(splits)
 
-    tmp = _new_dir_beside(out_dir) if main else None
+    tmp: Path | None = None
     files: dict[str, Any] = {}
+    writing = ""  # the file being written, named if the disk fills up
 
     def record(name: str) -> None:
         _fsync(tmp / name)
         files[name] = {"sha256": sha256_file(tmp / name), "bytes": (tmp / name).stat().st_size}
 
     try:
+        if main:
+            tmp = _new_dir_beside(out_dir)
         if world > 1:
             tmp = _shared_dir(place, tmp)
         split_entries: dict[str, Any] = {}
@@ -229,6 +233,7 @@ def write_shards(out_dir: str | os.PathLike,
             count = len(frame)
             texts = f"{split}.parquet"
             if main:
+                writing = texts
                 _write_texts(tmp / texts, frame)
                 record(texts)
             shard_entries = []
@@ -237,6 +242,7 @@ def write_shards(out_dir: str | os.PathLike,
                 for kind, arr, name in zip(KINDS, (inputs, targets), shard_names(split, index)):
                     if counter % world == rank:
                         block = _shard_block(split, kind, arr, start, stop, np_dtype)
+                        writing = name
                         np.save(tmp / name, block, allow_pickle=False)
                         del block
                         record(name)
@@ -245,24 +251,32 @@ def write_shards(out_dir: str | os.PathLike,
                 counter += 1
             split_entries[split] = {"count": count, "texts": texts, "shards": shard_entries}
         if world > 1:
+            writing = _rank_file(rank)
             files = _gather_records(place, tmp, files, split_entries)
         if main:
             manifest = {"format_version": FORMAT_VERSION, "dim": dim, "dtype": dtype_name,
                         "rows_per_shard": rows_per_shard, "teacher": teacher,
                         "splits": split_entries, "files": files, **extra}
+            writing = MANIFEST
             write_json(tmp / MANIFEST, manifest)
             _swap_in(tmp, out_dir)
         if world > 1:
             place.barrier()  # rank 0 has swapped the directory in: every rank may read it
             if not main:
                 manifest = load_manifest(out_dir)
-    except BaseException:
+    except BaseException as e:
         # Safe on any rank: rank 0 moves `tmp` only after the barrier that every rank reaches after
         # its last write, and os.replace is atomic, so a rank failing after it finds `tmp` either
         # unswapped or gone. A rank failing mid-write, while a peer is already removing `tmp`,
         # removes it again when its own next collective fails.
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e) and not (isinstance(e, DiskFull) and tmp is not None and tmp not in e.path.parents):
+            # Named as the file it would have become: the temporary directory is gone by now. (A DiskFull
+            # from elsewhere, the embedding cache, already names its own place.)
+            kept = (f"the previous shards in {out_dir} are left as they were" if out_dir.is_dir()
+                    else f"{out_dir} was not created") + " and the partly written ones removed"
+            raise disk_full_error(out_dir / writing, e, kept, "set embed.out_dir to another disk") from e
         raise
     # Round-trip through JSON so the caller sees exactly what a reader will (tuples -> lists).
     return json.loads(json.dumps(manifest))
@@ -538,11 +552,11 @@ def _verify_file(shard_dir: Path, name: str, manifest: dict) -> None:
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise ShardError(f"{path}: size differs from the manifest: expected {entry['bytes']} "
-                         f"bytes, found {size}")
+                         f"bytes, found {size} (changed or cut short since the embed stage wrote it); {_HINT}")
     digest = sha256_file(path)
     if digest != entry["sha256"]:
         raise ShardError(f"{path}: sha256 differs from the manifest: expected {entry['sha256']}, "
-                         f"found {digest}")
+                         f"found {digest} (changed since the embed stage wrote it); {_HINT}")
 
 
 def _load_array(path: Path, rows: int, dim: int, dtype: np.dtype) -> np.ndarray:
