@@ -10,13 +10,15 @@ instead, exactly as `dvc exp run -S preset=NAME` does (a fault alone keeps param
 """
 from __future__ import annotations
 
+import difflib
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from .errors import ConfigError
 from .paths import REPO_ROOT
@@ -235,6 +237,11 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
             raw = compose(config_name=config_name, overrides=overrides)
     except HydraException as e:
+        # Hydra's "Could not override 'embed.foo'. To append to your config use +embed.foo=1" sends
+        # the user to a second error (the schema has no such key): say which keys there are.
+        unknown = re.match(r"Could not override '([^']+)'", str(e))
+        if unknown:
+            raise ConfigError(unknown_key_message(unknown.group(1))) from None
         raise ConfigError(f"bad override in {overrides}: {e}") from None
     finally:
         GlobalHydra.instance().clear()
@@ -248,11 +255,25 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         cfg = OmegaConf.merge(schema, raw)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
+        if isinstance(e, ConfigKeyError) and key != "?":
+            raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
     _check_values(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def unknown_key_message(key: str) -> str:
+    """"unknown key 'embed.foo'; expected one of the keys of 'embed': ..." with the nearest
+    spelling when there is one (train.batchsize -> train.batch_size)."""
+    section, _, name = key.rpartition(".")
+    node = OmegaConf.select(OmegaConf.structured(Config), section) if section else OmegaConf.structured(Config)
+    known = sorted(node.keys()) if isinstance(node, DictConfig) else []
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean '{section + '.' if section else ''}{close[0]}'?)" if close else ""
+    where = f"the keys of '{section}'" if section else "the sections"
+    return f"unknown key '{key}'{hint}; expected one of {where}: {', '.join(known)}"
 
 
 def _require(ok: bool, key: str, expected: str, value: Any) -> None:
@@ -316,7 +337,8 @@ def _check_values(cfg: DictConfig) -> None:
     splits = dict(e.splits)
     _require(set(splits) >= {"train", "val", "test"}, "embed.splits", "fractions for train, val and test", splits)
     for name, frac in splits.items():
-        _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}", "a fraction in [0, 1]", frac)
+        _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}", "a fraction in [0, 1]",
+                 frac)
     _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
     _require(splits["train"] > 0, "embed.splits.train", "> 0", splits["train"])
     _require(e.empty_text in ("fail", "skip"), "embed.empty_text", "fail or skip", e.empty_text)
