@@ -32,6 +32,9 @@ class RunConfig:
     # required: a tracking server (MLFLOW_TRACKING_URI) that does not answer stops the stage at its
     # start, naming it; optional: the stage goes on with tracking off and says so; disabled: none.
     tracking: str = "required"
+    # Paths from config (PATH_KEYS) must resolve, symlinks followed, inside the project; true
+    # allows any (a dataset on a shared disk, shards on a scratch one).
+    allow_external_paths: bool = False
 
 
 @dataclass
@@ -260,8 +263,32 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
     _check_values(cfg)
+    _check_paths(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+PATH_KEYS = ("embed.dataset", "embed.out_dir", "embed.cache_dir", "train.out_dir", "train.checkpoint_dir")
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _check_paths(cfg: DictConfig) -> None:
+    """Every path from config inside the project, resolved (`..` and symlinks followed), unless
+    run.allow_external_paths: a typo or a hostile params.yaml must not read or overwrite files
+    elsewhere. A glob is judged by its part before the first wildcard."""
+    if cfg.run.allow_external_paths:
+        return
+    root = REPO_ROOT.resolve()
+    for key in PATH_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if not value:
+            continue  # "" = off (embed.cache_dir)
+        parts = Path(value).parts
+        fixed = Path(*parts[:next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))] or ["."])
+        resolved = (root / fixed).resolve()  # an absolute path replaces root
+        if not resolved.is_relative_to(root):
+            raise ConfigError(f"parameter '{key}' = {value!r} resolves to {resolved}, outside the project ({root}); "
+                              "expected a path inside it, or set run.allow_external_paths=true to allow it")
 
 
 def unknown_key_message(key: str) -> str:

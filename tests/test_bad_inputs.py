@@ -148,7 +148,9 @@ def test_bad_dataset_stops_embed_before_work_and_keeps_previous_shards(case, tmp
         raise AssertionError("the teacher was loaded: validation must stop the stage before any work")
 
     monkeypatch.setattr(embed, "load_teacher", no_teacher)
-    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", "embed.cache_dir=", *overrides])
+    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", "embed.cache_dir=",
+                       "run.allow_external_paths=true",
+                       *overrides])
     err = capsys.readouterr().err
     assert code == 1, err
     assert err.startswith("[embed] error: ") and str(data) in err, err
@@ -161,7 +163,8 @@ def test_bad_dataset_creates_no_output_directory(tmp_path, capsys, monkeypatch):
     data = tmp_path / "pairs.csv"
     data.write_text("id,question,answer\n")
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: pytest.fail("teacher loaded"))
-    assert embed.main([f"embed.dataset={data}", f"embed.out_dir={tmp_path / 'shards'}", "embed.cache_dir="]) == 1
+    assert embed.main([f"embed.dataset={data}", f"embed.out_dir={tmp_path / 'shards'}", "embed.cache_dir=",
+                       "run.allow_external_paths=true"]) == 1
     assert "header only" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.csv"]
 
@@ -176,7 +179,8 @@ def test_one_megabyte_text_is_embedded_and_counted_as_truncated(tmp_path, capsys
     out = tmp_path / "shards"
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: teacher)
     with caplog.at_level(logging.WARNING):
-        code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", "embed.cache_dir="])
+        code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", "embed.cache_dir=",
+                           "run.allow_external_paths=true"])
     assert code == 0, capsys.readouterr().err
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stats"]["texts_truncated"] == 1 and manifest["stats"]["rows_used"] == 12
@@ -192,7 +196,7 @@ def test_one_megabyte_text_is_embedded_and_counted_as_truncated(tmp_path, capsys
 
 
 def train_args(tmp_path, shards):
-    return [f"embed.out_dir={shards}", f"train.out_dir={tmp_path / 'models'}",
+    return [f"embed.out_dir={shards}", f"train.out_dir={tmp_path / 'models'}", "run.allow_external_paths=true",
             f"train.checkpoint_dir={tmp_path / 'ckpt'}", "preset=smoke", "train.device=cpu"]
 
 
@@ -240,7 +244,8 @@ def run_evaluate(tmp_path, monkeypatch, shards, models) -> int:
     monkeypatch.setattr(evaluate, "METRICS_DIR", metrics)
     monkeypatch.setattr(evaluate, "SAMPLES_CSV", tmp_path / "reports" / "eval_samples.csv")
     monkeypatch.setattr(evaluate, "ridge_fit", lambda *a, **kw: pytest.fail("evaluation started"))
-    return evaluate.main([f"embed.out_dir={shards}", f"train.out_dir={models}", "preset=smoke"])
+    return evaluate.main([f"embed.out_dir={shards}", f"train.out_dir={models}", "preset=smoke",
+                          "run.allow_external_paths=true"])
 
 
 def test_embedding_dim_other_than_the_models_is_refused_by_evaluate(tmp_path, capsys, monkeypatch):
@@ -289,7 +294,8 @@ def test_float16_shards_are_widened_for_a_float32_config(tmp_path):
 ])
 def test_bad_config_stops_the_stage_naming_the_key(override, fragments, tmp_path, capsys):
     out = tmp_path / "shards"
-    code = embed.main([f"embed.dataset={tmp_path / 'none.csv'}", f"embed.out_dir={out}", override])
+    code = embed.main([f"embed.dataset={tmp_path / 'none.csv'}", f"embed.out_dir={out}", override,
+                       "run.allow_external_paths=true"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("[embed] config error: "), err
     for fragment in fragments:
@@ -392,7 +398,8 @@ def test_disk_full_while_embedding_keeps_the_previous_shards(where, tmp_path, ca
         monkeypatch.setattr(pq, "write_table", write_table)
         name, hint = cache, "set embed.cache_dir to another disk"
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: teacher)
-    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", f"embed.cache_dir={cache}"])
+    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", f"embed.cache_dir={cache}",
+                       "run.allow_external_paths=true"])
     err = capsys.readouterr().err
     assert code == 1, err
     assert f"[embed] error: {name}" in err and "the disk is full (No space left on device) while writing to it" in err

@@ -57,7 +57,8 @@ def test_duplicate_pairs_are_counted_and_dropped_or_kept_by_parameter(tmp_path):
 
     data = tmp_path / "d.csv"
     data.write_text("question,answer\n" + "".join(f"Q{i % 5},A{i % 5}\n" for i in range(20)))
-    base = ["preset=smoke", f"embed.dataset={data}", "embed.id_field=null", "embed.max_rows=0"]
+    base = ["preset=smoke", f"embed.dataset={data}", "embed.id_field=null", "embed.max_rows=0",
+            "run.allow_external_paths=true"]
     dropped = prepare_pairs(load_config(base).embed)
     assert dropped.stats["duplicate_pairs"] == 15 and dropped.stats["duplicates_dropped"] == 15
     assert len(dropped.frame) == 5

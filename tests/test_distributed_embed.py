@@ -21,7 +21,7 @@ from pipeline.report.fault_matrix import clean_env
 
 # The smoke preset's 600 pairs in shards of 100 rows: 5 train shards, 1 val, 1 test, and 14
 # encode calls, with texts shared across shards (answers repeat) and so across ranks.
-SMOKE = ["preset=smoke", "embed.rows_per_shard=100", "embed.cache_dir="]
+SMOKE = ["preset=smoke", "embed.rows_per_shard=100", "embed.cache_dir=", "run.allow_external_paths=true"]
 SPLITS = ("train", "val", "test")
 
 

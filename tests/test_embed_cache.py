@@ -68,7 +68,7 @@ def test_embed_stage_rerun_after_appending_one_percent_embeds_only_the_new_texts
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     src = pd.read_csv("data/raw/qa_pairs.csv").drop_duplicates(["question", "answer"])
     data, cache = tmp_path / "pairs.csv", tmp_path / "cache"
-    args = [f"embed.dataset={data}", f"embed.cache_dir={cache}", "embed.max_rows=0"]
+    args = [f"embed.dataset={data}", f"embed.cache_dir={cache}", "embed.max_rows=0", "run.allow_external_paths=true"]
     src.iloc[:300].to_csv(data, index=False)
     assert embed.main([*args, f"embed.out_dir={tmp_path / 'a'}"]) == 0
     first = len(EmbeddingCache(cache, _bundled_identity()))

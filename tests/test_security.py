@@ -67,3 +67,30 @@ def test_a_checkpoint_or_model_that_would_run_code_is_refused_without_running_it
     with pytest.raises(PipelineError, match="not a readable model file"):
         load_model(path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("override", ["embed.out_dir=../elsewhere", "embed.dataset=/etc/passwd",
+                                      "train.checkpoint_dir=checkpoints/../../up", "embed.dataset=/tmp/*.csv",
+                                      "embed.cache_dir=/var/tmp/cache", "train.out_dir=/"])
+def test_paths_from_config_must_stay_inside_the_project(override):
+    from pipeline.config import load_config
+    from pipeline.errors import ConfigError
+
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"parameter '{key}' = .* outside the project .*run.allow_external_paths"):
+        load_config([override])
+    load_config([override, "run.allow_external_paths=true"])  # explicitly allowed: fine
+
+
+def test_a_symlink_out_of_the_project_is_followed_and_refused(tmp_path, monkeypatch):
+    from pipeline import config
+    from pipeline.errors import ConfigError
+
+    project, outside = tmp_path / "project", tmp_path / "outside"
+    (project / "data").mkdir(parents=True)
+    outside.mkdir()
+    (project / "data" / "shards").symlink_to(outside)
+    monkeypatch.setattr(config, "REPO_ROOT", project)
+    with pytest.raises(ConfigError, match=rf"'embed.out_dir' = 'data/shards' resolves to {outside}, outside"):
+        config.load_config(["embed.out_dir=data/shards"])
+    config.load_config(["embed.dataset=data/raw/*.csv", "embed.out_dir=data/other"])  # inside, globs too

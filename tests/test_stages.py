@@ -8,7 +8,7 @@ def run_embed(tmp_path, capsys, content: str, name="pairs.csv", *extra):
     data = tmp_path / name
     data.write_text(content)
     out = tmp_path / "shards"
-    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", *extra])
+    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", "run.allow_external_paths=true", *extra])
     return code, capsys.readouterr().err, out
 
 
@@ -39,5 +39,5 @@ def test_help_explains_the_stage(stage, capsys):
 
 
 def test_train_without_shards_says_to_run_embed(tmp_path, capsys):
-    assert train.main([f"embed.out_dir={tmp_path / 'none'}"]) == 1
+    assert train.main([f"embed.out_dir={tmp_path / 'none'}", "run.allow_external_paths=true"]) == 1
     assert "embed" in capsys.readouterr().err

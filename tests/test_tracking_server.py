@@ -43,7 +43,7 @@ def test_an_unreachable_server_stops_the_stage_at_once_naming_it(dead_server, mo
 def test_optional_tracking_goes_on_without_the_server_and_says_so(dead_server, tmp_path, caplog):
     out = tmp_path / "shards"
     code = embed.main(["preset=smoke", "embed.max_rows=60", "embed.cache_dir=", f"embed.out_dir={out}",
-                       "run.tracking=optional"])
+                       "run.tracking=optional", "run.allow_external_paths=true"])
     assert code == 0
     assert "tracking is OFF for this stage (run.tracking=optional)" in caplog.text
     manifest = json.loads((out / "manifest.json").read_text())
