@@ -1,5 +1,7 @@
 from pathlib import Path
 
+import pytest
+
 from pipeline import tracking
 
 
@@ -201,7 +203,8 @@ sys.exit(run_stage("worker", "a test worker", "run", body, []))
 '''
 
 
-def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path):
+@pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "Ctrl-C"])
+def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path, signum):
     import os
     import signal
     import subprocess
@@ -219,10 +222,10 @@ def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path):
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ready.exists(), proc.communicate()[1][-3000:]
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert "stopped by SIGTERM" in err and "KILLED" in err
+    assert proc.returncode == 128 + signum, err
+    assert f"stopped by {signal.Signals(signum).name}" in err and "KILLED" in err
     client = MlflowClient(uri)
     run_id = ready.read_text()
     run = client.get_run(run_id)
