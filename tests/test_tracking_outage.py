@@ -17,7 +17,7 @@ from pipeline.paths import REPO_ROOT
 
 from .mlflow_browser import _free_port, start_mlflow_server
 
-pytestmark = pytest.mark.slow  # three server starts, ~40 s: `./dev test -m slow`, which CI runs
+pytestmark = pytest.mark.slow  # real server starts and a real train stage, ~75 s: `./dev test -m slow` (CI runs it)
 
 
 def rows(buffer, steps) -> None:
@@ -62,3 +62,41 @@ def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path
         assert f"5 values stored in run {run_id}" in replay.stdout and not pending.exists()
         history = MlflowClient(url).get_metric_history(run_id, "train/loss")
     assert sorted((m.step, m.value) for m in history) == [(s, 1.0 / s) for s in range(1, 21)]  # nothing lost, no copies
+
+
+def test_the_train_stage_trains_through_a_server_restart_and_its_run_is_whole(tmp_path_factory):
+    """The real train stage against a real server that is stopped at the first checkpoint and
+    started again while training goes on: the stage ends FINISHED with every telemetry row."""
+    import time
+
+    from pipeline.report.fault_matrix import clean_env, project_copy
+
+    root = project_copy(tmp_path_factory.mktemp("outage-project"))
+    env = clean_env()
+    embed = subprocess.run([sys.executable, "-m", "stages.embed", "preset=smoke", "run.tracking=disabled"], cwd=root,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert embed.returncode == 0, embed.stderr[-3000:]
+    store, artifacts, port = f"sqlite:///{root / 'server.db'}", root / "server-artifacts", _free_port()
+    url = f"http://127.0.0.1:{port}"
+    ckpt = root / "checkpoints/train/last.pt"
+    with start_mlflow_server(store, artifacts, port=port):
+        train = subprocess.Popen([sys.executable, "-m", "stages.train", "preset=smoke", "train.epochs=150",
+                                  "train.checkpoint_every=20"], cwd=root, env={**env, "MLFLOW_TRACKING_URI": url},
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        while not ckpt.exists() and train.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    time.sleep(2)  # away for a while: checkpoints and rows keep coming
+    assert train.poll() is None, "training ended before the server came back: make the run longer"
+    with start_mlflow_server(store, artifacts, port=port):
+        _, err = train.communicate(timeout=600)
+        assert train.returncode == 0, err[-4000:]
+        client = MlflowClient(url)
+        [run] = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.stage = 'train'")
+        history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert "the MLflow store is not taking metrics" in err and "the MLflow store answers again" in err
+    assert run.info.status == "FINISHED"
+    steps = sorted({m.step for m in history})
+    total = int(run.data.metrics["train/steps"])
+    assert steps == list(range(2, total + 1, 2)), "a telemetry row is missing"  # smoke: a row every 2 steps
+    assert not list((root / ".mlflow-pending").glob("*.jsonl"))
