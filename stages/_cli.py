@@ -22,6 +22,10 @@ fault=NAME adds a deliberate fault from conf/fault/ (nan_loss, inf_grad, loss_sp
 This stage reads: {sections}. An unknown key, a wrong type or an impossible value stops the
 stage before any work, naming the key.
 
+Tracking:     MLflow at MLFLOW_TRACKING_URI (unset: mlflow.db in the project). A server that does not
+              answer stops the stage at its start; run.tracking=optional goes on untracked, =disabled
+              never asks. Paths must stay in the project unless run.allow_external_paths=true.
+
 Through DVC:  dvc repro {name}            (runs what is out of date up to this stage)
               dvc exp run -S train.lr=3e-4 (an experiment with one parameter changed)
 {distributed}"""
