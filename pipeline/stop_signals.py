@@ -29,9 +29,12 @@ class DeferredStop:
         return self.signum is not None
 
     def __enter__(self) -> "DeferredStop":
-        # Handlers can only be set from the main thread; elsewhere the signals act as before.
+        # Handlers can only be set from the main thread; elsewhere the signals act as before. An
+        # ignored signal stays ignored: a shell starts background jobs with SIGINT ignored, and
+        # Ctrl-C in that terminal is not meant for them.
         if threading.current_thread() is threading.main_thread():
-            self._saved = {s: signal.signal(s, self._hold) for s in SIGNALS}
+            held = [s for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+            self._saved = {s: signal.signal(s, self._hold) for s in held}
         return self
 
     def __exit__(self, *exc) -> None:

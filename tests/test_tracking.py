@@ -181,7 +181,8 @@ def test_project_root_follows_dvc_root(monkeypatch, tmp_path):
 
 
 SIGTERM_WORKER = '''
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground (a background job ignores it)
 from pathlib import Path
 from pipeline import tracking
 from stages._cli import run_stage
