@@ -24,7 +24,8 @@ training: values it refuses are kept in memory and appended to a pending file (J
 promise holds; they are sent again with the next rows, every few seconds while idle, and a last
 time at the end. Once stored, the file is removed. One left behind (the store never came back)
 is replayed by `python -m pipeline.metric_replay`. The child talks to the store without MLflow's
-own retries (about 2 minutes of back-off per call, which would hold every later row behind it).
+own retries (7 with back-off per call, about 4 minutes by MLflow's own estimate, which would hold
+every later row behind it).
 
 The child ignores SIGINT and SIGTERM: Ctrl-C and a scheduler's SIGTERM reach the whole process
 group, and the child must outlive the parent's unwinding to write the last rows. It ends when its

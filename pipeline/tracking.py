@@ -64,7 +64,7 @@ def pending_dir() -> Path:
 # does not answer. Off, every function here is a no-op and runs have no id ("").
 _ENABLED = [True]
 # A server that answers at all answers /health within this; one that does not is unreachable.
-# MLflow's own client would retry for about 2 minutes (7 retries with backoff) before failing.
+# MLflow's own client would retry 7 times with back-off (about 4 minutes, by its own estimate).
 PROBE_TIMEOUT_S = 5.0
 
 
