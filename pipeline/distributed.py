@@ -92,8 +92,9 @@ def backend_for(device: torch.device) -> str:
 
 
 def device_for(name: str, place: Dist) -> str:
-    """A device setting for this rank: each rank of a CUDA job gets its own GPU (cuda:LOCAL_RANK)."""
-    if place.enabled and (name == "cuda" or (name == "auto" and torch.cuda.is_available())):
+    """A device setting for this rank: each rank of a CUDA job gets its own GPU (cuda:LOCAL_RANK),
+    whatever index the setting names (one setting serves every rank)."""
+    if place.enabled and torch.cuda.is_available() and (name == "auto" or name.startswith("cuda")):
         torch.cuda.set_device(place.local_rank)
         return f"cuda:{place.local_rank}"
     return name

@@ -37,7 +37,7 @@ import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .data.loader import BatchLoader
-from .distributed import Dist, threads_per_process
+from .distributed import Dist, device_for, threads_per_process
 from .errors import PipelineError
 from .faults import FaultInjector
 from .model import EnergyFlowModel, energy_flow_loss
@@ -136,9 +136,7 @@ class Trainer:
         t = self.t = cfg.train
         self.place = place
         torch.manual_seed(cfg.run.seed)
-        # Each rank of a CUDA job its own GPU: train.device "cuda"/"auto" means cuda:LOCAL_RANK there.
-        name = f"cuda:{place.local_rank}" if place.enabled and select_device(t.device).type == "cuda" else t.device
-        self.device = device = select_device(name)
+        self.device = device = select_device(device_for(t.device, place))  # a CUDA rank: cuda:LOCAL_RANK
         self.amp_dtype = select_precision(t.precision, device)
         self.model = EnergyFlowModel.from_config(cfg.model, int(train_inputs.shape[1])).to(device)
         self.model.train()
