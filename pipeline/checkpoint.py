@@ -47,9 +47,9 @@ def model_shapes(model_cfg, dim: int) -> dict[str, tuple[int, ...]]:
 def tensor_mismatch(found: dict, expected: dict[str, tuple[int, ...]]) -> str:
     """'' when the state dict `found` has exactly the tensors `expected` (name -> shape), else
     what differs: tensors of another shape (both shapes), missing and unexpected ones."""
-    def names(keys: list[str]) -> str:
-        more = f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else ""
-        return ", ".join(keys[:_SHOWN]) + more
+    def names(items: list[str]) -> str:
+        more = f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
+        return ", ".join(items[:_SHOWN]) + more
 
     shape = {k: tuple(getattr(found[k], "shape", ())) for k in expected if k in found}
     wrong = [k for k in expected if k in shape and shape[k] != tuple(expected[k])]
@@ -57,9 +57,8 @@ def tensor_mismatch(found: dict, expected: dict[str, tuple[int, ...]]) -> str:
     unexpected = sorted(k for k in found if k not in expected)
     parts = []
     if wrong:
-        shown = ", ".join(f"{k} (file {shape[k]}, model {tuple(expected[k])})" for k in wrong[:_SHOWN])
-        parts.append(f"{len(wrong)} tensor(s) of another shape: {shown}"
-                     + (f" and {len(wrong) - _SHOWN} more" if len(wrong) > _SHOWN else ""))
+        parts.append(f"{len(wrong)} tensor(s) of another shape: "
+                     + names([f"{k} (file {shape[k]}, model {tuple(expected[k])})" for k in wrong]))
     if missing:
         parts.append(f"{len(missing)} missing from the file: {names(missing)}")
     if unexpected:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from pipeline import tracking
-from pipeline.metric_writer import BATCH_LIMIT
+from pipeline.metric_writer import BATCH_LIMIT, write_pending
 
 
 def read_pending(path: Path) -> list:
@@ -48,10 +48,7 @@ def replay(path: Path) -> int:
             done += len(metrics[done:done + BATCH_LIMIT])
     except Exception:
         if done:  # keep only what is not stored: a second replay must not log a point twice
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(json.dumps([m.key, m.value, m.timestamp, m.step]) + "\n"
-                                   for m in metrics[done:]), encoding="utf-8")
-            tmp.replace(path)
+            write_pending(path, metrics[done:])
         raise
     path.unlink()
     return len(metrics)

@@ -47,6 +47,7 @@ import threading
 import time
 from pathlib import Path
 
+from .atomic import atomic_path
 from .errors import PipelineError
 
 BATCH_LIMIT = 1000  # MLflow's cap on metric values per log_batch
@@ -62,13 +63,11 @@ class MetricWriter:
     """Parent side: start the sidecar for `run_id` on the store at `tracking_uri`; `send` rows,
     `sync` to wait until the store has them, `close` at the end (also on every error path)."""
 
-    def __init__(self, tracking_uri: str, run_id: str, system_metrics_s: float = 0.0,
-                 pending_file: Path | None = None):
+    def __init__(self, tracking_uri: str, run_id: str, pending_file: Path, system_metrics_s: float = 0.0):
         env = {**os.environ, **NO_RETRY_ENV, "MLFLOW_TRACKING_URI": tracking_uri,
                "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))}
-        self.pending_file = Path(pending_file) if pending_file else Path.cwd() / ".mlflow-pending" / f"{run_id}.jsonl"
         self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.metric_writer", run_id, str(system_metrics_s),
-                                      str(self.pending_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                                      str(pending_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.syncs = 0
 
     def _put(self, message) -> None:
@@ -160,6 +159,20 @@ def _sample_system(run_id: str, uri: str, interval: float, stop: threading.Event
         print(f"[metric writer] system metrics stopped: {type(e).__name__}: {e}", file=sys.stderr)
 
 
+def write_pending(path: Path, metrics: list, append: bool = False) -> None:
+    """Metrics as pending-file lines, [key, value, timestamp, step] each: appended in place
+    (fsync'd), or replacing the file whole (temp file, then rename)."""
+    lines = [json.dumps([m.key, m.value, m.timestamp, m.step]) + "\n" for m in metrics]
+    if not append:
+        with atomic_path(path) as tmp:
+            tmp.write_text("".join(lines), encoding="utf-8")
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 class _Pending:
     """Values the store refused, in order: in memory, and in the pending file (append-only while
     the store is away, so each flush costs what it adds; rewritten only after a partial write)."""
@@ -171,19 +184,10 @@ class _Pending:
         """`metrics` are now pending, of which `new` were not in the file yet (the rest are)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if len(metrics) - len(new) != len(self.items):  # part of the old backlog got stored
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            self._write(tmp, metrics, "w")
-            os.replace(tmp, self.path)
+            write_pending(self.path, metrics)
         elif new:
-            self._write(self.path, new, "a")
+            write_pending(self.path, new, append=True)
         self.items = metrics
-
-    @staticmethod
-    def _write(path: Path, metrics: list, mode: str) -> None:
-        with open(path, mode, encoding="utf-8") as f:
-            f.writelines(json.dumps([m.key, m.value, m.timestamp, m.step]) + "\n" for m in metrics)
-            f.flush()
-            os.fsync(f.fileno())
 
     def clear(self) -> None:
         self.items = []

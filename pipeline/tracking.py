@@ -62,14 +62,14 @@ def pending_dir() -> Path:
 
 # Tracking for this process: on, unless run.tracking=disabled, or =optional with a server that
 # does not answer. Off, every function here is a no-op and runs have no id ("").
-_ENABLED = [True]
+_ENABLED = True
 # A server that answers at all answers /health within this; one that does not is unreachable.
 # MLflow's own client would retry 7 times with back-off (about 4 minutes, by its own estimate).
 PROBE_TIMEOUT_S = 5.0
 
 
 def enabled() -> bool:
-    return _ENABLED[0]
+    return _ENABLED
 
 
 def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
@@ -95,7 +95,8 @@ def configure(mode: str) -> None:
     not answer stops the stage now, naming it (not after minutes of MLflow retries, and not after
     the stage has written outputs it then cannot log); optional: it turns tracking off, with a
     warning; disabled: no tracking at all."""
-    _ENABLED[0] = mode != "disabled"
+    global _ENABLED
+    _ENABLED = mode != "disabled"
     if mode == "disabled":
         return
     uri = tracking_uri()
@@ -104,7 +105,7 @@ def configure(mode: str) -> None:
         return
     shown = redact_text(uri)
     if mode == "optional":
-        _ENABLED[0] = False
+        _ENABLED = False
         log.warning("the MLflow tracking server %s is unreachable (%s): tracking is OFF for this stage "
                     "(run.tracking=optional); nothing of it will be in MLflow", shown, reason)
         return
@@ -332,8 +333,8 @@ class MetricBuffer:
         from .metric_writer import MetricWriter
 
         self.run_id, self.flush_seconds = run_id, flush_seconds
-        self.writer = MetricWriter(tracking_uri(), run_id, system_metrics_s,
-                                   pending_dir() / f"{run_id}.jsonl") if enabled() else None
+        self.writer = MetricWriter(tracking_uri(), run_id, pending_dir() / f"{run_id}.jsonl",
+                                   system_metrics_s) if enabled() else None
         self.outage: dict | None = None  # the last sync's pending status, while the store is away
         self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)
         self.sent = 0  # metric values handed to the writer so far (non-finite ones are dropped there)

@@ -320,7 +320,8 @@ class Trainer:
             del out, loss, scaled  # nothing of this step's graph outlives it
 
         if self.place.enabled:  # the global batch's loss, as one process would compute it
-            loss_sum = self.place.all_reduce(loss_sum.detach().clone()) / self.place.world_size
+            # In place: loss_sum is this step's own detached sum, nothing else holds it.
+            loss_sum = self.place.all_reduce(loss_sum) / self.place.world_size
         self.faults.on_grads(step)  # before unscale_, so the scaler sees an injected inf
         if self.scaler:
             self.scaler.unscale_(self.opt)  # clipping and norms see true gradients

@@ -24,9 +24,9 @@ def run(tmp_path):
     return uri, client, client.create_run(exp).info.run_id
 
 
-def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run):
+def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run, tmp_path):
     uri, client, run_id = run
-    writer = MetricWriter(uri, run_id)
+    writer = MetricWriter(uri, run_id, tmp_path / "pending.jsonl")
     try:
         # 1,500 values in one message: more than one log_batch (1,000) holds.
         writer.send([(step, 1000 + step, {**{f"m/{i}": float(step) for i in range(50)}, "bad": float("nan"),
@@ -46,7 +46,7 @@ def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run):
 def test_values_the_store_refuses_are_kept_in_the_pending_file_and_the_writer_goes_on(run, tmp_path):
     uri, client, run_id = run
     pending = tmp_path / "pending" / ("0" * 32 + ".jsonl")
-    writer = MetricWriter(uri, "0" * 32, pending_file=pending)  # no such run: every write is refused
+    writer = MetricWriter(uri, "0" * 32, pending)  # no such run: every write is refused
     try:
         writer.send([(1, 1, {"m": 1.0}), (2, 2, {"m": 2.0})])
         status = writer.sync()
@@ -60,9 +60,9 @@ def test_values_the_store_refuses_are_kept_in_the_pending_file_and_the_writer_go
     assert pending.exists()  # never stored: left for pipeline.metric_replay
 
 
-def test_system_metrics_are_sampled_while_the_writer_runs(run):
+def test_system_metrics_are_sampled_while_the_writer_runs(run, tmp_path):
     uri, client, run_id = run
-    writer = MetricWriter(uri, run_id, system_metrics_s=0.2)
+    writer = MetricWriter(uri, run_id, tmp_path / "pending.jsonl", system_metrics_s=0.2)
     try:
         deadline = time.monotonic() + 60
         while "system/cpu_utilization_percentage" not in client.get_run(run_id).data.metrics:
@@ -77,7 +77,7 @@ def test_system_metrics_are_sampled_while_the_writer_runs(run):
 KILLED_PARENT = '''
 import sys, time
 from pipeline.metric_writer import MetricWriter
-writer = MetricWriter(sys.argv[1], sys.argv[2])
+writer = MetricWriter(sys.argv[1], sys.argv[2], sys.argv[4])
 writer.send([(s, 1000 + s, {"m": float(s)}) for s in range(100)])
 open(sys.argv[3], "w").write(str(writer.proc.pid))
 time.sleep(120)
@@ -88,7 +88,8 @@ def test_rows_sent_are_written_even_if_the_training_process_is_killed(run, tmp_p
     uri, client, run_id = run
     ready = tmp_path / "ready"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, uri, run_id, str(ready)], env=env)
+    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, uri, run_id, str(ready),
+                               str(tmp_path / "pending.jsonl")], env=env)
     deadline = time.monotonic() + 60
     while not ready.exists() or not ready.read_text():
         assert time.monotonic() < deadline and parent.poll() is None
@@ -118,11 +119,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_writer_closed_at_once_still_records_a_system_sample(run):
+def test_a_writer_closed_at_once_still_records_a_system_sample(run, tmp_path):
     """A smoke run trains for a fraction of a second: it still gets its samples (one at the
     start, one at the end), whatever the interval."""
     uri, client, run_id = run
-    writer = MetricWriter(uri, run_id, system_metrics_s=60)
+    writer = MetricWriter(uri, run_id, tmp_path / "pending.jsonl", system_metrics_s=60)
     writer.sync()
     writer.close()
     history = client.get_metric_history(run_id, "system/cpu_utilization_percentage")

@@ -22,7 +22,7 @@ def dead_server(monkeypatch):
         port = s.getsockname()[1]
     uri = f"http://ci:hunter2@127.0.0.1:{port}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(tracking, "_ENABLED", [True])
+    monkeypatch.setattr(tracking, "_ENABLED", True)
     return uri
 
 
