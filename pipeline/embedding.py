@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -14,8 +17,13 @@ from .data.readers import content_id, drop_duplicate_pairs, read_dataset
 from .data.shards import KINDS, shard_ranges
 from .data.split import assign_splits
 from .embed_cache import EmbeddingCache, embed_distinct, text_key
-from .errors import ShardError
-from .paths import repo_path
+from .errors import DatasetError, ShardError
+from .paths import REPO_ROOT, repo_path
+
+log = logging.getLogger(__name__)
+# A test split smaller than this still works, but its metrics are too noisy to compare runs by.
+FEW_TEST_ROWS = 30
+REQUIRED_SPLITS = ("train", "val", "test")  # train trains, val guides training, evaluate scores test
 
 
 @dataclass
@@ -25,18 +33,27 @@ class PreparedPairs:
     files: list = field(default_factory=list)  # the dataset's files, in reading order
 
 
-def prepare_pairs(embed_cfg) -> PreparedPairs:
-    """Read, validate, de-duplicate, optionally subsample, and split. Raises DatasetError."""
+def prepare_pairs(embed_cfg, allow_external_paths: bool = False) -> PreparedPairs:
+    """Read, validate, de-duplicate, optionally subsample, and split. Raises DatasetError.
+    Every file read must lie inside the project (symlinks and `..` followed, each glob match
+    judged) unless `allow_external_paths` (run.allow_external_paths)."""
     df = read_dataset(dataset_spec(embed_cfg.dataset), embed_cfg.input_field, embed_cfg.target_field,
-                      embed_cfg.id_field, embed_cfg.format, skip_empty=embed_cfg.empty_text == "skip")
+                      embed_cfg.id_field or None, embed_cfg.format, skip_empty=embed_cfg.empty_text == "skip",
+                      delimiter=embed_cfg.delimiter, allowed_root=None if allow_external_paths else REPO_ROOT)
     skipped_empty = int(df.attrs.get("rows_skipped_empty", 0))
     files = list(df.attrs.get("files", []))
+    skipped = list(df.attrs.get("files_skipped", []))
+    if skipped:
+        # Read the supported files, and say which others were there: a .txt of pairs renamed by
+        # mistake must not vanish silently.
+        log.warning("read %d file(s) of %s; skipped %d: %s", len(files), embed_cfg.dataset, len(skipped),
+                    "; ".join(f"{Path(p).name} ({why})" for p, why in skipped))
     n_files = len(files)
     rows_read = len(df) + skipped_empty
     n_dup = int(df.duplicated(subset=["input_text", "target_text"]).sum())
     if embed_cfg.drop_duplicates:
         df, _ = drop_duplicate_pairs(df)
-    elif embed_cfg.id_field is None and n_dup:
+    elif not embed_cfg.id_field and n_dup:  # null or "": no id column
         # Content-hash ids of equal pairs collide: number the repeats (id, id-1, id-2, ...).
         repeat = df.groupby("id").cumcount()
         df = df.assign(id=[i if r == 0 else f"{i}-{r}" for i, r in zip(df["id"], repeat)])
@@ -48,11 +65,49 @@ def prepare_pairs(embed_cfg) -> PreparedPairs:
         df = df.iloc[keep].reset_index(drop=True)
     df = df.assign(split=assign_splits(df, dict(embed_cfg.splits), salt=embed_cfg.split_salt, key=embed_cfg.split_key))
     counts = df.split.value_counts().to_dict()
-    stats = {"files": n_files, "rows_read": rows_read, "rows_skipped_empty": skipped_empty,
+    stats = {"files": n_files, "files_skipped": len(skipped), "rows_read": rows_read,
+             "rows_skipped_empty": skipped_empty,
              "duplicate_pairs": n_dup, "duplicates_dropped": n_dup if embed_cfg.drop_duplicates else 0,
              "rows_used": len(df),
              **{f"rows_{s}": int(counts.get(s, 0)) for s in embed_cfg.splits}}
+    check_usable(df, stats, embed_cfg, files)
     return PreparedPairs(df, stats, files)
+
+
+def _source(embed_cfg, files: list) -> str:
+    return str(files[0]) if len(files) == 1 else f"{len(files)} files of embed.dataset = {embed_cfg.dataset!r}"
+
+
+def check_usable(df: pd.DataFrame, stats: dict, embed_cfg, files: list) -> None:
+    """Data that parses but cannot train and evaluate a model stops here, before the teacher
+    loads: a split with no rows (evaluate would write an empty metrics file), or every input or
+    every target the same text (a constant to learn, one candidate to retrieve)."""
+    source = _source(embed_cfg, files)
+    how = (f"{stats['rows_used']} rows used of {stats['rows_read']} read from {source}"
+           + (f", {stats['duplicates_dropped']} repeated (input, target) pairs dropped" if stats["duplicates_dropped"]
+              else "") + (f", {stats['rows_skipped_empty']} with empty text skipped" if stats["rows_skipped_empty"]
+                          else ""))
+    for split in REQUIRED_SPLITS:
+        n, frac = stats.get(f"rows_{split}", 0), float(embed_cfg.splits.get(split, 0))
+        if n == 0:
+            need = math.ceil(1 / frac) if frac > 0 else 0
+            raise DatasetError(
+                f"split '{split}' has 0 rows ({how}; embed.splits.{split} = {frac:g}): train and evaluate need rows in "
+                f"train, val and test. Add rows (a {frac:g} share needs about {need} or more rows to hold one), "
+                f"or raise embed.splits.{split}" + (", or set embed.drop_duplicates=false if the repeats are meant"
+                                                    if stats["duplicates_dropped"] else ""))
+    for column, key in (("target_text", "embed.target_field"), ("input_text", "embed.input_field")):
+        distinct = df[column].nunique()
+        if distinct < 2:
+            text = df[column].iloc[0]
+            shown = text if len(text) <= 60 else text[:57] + "..."
+            raise DatasetError(
+                f"every one of the {len(df)} rows has the same {column.split('_')[0]} text ({shown!r}; {how}): a model "
+                f"cannot learn or be scored on one text; expected at least 2 distinct texts in the column "
+                f"{key} = {embed_cfg[key.split('.')[1]]!r} names (is it the right column?)")
+    if stats.get("rows_test", 0) < FEW_TEST_ROWS:
+        log.warning("the test split has only %d rows (%s): its metrics will vary a lot between datasets and seeds",
+                    stats.get("rows_test", 0), how)
 
 
 def dataset_spec(spec: str):

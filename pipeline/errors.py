@@ -38,3 +38,9 @@ class Terminated(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(f"terminated by signal {signum}")
         self.signum = signum
+
+
+class ResourceError(PipelineError):
+    """A config whose estimated memory or checkpoint size cannot fit the machine, refused before
+    anything is built (pipeline/memory_estimate.py); the message names the estimate's parts, what
+    is available and the keys to change."""

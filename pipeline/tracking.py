@@ -72,6 +72,24 @@ def enabled() -> bool:
     return _ENABLED
 
 
+# URI schemes MLflow stores runs in (its own list, in the error it raises for any other; a
+# database scheme may carry a driver: postgresql+psycopg2). A bare path has no scheme.
+STORE_SCHEMES = ("", "file", "databricks", "databricks-uc", "uc", "http", "https", "postgresql", "mysql", "sqlite",
+                 "mssql")
+
+
+def bad_scheme(uri: str) -> str | None:
+    """Why MLflow cannot store runs at `uri` whatever answers there (an unknown scheme: MLflow
+    would say so only when the first run starts, after the stage's work), or None."""
+    import urllib.parse
+
+    scheme = urllib.parse.urlsplit(uri).scheme.split("+")[0].lower()
+    if scheme in STORE_SCHEMES or (len(scheme) == 1 and uri[1:2] == ":"):  # (a Windows drive: a path)
+        return None
+    return (f"MLflow cannot store runs under the scheme {scheme!r}; expected sqlite:///PATH, a directory, "
+            "http(s)://HOST:PORT or a database URI (postgresql://, mysql://, mssql://)")
+
+
 def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """Why the tracking server at `uri` cannot be reached (None: it answered, or the store is a
     local one). Any HTTP answer counts as reachable: a 401 or 404 is the server's to explain."""
@@ -100,10 +118,19 @@ def configure(mode: str) -> None:
     if mode == "disabled":
         return
     uri = tracking_uri()
+    shown = redact_text(uri)
+    scheme = bad_scheme(uri)
+    if scheme:
+        if mode == "optional":
+            _ENABLED = False
+            log.warning("MLFLOW_TRACKING_URI = %s: %s. Tracking is OFF for this stage (run.tracking=optional)",
+                        shown, scheme)
+            return
+        raise TrackingUnavailable(f"MLFLOW_TRACKING_URI = {shown}: {scheme}. Fix it, unset it (the project's mlflow.db "
+                                  "is then used), or set run.tracking=disabled")
     reason = unreachable_reason(uri)
     if reason is None:
         return
-    shown = redact_text(uri)
     if mode == "optional":
         _ENABLED = False
         log.warning("the MLflow tracking server %s is unreachable (%s): tracking is OFF for this stage "
@@ -275,6 +302,12 @@ def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_
             mlflow.flush_async_logging()
         finally:
             mlflow.end_run(status=status)
+            if status == "KILLED":
+                KILLED_RUNS.append(run.info.run_id)
+
+
+# Runs this process ended KILLED (stages/_cli.py says so when a signal stops a stage, and only then).
+KILLED_RUNS: list[str] = []
 
 
 _NO_RUN = SimpleNamespace(info=SimpleNamespace(run_id="", experiment_id="", run_name=""))
@@ -406,11 +439,13 @@ def write_run_file(dest_dir: Path, info: dict) -> None:
 
 
 def read_run_file(model_dir: Path) -> dict:
-    path = Path(model_dir) / RUN_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"{path} not found: run the train stage first (dvc repro train)") from None
+    from .stage_outputs import read_json
+
+    info = read_json(Path(model_dir) / RUN_FILE, "train")
+    if not isinstance(info.get("run_id"), str):
+        raise PipelineError(f"{Path(model_dir) / RUN_FILE}: holds no run_id; it is written by the train stage: run it "
+                            "again (dvc repro train)")
+    return info
 
 
 def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:

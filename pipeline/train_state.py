@@ -26,10 +26,11 @@ from omegaconf import OmegaConf
 
 from .atomic import atomic_path
 from .checkpoint import tensor_mismatch
+from .output_dirs import CHECKPOINTS
 
 log = logging.getLogger(__name__)
 
-STATE_FILE = "last.pt"
+STATE_FILE = CHECKPOINTS.files[0]  # last.pt, in train.checkpoint_dir
 # Settings that change what is logged or where, never the weights: a run resumed with a new
 # value of these is still the same run.
 _NEUTRAL_TRAIN_KEYS = ("log_every", "checkpoint_every", "checkpoint_dir", "resume", "threads", "out_dir",

@@ -8,9 +8,10 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from pipeline import distributed, tracking
+from pipeline import distributed, output_dirs, tracking
 from pipeline.config import load_config
 from pipeline.errors import ConfigError, PipelineError, Terminated
+from pipeline.paths import repo_path
 
 USAGE = """usage: python -m stages.{name} [OVERRIDE ...]
 
@@ -47,13 +48,17 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
         extra = DISTRIBUTED.format(key=nproc_key, name=name) if nproc_key else ""
         print(USAGE.format(name=name, doc=doc.strip(), sections=sections, distributed=extra))
         return 0
-    module, place = f"stages.{name}", distributed.from_env()
+    module, place, stage = f"stages.{name}", distributed.from_env(), name
     logging.basicConfig(level=logging.INFO, format=f"[{name}] %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     name = distributed.configure_rank_output(name, place)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    cfg = None
+    tracking.KILLED_RUNS.clear()  # (tests run several stages in one process)
     try:
         cfg = load_config(args)
+        # Before any work, and before torchrun starts ranks: where the stages write (pipeline/output_dirs.py).
+        output_dirs.check_outputs(cfg, stage)
         processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
         if processes > 1 and not distributed.under_launcher():
             if cfg.run.tracking == "required":
@@ -68,17 +73,39 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
     except PipelineError as e:
         print(f"[{name}] error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: everything is flushed, the run is KILLED
+    except OSError as e:
+        # The file system said no (permissions, a read-only disk, a path that vanished): the file and
+        # the reason, not a traceback.
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"[{name}] error: {where}{e.strerror or e} (errno {e.errno}); the stage stopped there",
+              file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: whatever was started is flushed and ended
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-        what = ""
-        if place.is_main:  # rank 0 owns the run and the checkpoints
-            what = ": buffered metrics were sent and the MLflow run ended KILLED" + \
-                (" (train resumes from its last checkpoint when run again)" if module == "stages.train" else "")
+        what = _stopped_what(stage, cfg) if place.is_main else ""  # rank 0 owns the run and the checkpoints
         print(f"[{name}] stopped by {signal.Signals(signum).name}{what}", file=sys.stderr)
         return 128 + signum
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _stopped_what(stage: str, cfg) -> str:
+    """What a stop left, as it is: only what did happen (a run ended KILLED, a checkpoint kept)."""
+    if cfg is None:
+        return " while reading its configuration: nothing was done"
+    parts = []
+    if tracking.KILLED_RUNS:
+        parts.append(f"its metrics so far were sent and MLflow run {tracking.KILLED_RUNS[-1]} ended KILLED")
+    elif cfg.run.tracking == "disabled" or not tracking.enabled():
+        parts.append("tracking is off (run.tracking), so nothing was sent to MLflow")
+    else:
+        parts.append("before its MLflow run started")
+    if stage == "train":
+        ckpt = repo_path(cfg.train.checkpoint_dir) / output_dirs.CHECKPOINTS.files[0]
+        if ckpt.is_file():
+            parts.append(f"train resumes from its checkpoint {ckpt} when run again")
+    return ": " + "; ".join(parts)
 
 
 def _raise_terminated(signum, frame):

@@ -31,6 +31,7 @@ from pipeline.embed_cache import EmbeddingCache
 from pipeline.embedding import (StreamedEmbeddings, cache_only, embed_share, plan_digest, plan_encodes,
                                 prepare_pairs, shard_reads)
 from pipeline.errors import PipelineError
+from pipeline.output_dirs import EMBEDDING_CACHE, claim
 from pipeline.paths import repo_path
 from pipeline.teacher import count_truncated, encode_chunk, encode_chunks, encode_texts, load_teacher, teacher_identity
 
@@ -52,14 +53,16 @@ STRICT_GEMM = ("MKL_CBWR", "AUTO,STRICT")
 
 def run(cfg) -> dict:
     e = cfg.embed
-    prepared = prepare_pairs(e)  # validation first: a bad dataset fails before any heavy work
+    wanted = distributed.available_device("embed.device", e.device)  # before any work
+    # Validation first: a bad dataset fails before any heavy work.
+    prepared = prepare_pairs(e, cfg.run.allow_external_paths)
     log.info("%d pairs read from %s (%s)", len(prepared.frame), e.dataset, prepared.stats)
     place = distributed.from_env()
     if not place.is_main:
         import transformers
 
         transformers.utils.logging.disable_progress_bar()  # its "Loading weights" bar: rank 0's is enough
-    device = distributed.device_for(e.device, place)  # cuda: one GPU per rank
+    device = distributed.device_for(wanted, place)  # cuda: one GPU per rank
     teacher = load_teacher(e.teacher, device)  # a teacher that cannot load fails before the ranks meet
     with distributed.process_group(torch.device(device)) as place:
         if place.enabled:
@@ -124,7 +127,10 @@ def _cache(cache_dir: str, ident: dict, place: distributed.Dist) -> Iterator[Emb
     within the run (and, with several ranks, carries the vectors from the rank that made them to
     the one writing their shard: rank 0 makes it and removes it, after every rank is done)."""
     if cache_dir:
-        yield EmbeddingCache(repo_path(cache_dir), ident)
+        root = repo_path(cache_dir)
+        if place.is_main:
+            claim(root, EMBEDDING_CACHE, "embed.cache_dir")  # checked before any work; made and marked now
+        yield EmbeddingCache(root, ident)
         return
     scratch = tempfile.mkdtemp(prefix="embed-cache-") if place.is_main else ""
     try:

@@ -5,15 +5,13 @@ reports/stability.md and .html with PNG plots, and metrics/stability.json.
 Adds verdict (tag), figures (metrics) and files (artifacts) to the model's MLflow run."""
 from __future__ import annotations
 
-import json
 import logging
 import sys
-
-import pandas as pd
 
 from pipeline import tracking
 from pipeline.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.report.build import build_report, log_report, verdict_line
+from pipeline.stage_outputs import read_csv, read_json
 
 from ._cli import run_stage
 
@@ -22,10 +20,10 @@ log = logging.getLogger(__name__)
 
 def run(cfg) -> dict:
     run_id = tracking.read_run_file(repo_path(cfg.train.out_dir))["run_id"]
-    steps = pd.read_csv(TELEMETRY_DIR / "train_steps.csv")
-    events = json.loads((TELEMETRY_DIR / "train_events.json").read_text())
-    train_metrics = json.loads((METRICS_DIR / "train.json").read_text())
-    eval_metrics = json.loads((METRICS_DIR / "eval.json").read_text())
+    steps = read_csv(TELEMETRY_DIR / "train_steps.csv", "train", required=("step",))
+    events = read_json(TELEMETRY_DIR / "train_events.json", "train", expect=list)
+    train_metrics = read_json(METRICS_DIR / "train.json", "train")
+    eval_metrics = read_json(METRICS_DIR / "eval.json", "evaluate")
     result = build_report(cfg, run_id, steps, events, train_metrics, eval_metrics)
     with tracking.mlflow_run("report", cfg.run.preset, run_id=run_id):
         log_report(result)

@@ -23,12 +23,13 @@ import sys
 
 import pandas as pd
 
-from pipeline import distributed, tracking
+from pipeline import distributed, memory_estimate, tracking
 from pipeline.atomic import atomic_path, write_json
 from pipeline.checkpoint import model_shapes, save_model
 from pipeline.config import flatten
 from pipeline.data.shards import load_manifest, open_split
 from pipeline.logged_model import log_trained_model
+from pipeline.output_dirs import CHECKPOINTS, MODEL, claim
 from pipeline.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.report.build import build_report, log_report, verdict_line
 from pipeline.telemetry import step_columns
@@ -70,13 +71,18 @@ def run(cfg) -> dict | None:
         return None
 
 
-def prepare(cfg, place):
-    """What every rank reads: the shards (memory-mapped), the fingerprint and a checkpoint."""
+def prepare(cfg, place, on_memory=None):
+    """What every rank reads: the shards (memory-mapped), the fingerprint and a checkpoint. Before
+    any of the model, optimizer or checkpoint is built or loaded, the memory check
+    (pipeline/memory_estimate.py) refuses a config that cannot fit; `on_memory` gets its result."""
     shard_dir = repo_path(cfg.embed.out_dir)
     manifest = load_manifest(shard_dir)
-    train, val = open_split(shard_dir, "train"), open_split(shard_dir, "val")
-    data_digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
     ckpt_path = repo_path(cfg.train.checkpoint_dir) / STATE_FILE
+    memory = memory_estimate.check(cfg, int(manifest["dim"]), place, ckpt_path)
+    if on_memory is not None:
+        on_memory(memory)
+    train, val = open_split(shard_dir, "train", need_rows="to train on"), open_split(shard_dir, "val")
+    data_digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
     fp = fingerprint(cfg, data_digest, place.world_size)
     state = None
     if cfg.train.resume and ckpt_path.is_file():
@@ -98,7 +104,13 @@ def train_only(cfg, place) -> None:
 
 
 def train_and_record(cfg, place) -> dict:
-    manifest, train, val, ckpt_path, fp, state = prepare(cfg, place)
+    checked = []
+    manifest, train, val, ckpt_path, fp, state = prepare(cfg, place, on_memory=checked.append)
+    memory = checked[0]
+    if not memory.fits:  # train.memory_check=false: not refused, but said
+        log.warning("%s; going on: train.memory_check=false", memory.describe())
+    else:  # a warning when only the expected flow steps fit, not the worst case
+        log.log(logging.INFO if memory.worst_fits else logging.WARNING, "%s", memory.describe())
     model_dir = repo_path(cfg.train.out_dir)
     resume_run = (state or {}).get("extra", {}).get("run_id")
     if resume_run and not tracking.run_exists(resume_run):
@@ -114,6 +126,9 @@ def train_and_record(cfg, place) -> dict:
             effective = cfg.train.batch_size * cfg.train.grad_accum * place.world_size
             tracking.log_params({**flatten(cfg), "train.processes": place.world_size,
                                  "train.effective_batch": effective})
+        if cfg.train.checkpoint_every:
+            claim(ckpt_path.parent, CHECKPOINTS, "train.checkpoint_dir")
+        tracking.log_metrics(memory.metrics(), step=0)
         sampling = cfg.train.system_metrics_every_s
         with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling) as to_mlflow:
             ckpt = Checkpointing(ckpt_path, fp, cfg.train.checkpoint_every, extra={"run_id": run.info.run_id},
@@ -125,6 +140,7 @@ def train_and_record(cfg, place) -> dict:
                 diagnose_divergence(cfg, run.info.run_id, e.result)
                 raise
         write_telemetry(result)
+        claim(model_dir, MODEL, "train.out_dir")
         # The seed lets evaluate rebuild the untrained starting point (the "untrained" baseline).
         save_model(model_dir / "model.pt", result.model, cfg.model,
                    extra={"run_id": run.info.run_id, "seed": int(cfg.run.seed)})

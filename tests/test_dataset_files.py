@@ -19,6 +19,7 @@ def test_directory_reads_every_dataset_file_in_name_order(tmp_path):
     df = read_dataset(tmp_path, "question", "answer", "id")
     assert df["id"].tolist() == ["1", "2", "3", "4", "5"]
     assert [f.name for f in df.attrs["files"]] == ["a.csv", "b.csv", "c.jsonl"]
+    assert df.attrs["files_skipped"] == [(tmp_path / "notes.txt", "unsupported extension '.txt'")]
 
 
 def test_glob_pattern_and_its_errors(tmp_path):
@@ -30,7 +31,7 @@ def test_glob_pattern_and_its_errors(tmp_path):
         dataset_files(str(tmp_path / "nothing-*.csv"))
     empty = tmp_path / "empty_dir"
     empty.mkdir()
-    with pytest.raises(DatasetError, match="holds no dataset file"):
+    with pytest.raises(DatasetError, match=r"holds no dataset file \(it is empty\)"):
         dataset_files(empty)
 
 
@@ -56,12 +57,16 @@ def test_duplicate_pairs_are_counted_and_dropped_or_kept_by_parameter(tmp_path):
     from pipeline.embedding import prepare_pairs
 
     data = tmp_path / "d.csv"
-    data.write_text("question,answer\n" + "".join(f"Q{i % 5},A{i % 5}\n" for i in range(20)))
+    # 40 distinct pairs, each 4 times: enough rows left after dropping for every split to hold some.
+    data.write_text("question,answer\n" + "".join(f"Q{i % 40},A{i % 40}\n" for i in range(160)))
     base = ["preset=smoke", f"embed.dataset={data}", "embed.id_field=null", "embed.max_rows=0",
             "run.allow_external_paths=true"]
-    dropped = prepare_pairs(load_config(base).embed)
-    assert dropped.stats["duplicate_pairs"] == 15 and dropped.stats["duplicates_dropped"] == 15
-    assert len(dropped.frame) == 5
-    kept = prepare_pairs(load_config([*base, "embed.drop_duplicates=false"]).embed)
-    assert kept.stats["duplicate_pairs"] == 15 and kept.stats["duplicates_dropped"] == 0
-    assert len(kept.frame) == 20 and kept.frame["id"].is_unique
+    cfg = load_config(base)
+    dropped = prepare_pairs(cfg.embed, cfg.run.allow_external_paths)
+    assert dropped.stats["duplicate_pairs"] == 120 and dropped.stats["duplicates_dropped"] == 120
+    assert len(dropped.frame) == 40
+    for id_field in ("null", "''"):  # "" is no id column too
+        cfg = load_config([*base, "embed.drop_duplicates=false", f"embed.id_field={id_field}"])
+        kept = prepare_pairs(cfg.embed, cfg.run.allow_external_paths)
+        assert kept.stats["duplicate_pairs"] == 120 and kept.stats["duplicates_dropped"] == 0
+        assert len(kept.frame) == 160 and kept.frame["id"].is_unique

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,30 @@ def test_second_repro_does_nothing(project):
     out = sh([sys.executable, "-m", "dvc", "repro"], root, env)
     assert "Running stage" not in out, out
     assert "up to date" in sh([sys.executable, "-m", "dvc", "status"], root, env)
+
+
+def test_dvc_exp_run_pointing_an_output_at_a_users_directory_deletes_nothing(project):
+    """`dvc exp run` force-checks-out every output before running, deleting whatever is at an
+    output path it has no record of: were dvc.yaml's outs `${train.out_dir}`, notes/ would be gone
+    before any stage ran. They are fixed paths, and the stage refuses another train.out_dir."""
+    root, env, _ = project
+    notes = root / "notes"
+    notes.mkdir()
+    (notes / "thesis.md").write_text("months of work\n")
+    params = (root / "params.yaml").read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke", "-S", "train.out_dir=notes"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    try:
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert "] config error: parameter 'train.out_dir' = 'notes': under DVC (dvc repro, dvc exp run) the " \
+               "train stage's output is models, as dvc.yaml declares it" in out, out[-3000:]
+        assert "Traceback" not in out
+        assert sorted(os.listdir(notes)) == ["thesis.md"] and (notes / "thesis.md").read_text() == "months of work\n"
+    finally:
+        (root / "params.yaml").write_bytes(params)
+        sh([sys.executable, "-m", "dvc", "checkout", "--force"], root, env)  # the outputs DVC removed before train
+    assert (root / "models/model.pt").is_file() and (notes / "thesis.md").is_file()
 
 
 def test_plain_repro_after_an_edit_reruns_train_evaluate_report_not_embed_and_is_tracked(project):

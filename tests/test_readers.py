@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -10,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.readers import content_id, drop_duplicate_pairs, read_pairs
-from pipeline.errors import DatasetError
+from pipeline.data.readers import content_id, dataset_files, drop_duplicate_pairs, read_dataset, read_pairs
+from pipeline.errors import ConfigError, DatasetError
 
 ROWS = [
     {"id": "a", "q": "What is 2+2?", "a": "4"},
@@ -383,3 +384,363 @@ def test_bad_ids(tmp_path, value, detail):
     rows = [{"id": "ok", "q": "x", "a": "y"}, {"id": value, "q": "x", "a": "y"}]
     expect_error(write(tmp_path / "d.json", json.dumps(rows)),
                  "row 2", "id field 'id'", detail, id_field="id")
+
+
+# --------------------------------------------------------------------------- repeated names
+
+
+def read_error(spec, *fragments, error=DatasetError, **kw) -> str:
+    """read_dataset must raise `error` naming the spec and every fragment; returns the message."""
+    kw.setdefault("input_field", "q")
+    kw.setdefault("target_field", "a")
+    with pytest.raises(error) as exc:
+        read_dataset(spec, **kw)
+    msg = str(exc.value)
+    assert str(spec).rstrip("/") in msg, msg
+    for frag in fragments:
+        assert frag in msg, f"{frag!r} not in {msg!r}"
+    return msg
+
+
+@pytest.mark.parametrize("name,text,times,positions", [
+    ("d.csv", "id,a,q,a\n1,first,x,second\n", "twice", "columns 2 and 4"),
+    ("d.tsv", "a\tq\ta\ta\nfirst\tx\tsecond\tthird\n", "3 times", "columns 1, 3 and 4"),
+])
+def test_repeated_column_in_header_is_refused(tmp_path, name, text, times, positions):
+    # pandas would rename the second to 'a.1' and read the first: a silent choice of one.
+    p = write(tmp_path / name, text)
+    assert expect_error(p) == (f"{p}: column 'a' appears {times} in the header ({positions}); expected each column "
+                               "name once — rename or remove the repeats (only one of them could be read)")
+
+
+def test_repeated_empty_header_cells_are_not_names(tmp_path):
+    # Spreadsheets export trailing empty columns: "q,a,," is two unnamed columns, not a repeat.
+    df = read_pairs(write(tmp_path / "d.csv", "q,a,,\nx,y,,\n"), "q", "a")
+    assert df["input_text"].tolist() == ["x"]
+
+
+def test_repeated_key_json_names_row_and_key(tmp_path):
+    p = write(tmp_path / "d.json", '[{"q": "x", "a": "y"},\n {"q": "x", "a": "first", "a": "second"}]')
+    assert expect_error(p) == (f"{p}: row 2: key 'a' appears twice in one object (at the top level); expected each "
+                               "key once — JSON keeps only the last value, so the other would be silently lost")
+
+
+def test_repeated_nested_key_jsonl_names_row_line_and_where(tmp_path):
+    p = write(tmp_path / "d.jsonl", '{"q": "x", "a": "y"}\n\n{"q": {"text": "1", "text": "2"}, "a": "y"}\n')
+    expect_error(p, "row 2 (line 3): key 'text' appears twice in one object (under 'q')")
+
+
+def test_repeated_parquet_column(tmp_path):
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.table([pa.array(["x"]), pa.array(["y"]), pa.array(["z"])], names=["q", "a", "q"]), p)
+    expect_error(p, "column 'q' appears twice in the Parquet schema (positions 1 and 3)",
+                 "expected each column name once")
+
+
+# --------------------------------------------------------------------------- delimiters
+
+
+@pytest.mark.parametrize("name,text,advice", [
+    ("semi.csv", "q;a\nx;y\n", "set embed.delimiter=';' (in a shell: \"embed.delimiter=';'\")"),
+    ("pipe.csv", "q|a\nx|y\n", "set embed.delimiter='|' (in a shell: \"embed.delimiter='|'\")"),
+    ("tabs.csv", "q\ta\nx\ty\n", "set embed.format=tsv (or name the file .tsv)"),
+    ("commas.tsv", "q,a\nx,y\n", "set embed.format=csv (or name the file .csv)"),
+])
+def test_missing_field_names_the_delimiter_the_header_uses(tmp_path, name, text, advice):
+    p = write(tmp_path / name, text)
+    msg = expect_error(p, "missing field 'q' (embed.input_field)", "Available columns: ", advice)
+    if name == "semi.csv":
+        assert msg == (f"{p}: missing field 'q' (embed.input_field); expected a column with that name in the "
+                       "header. Available columns: 'q;a' (1 when split at commas). The header line has 1 ';': it "
+                       "looks ';'-separated, not comma-separated; set embed.delimiter=';' (in a shell: "
+                       "\"embed.delimiter=';'\")")
+
+
+def test_wrong_delimiter_with_ragged_rows_gets_the_same_advice(tmp_path):
+    # Commas inside ';'-separated text make the rows ragged before any field is looked up.
+    p = write(tmp_path / "d.csv", "q;a\nx, y;z\n")
+    expect_error(p, "not valid CSV (Expected 1 fields in line 2, saw 2)", "set embed.delimiter=';'")
+
+
+@pytest.mark.parametrize("delimiter,sep", [(";", ";"), ("|", "|"), ("tab", "\t"), ("\\t", "\t"), ("", ",")])
+def test_delimiter_parameter(tmp_path, delimiter, sep):
+    p = write(tmp_path / "d.csv", f"q{sep}a\n\"x{sep} x\"{sep}y\n")
+    df = read_dataset(p, "q", "a", delimiter=delimiter)
+    assert df["input_text"].tolist() == [f"x{sep} x"] and df["target_text"].tolist() == ["y"]
+
+
+def test_explicit_delimiter_that_is_wrong_suggests_the_right_one(tmp_path):
+    p = write(tmp_path / "d.csv", "q\ta\nx\ty\n")
+    expect_error(p, "not ';'-separated; set embed.delimiter=tab", delimiter=";")
+
+
+def test_bad_delimiter_is_a_config_error(tmp_path):
+    p = write(tmp_path / "d.csv", "q,a\nx,y\n")
+    with pytest.raises(ConfigError, match=r"embed\.delimiter = 'ab': expected one character"):
+        read_dataset(p, "q", "a", delimiter="ab")
+
+
+def test_row_longer_than_header_is_an_error_not_an_index(tmp_path):
+    # With the header read as names, pandas would take the first column as the index.
+    expect_error(write(tmp_path / "d.csv", "q,a\n1,x,y\n"), "not valid CSV (Expected 2 fields in line 2, saw 3)")
+
+
+def test_row_shorter_than_header_says_so(tmp_path):
+    expect_error(write(tmp_path / "d.csv", "q,a\nx,y\nz\n"),
+                 "row 2, field 'a': text is empty (the row has 1 of the header's 2 fields)")
+
+
+def test_unclosed_quote_names_its_line(tmp_path):
+    expect_error(write(tmp_path / "d.csv", 'q,a\nx,y\n\nz,"open\nmore\n'),
+                 "EOF inside string: the double quote opened at line 4, column 3 is never closed")
+
+
+# --------------------------------------------------------------------------- JSON vs JSON Lines
+
+
+def test_json_array_in_jsonl_file(tmp_path):
+    p = write(tmp_path / "d.jsonl", json.dumps(ROWS, indent=1))
+    assert expect_error(p) == (f"{p}: this is a JSON array (line 1 opens it with '['), not JSON Lines (one object "
+                               "per line); name the file .json or set embed.format=json")
+
+
+def test_broken_json_array_in_jsonl_file_still_gets_the_hint(tmp_path):
+    p = write(tmp_path / "d.jsonl", '[\n {"q": "x", "a": "y"},\n')
+    expect_error(p, "invalid JSON on line 1", "Line 1 starts with '['", "set embed.format=json")
+
+
+def test_jsonl_lines_split_at_newline_only(tmp_path):
+    # U+2028 and U+0085 are allowed raw inside JSON strings; str.splitlines would split there.
+    rows = [{"q": "a\u2028b", "a": "c\x85d\x1ce"}]
+    p = write(tmp_path / "d.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows))
+    df = read_pairs(p, "q", "a")
+    assert df["input_text"].tolist() == ["a\u2028b"] and df["target_text"].tolist() == ["c\x85d\x1ce"]
+
+
+# --------------------------------------------------------------------------- what does not exist
+
+
+def test_missing_directory_says_it_does_not_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    assert read_error("data/nope/") == ("data/nope/: does not exist (no such file or directory; nearest existing "
+                                        "parent: data); expected a dataset file, a directory of dataset files or a "
+                                        "glob pattern")
+
+
+def test_missing_file_with_unknown_extension_is_not_found_first(tmp_path):
+    read_error(tmp_path / "nope" / "pairs.xlsx", "file not found", f"nearest existing parent: {tmp_path})")
+    with pytest.raises(DatasetError, match="file not found"):
+        read_pairs(tmp_path / "pairs.xlsx", "q", "a")
+
+
+def test_missing_file_suggests_a_close_name(tmp_path):
+    write(tmp_path / "pairs.csv", "q,a\nx,y\n")
+    read_error(tmp_path / "pair.csv", "file not found", "did you mean 'pairs.csv'?", "expected a csv dataset")
+
+
+def test_broken_symlink(tmp_path):
+    (tmp_path / "link.csv").symlink_to(tmp_path / "gone.csv")
+    read_error(tmp_path / "link.csv", "broken symbolic link", "gone.csv")
+
+
+def test_glob_under_a_missing_directory(tmp_path):
+    read_error(str(tmp_path / "nope" / "*.csv"), "no file matches this pattern",
+               f"{tmp_path / 'nope'} does not exist (nearest existing parent: {tmp_path})")
+
+
+# --------------------------------------------------------------------------- directories
+
+
+def test_directory_reports_every_entry_it_did_not_read(tmp_path):
+    write(tmp_path / "a.csv", "q,a\nx,y\n")
+    write(tmp_path / "notes.txt", "x")
+    write(tmp_path / ".DS_Store", b"\x00\x00\x00\x01Bud1")
+    write(tmp_path / ".gitkeep", "")
+    write(tmp_path / "._a.csv", b"\x00\x05\x16\x07")  # a macOS resource fork: hidden, not read
+    (tmp_path / "old").mkdir()
+    df = read_dataset(tmp_path, "q", "a")
+    assert [f.name for f in df.attrs["files"]] == ["a.csv"]
+    assert [(p.name, why) for p, why in df.attrs["files_skipped"]] == [
+        (".DS_Store", "hidden file (name starts with '.')"), ("._a.csv", "hidden file (name starts with '.')"),
+        (".gitkeep", "hidden file (name starts with '.')"), ("notes.txt", "unsupported extension '.txt'"),
+        ("old", "a directory (subdirectories are not read)")]
+
+
+def test_directory_without_dataset_files_lists_what_it_holds(tmp_path):
+    write(tmp_path / "notes.txt", "x")
+    write(tmp_path / ".gitkeep", "")
+    assert read_error(tmp_path) == (
+        f"{tmp_path}: directory holds no dataset file (it holds: .gitkeep (hidden file (name starts with '.')), "
+        "notes.txt (unsupported extension '.txt')); expected files ending in .csv, .json, .jsonl, .ndjson, "
+        ".parquet, .pq, .tsv")
+
+
+# --------------------------------------------------------------------------- characters no text may hold
+
+
+@pytest.mark.parametrize("name,text,where,found", [
+    ("d.json", '[{"q": "ok", "a": "ok"}, {"q": "What\\u0000 is", "a": "ok"}]', "row 2, field 'q'",
+     "NUL character (U+0000) at character 5 of the text, after 'What'"),
+    ("d.jsonl", '{"q": "ok", "a": "ok"}\n\n{"q": "ok", "a": "bad \\ud800 here"}\n', "row 2 (line 3), field 'a'",
+     "lone surrogate U+D800 at character 5 of the text, after 'bad '"),
+    ("d.jsonl", '{"q": "ok", "a": "\\udfff"}\n', "row 1 (line 1), field 'a'",
+     "lone surrogate U+DFFF at character 1 of the text;"),
+    ("d.csv", "q,a\n" + "x,y\n" * 3000 + "x,y\x00z\n", "row 3001, field 'a'", "NUL character (U+0000) at character 2"),
+])
+def test_nul_and_lone_surrogates_are_refused(tmp_path, name, text, where, found):
+    msg = expect_error(write(tmp_path / name, text), f"{where}: {found}", "expected")
+    assert ("expected text without NUL characters" in msg) != ("expected valid Unicode text" in msg)
+
+
+def test_surrogate_pair_escapes_are_fine(tmp_path):
+    p = write(tmp_path / "d.jsonl", '{"q": "smile \\ud83d\\ude00", "a": "ok"}\n')
+    assert read_pairs(p, "q", "a")["input_text"].tolist() == ["smile \U0001F600"]
+
+
+def test_nul_in_id(tmp_path):
+    p = write(tmp_path / "d.jsonl", '{"id": "x\\u0000", "q": "ok", "a": "ok"}\n')
+    expect_error(p, "row 1 (line 1), id field 'id': NUL character (U+0000) at character 2", id_field="id")
+
+
+def test_invalid_utf8_in_parquet_strings(tmp_path):
+    p = tmp_path / "d.parquet"
+    bad = pa.array([b"fine", b"caf\xe9"], pa.binary()).view(pa.string())
+    pq.write_table(pa.table({"q": bad, "a": ["x", "y"]}), p)
+    expect_error(p, "row 2, field 'q': not valid UTF-8 at byte 3 of the text", "expected UTF-8 text")
+
+
+@pytest.mark.parametrize("name,data,kind", [
+    ("d.csv", "q,a\nx,y\n".encode("utf-16"), "looks like UTF-16 text (little-endian byte-order mark)"),
+    ("d.csv", "q,a\nx,y\n".encode("utf-16-le"), "looks like UTF-16 text without a byte-order mark"),
+    ("d.jsonl", '{"q": "x", "a": "y"}\n'.encode("utf-32"), "looks like UTF-32 text"),
+    ("d.csv", "q,a\ncafé,y\n".encode("cp1252"), "not valid UTF-8 at line 2 (byte offset 7, column 4"),
+])
+def test_other_encodings_are_named(tmp_path, name, data, kind):
+    expect_error(write(tmp_path / name, data), kind, "re-save the file as UTF-8")
+
+
+# --------------------------------------------------------------------------- config keys in messages
+
+
+def test_messages_name_config_keys(tmp_path):
+    p = write(tmp_path / "d.xlsx", "x")
+    expect_error(p, "(or set embed.format to one of csv, tsv, jsonl, json, parquet)")
+    p = write(tmp_path / "d.csv", "q,a\nx,y\n")
+    expect_error(p, "embed.format = 'xml' is not a format", fmt="xml")
+    expect_error(p, "missing field 'question' (embed.input_field)", input_field="question")
+    expect_error(p, "missing field 'answer' (embed.target_field)", target_field="answer")
+
+
+@pytest.mark.parametrize("id_field", ["id", "none"])
+def test_missing_id_column_says_how_to_do_without(tmp_path, id_field):
+    p = write(tmp_path / "d.csv", "q,a\nx,y\n")
+    msg = expect_error(p, f"missing field {id_field!r} (embed.id_field)", id_field=id_field)
+    assert msg.endswith("(no id column? set embed.id_field=null or embed.id_field='' for content-hash ids)")
+    p = write(tmp_path / "d.json", '[{"q": "x", "a": "y"}]')
+    expect_error(p, "(no id column? set embed.id_field=null or embed.id_field='' for content-hash ids)",
+                 id_field=id_field)
+
+
+def test_empty_id_field_means_no_id_column(tmp_path):
+    p = write(tmp_path / "d.csv", "q,a\nx,y\n")
+    for df in (read_pairs(p, "q", "a", id_field=""), read_dataset(p, "q", "a", id_field="")):
+        assert df["id"].tolist() == [content_id("x", "y")]
+
+
+def test_skipped_null_rows_without_ids(tmp_path):
+    # Content ids were computed before the skipped rows were dropped: None + str failed.
+    p = write(tmp_path / "d.jsonl", '{"q": null, "a": "y"}\n{"q": "x", "a": "y"}\n')
+    df = read_dataset(p, "q", "a", skip_empty=True)
+    assert df["id"].tolist() == [content_id("x", "y")] and df.attrs["rows_skipped_empty"] == 1
+
+
+def test_every_row_skipped_is_an_error(tmp_path):
+    p = write(tmp_path / "d.csv", "q,a\nx,\n,y\n")
+    read_error(p, "no rows left: every one of the 2 rows read has an empty or null input or target text",
+               skip_empty=True)
+
+
+# --------------------------------------------------------------------------- files outside the project
+
+
+def fake_project(tmp_path) -> tuple[Path, Path]:
+    root = tmp_path / "project"
+    (root / "data" / "raw").mkdir(parents=True)
+    write(root / "data" / "raw" / "in.csv", "q,a\nx,y\n")
+    outside = write(tmp_path / "outside.csv", "q,a\nsecret,data\n")
+    return root, outside
+
+
+def test_glob_with_dotdot_cannot_leave_the_project(tmp_path):
+    root, outside = fake_project(tmp_path)
+    spec = str(root / "data" / "r*" / ".." / ".." / ".." / "outside.csv")
+    msg = read_error(spec, error=ConfigError, allowed_root=root)
+    assert msg == (f"embed.dataset = {spec!r}: the glob matches {root}/data/raw/../../../outside.csv, which resolves "
+                   f"to {outside}, outside the project ({root}); expected files inside it, or set "
+                   "run.allow_external_paths=true to allow it")
+    assert read_dataset(spec, "q", "a")["input_text"].tolist() == ["secret"]  # no allowed_root: no check
+
+
+def test_symlink_in_a_dataset_directory_cannot_leave_the_project(tmp_path):
+    root, outside = fake_project(tmp_path)
+    (root / "data" / "raw" / "link.csv").symlink_to(outside)
+    read_error(root / "data" / "raw", "the directory holds", "link.csv, which resolves to", str(outside),
+               "set run.allow_external_paths=true", error=ConfigError, allowed_root=root)
+
+
+def test_symlink_matched_by_a_glob_cannot_leave_the_project(tmp_path):
+    root, outside = fake_project(tmp_path)
+    (root / "data" / "raw" / "part-2.csv").symlink_to(outside)
+    write(root / "data" / "raw" / "part-1.csv", "q,a\nx,y\n")
+    read_error(str(root / "data" / "raw" / "part-*.csv"), "the glob matches", "part-2.csv, which resolves to",
+               error=ConfigError, allowed_root=root)
+
+
+def test_symlink_inside_the_project_is_fine(tmp_path):
+    root, _ = fake_project(tmp_path)
+    (root / "data" / "link.csv").symlink_to(root / "data" / "raw" / "in.csv")
+    assert dataset_files(root / "data" / "link.csv", allowed_root=root) == [root / "data" / "link.csv"]
+    assert read_dataset(root / "data", "q", "a", allowed_root=root)["input_text"].tolist() == ["x"]
+
+
+# --------------------------------------------------------------------------- whatever a parser raises
+
+
+def test_deeply_nested_json(tmp_path):
+    expect_error(write(tmp_path / "d.json", "[" * 100_000 + "]" * 100_000), "JSON nested too deeply to read")
+    expect_error(write(tmp_path / "d.jsonl", '{"q": ' * 100_000 + "1" + "}" * 100_000 + "\n"),
+                 "line 1: JSON nested too deeply to read")
+
+
+def test_huge_json_integer(tmp_path):
+    p = write(tmp_path / "d.jsonl", '{"id": ' + "1" * 5000 + ', "q": "x", "a": "y"}\n')
+    expect_error(p, "line 1: a JSON integer of 5000 digits", "expected one JSON object per line", id_field="id")
+
+
+def test_unforeseen_parser_error_names_the_file(tmp_path, monkeypatch):
+    p = write(tmp_path / "d.csv", "q,a\nx,y\n")
+
+    def broken(*a, **kw):
+        raise KeyError("something pandas never said before")
+
+    monkeypatch.setattr(pd, "read_csv", broken)
+    assert expect_error(p) == (f"{p}: could not be read as CSV (KeyError: 'something pandas never said before'); "
+                               "expected UTF-8 comma-separated values with a header line")
+
+    def no_memory(*a, **kw):
+        raise MemoryError
+
+    monkeypatch.setattr(pd, "read_csv", no_memory)
+    with pytest.raises(MemoryError):
+        read_pairs(p, "q", "a")
+
+
+def test_unreadable_file(tmp_path, monkeypatch):
+    p = write(tmp_path / "d.csv", "q,a\nx,y\n")
+
+    def denied(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    expect_error(p, "cannot be read (Permission denied); expected a readable csv dataset file")

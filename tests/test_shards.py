@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.data import shards
 from pipeline.data.shards import ShardedArray, load_manifest, open_split, write_shards
-from pipeline.errors import ShardError
+from pipeline.errors import ConfigError, ShardError
+from pipeline.output_dirs import MARK
 
 TEACHER = {"name": "tiny-teacher", "revision": "abc123"}
 
@@ -224,11 +225,21 @@ def test_failed_swap_restores_previous(written, monkeypatch):
 
 def test_rewrite_replaces_whole_directory(written):
     out, _, _ = written
-    (out / "stray.txt").write_text("from an older run")
     write_shards(out, {"test": make_split(2, dim=8)}, TEACHER)
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "test-00000_inputs.npy",
+    assert sorted(p.name for p in out.iterdir()) == [MARK, "manifest.json", "test-00000_inputs.npy",
                                                      "test-00000_targets.npy", "test.parquet"]
     assert open_split(out, "test").dim == 8
+    assert sorted(p.name for p in out.parent.iterdir()) == ["shards"]
+
+
+def test_rewrite_refuses_a_shard_directory_holding_a_file_it_did_not_write(written):
+    """Replaced as a whole, the directory would take the stray file with it: nothing is written."""
+    out, _, _ = written
+    (out / "notes.txt").write_text("a person's notes")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(ConfigError, match=r"holds notes.txt, which the embed stage did not write"):
+        write_shards(out, {"test": make_split(2, dim=8)}, TEACHER)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["shards"]
 
 
@@ -283,7 +294,7 @@ def test_rows_per_shard_boundaries(tmp_path, count, rows_per_shard, expected):
     assert shard_rows(manifest, "train") == expected
     names = [f"train-{i:05d}_{kind}.npy" for i in range(len(expected))
              for kind in ("inputs", "targets")]
-    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", "train.parquet",
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARK, "manifest.json", "train.parquet",
                                                             *names])
     for i, rows in enumerate(expected):
         assert np.load(out / f"train-{i:05d}_inputs.npy").shape == (rows, 3)

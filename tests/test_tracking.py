@@ -236,6 +236,62 @@ def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path, sign
     assert run.data.metrics["direct/async"] == 1.0
 
 
+QUIET_WORKER = '''
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from pathlib import Path
+from stages._cli import run_stage
+
+def body(cfg):
+    Path(sys.argv[1]).write_text("ready")
+    time.sleep(120)
+
+sys.exit(run_stage("worker", "a test worker", "run", body, ["run.tracking=disabled"]))
+'''
+
+
+def test_a_stop_with_tracking_disabled_claims_no_mlflow_run(tmp_path):
+    """The stop message says what happened, nothing more: no metrics were sent, no run ended."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    ready = tmp_path / "ready"
+    env = {**os.environ, "PYTHONPATH": str(tracking.REPO_ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", QUIET_WORKER, str(ready)], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert err.strip().splitlines()[-1] == \
+        "[worker] stopped by SIGTERM: tracking is off (run.tracking), so nothing was sent to MLflow", err
+    assert "KILLED" not in err and "metrics" not in err
+
+
+def test_ctrl_c_while_a_stage_starts_ends_with_one_line(tmp_path):
+    """Importing a stage takes seconds (torch, MLflow): Ctrl-C then is one line, not a traceback of
+    whichever import it landed in, and the process ends as Ctrl-C ends it (killed by SIGINT)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "stages.train", "run.tracking=disabled"], cwd=tracking.REPO_ROOT,
+                            env={**os.environ, "PYTHONPATH": str(tracking.REPO_ROOT)}, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.5)  # torch alone takes longer than this to import
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert err == "[train] stopped by Ctrl-C while starting: nothing was done\n", err
+    assert proc.returncode == -signal.SIGINT
+
+
 def test_device_tags_name_the_cpu():
     tags = tracking.device_tags("cpu")
     assert tags["device"] == "cpu" and tags["device.name"].endswith("cores)")

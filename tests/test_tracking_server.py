@@ -59,3 +59,20 @@ def test_disabled_tracking_never_asks_the_server(dead_server, monkeypatch):
         tracking.log_params({"a": 1})
         tracking.log_metrics({"m": 1.0})
     assert run.info.run_id == ""
+
+
+def test_a_uri_mlflow_cannot_store_runs_in_stops_the_stage_before_any_work(monkeypatch, capsys):
+    """MLflow itself would say so only when the first run starts, after the stage's work, and in a
+    traceback; an unknown scheme is known at once."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "mlfow://typo:5000")
+    monkeypatch.setattr(tracking, "_ENABLED", True)
+    ran = []
+    monkeypatch.setattr(evaluate, "run", lambda cfg: ran.append(cfg))
+    assert evaluate.main([]) == 1 and not ran
+    err = capsys.readouterr().err
+    assert err.startswith("[evaluate] error: MLFLOW_TRACKING_URI = mlfow://typo:5000: MLflow cannot store runs under "
+                          "the scheme 'mlfow'"), err
+    assert "Traceback" not in err
+    for ok in ("sqlite:////tmp/m.db", "/tmp/mlruns", "file:///tmp/mlruns", "postgresql+psycopg2://u@h/db",
+               "https://mlflow.example", "databricks"):
+        assert tracking.bad_scheme(ok) is None, ok

@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.atomic import DiskFull, disk_full_error, is_disk_full, write_json
-from pipeline.errors import ShardError
+from pipeline.errors import ConfigError, ShardError
+from pipeline.output_dirs import SHARDS, ownership_problem, remove_stale_siblings, write_mark
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -200,8 +201,13 @@ def write_shards(out_dir: str | os.PathLike,
     exactly as one process would, and swaps the directory in. `extra` is read on rank 0 only.
     Every rank returns the manifest. On an error the temporary directory is removed (by each
     failing rank: peers fail too, at their next collective); a full disk (ENOSPC/EDQUOT) is raised
-    as atomic.DiskFull naming the file whose write failed."""
-    out_dir = Path(out_dir)
+    as atomic.DiskFull naming the file whose write failed.
+
+    The new directory carries the shards' mark (pipeline/output_dirs.py), and an existing
+    `out_dir` is replaced only if it is the shards' own (marked, empty, or holding a manifest and
+    the files it lists): anything else is refused, before any file is written. A symlinked
+    `out_dir` is followed: the directory it points to is replaced, the link stays."""
+    out_dir = Path(out_dir).resolve()
     rank, world = (place.rank, place.world_size) if place is not None else (0, 1)
     main = rank == 0
     rows_per_shard = _check_rows_per_shard(rows_per_shard)
@@ -213,6 +219,11 @@ def write_shards(out_dir: str | os.PathLike,
         raise ValueError(f"extra manifest keys {clash} would overwrite reserved keys; "
                          f"expected none of {sorted(_RESERVED)}")
     prepared, dim = _prepare(splits)
+    if rank == 0:
+        problem = ownership_problem(out_dir, SHARDS)
+        if problem:
+            raise ConfigError(f"{out_dir} {problem}; expected a new or empty directory, or shards the embed stage "
+                              "wrote (it replaces them as a whole)")
 
     tmp: Path | None = None
     files: dict[str, Any] = {}
@@ -283,12 +294,15 @@ def write_shards(out_dir: str | os.PathLike,
 
 
 def _new_dir_beside(out_dir: Path) -> Path:
-    """A fresh hidden `.{name}.*.tmp` directory beside `out_dir`, with the usual permissions."""
+    """A fresh hidden `.{name}.*.tmp` directory beside `out_dir`, with the usual permissions and the
+    shards' mark, written first: a killed run's leftover is recognised (and removed) by the next."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_siblings(out_dir, SHARDS)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; the shard dir should look like any other
+    write_mark(tmp, SHARDS)
     return tmp
 
 
@@ -327,12 +341,14 @@ def _gather_records(place: Any, tmp: Path, files: dict, split_entries: dict) -> 
 
 
 def _swap_in(new: Path, dest: Path) -> None:
-    """Replace `dest` with directory `new`: rename old away, rename new in, delete old."""
+    """Replace `dest` with directory `new`: rename old away, rename new in, delete old. `dest` is
+    checked again here, just before it goes: only the shards' own directory is replaced."""
+    problem = ownership_problem(dest, SHARDS)
+    if problem:
+        raise ConfigError(f"{dest} {problem}; it was left as it was")
     if not dest.exists():
         os.replace(new, dest)
         return
-    if not dest.is_dir() or dest.is_symlink():
-        raise ValueError(f"{dest} exists and is not a directory; expected a shard directory")
     old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent))
     os.rmdir(old)  # only reserved a unique name; rename needs it absent
     os.replace(dest, old)
@@ -616,10 +632,11 @@ def split_layout(manifest: dict, split: str, where: Path) -> tuple[int, str, lis
     return count, texts, shards
 
 
-def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True) -> SplitShard:
+def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, need_rows: str = "") -> SplitShard:
     """Open one split. Existence, shapes, dtype and row count of every file are always checked
     (they are cheap); verify=True also checks every file's size and sha256 against the
-    manifest. The arrays are memory-mapped, not read."""
+    manifest. The arrays are memory-mapped, not read. `need_rows` (what the rows are for, e.g.
+    "to evaluate on"): a split with no rows is then an error saying so, not an empty result."""
     shard_dir = Path(shard_dir)
     manifest = load_manifest(shard_dir)
     splits = manifest["splits"]
@@ -627,6 +644,9 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True) ->
         raise ShardError(f"{shard_dir / MANIFEST}: no split {split!r}; splits present: "
                          f"{', '.join(sorted(splits)) or '(none)'}")
     count, texts_name, shards = split_layout(manifest, split, shard_dir / MANIFEST)
+    if need_rows and count == 0:
+        raise ShardError(f"{shard_dir / MANIFEST}: split {split!r} has 0 rows; expected rows {need_rows}. Re-run "
+                         "the embed stage (it refuses a dataset that leaves a split empty and says what to change)")
     dim, dtype = int(manifest["dim"]), np.dtype(manifest["dtype"])
     names = [texts_name] + [s[k] for s in shards for k in ("inputs", "targets")]
     for name in names:
