@@ -243,6 +243,7 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
     config_dir, config_name = (CONF_DIR, "config") if use_conf else (params_file.parent, params_file.stem)
     if not (config_dir / f"{config_name}.yaml").is_file():
         raise ConfigError(f"{config_dir / (config_name + '.yaml')} not found: run from a checkout of the project")
+    _check_group_choices(overrides)
     _check_yaml(config_dir / f"{config_name}.yaml")
     GlobalHydra.instance().clear()
     try:
@@ -254,14 +255,6 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
         unknown = re.match(r"Could not override '([^']+)'", str(e))
         if unknown:
             raise ConfigError(unknown_key_message(unknown.group(1))) from None
-        missing = re.search(r"Could not find '(\w+)/([^']*)'", str(e))
-        if missing and missing.group(1) in CONFIG_GROUPS:
-            group, name = missing.groups()
-            known = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {group}={close[0]}?)" if close else ""
-            raise ConfigError(f"{group}={name}: there is no conf/{group}/{name}.yaml{hint}; expected one of: "
-                              f"{', '.join(known)}") from None
         if any(m in str(e) for m in ("LexerNoViableAltException", "mismatched input", "token recognition",
                                      "no viable alternative")):
             bad = (next((o for o in overrides if o in str(e)), None)
@@ -271,9 +264,29 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
                               "characters such as ; , [ ] { } ( ) = need quotes around it, e.g. "
                               "embed.delimiter=';' (in a shell: \"embed.delimiter=';'\")") from None
         raise ConfigError(f"bad override in {overrides}: {str(e).splitlines()[0]}") from None
+    except (ValueError, TypeError, AssertionError, KeyError) as e:
+        # Hydra's internals on an override its grammar let through (preset=${oc.decode:'[1]'}):
+        # still the command line's fault, named as such.
+        raise ConfigError(f"bad override in {overrides}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                          ) from None
     finally:
         GlobalHydra.instance().clear()
     return validate(raw, source=str(params_file if not use_conf else config_dir))
+
+
+def _check_group_choices(overrides: Sequence[str]) -> None:
+    """`preset=NAME` / `fault=NAME` must name a file of conf/<group>/: anything else (a typo, a
+    value Hydra parses as a number or a list: fault=nan, preset=[a]) is named with the choices."""
+    for override in overrides:
+        key, eq, value = override.lstrip("+~").partition("=")
+        if key not in CONFIG_GROUPS or not eq:
+            continue
+        known = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
+        if value not in known:
+            close = [k for k in known if value and k.startswith(value)] or difflib.get_close_matches(value, known, n=1)
+            hint = f" (did you mean {key}={close[0]}?)" if close else ""
+            raise ConfigError(f"{key}={value}: there is no conf/{key}/{value}.yaml{hint}; expected one of: "
+                              f"{', '.join(known)}")
 
 
 def _check_yaml(path: Path) -> None:
@@ -304,6 +317,9 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
     schema = OmegaConf.structured(Config)
     try:
         cfg = OmegaConf.merge(schema, raw)
+        # Interpolations (${...}, ${oc.env:...}) resolved now, each checked against its type, so a
+        # bad one is named here rather than failing wherever the value is first read.
+        OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         if isinstance(e, ConfigKeyError) and key != "?":
@@ -413,6 +429,7 @@ def _check_values(cfg: DictConfig) -> None:
              "embed.delimiter", "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
              "'tab', or '' for the format's own (',' for csv, tab for tsv)", e.delimiter)
     _require(e.split_key in ("pair", "input", "target"), "embed.split_key", "pair, input or target", e.split_key)
+    _require(isinstance(e.splits, DictConfig), "embed.splits", "a mapping of split names to fractions", e.splits)
     splits = dict(e.splits)
     _require(set(splits) >= {"train", "val", "test"}, "embed.splits", "fractions for train, val and test", splits)
     for name, frac in splits.items():

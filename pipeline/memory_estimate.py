@@ -133,17 +133,18 @@ def _saved_bytes(model: EnergyFlowModel, n: int, amp_dtype: Optional[torch.dtype
             kept.append(t)
         return t
 
-    with torch.device(device):
-        # As forward starts them: positions at cell centres, zero z and hidden state, energies
-        # from the input map (so they require grad).
-        x = torch.linspace(0.5, model.W - 0.5, n)
-        y = torch.linspace(0.5, model.H - 0.5, n)
-        z = torch.zeros(n)
-        energy = torch.linspace(0.2, 0.9, n).requires_grad_()
-        hidden = tuple(torch.zeros(n, model.carrier_hidden) for _ in range(model.carrier_layers))
-        sample = torch.arange(n) % 2
-        surface = torch.zeros(2 * model.n_cells)
-        keep = torch.arange(n)
+    # As forward starts them: positions at cell centres, zero z and hidden state, energies from the
+    # input map (so they require grad). The device is named on each tensor, not through a
+    # `with torch.device(...)` block: once sentence-transformers is loaded in the process (tests do
+    # that), linspace under that block came out on the CPU and the meta probe failed.
+    x = torch.linspace(0.5, model.W - 0.5, n, device=device)
+    y = torch.linspace(0.5, model.H - 0.5, n, device=device)
+    z = torch.zeros(n, device=device)
+    energy = torch.linspace(0.2, 0.9, n, device=device).requires_grad_()
+    hidden = tuple(torch.zeros(n, model.carrier_hidden, device=device) for _ in range(model.carrier_layers))
+    sample = torch.arange(n, device=device) % 2
+    surface = torch.zeros(2 * model.n_cells, device=device)
+    keep = torch.arange(n, device=device)
     amp = torch.autocast("cpu", dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
         for _ in range(_PROBE_STEPS):

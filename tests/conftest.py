@@ -25,6 +25,15 @@ from pipeline.report.fault_matrix import clean_env, project_copy
 EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # name -> train.lr
 
 
+@pytest.fixture(autouse=True)
+def _tracking_switch_restored(monkeypatch):
+    """A stage run in-process with run.tracking=disabled turns this process's tracking off
+    (pipeline.tracking.configure); the next test must find it as it was."""
+    from pipeline import tracking
+
+    monkeypatch.setattr(tracking, "_ENABLED", tracking._ENABLED)
+
+
 def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     out = proc.stdout + proc.stderr

@@ -69,3 +69,80 @@ def test_dvc_yaml_params_exist_in_params_yaml():
     for name, stage in dvc["stages"].items():
         for key in stage.get("params", []):
             assert key in flat, f"stage {name} lists param {key} that params.yaml lacks"
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["preset=smok"], "preset=smok: there is no conf/preset/smok.yaml (did you mean preset=smoke?); expected one of: "),
+    (["fault=nan_los"], "fault=nan_los: there is no conf/fault/nan_los.yaml (did you mean fault=nan_loss?)"),
+    (["fault=nan"], "fault=nan: there is no conf/fault/nan.yaml (did you mean fault=nan_loss?); expected one of: "
+                    "inf_grad, leak, loss_spike, lr_spike, nan_loss, none"),
+    (["embed.delimiter=;"], "cannot parse the override 'embed.delimiter=;': Hydra reads the value as an expression"),
+    (["train.lr=[1"], "cannot parse the override 'train.lr=[1'"),
+    (["embed.splits.val=0", "embed.splits.train=0.9"], "'embed.splits.val' = 0: expected > 0"),
+    (["embed.device=gpu"], "'embed.device' = 'gpu': expected auto, cpu, cuda or cuda:N"),
+    (["embed.delimiter=ab"], "'embed.delimiter' = 'ab': expected one character"),
+])
+def test_config_mistakes_name_what_to_write_instead(overrides, fragment):
+    with pytest.raises(ConfigError) as exc:
+        load_config(overrides)
+    assert fragment in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_a_quoted_delimiter_and_an_empty_id_field_are_accepted():
+    cfg = load_config(["embed.delimiter=';'", "embed.id_field="])
+    assert cfg.embed.delimiter == ";" and cfg.embed.id_field == ""
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("run:\n  preset: default\n embed: [\n", "not valid YAML at line 3, column 2"),
+    ("- a list\n", "holds a list, expected a mapping of sections"),
+    ("run: 5\n", "section 'run' is 5, expected a mapping of its keys"),
+])
+def test_a_broken_params_file_is_named_with_its_line(tmp_path, text, fragment):
+    params = tmp_path / "params.yaml"
+    params.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_config([], params_file=params)
+    assert str(exc.value).startswith(f"{params}: ") and fragment in str(exc.value), str(exc.value)
+
+
+def test_a_cuda_device_this_machine_lacks_is_a_config_error():
+    import torch
+
+    from pipeline.distributed import available_device
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match=r"parameter 'embed.device' = 'cuda', but this machine has no CUDA device"):
+        available_device("embed.device", "cuda")
+    assert available_device("embed.device", "auto") == "cpu"
+
+
+OVERRIDE_KEYS = ["train.lr", "embed.splits", "embed", "train", "preset", "fault", "run.seed", "model.lattice_width",
+                 "embed.splits.val", "+x", "~train.lr", "train.scaler", "embed.delimiter", "embed.id_field", "hydra.run",
+                 "defaults", "embed.splits.extra", "run", "+embed.splits.x", "train.device", "embed.dataset"]
+OVERRIDE_VALUES = ["null", "[1,2]", "{a: 1}", "nan", "inf", "1e999", "true", "''", "${x}", "${oc.env:HOME}", "abc",
+                   "-1", "0x10", "1_000", "[", "]]", "{", "'a", '"', "\\", "=", "a=b", "${train.lr}",
+                   "${oc.decode:'[1]'}", "{train: 0.5, val: 0.5}", "smoke", "nan_loss", ""]
+
+
+@pytest.mark.parametrize("examples", [pytest.param(150, id="default"),
+                                      pytest.param(1500, id="many", marks=pytest.mark.slow)])
+def test_any_override_loads_or_is_one_config_error(examples):
+    """Whatever a command line holds, load_config returns a config or raises ConfigError: never a
+    Hydra or OmegaConf exception from its internals (a traceback for the user)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=examples, deadline=None, derandomize=examples < 1000, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(st.sampled_from(OVERRIDE_KEYS),
+                              st.one_of(st.sampled_from(OVERRIDE_VALUES), st.text(max_size=10))), min_size=1,
+                    max_size=3))
+    def check(pairs):
+        try:
+            load_config([f"{k}={v}" for k, v in pairs])
+        except ConfigError:
+            pass
+
+    check()
