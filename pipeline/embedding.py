@@ -83,7 +83,8 @@ def check_usable(df: pd.DataFrame, stats: dict, embed_cfg, files: list) -> None:
     loads: a split with no rows (evaluate would write an empty metrics file), or every input or
     every target the same text (a constant to learn, one candidate to retrieve)."""
     source = _source(embed_cfg, files)
-    how = (f"{stats['rows_used']} rows used of {stats['rows_read']} read from {source}"
+    used = stats["rows_used"]
+    how = (f"{used} row{'' if used == 1 else 's'} used of {stats['rows_read']} read from {source}"
            + (f", {stats['duplicates_dropped']} repeated (input, target) pairs dropped" if stats["duplicates_dropped"]
               else "") + (f", {stats['rows_skipped_empty']} with empty text skipped" if stats["rows_skipped_empty"]
                           else ""))

@@ -3,7 +3,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.embedding import embed_texts_once, prepare_pairs
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, DatasetError
 from pipeline.teacher import encode_texts, load_teacher, teacher_identity
 
 
@@ -29,6 +29,42 @@ def test_prepare_pairs_splits_the_shipped_data_and_subsets_deterministically():
     assert first.stats["rows_read"] > 3000 and first.stats["rows_used"] == 600
     # Mixed across topics, not the file's first 600 rows (which are all one topic).
     assert first.frame.id.str.split("-").str[0].nunique() > 5
+
+
+def write_pairs(path, rows) -> str:
+    path.write_text("id,question,answer\n" + "".join(f"{i},{q},{a}\n" for i, (q, a) in enumerate(rows)))
+    return str(path)
+
+
+@pytest.mark.parametrize("rows, fragments", [
+    pytest.param([(f"q{i}", f"a{i}") for i in range(3)],
+                 ["split 'val' has 0 rows (3 rows used of 3 read from ", "embed.splits.val = 0.1",
+                  "Add rows (a 0.1 share needs about 10 or more rows to hold one), or raise embed.splits.val"],
+                 id="3 rows"),
+    pytest.param([("Same question?", "Same answer.")] * 50,
+                 ["has 0 rows (1 row used of 50 read from ", "49 repeated (input, target) pairs dropped",
+                  "or set embed.drop_duplicates=false if the repeats are meant"], id="identical rows, distinct ids"),
+    pytest.param([(f"Question {i}?", "Same answer.") for i in range(200)],
+                 ["every one of the 200 rows has the same target text ('Same answer.'",
+                  "expected at least 2 distinct texts in the column embed.target_field = 'answer' names"],
+                 id="one target text"),
+    pytest.param([("Same question?", f"Answer {i}.") for i in range(200)],
+                 ["every one of the 200 rows has the same input text"], id="one input text"),
+])
+def test_data_that_parses_but_cannot_train_stops_before_the_teacher(tmp_path, rows, fragments):
+    cfg = load_config([f"embed.dataset={write_pairs(tmp_path / 'pairs.csv', rows)}", "run.allow_external_paths=true"])
+    with pytest.raises(DatasetError) as exc:
+        prepare_pairs(cfg.embed, allow_external_paths=True)
+    for fragment in fragments:
+        assert fragment in str(exc.value), str(exc.value)
+
+
+def test_a_small_test_split_is_warned_about(tmp_path, caplog):
+    path = write_pairs(tmp_path / "pairs.csv", [(f"What is {i}?", f"It is {i}.") for i in range(60)])
+    cfg = load_config([f"embed.dataset={path}", "run.allow_external_paths=true"])
+    prepared = prepare_pairs(cfg.embed, allow_external_paths=True)
+    assert 0 < prepared.stats["rows_test"] < 30
+    assert f"the test split has only {prepared.stats['rows_test']} rows" in caplog.text
 
 
 @pytest.fixture(scope="module")

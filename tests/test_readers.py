@@ -587,6 +587,8 @@ def test_directory_without_dataset_files_lists_what_it_holds(tmp_path):
     ("d.jsonl", '{"q": "ok", "a": "\\udfff"}\n', "row 1 (line 1), field 'a'",
      "lone surrogate U+DFFF at character 1 of the text;"),
     ("d.csv", "q,a\n" + "x,y\n" * 3000 + "x,y\x00z\n", "row 3001, field 'a'", "NUL character (U+0000) at character 2"),
+    # In the first 8 KiB too: one stray NUL in UTF-8 text is a field's problem, not a binary file.
+    ("d.csv", "q,a\nok,fine\nb\x00,c\n", "row 2, field 'q'", "NUL character (U+0000) at character 2 of the text"),
 ])
 def test_nul_and_lone_surrogates_are_refused(tmp_path, name, text, where, found):
     msg = expect_error(write(tmp_path / name, text), f"{where}: {found}", "expected")

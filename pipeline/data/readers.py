@@ -375,6 +375,16 @@ def _binary_kind(head: bytes) -> str | None:
         if len(head) >= 4 and (head[1::2].count(0) > 0.9 * (len(head) // 2)
                                or head[0::2].count(0) > 0.9 * ((len(head) + 1) // 2)):
             return "UTF-16 text without a byte-order mark (every other byte is NUL)"
+        # A stray NUL in otherwise valid UTF-8 text (a bad export, a "\u0000" pasted in) is left to
+        # the per-field check, which names its row and field; many NULs, or bytes that are not
+        # UTF-8, are a binary file.
+        try:
+            head.decode("utf-8")
+            text = True
+        except UnicodeDecodeError as e:
+            text = e.start >= len(head) - 3  # only a character cut by the 8 KiB window
+        if text and head.count(0) <= max(1, len(head) // 100):
+            return None
         return "binary data (NUL bytes; UTF-16 text also looks like this)"
     return None
 
