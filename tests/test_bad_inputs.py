@@ -30,6 +30,7 @@ from pipeline.model import EnergyFlowModel
 from pipeline.train_state import STATE_FILE, load_state, save_state
 from pipeline.training import Checkpointing, train_model
 from stages import embed, evaluate, train
+from tests.shard_fixtures import fake_shards
 
 DIM = 16
 
@@ -71,17 +72,6 @@ def full_disk_torch_save(obj, f, *args, **kw):
     except OSError:
         # torch.save into a file object: its own error, raised while handling Python's OSError
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
-
-
-def fake_shards(out: Path, dim: int = DIM, rows: tuple[int, int, int] = (40, 8, 8)) -> dict:
-    rng = np.random.default_rng(dim)
-    splits = {}
-    for name, n in zip(("train", "val", "test"), rows):
-        frame = pd.DataFrame({"id": [f"{name}{i}" for i in range(n)], "input_text": [f"q {name} {i}" for i in range(n)],
-                              "target_text": [f"a {name} {i}" for i in range(n)]})
-        splits[name] = (frame, rng.standard_normal((n, dim)).astype(np.float32),
-                        rng.standard_normal((n, dim)).astype(np.float32))
-    return write_shards(out, splits, {"name": "tiny-teacher", "dim": dim})
 
 
 # --------------------------------------------------------------------------- dataset

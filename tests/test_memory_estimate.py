@@ -15,19 +15,17 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 from pipeline import memory_estimate
 from pipeline.config import load_config
-from pipeline.data.shards import write_shards
 from pipeline.distributed import Dist
 from pipeline.errors import PipelineError, ResourceError
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.paths import REPO_ROOT
 from stages import train
+from tests.shard_fixtures import fake_shards
 
 DIM = 384  # the bundled teacher's: the input map (dim x cells) is sized by it
 
@@ -35,17 +33,6 @@ DIM = 384  # the bundled teacher's: the input map (dim x cells) is sized by it
 # peak: it fits a 24 GiB machine, and refusing it there would be a false refusal (it runs, at 77 s
 # a step). Width and height 100000 (10**10 cells, ~7.4 * 10**12 parameters) cannot fit any machine.
 HUGE = ["model.lattice_width=100000", "model.lattice_height=100000"]
-
-
-def fake_shards(out, dim: int = DIM, rows: tuple[int, int, int] = (64, 16, 16)) -> None:
-    rng = np.random.default_rng(0)
-    splits = {}
-    for name, n in zip(("train", "val", "test"), rows):
-        frame = pd.DataFrame({"id": [f"{name}{i}" for i in range(n)], "input_text": [f"q {i}" for i in range(n)],
-                              "target_text": [f"a {i}" for i in range(n)]})
-        splits[name] = (frame, rng.standard_normal((n, dim)).astype(np.float32),
-                        rng.standard_normal((n, dim)).astype(np.float32))
-    write_shards(out, splits, {"name": "tiny-teacher", "dim": dim})
 
 
 def stage_args(tmp_path, shards, *extra: str) -> list[str]:
@@ -76,7 +63,7 @@ def nothing_built(monkeypatch):
 
 def test_config_that_cannot_fit_is_refused_before_anything_is_built(tmp_path, capsys, nothing_built):
     shards = tmp_path / "shards"
-    fake_shards(shards)
+    fake_shards(shards, dim=DIM, rows=(64, 16, 16))
     t0 = time.perf_counter()
     code = train.main(stage_args(tmp_path, shards, "run.tracking=disabled", *HUGE))
     seconds = time.perf_counter() - t0
@@ -103,7 +90,7 @@ def test_memory_check_false_goes_on_and_logs_the_estimate(tmp_path, capsys, capl
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     shards = tmp_path / "shards"
-    fake_shards(shards)
+    fake_shards(shards, dim=DIM, rows=(64, 16, 16))
     reached = []
 
     def stop_before_building(*a, **kw):

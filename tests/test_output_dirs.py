@@ -12,17 +12,16 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
 from pipeline import config, output_dirs, paths
 from pipeline.config import load_config
-from pipeline.data.shards import write_shards
 from pipeline.errors import ConfigError
 from pipeline.output_dirs import MARK, MODEL, SHARDS, claim, ownership_problem
 from stages import embed, train
+from tests.shard_fixtures import fake_shards
 
 ROWS = 120  # enough for every split of 0.8 / 0.1 / 0.1 to hold rows
 
@@ -143,17 +142,6 @@ def test_a_dataset_inside_an_output_is_refused(project, capsys):
     assert "'embed.out_dir' = 'data/shards'" in err and "contains the dataset" in err
 
 
-def fake_shards(out: Path, dim: int = 8) -> None:
-    rng = np.random.default_rng(0)
-    splits = {}
-    for name, n in (("train", 12), ("val", 4), ("test", 4)):
-        frame = pd.DataFrame({"id": [f"{name}{i}" for i in range(n)], "input_text": [f"q {i}" for i in range(n)],
-                              "target_text": [f"a {i}" for i in range(n)]})
-        x = rng.standard_normal((n, dim)).astype(np.float32)
-        splits[name] = (frame, x, x)
-    write_shards(out, splits, {"name": "tiny", "dim": dim})
-
-
 def test_an_os_error_from_a_path_is_one_message_naming_it(project, capsys):
     name = "x" * 300  # longer than any file system allows a name to be
     before = snapshot(project)
@@ -230,15 +218,8 @@ def test_refusal_is_a_config_error_naming_the_key(project):
 def test_shards_with_an_empty_split_stop_train_and_evaluate_naming_it(tmp_path, capsys, monkeypatch):
     """Shards made before embed refused empty splits: train and evaluate say so, instead of an
     empty metrics file with exit 0."""
-    rng = np.random.default_rng(0)
-    splits = {}
-    for name, n in (("train", 12), ("val", 4), ("test", 0)):
-        frame = pd.DataFrame({"id": [f"{name}{i}" for i in range(n)], "input_text": [f"q {i}" for i in range(n)],
-                              "target_text": [f"a {i}" for i in range(n)]})
-        x = rng.standard_normal((n, 8)).astype(np.float32)
-        splits[name] = (frame, x, x)
     shards = tmp_path / "shards"
-    write_shards(shards, splits, {"name": "tiny", "dim": 8})
+    fake_shards(shards, dim=8, rows=(12, 4, 0))
     from stages import evaluate
 
     monkeypatch.setattr(evaluate, "load_model", lambda *a, **kw: (None, {"dim": 8}))

@@ -199,14 +199,7 @@ def _glob_files(text: str, path: Path) -> tuple[list[Path], list[tuple[Path, str
                            "'data/raw/part-*.jsonl'") from None
     # A pattern whose last part does not start with '.' does not mean hidden files (.DS_Store,
     # macOS's ._name.csv resource forks), though pathlib's glob matches them.
-    hidden_ok = path.name.startswith(".")
-    files, skipped = [], []
-    for p in matches:
-        reason = _skip_reason(p, hidden_ok=hidden_ok, need_extension=False)
-        if reason:
-            skipped.append((p, reason))
-        else:
-            files.append(p)
+    files, skipped = _partition(matches, hidden_ok=path.name.startswith("."), need_extension=False)
     if not files:
         held = f" (it matches only: {_describe(skipped)})" if skipped else ""
         fixed = Path(*[p for p in path.parts[:next(i for i, p in enumerate(path.parts) if any(c in p for c in "*?["))]]
@@ -216,14 +209,20 @@ def _glob_files(text: str, path: Path) -> tuple[list[Path], list[tuple[Path, str
     return files, skipped, "the glob matches"
 
 
-def _directory_files(path: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+def _partition(paths: list[Path], hidden_ok: bool, need_extension: bool) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """(the paths read, [(path, why not)] for the others), in the given order."""
     files, skipped = [], []
-    for p in sorted(path.iterdir()):
-        reason = _skip_reason(p, hidden_ok=False, need_extension=True)
+    for p in paths:
+        reason = _skip_reason(p, hidden_ok=hidden_ok, need_extension=need_extension)
         if reason:
             skipped.append((p, reason))
         else:
             files.append(p)
+    return files, skipped
+
+
+def _directory_files(path: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
+    files, skipped = _partition(sorted(path.iterdir()), hidden_ok=False, need_extension=True)
     if not files:
         held = f"it holds: {_describe(skipped)}" if skipped else "it is empty"
         raise DatasetError(f"{path}: directory holds no dataset file ({held}); expected files ending in "
@@ -700,7 +699,7 @@ def _read_jsonl(path: Path, text: str, fields: list[str], roles: dict[str, str])
             raise DatasetError(f"{path}: line {lineno}: {_number_note(e)}; expected one JSON object per line "
                                "with numbers of ordinary size") from None
         if not isinstance(obj, dict):
-            hint = f" (a JSON array file should be named .json, or set embed.format=json)" \
+            hint = " (a JSON array file should be named .json, or set embed.format=json)" \
                 if isinstance(obj, list) else ""
             found = "null" if obj is None else type(obj).__name__
             raise DatasetError(f"{path}: line {lineno}: expected a JSON object, found {found}{hint}")
