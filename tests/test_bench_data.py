@@ -26,6 +26,7 @@ def quick():
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
 def test_quick_run_reports_every_figure_finite(quick):
     figures = ["embed_speedup_vs_sentence_transformers", "embed_texts_per_s_ours",
                "embed_texts_per_s_sentence_transformers", "embed_max_abs_diff",
@@ -49,6 +50,7 @@ def test_quick_run_reports_every_figure_finite(quick):
     assert all(isinstance(v, bool) for v in quick["goals_met"].values())
 
 
+@pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
 def test_quick_run_measures_the_same_work_in_both_arms(quick):
     # Same texts, same teacher: the two embed paths agree to float32 rounding.
     assert quick["embed_max_abs_diff"] < 1e-5

@@ -4,9 +4,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from pipeline.paths import REPO_ROOT
 
 
+@pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
 def test_quick_run_prints_one_json_line_with_the_figures():
     proc = subprocess.run([sys.executable, "-m", "bench.scaling", "--quick"], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=600)
