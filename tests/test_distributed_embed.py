@@ -108,6 +108,7 @@ def test_a_bad_dataset_fails_on_every_rank_before_any_work(tmp_path):
     assert not out.exists() and leftovers(out, env) == []
 
 
+@pytest.mark.slow  # 14-16 s: the default suite keeps its 10 minutes
 def test_a_rank_failing_mid_write_leaves_no_shard_directory(tmp_path):
     env = stage_env(tmp_path, "fault")
     out = tmp_path / "shards"

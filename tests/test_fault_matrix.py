@@ -2,10 +2,12 @@
 DVC once clean, once per fault preset, with the seeds' fp16 settings and once diverging; each
 report must fail exactly the check its fault trips, with evidence at the injected step.
 
-The default suite runs one case per diagnosis (clean, nonfinite, loss_spikes, memory_growth:
-about 90 s on 2 cores); the other five (inf_grad, lr_spike, the fp16 presets and the diverging
-run, about 2 more minutes) are marked slow: `./dev test -m slow`, which CI also runs, or
-`./dev faults` for the whole matrix at once."""
+The default suite runs the clean case and one per diagnosis it can afford (nonfinite,
+loss_spikes: about 115 s on 2 AMD EPYC cores, where the four took 152 s); the other six
+(inf_grad, lr_spike, leak for memory_growth, the fp16 presets and the diverging run, about 3
+more minutes) are marked slow: `./dev test -m slow`, which CI also runs, or `./dev faults` for the
+whole matrix at once. In the default suite the leak's memory slope is still seen, by
+tests/test_bench_trainer.py (the trainer with fault=leak, without DVC)."""
 from __future__ import annotations
 
 import pytest
@@ -14,7 +16,7 @@ from pipeline.paths import REPO_ROOT
 from pipeline.report.fault_matrix import CASES, project_copy, run_matrix
 
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "fault_matrix"
-CORE = ("smoke:none", "smoke:nan_loss", "smoke:loss_spike", "smoke:leak")  # one case per diagnosis
+CORE = ("smoke:none", "smoke:nan_loss", "smoke:loss_spike")  # the clean run and two diagnoses
 CORE_CASES = [c for c in CASES if c.name in CORE]
 OTHER_CASES = [c for c in CASES if c.name not in CORE]
 
@@ -34,9 +36,9 @@ def others(project):
     return {r["case"]: r for r in run_matrix(project, OTHER_CASES, out_dir=ARTIFACTS)}
 
 
-def test_core_cases_cover_every_diagnosis():
-    assert len(CORE_CASES) == len(CORE) and {c.fails for c in CORE_CASES} == \
-        {(), ("nonfinite",), ("loss_spikes",), ("memory_growth",)}
+def test_the_matrix_covers_every_diagnosis():
+    assert len(CORE_CASES) == len(CORE) and {c.fails for c in CORE_CASES} == {(), ("nonfinite",), ("loss_spikes",)}
+    assert {c.fails for c in CASES} >= {(), ("nonfinite",), ("loss_spikes",), ("memory_growth",)}
 
 
 @pytest.mark.parametrize("case", CORE_CASES, ids=[c.name for c in CORE_CASES])

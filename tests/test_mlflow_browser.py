@@ -6,8 +6,11 @@ name, the parameter that differs with both values on one row, and each metric's 
 the UI formats it. The screenshot goes to test-artifacts/ (git-ignored) for a human to look at.
 
 Needs Chromium, like tests/test_report_screenshot.py (`./dev test` installs Debian's package).
-About 15-25 s on a 2-core machine: most of it is the server's start and the UI's first load.
+About 15-25 s on a 2-core machine: most of it is the server's start and the UI's first load, so
+it is in the slow set; the default suite drives the same harness on the real experiments
+(tests/test_experiments.py).
 """
+import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.paths import REPO_ROOT
@@ -39,6 +42,7 @@ def log_runs(uri: str, artifacts_uri: str) -> tuple[str, list[str]]:
     return experiment_id, run_ids
 
 
+@pytest.mark.slow  # 14-16 s: the default suite keeps its 10 minutes
 def test_compare_page_synthetic_runs(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # tmp_path is absolute: sqlite:////...
     experiment_id, run_ids = log_runs(uri, (tmp_path / "artifacts").as_uri())
