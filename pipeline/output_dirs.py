@@ -57,13 +57,14 @@ def _temp_of(names: Iterable[str]) -> Callable[[str], bool]:
 
 @dataclass(frozen=True)
 class Kind:
-    """What a stage keeps in a directory of its own, and how to recognise such a directory made
-    before marks existed: `legacy(dir)` is True when everything in it is what the stage writes."""
+    """What a stage keeps in a directory of its own. A directory made before marks existed is
+    recognised by what it holds: the `files` named here, or (shards, the embedding cache, which
+    have no fixed names) their own layout (see _foreign_files)."""
     name: str
     stage: str
     what: str  # for messages: "embedding shards"
     replaces: bool  # the stage swaps the whole directory (anything else in it would be lost)
-    files: tuple[str, ...] = ()  # the files it writes there (beside MARK); () = see `legacy`
+    files: tuple[str, ...] = ()  # the files it writes there (beside MARK); () = no fixed names
 
 
 SHARDS = Kind("shards", "embed", "embedding shards", replaces=True)
@@ -93,9 +94,10 @@ KIND_OF_KEY = {o.key: o.kind for o in OUTPUTS}
 def mark_text(kind: Kind) -> str:
     """The mark's content: fixed per kind, so identical runs give identical DVC outputs."""
     return json.dumps({"kind": kind.name, "made_by": f"the energy-flow {kind.stage} stage",
-                       "note": f"this directory holds {kind.what}; the {kind.stage} stage writes into it"
-                               f"{' and replaces it as a whole' if kind.replaces else ''}. Without this "
-                               "file the stage refuses to touch it."}, indent=2, sort_keys=True) + "\n"
+                       "note": f"this directory holds {kind.what}; the {kind.stage} stage made it, writes into it"
+                               f"{' and replaces it as a whole' if kind.replaces else ''}. A stage writes only "
+                               "into a directory it made (this file says so), an empty one, or one holding only "
+                               "its own files."}, indent=2, sort_keys=True) + "\n"
 
 
 def write_mark(directory: Path, kind: Kind) -> None:
@@ -122,10 +124,10 @@ def _not_shards(directory: Path, names: list[str]) -> list[str]:
     files it lists (or, where the manifest is unreadable, files named as shards are)."""
     try:
         listed = set(json.loads((directory / "manifest.json").read_text(encoding="utf-8"))["files"])
+        ours = lambda n: n == "manifest.json" or n in listed  # noqa: E731
     except (OSError, ValueError, KeyError, TypeError):
-        listed = set()
-    return [n for n in names
-            if not ((n == "manifest.json" or n in listed or _SHARD_FILE.match(n)) and (directory / n).is_file())]
+        ours = _SHARD_FILE.match  # a person's notes.parquet would pass here: only without a manifest
+    return [n for n in names if not (ours(n) and (directory / n).is_file())]
 
 
 def _legacy_cache(directory: Path, names: list[str]) -> bool:

@@ -253,3 +253,11 @@ def test_under_dvc_an_output_elsewhere_than_dvc_yaml_says_is_refused(project, ca
     assert "python -m stages.train train.out_dir=models2" in err
     monkeypatch.delenv("DVC_STAGE")
     assert output_dirs.check_outputs(load_config(["train.out_dir=models2"]), "train") is None  # by hand: allowed
+
+
+def test_a_file_named_like_a_shard_but_not_in_the_manifest_is_not_the_stages(tmp_path):
+    out = tmp_path / "shards"
+    fake_shards(out)
+    (out / "notes.parquet").write_bytes(b"PAR1 a person's table")
+    assert "it holds notes.parquet" not in (ownership_problem(out, SHARDS) or "")
+    assert "holds notes.parquet, which the embed stage did not write" in ownership_problem(out, SHARDS)
