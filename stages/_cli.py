@@ -25,7 +25,11 @@ stage before any work, naming the key.
 
 Tracking:     MLflow at MLFLOW_TRACKING_URI (unset: mlflow.db in the project). A server that does not
               answer stops the stage at its start; run.tracking=optional goes on untracked, =disabled
-              never asks. Paths must stay in the project unless run.allow_external_paths=true.
+              never asks.
+Paths:        every path read or written stays in the project unless run.allow_external_paths=true.
+              A stage writes only into a directory it made (marked .energy-flow-output.json), an
+              empty one or a new one, never over the dataset, the code or another output; under
+              DVC the outputs are data/shards and models, as dvc.yaml declares.
 
 Through DVC:  dvc repro {name}            (runs what is out of date up to this stage)
               dvc exp run -S train.lr=3e-4 (an experiment with one parameter changed)
