@@ -8,12 +8,15 @@ import subprocess
 import time
 import urllib.request
 
+import pytest
+
 from mlflow.tracking import MlflowClient
 
 from pipeline.paths import REPO_ROOT
 from tests.mlflow_browser import _free_port, _kill_group
 
 
+@pytest.mark.slow  # 10-17 s (the UI server's start): the default suite keeps its 10 minutes
 def test_dev_ui_serves_the_store_on_loopback(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(uri).create_experiment("ui-check", artifact_location=(tmp_path / "a").as_uri())

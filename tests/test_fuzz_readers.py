@@ -390,7 +390,8 @@ def check_stage(base: Path, case: dict, capsys, monkeypatch) -> None:
     assert after == {k: v for k, v in before.items() if not k.startswith("shards")}
 
 
-STAGE_EXAMPLES = 40
+STAGE_EXAMPLES = 25  # ~7 s on 2 cores: a stage run each (the default suite keeps its 10 minutes)
+SLOW_STAGE_EXAMPLES = 400
 
 
 @settings(max_examples=STAGE_EXAMPLES, derandomize=True, **COMMON)
@@ -401,7 +402,7 @@ def test_embed_stage_on_malformed_files(tmp_path, capsys, monkeypatch, teacher, 
 
 
 @pytest.mark.slow
-@settings(max_examples=int(os.environ.get("FUZZ_READERS_STAGE_EXAMPLES", "0")) or 10 * STAGE_EXAMPLES,
+@settings(max_examples=int(os.environ.get("FUZZ_READERS_STAGE_EXAMPLES", "0")) or SLOW_STAGE_EXAMPLES,
           derandomize=False, database=None, **COMMON)
 @given(case=dataset_files(min_rows=12, max_rows=16))
 def test_embed_stage_on_malformed_files_many(tmp_path, capsys, monkeypatch, teacher, case):

@@ -83,6 +83,7 @@ def test_config_that_cannot_fit_is_refused_before_anything_is_built(tmp_path, ca
     assert not (tmp_path / "models").exists() and not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.slow  # 6 s: trains the smoke model through the stage
 def test_memory_check_false_goes_on_and_logs_the_estimate(tmp_path, capsys, caplog, monkeypatch):
     """The same config with train.memory_check=false is not refused: the stage reaches training
     (stopped there: this model cannot be built) and has logged the estimate to its MLflow run."""

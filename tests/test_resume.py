@@ -5,6 +5,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 import numpy as np
 import torch
 
@@ -22,6 +24,7 @@ def worker(out, *args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # 11-14 s; tests/test_e2e.py kills and resumes the real train stage in the default suite
 def test_sigkilled_run_resumes_to_the_uninterrupted_weights(tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     whole.mkdir(), killed.mkdir()

@@ -204,7 +204,7 @@ sys.exit(run_stage("worker", "a test worker", "run", body, []))
 '''
 
 
-@pytest.mark.parametrize("signum", [15, 2], ids=["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize("signum", [15, pytest.param(2, marks=pytest.mark.slow)], ids=["SIGTERM", "Ctrl-C"])
 def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path, signum):
     import os
     import signal
