@@ -151,7 +151,7 @@ def adaptive(cfg, steps: int) -> dict:
         off_steps = model(xb).steps_used
     model.adaptive_stop = True
     return {"adaptive_steps_mean": float(np.mean(used)), "max_steps": cfg.model.max_steps,
-            # What the seeds' always-50-steps loop did over what ours does (a step-count ratio).
+            # What the prototype's up-to-50-steps loop did over what ours does (a step-count ratio).
             "max_steps_over_adaptive_steps": cfg.model.max_steps / float(np.mean(used)),
             "steps_without_adaptive_stop": off_steps, "adaptive_off_over_on_step_time": off_s / on_s,
             "adaptive_trained_steps": res.summary["train/steps"]}

@@ -1,7 +1,7 @@
 """TextBridge: between texts and embeddings.
 
 `decode_surface_batch` finds the nearest texts of a candidate bank for a whole batch with one
-matrix product; the seeds looped per sample and re-ran the forward pass per text (O(B^2)).
+matrix product; the prototype looped per sample and re-ran the forward pass per text (O(B^2)).
 """
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ class ModelConfig:
 
 @dataclass
 class GradScalerConfig:
-    """torch.amp.GradScaler settings (fp16 only). Defaults are the seeds' fix; their failing
+    """torch.amp.GradScaler settings (fp16 only). Defaults are the fix for the prototype's failure (docs/prototype.md); their failing
     settings were 2**16, 2.0, 0.5, 100 (the `fp16_unstable` preset)."""
     init_scale: float = 1024.0
     growth_factor: float = 1.5
@@ -115,7 +115,7 @@ class TrainConfig:
     lr: float = 3e-3
     warmup_steps: int = 20  # linear LR warm-up, then cosine decay to 10 %
     weight_decay: float = 0.01
-    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the seeds' unstable setting)
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the prototype's unstable setting)
     cosine_weight: float = 1.0  # loss = MSE + cosine_weight * (1 - cos)
     precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else fp32) | fp32 | bf16 | fp16
     scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
@@ -123,7 +123,7 @@ class TrainConfig:
     spike_k: float = 4.0  # loss spike: loss > mean + k * std of the trailing window of good losses
     spike_window: int = 50
     skip_spikes: bool = False  # skip the update on a spike (else flag it only)
-    grad_warning: float = 5.0  # zones of the pre-clip global norm (the seeds' thresholds):
+    grad_warning: float = 5.0  # zones of the pre-clip global norm (the prototype's thresholds):
     grad_critical: float = 10.0  # healthy < warning < critical; exploded = non-finite
     detect_anomaly_steps: int = 0  # debug: torch.autograd anomaly detection for the first N steps
     log_every: int = 5  # steps per telemetry row (and per host read of the device accumulators)
@@ -185,7 +185,7 @@ class ReportConfig:
     memory_min_mb_per_1k: float = 20.0  # below this a leak needs 50k steps to cost 1 GB: not urgent
     # ...and the fitted growth over the planned run must exceed this too: a 30-step smoke run whose
     # RSS rises 1.5 MB while the allocator settles has a steep, significant slope (~60 MB per 1k
-    # steps, p < 1e-9) yet loses nothing that matters; the seeds' graph leak cost MBs per step.
+    # steps, p < 1e-9) yet loses nothing that matters; the prototype's graph leak cost MBs per step.
     memory_min_growth_mb: float = 50.0
     step_time_max_ratio: float = 1.5  # steady-state median step time / early median
     grad_healthy_min: float = 0.5  # below: "low" (zones warning/critical are train.grad_*)

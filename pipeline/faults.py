@@ -1,7 +1,7 @@
 """Deliberate faults (the `fault` config group): how the detectors and the report are proven.
 
 Each fault hits optimizer steps [step, step + steps) (1-based), except `leak`, which starts at
-`step` and never stops, as the seeds' bug did. In distributed training `fault.rank` picks the one
+`step` and never stops, as the prototype's bug did. In distributed training `fault.rank` picks the one
 rank it hits (-1: all of them), which is how a NaN on one rank is shown to skip the step on all.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ class FaultInjector:
         if self.kind == "loss_spike":
             return loss * self.factor
         if self.kind == "leak":
-            self._kept.append(loss)  # the seeds' history list: not detached, its graph stays alive
+            self._kept.append(loss)  # the prototype's history list: not detached, its graph stays alive
         return loss
 
     def after_step(self, step: int) -> None:

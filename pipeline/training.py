@@ -13,7 +13,7 @@ Host syncs are rationed (each costs a pipeline stall on a GPU): one small read p
 the skip decision, and on a log step the window's device-side accumulators in the same read
 (pipeline/step_health.py). The model's flow loop reads one integer per flow step on its own.
 Nothing of a step survives it: the loss kept for logging is detached, and
-`torch.cuda.empty_cache()` is never called (the seeds measured it as a 15-20 % slowdown).
+`torch.cuda.empty_cache()` is never called (the prototype measured it as a 15-20 % slowdown).
 Peak-memory statistics are reset only at log boundaries, so a row's peak covers its window.
 
 Distributed (torchrun; pipeline/distributed.py): the model is wrapped in DistributedDataParallel

@@ -1,6 +1,6 @@
 """Per-flow reference implementation of the energy-flow forward pass: the test oracle.
 
-It loops over steps and over flows one at a time, as the seeds did (`for flow in active_flows`),
+It loops over steps and over flows one at a time, as the prototype did (`for flow in active_flows`),
 with plain Python for positions, cell lookup, arrival, death and the bilinear deposit, and the
 model's own parameters applied to one flow at a time. It shares no code path with the vectorised
 forward in pipeline/model/energy_flow.py beyond the parameters, so agreement between the two

@@ -1,5 +1,5 @@
 """The fault matrix, as `python -m pipeline.report.fault_matrix` runs it: the smoke pipeline under
-DVC once clean, once per fault preset, with the seeds' fp16 settings and once diverging; each
+DVC once clean, once per fault preset, with the prototype's fp16 settings and once diverging; each
 report must fail exactly the check its fault trips, with evidence at the injected step.
 
 The default suite runs the clean case and one fault (nan_loss: about 75 s on 2 AMD EPYC cores,

@@ -1,5 +1,5 @@
 """Every preset builds its model and runs one training step (forward + backward) on this machine.
-The seed preset is the seeds' 50x50x20 lattice with 5000 flows and a 2x512 carrier: it ran out of
+The seed preset is the prototype's 50x50x20 lattice with 5000 flows and a 2x512 carrier: it ran out of
 GPU memory on batch 2 there; here two steps must fit (3.7-4.2 GB peak RSS measured on 2 CPU cores)."""
 import pytest
 import torch
@@ -19,7 +19,7 @@ def test_preset_runs_a_training_step(preset):
     torch.manual_seed(0)
     model = EnergyFlowModel.from_config(cfg.model, 384)
     x, y = torch.randn(cfg.train.batch_size, 384), torch.randn(cfg.train.batch_size, 384)
-    for _ in range(2):  # two batches in a row: the seeds died on the second
+    for _ in range(2):  # two batches in a row: the prototype died on the second
         out = model(x)
         loss = energy_flow_loss(out.pred, y, cfg.train.cosine_weight)
         loss.backward()

@@ -1,4 +1,4 @@
-"""The energy-flow model's parts (DESIGN.md, "The model"). Each is a plain nn.Module that works on
+"""The energy-flow model's parts (docs/prototype.md says what the prototype did instead). Each is a plain nn.Module that works on
 whole tensors of flows; none keeps a tensor between calls."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class EmbeddingMapper(nn.Module):
 class EnergyLattice(nn.Module):
     """The learned per-cell state of the W x H x D lattice, looked up at each flow's current cell.
 
-    Flow tensors (positions, energies, hidden states) live in the forward pass only: the seeds kept
+    Flow tensors (positions, energies, hidden states) live in the forward pass only: the prototype kept
     them on the lattice object across batches and so kept every batch's graph alive (OOM on batch 2).
     """
 

@@ -3,7 +3,7 @@
 The only Python loop is over flow steps. Each step costs one host read: the size of the compacted
 live set (boolean-mask indexing must know it to allocate). The adaptive-stop check reuses that
 number, so it adds no sync of its own. Finished flows are compacted out, so a step costs what its
-live flows cost (the seeds always ran 50 steps although 99 % of flows were done after 6).
+live flows cost (the prototype ran up to 50 steps with every flow although 99 % had arrived within 6; docs/prototype.md).
 """
 from __future__ import annotations
 

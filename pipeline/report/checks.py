@@ -271,7 +271,7 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
     fix = (
         "Step time grows: look for per-step host syncs (.item()/.cpu()/printing a tensor every step "
         "— accumulate on device, sync every log_every steps), torch.cuda.empty_cache() in the loop "
-        "(measured 15-20 % slower in the seeds), a logging cadence whose cost grows with history, "
+        "(measured 15-20 % slower in the prototype, docs/prototype.md), a logging cadence whose cost grows with history, "
         "and data loading (compare data-wait time; use workers, pin_memory, prefetch)."
     )
     if "perf/step_ms" not in df.columns:
@@ -671,7 +671,7 @@ def check_scaler(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping)
     )
     fix = (
         "Each backoff is a lost update. Start lower and grow slower — train.scaler init_scale=1024, "
-        "growth_factor=1.5, growth_interval=200 (the seeds' 65536 / 2.0 / 100 overflows from step 1) — "
+        "growth_factor=1.5, growth_interval=200 (the prototype's 65536 / 2.0 / 100 overflows from step 1) — "
         "clip gradients at 1.0 after unscale_, and lower the LR; or use bf16 (train.precision=bf16), "
         "which has fp32's range and needs no scaler."
         + (" A scale below 1 means the gradients themselves are inf/NaN: see nonfinite and grad_norm."

@@ -1,7 +1,7 @@
 """The fault matrix: proof that the stability report diagnoses each failure mode from evidence.
 
 Runs the whole smoke pipeline (`dvc exp run`: embed -> train -> evaluate -> report) in a scratch
-copy of the project, once clean and once per fault preset, plus the seeds' fp16 settings, and
+copy of the project, once clean and once per fault preset, plus the prototype's fp16 settings, and
 compares each run's report with what its fault must trip:
 
     python -m pipeline.report.fault_matrix [--out reports/fault_matrix] [--case smoke:leak ...]
@@ -80,12 +80,12 @@ CASES: tuple[Case, ...] = (
         (f"memory slope within 25 % of {LEAK_MB:g} MB per step",
          lambda m: _near(m["memory_growth"]["slope_mb_per_1k_steps"], 1000 * LEAK_MB, 0.25)),
     )),
-    # The seeds' settings: fp16, GradScaler 2**16 / 2.0 / 100, LR 0.3, no clipping (blows up)...
+    # The prototype's settings: fp16, GradScaler 2**16 / 2.0 / 100, LR 0.3, no clipping (blows up)...
     Case("fp16_unstable", "none", None, "unstable", (
         ("scaler fails", lambda m: m["scaler"]["status"] == "fail"),
         ("scaler.backoffs >= 3", lambda m: m["scaler"]["backoffs"] >= 3),
     )),
-    # ...and the seeds' fix: 2**10 / 1.5 / 200, LR 3e-3, clipping at 1.0.
+    # ...and the prototype's fix: 2**10 / 1.5 / 200, LR 3e-3, clipping at 1.0.
     Case("fp16_fixed", "none", (), "stable", (
         ("scaler.backoffs == 0", lambda m: m["scaler"]["backoffs"] == 0),
     )),
@@ -185,7 +185,7 @@ def run_matrix(project: Path, cases: Sequence[Case] = CASES, out_dir: Path | Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.report.fault_matrix",
-        description="Run the smoke pipeline clean, with each injected fault and with the seeds' fp16 settings, "
+        description="Run the smoke pipeline clean, with each injected fault and with the prototype's fp16 settings, "
                     "in a scratch copy of this project, and check that each stability report fails exactly the "
                     "check its fault must trip, with evidence at the injected step. About 20-40 s per run.")
     parser.add_argument("--out", type=Path, default=REPORTS_DIR / "fault_matrix",
