@@ -25,6 +25,8 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from . import numerics
+
 log = logging.getLogger(__name__)
 
 # A rank that waits longer than this in a collective is stuck (a peer died without torchrun
@@ -142,11 +144,14 @@ def process_group(device: torch.device) -> Iterator[Dist]:
 
 
 def threads_per_process(configured: int, place: Dist) -> int:
-    """Intra-op threads: the configured number, else this machine's cores shared out among the
-    processes on it, so that 2 processes on 2 cores do not start 2 threads each and oversubscribe
-    them (torchrun's command line sets OMP_NUM_THREADS=1 for the same reason)."""
-    if configured:
-        return configured
+    """Intra-op threads: the configured number; else, under the portable numerics (the default),
+    its fixed count (pipeline/numerics.threads: the machine's core count would change the bits);
+    else this machine's cores shared out among the processes on it, so that 2 processes on 2
+    cores do not start 2 threads each and oversubscribe them (torchrun's command line sets
+    OMP_NUM_THREADS=1 for the same reason)."""
+    fixed = numerics.threads(configured)
+    if fixed:
+        return fixed
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // max(1, place.local_world_size))
 

@@ -7,7 +7,9 @@ a stray temp file and never a half-written part; a re-run after appending 1 % ne
 and writes only those.
 
 The teacher key hashes what determines the vectors (name, dim, max_seq_length, the config's and
-the weights' sha256), not the path, so a cache moves between machines with its model.
+the weights' sha256, and the numerics they were made under: pipeline/numerics.vectors_tag), not
+the path, so a cache moves between machines with its model, and a portable run never reuses a
+vector made natively.
 
 A cached vector can differ from a fresh encode of the same text by ~1.5e-7 (measured on the
 bundled teacher: 4 of 2,000 rows, because a text's batch neighbours change BLAS blocking); with
@@ -30,7 +32,7 @@ KEY_BYTES = 16
 # Rows per Parquet row group: a lookup decodes only the groups holding its hits, so reading one
 # shard's vectors from a large cache does not decode the whole part (8192 x 384 x 4 B = 12 MiB).
 ROW_GROUP = 8192
-_KEY_FIELDS = ("name", "dim", "max_seq_length", "config_sha256", "weights_sha256")
+_KEY_FIELDS = ("name", "dim", "max_seq_length", "config_sha256", "weights_sha256", "numerics")
 
 
 def text_key(text: str) -> bytes:

@@ -39,7 +39,8 @@ def prepare_pairs(embed_cfg, allow_external_paths: bool = False) -> PreparedPair
     judged) unless `allow_external_paths` (run.allow_external_paths)."""
     df = read_dataset(dataset_spec(embed_cfg.dataset), embed_cfg.input_field, embed_cfg.target_field,
                       embed_cfg.id_field or None, embed_cfg.format, skip_empty=embed_cfg.empty_text == "skip",
-                      delimiter=embed_cfg.delimiter, allowed_root=None if allow_external_paths else REPO_ROOT)
+                      delimiter=embed_cfg.delimiter, allowed_root=None if allow_external_paths else REPO_ROOT,
+                      group_field=embed_cfg.group_field or None)
     skipped_empty = int(df.attrs.get("rows_skipped_empty", 0))
     files = list(df.attrs.get("files", []))
     skipped = list(df.attrs.get("files_skipped", []))

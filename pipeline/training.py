@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from . import numerics
 from .data.loader import BatchLoader
 from .distributed import Dist, device_for, threads_per_process
 from .errors import PipelineError
@@ -221,7 +222,9 @@ class Trainer:
         deterministic = (torch.are_deterministic_algorithms_enabled(),
                          torch.is_deterministic_algorithms_warn_only_enabled())
         mkldnn = torch.backends.mkldnn.enabled
-        if self.t.threads or self.place.enabled:
+        # The configured count; else the portable numerics' fixed one (pipeline/numerics.threads);
+        # else, natively, one process keeps torch's default and a rank gets its share of the cores.
+        if self.t.threads or self.place.enabled or numerics.threads():
             torch.set_num_threads(threads_per_process(self.t.threads, self.place))
         if self.t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)

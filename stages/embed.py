@@ -2,14 +2,16 @@
 sentence-transformers teacher, and write Parquet + memory-mappable .npy shards and manifest.json.
 
 With embed.nproc=N (or under torchrun) N processes share the work and write what one process
-writes, byte for byte (only embed_run_id differs). A text's vector depends on the texts encoded
+writes, byte for byte. A text's vector depends on the texts encoded
 with it, so every rank first plans the encode calls one process would make (shard by shard,
 inputs then targets, the texts not cached yet), then encodes its share of their chunks into the
 embedding cache (a temporary one with embed.cache_dir=""); after a barrier each rank writes its
 share of the shard files from the cache, and rank 0 writes the texts and the manifest and swaps
-the directory in. Matrix products run in MKL's strict mode, so a vector does not depend on how
-many threads a rank has. Only rank 0 logs to MLflow and prints; a failed rank leaves no shard
-directory. Every rank must see the same filesystem (one machine, or a shared one)."""
+the directory in. A vector does not depend on how many processes share the work: every rank
+runs the portable numerics' fixed thread count (pipeline/numerics.py; natively, MKL's strict
+mode makes the products independent of the thread count). Only rank 0 logs to MLflow and
+prints; a failed rank leaves no shard directory. Every rank must see the same filesystem (one
+machine, or a shared one)."""
 from __future__ import annotations
 
 import contextlib
@@ -24,9 +26,9 @@ from typing import Iterator
 
 import torch
 
-from pipeline import distributed, tracking
+from pipeline import distributed, numerics, tracking
 from pipeline.config import flatten
-from pipeline.data.shards import dataset_digest, write_shards
+from pipeline.data.shards import dataset_digest, sha256_file, write_shards
 from pipeline.embed_cache import EmbeddingCache
 from pipeline.embedding import (StreamedEmbeddings, cache_only, embed_share, plan_digest, plan_encodes,
                                 prepare_pairs, shard_reads)
@@ -39,15 +41,18 @@ from ._cli import run_stage
 
 log = logging.getLogger(__name__)
 
-# MKL's strict CNR mode: every matrix product gives the same bits whatever the number of threads.
-# Without it a text's vector depends on the threads encoding it: 15 of the smoke preset's 1,135
-# texts (a batch of 15 in a call of 79) came out ~1.4e-7 apart with 1 and 2 threads (the first
-# difference: a BERT layer's output Linear, where MKL splits the 1536-long sums by thread), so 2
-# ranks of 1 thread did not reproduce 1 process of 2. Its cost was not measurable (2 threads: 1.50
-# vs 1.49 s for those texts; 1 thread: 2.64 vs 2.62 s). It gave the 1-thread bits, so one process
-# of 2 threads writes those 15 vectors ~1e-7 apart from before (texts already in the embedding
-# cache keep their vectors). Set only for `python -m stages.embed` (DVC, torchrun's ranks), as MKL
-# reads it at its first product (set later, it has no effect); a value set by the user is kept.
+# A text's vector must not depend on the threads encoding it (2 ranks of 1 thread must write what 1
+# process of 2 writes). Under the portable numerics (pipeline/numerics.py, the default) that holds
+# because the thread count is fixed (OMP_NUM_THREADS, 1 unless set; every rank too): MKL's
+# COMPATIBLE branch, the one that gives the same bits on Intel and AMD, has no strict mode, and
+# its products do depend on the thread count. Natively (ENERGY_FLOW_NUMERICS=native) it is MKL's
+# strict CNR mode instead: every product gives the same bits whatever the number of threads.
+# Without either, 15 of the smoke preset's 1,135 texts (a batch of 15 in a call of 79) came out
+# ~1.4e-7 apart with 1 and 2 threads (the first difference: a BERT layer's output Linear, where
+# MKL splits the 1536-long sums by thread). Strict mode's cost was not measurable (2 threads: 1.50
+# vs 1.49 s for those texts; 1 thread: 2.64 vs 2.62 s). Set only for `python -m stages.embed`
+# (DVC, torchrun's ranks), as MKL reads it at its first product (set later, it has no effect); a
+# value set by the user is kept.
 STRICT_GEMM = ("MKL_CBWR", "AUTO,STRICT")
 
 
@@ -66,9 +71,11 @@ def run(cfg) -> dict:
     teacher = load_teacher(e.teacher, device)  # a teacher that cannot load fails before the ranks meet
     with distributed.process_group(torch.device(device)) as place:
         if place.enabled:
-            # Each rank gets its share of the cores: the vectors do not depend on it (see STRICT_GEMM).
+            # Each rank gets the portable numerics' fixed count, or natively its share of the cores:
+            # the vectors do not depend on it (see STRICT_GEMM).
             torch.set_num_threads(distributed.threads_per_process(0, place))
-            if place.is_main and torch.device(device).type == "cpu" and not torch.backends.mkl.is_available():
+            if (place.is_main and torch.device(device).type == "cpu" and not torch.backends.mkl.is_available()
+                    and not numerics.pinned()):
                 log.warning("this torch has no MKL (whose strict mode makes products independent of the thread "
                             "count): a few vectors may differ from one process's by ~1e-7")
         return _embed(cfg, prepared, teacher, place)
@@ -95,11 +102,12 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
             tracking.log_params({k: v for k, v in flatten(cfg).items() if k.startswith(("embed.", "run."))})
             tracking.log_dataset(df, source=str(e.dataset), digest=source_sha[:16], context="embed",
                                  tags={"files": str(len(prepared.files)), "rows": str(len(df))})
+            # No run id in the manifest: identical runs write identical shards and manifest (and
+            # DVC hashes); runs/embed.json and the run's tag link them.
             extra = {"source": {"path": e.dataset, "sha256": source_sha},
-                     "stats": {**prepared.stats, "distinct_texts": n_distinct, "texts_truncated": n_truncated},
-                     "embed_run_id": run.info.run_id}
+                     "stats": {**prepared.stats, "distinct_texts": n_distinct, "texts_truncated": n_truncated}}
         t0 = time.perf_counter()
-        splits = {name: df.loc[(df.split == name).to_numpy(), ["id", "input_text", "target_text"]]
+        splits = {name: df.loc[(df.split == name).to_numpy(), ["id", "input_text", "target_text", "group"]]
                   .reset_index(drop=True) for name in e.splits}
         with _cache(e.cache_dir, ident, place) as cache:
             if place.enabled:
@@ -114,7 +122,13 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
                                   "data/texts_cached": cached, "data/texts_embedded": embedded,
                                   "perf/embed_seconds": seconds,
                                   "perf/texts_per_s": n_distinct / seconds if seconds else 0.0})
-            tracking.log_artifact_file(repo_path(e.out_dir) / "manifest.json")
+            manifest_path = repo_path(e.out_dir) / "manifest.json"
+            tracking.log_artifact_file(manifest_path)
+            manifest_sha = sha256_file(manifest_path)
+            tracking.set_tags({"embed.manifest_sha256": manifest_sha})
+            tracking.write_run_file("embed", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
+                                              "tracking_uri": tracking.tracking_uri(),
+                                              "manifest_sha256": manifest_sha})
     if main:
         log.info("%d distinct texts: %d read from the cache, %d embedded, in %.1f s (%.0f texts/s) -> %s",
                  n_distinct, cached, embedded, seconds, n_distinct / max(seconds, 1e-9), e.out_dir)
@@ -125,7 +139,9 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
 def _cache(cache_dir: str, ident: dict, place: distributed.Dist) -> Iterator[EmbeddingCache]:
     """The embedding cache; with embed.cache_dir="" one in a temporary directory, which still dedups
     within the run (and, with several ranks, carries the vectors from the rank that made them to
-    the one writing their shard: rank 0 makes it and removes it, after every rank is done)."""
+    the one writing their shard: rank 0 makes it and removes it, after every rank is done).
+    Its vectors are keyed by the teacher and by the numerics this process runs under."""
+    ident = {**ident, "numerics": numerics.vectors_tag()}
     if cache_dir:
         root = repo_path(cache_dir)
         if place.is_main:
@@ -190,5 +206,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # Before the first matrix product, which is when MKL reads it (setting it later has no effect).
-    os.environ.setdefault(*STRICT_GEMM)
+    if not numerics.pinned():
+        os.environ.setdefault(*STRICT_GEMM)
     sys.exit(main())

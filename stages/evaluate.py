@@ -1,7 +1,10 @@
-"""evaluate: cosine, MSE and retrieval top-1/top-5 on val and test for the trained model and for
-three baselines computed here (identity; ridge fitted on train; the same model untrained), plus a
-table of decoded samples.
-Adds its metrics and artifacts to the model's MLflow run."""
+"""evaluate: the trained model and three baselines (identity; ridge fitted on train; the same model
+untrained) scored on the same val and test items: cosine, MSE, exact-text and group retrieval
+(top-1, top-5, MRR) over a bank of every distinct target text of the dataset; on test each with a
+paired bootstrap 95 % CI, and the model's paired difference from each baseline (CI and p-value).
+Writes metrics/eval.json, reports/eval_items.parquet (one row per test item: ranks, top-5 bank
+ids, cosine; `./dev compare` reads it) and reports/eval_samples.csv (decoded examples).
+Logs them once, to the model's MLflow run and its logged model, under eval/... keys."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +16,9 @@ from pipeline import tracking
 from pipeline.atomic import atomic_path, write_json
 from pipeline.checkpoint import check_input_dim, load_model, untrained_model
 from pipeline.data.shards import load_manifest, open_split
-from pipeline.evaluation import evaluate_split, predict, ridge_fit, sample_table
+from pipeline.eval_stats import verdict
+from pipeline.evaluation import (BASELINES, LOWER_IS_BETTER, build_bank, evaluate_split, predict, predictions,
+                                 ridge_fit, sample_table)
 from pipeline.paths import METRICS_DIR, REPORTS_DIR, repo_path
 
 from ._cli import run_stage
@@ -21,42 +26,66 @@ from ._cli import run_stage
 log = logging.getLogger(__name__)
 
 SAMPLES_CSV = REPORTS_DIR / "eval_samples.csv"
+ITEMS_PARQUET = REPORTS_DIR / "eval_items.parquet"
+SPLITS = ("val", "test")
 
 
 def run(cfg) -> dict:
-    shard_dir, model_dir = repo_path(cfg.embed.out_dir), repo_path(cfg.train.out_dir)
-    run_info = tracking.read_run_file(model_dir)
-    model, payload = load_model(model_dir / "model.pt")
-    check_input_dim(model_dir / "model.pt", payload, load_manifest(shard_dir), shard_dir)  # before any work
+    shard_dir, model_path = repo_path(cfg.embed.out_dir), repo_path(cfg.train.out_dir) / "model.pt"
+    model, payload = load_model(model_path)
+    check_input_dim(model_path, payload, load_manifest(shard_dir), shard_dir)  # before any work
+    # The run that trained this very model (found by its digest if runs/train.json names another).
+    run_info = tracking.read_run_file("train", model_path) if tracking.enabled() else {}
     untrained = untrained_model(payload)
     shards = {s: open_split(shard_dir, s, need_rows=why) for s, why in
               (("train", "to fit the ridge baseline on"), ("val", "to evaluate on"), ("test", "to evaluate on"))}
+    bank = build_bank([shards[s] for s in ("train", "val", "test")])
     w = ridge_fit(shards["train"].inputs, shards["train"].targets, cfg.evaluate.ridge_alpha)
-    metrics, samples = {}, []
-    for split in ("val", "test"):
+    ev = cfg.evaluate
+    metrics = {"eval/bank_size": bank.size, "eval/bootstrap_resamples": ev.bootstrap_resamples}
+    for split in SPLITS:
         # The batch size the model trained with: max_active_flows caps flows per *batch*, so a
         # bigger batch would give each sample fewer flows than it learned with.
         pred = predict(model, shards[split].inputs, cfg.train.batch_size)
         untrained_pred = predict(untrained, shards[split].inputs, cfg.train.batch_size)
-        metrics.update(evaluate_split(split, pred, shards[split], w, untrained_pred))
+        flat, estimates, items = evaluate_split(split, predictions(pred, shards[split], w, untrained_pred),
+                                                shards[split], bank, ev.bootstrap_resamples, ev.bootstrap_seed,
+                                                with_ci=split == "test")
+        metrics.update(flat)
         if split == "test":
-            samples = sample_table(shards[split], pred, cfg.evaluate.samples)
+            test_items, test_estimates = items, estimates
     write_json(METRICS_DIR / "eval.json", metrics)
+    with atomic_path(ITEMS_PARQUET) as tmp:
+        test_items.to_parquet(tmp, index=False)
     with atomic_path(SAMPLES_CSV) as tmp:
-        pd.DataFrame(samples, columns=["id", "input", "target", "decoded", "correct"]).to_csv(tmp, index=False)
-    with tracking.mlflow_run("evaluate", cfg.run.preset, run_id=run_info["run_id"],
-                             tags=tracking.stage_lock_tags("train")):
-        tracking.log_metrics(metrics)
-        tracking.log_artifact_file(METRICS_DIR / "eval.json", "evaluate")
-        tracking.log_artifact_file(SAMPLES_CSV, "evaluate")
-    for split in ("val", "test"):
-        if f"{split}/cosine" in metrics:
-            log.info("%s: model cos %.3f top1 %.3f | untrained cos %.3f | identity cos %.3f top1 %.3f | "
-                     "ridge cos %.3f top1 %.3f", split, metrics[f"{split}/cosine"], metrics[f"{split}/top1"],
-                     metrics[f"baseline/untrained/{split}/cosine"],
-                     metrics[f"baseline/identity/{split}/cosine"], metrics[f"baseline/identity/{split}/top1"],
-                     metrics[f"baseline/ridge/{split}/cosine"], metrics[f"baseline/ridge/{split}/top1"])
+        pd.DataFrame(sample_table(test_items, bank, ev.samples),
+                     columns=["id", "input", "target", "decoded", "correct", "group_correct"]).to_csv(tmp, index=False)
+    if run_info:
+        with tracking.mlflow_run("evaluate", cfg.run.preset, run_id=run_info["run_id"],
+                                 tags=tracking.stage_lock_tags("train")):
+            tracking.log_metrics(metrics, model_id=run_info.get("model_id"))
+            for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):
+                tracking.log_artifact_file(path, "evaluate")
+    for line in summary_lines(test_estimates, bank.size, len(test_items)):
+        log.info("%s", line)
     return metrics
+
+
+def summary_lines(estimates: dict, bank_size: int, items: int) -> list[str]:
+    """What a reader needs from the log: each predictor's headline numbers with CIs, then the
+    model against each baseline in words."""
+    lines = [f"test: {items} items, retrieval over {bank_size} distinct target texts (95 % CIs)"]
+    for who in ("model", *BASELINES):
+        if f"{who}/cosine" in estimates:
+            parts = [f"{m} {estimates[f'{who}/{m}'].value:.3f} [{estimates[f'{who}/{m}'].low:.3f}, "
+                     f"{estimates[f'{who}/{m}'].high:.3f}]" for m in ("group_top1", "group_top5", "mrr", "cosine")]
+            lines.append(f"  {who:9s} " + " | ".join(parts))
+    for b in BASELINES:
+        for m in ("group_top1", "cosine"):
+            est = estimates.get(f"model_vs_{b}/{m}")
+            if est is not None:
+                lines.append("  " + verdict(est, "model", b, m, higher_is_better=m not in LOWER_IS_BETTER))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

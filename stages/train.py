@@ -16,8 +16,6 @@ only their warnings, prefixed with their rank. Multi-node: every node needs the 
 train.checkpoint_dir on a shared path (every rank resumes from rank 0's checkpoint)."""
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import sys
 
@@ -27,10 +25,11 @@ from pipeline import distributed, memory_estimate, tracking
 from pipeline.atomic import atomic_path, write_json
 from pipeline.checkpoint import model_shapes, save_model
 from pipeline.config import flatten
-from pipeline.data.shards import load_manifest, open_split
+from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.logged_model import log_trained_model
 from pipeline.output_dirs import CHECKPOINTS, MODEL, claim
 from pipeline.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
+from pipeline.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured, manifest_digest, settings_digest
 from pipeline.report.build import build_report, log_report, verdict_line
 from pipeline.telemetry import step_columns
 from pipeline.train_state import STATE_FILE, fingerprint, load_state
@@ -45,18 +44,32 @@ EVENTS_JSON = TELEMETRY_DIR / "train_events.json"
 
 
 def write_telemetry(result) -> None:
+    """The run's numbers (loss, gradients, flow steps: the same bits on a re-run) go to the DVC
+    outputs; time and memory, which differ on every run, to telemetry/train_perf.csv beside them,
+    which DVC does not track (else two identical runs could never give identical hashes)."""
+    steps = pd.DataFrame(result.rows, columns=step_columns(result.module_names))
+    measured = [c for c in steps.columns if is_measured(c)]
     with atomic_path(STEPS_CSV) as tmp:
-        pd.DataFrame(result.rows, columns=step_columns(result.module_names)).to_csv(tmp, index=False)
+        steps.drop(columns=measured).to_csv(tmp, index=False)
+    with atomic_path(PERF_CSV) as tmp:
+        steps[["step", *measured]].to_csv(tmp, index=False)
     write_json(EVENTS_JSON, result.events)
 
 
-def diagnose_divergence(cfg, run_id: str, result) -> None:
+def write_train_metrics(summary: dict, settings: str) -> None:
+    """`settings` (perf_files.settings_digest) goes beside the time and memory: it names the run
+    they were measured on, for the report to check against its own config."""
+    write_json(METRICS_DIR / "train.json", {k: v for k, v in summary.items() if not is_measured(k)})
+    write_json(PERF_JSON, {SETTINGS_KEY: settings, **{k: v for k, v in summary.items() if is_measured(k)}})
+
+
+def diagnose_divergence(cfg, run_id: str, result, settings: str) -> None:
     """The run blew up and will not reach evaluate or report: write its telemetry and partial
     metrics, and build the stability report from them now (learning is skipped: no evaluation),
     logged to this run, which then ends FAILED."""
     write_telemetry(result)
     metrics = {**result.summary, "train/diverged": 1}
-    write_json(METRICS_DIR / "train.json", metrics)
+    write_train_metrics(metrics, settings)
     tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
     report = build_report(cfg, run_id, pd.DataFrame(result.rows), result.events, metrics, None)
     log_report(report)
@@ -82,8 +95,7 @@ def prepare(cfg, place, on_memory=None):
     if on_memory is not None:
         on_memory(memory)
     train, val = open_split(shard_dir, "train", need_rows="to train on"), open_split(shard_dir, "val")
-    data_digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-    fp = fingerprint(cfg, data_digest, place.world_size)
+    fp = fingerprint(cfg, manifest_digest(manifest), place.world_size)
     state = None
     if cfg.train.resume and ckpt_path.is_file():
         # Shapes too: a checkpoint of this fingerprint from another version of the code is set aside, not a crash.
@@ -112,10 +124,13 @@ def train_and_record(cfg, place) -> dict:
     else:  # a warning when only the expected flow steps fit, not the worst case
         log.log(logging.INFO if memory.worst_fits else logging.WARNING, "%s", memory.describe())
     model_dir = repo_path(cfg.train.out_dir)
+    settings = settings_digest(cfg, manifest_digest(manifest))
     resume_run = (state or {}).get("extra", {}).get("run_id")
     if resume_run and not tracking.run_exists(resume_run):
         resume_run = None  # the checkpoint's run is not in this store: the weights resume, the run is new
-    tags = {"stage": "train", "embed.run_id": str(manifest.get("embed_run_id")),
+    embed_run = tracking.read_run_file("embed", repo_path(cfg.embed.out_dir) / "manifest.json", "manifest_sha256",
+                                       required=False) if tracking.enabled() else {}
+    tags = {"stage": "train", "embed.run_id": str(embed_run.get("run_id", "")),
             "dataset.sha256": str(manifest.get("source", {}).get("sha256", ""))[:16],
             "teacher": str(manifest["teacher"]["name"]), "train.fingerprint": fp,
             "train.processes": str(place.world_size), "distributed.backend": place.backend or "none",
@@ -137,23 +152,27 @@ def train_and_record(cfg, place) -> dict:
                 result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets,
                                      checkpointing=ckpt, on_log=to_mlflow, place=place)
             except TrainingDiverged as e:
-                diagnose_divergence(cfg, run.info.run_id, e.result)
+                diagnose_divergence(cfg, run.info.run_id, e.result, settings)
                 raise
         write_telemetry(result)
         claim(model_dir, MODEL, "train.out_dir")
         # The seed lets evaluate rebuild the untrained starting point (the "untrained" baseline).
-        save_model(model_dir / "model.pt", result.model, cfg.model,
-                   extra={"run_id": run.info.run_id, "seed": int(cfg.run.seed)})
-        log_trained_model(result.model)  # runs:/<run_id>/model, loadable with mlflow.pytorch
+        # No run id in the file: identical runs make identical files (and DVC hashes). The link
+        # from model to run is runs/train.json and the run's tag train.model_sha256.
+        save_model(model_dir / "model.pt", result.model, cfg.model, extra={"seed": int(cfg.run.seed)})
+        model_sha = sha256_file(model_dir / "model.pt")
+        tracking.set_tags({"train.model_sha256": model_sha})
+        logged = log_trained_model(result.model)  # runs:/<run_id>/model, loadable with mlflow.pytorch
         summary = result.summary
-        write_json(METRICS_DIR / "train.json", summary)
+        write_train_metrics(summary, settings)
         # At the last step, so MLflow's table shows these run totals (the latest value), not the
         # last telemetry row's (perf/samples_per_s of one window, not of the run), as DVC does.
         tracking.log_metrics(summary, step=int(summary["train/steps"]))
-        for path in (METRICS_DIR / "train.json", STEPS_CSV, EVENTS_JSON):
+        for path in (METRICS_DIR / "train.json", STEPS_CSV, EVENTS_JSON, PERF_CSV, PERF_JSON):
             tracking.log_artifact_file(path, "train")
-        tracking.write_run_file(model_dir, {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
-                                            "tracking_uri": tracking.tracking_uri()})
+        tracking.write_run_file("train", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
+                                          "tracking_uri": tracking.tracking_uri(), "model_sha256": model_sha,
+                                          "model_id": getattr(logged, "model_id", None) or ""})
     # The model is written: the checkpoint has done its job, and a forced re-run must train anew.
     ckpt_path.unlink(missing_ok=True)
     log.info("trained %d steps in %.1f s: loss %.4f, val/cosine %.4f, %d skipped, %d spikes; run %s",

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report.fault_matrix import clean_env, project_copy
+from pipeline.report.fault_matrix import project_copy
+from tests import smoke_reference
 
 EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # name -> train.lr
 
@@ -32,6 +33,15 @@ def _tracking_switch_restored(monkeypatch):
     from pipeline import tracking
 
     monkeypatch.setattr(tracking, "_ENABLED", tracking._ENABLED)
+
+
+@pytest.fixture(autouse=True)
+def _run_files_kept_out_of_the_project(monkeypatch, tmp_path_factory):
+    """A stage run in-process writes runs/<stage>.json; in the project's own runs/ it would
+    replace the link from the user's model to its MLflow run."""
+    from pipeline import tracking
+
+    monkeypatch.setattr(tracking, "RUNS_DIR", tmp_path_factory.mktemp("runs"))
 
 
 def sh(cmd: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
@@ -51,6 +61,8 @@ class SmokeExperiments:
     env: dict
     workspace_log: str  # output of the workspace `dvc exp run` (smoke-a)
     seconds: dict
+    smoke_a: dict  # smoke-a's loss, eval metrics and shard digests (tests/smoke_reference.py), read
+    # before any test changes the workspace
 
 
 def wait_for_queue(root: Path, env: dict, name: str, timeout: float = 600) -> None:
@@ -70,11 +82,12 @@ def wait_for_queue(root: Path, env: dict, name: str, timeout: float = 600) -> No
 @pytest.fixture(scope="session")
 def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
     root = project_copy(tmp_path_factory.mktemp("project"))
-    env = clean_env()
+    env = smoke_reference.reference_env()
     seconds = {}
     t0 = time.monotonic()
     log = sh(dvc("exp", "run", "-n", "smoke-a", "-S", "preset=smoke"), root, env)
     seconds["workspace"] = time.monotonic() - t0
+    smoke_a = smoke_reference.collect(root)
     t0 = time.monotonic()
     sh(dvc("exp", "run", "--temp", "-n", "smoke-b", "-S", "preset=smoke", "-S", f"train.lr={EXPERIMENTS['smoke-b']}"),
        root, env)
@@ -88,4 +101,4 @@ def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
     finally:
         subprocess.run(dvc("queue", "stop"), cwd=root, env=env, capture_output=True, timeout=120)
     seconds["queue"] = time.monotonic() - t0
-    return SmokeExperiments(root, env, log, seconds)
+    return SmokeExperiments(root, env, log, seconds, smoke_a)

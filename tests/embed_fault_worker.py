@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
+import stages  # noqa: F401  (first: it pins the portable numerics before torch is imported, as a stage does)
 
-from pipeline import distributed
-from stages import embed
+import numpy as np  # noqa: E402
+
+from pipeline import distributed, numerics  # noqa: E402
+from stages import embed  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -29,7 +31,8 @@ def main(argv: list[str]) -> int:
             raise OSError(f"No space left on device (injected on rank {rank})")
 
         np.save = failing_save
-    os.environ.setdefault(*embed.STRICT_GEMM)
+    if not numerics.pinned():  # ENERGY_FLOW_NUMERICS=native: as the stage's __main__ does
+        os.environ.setdefault(*embed.STRICT_GEMM)
     return embed.main(overrides)
 
 

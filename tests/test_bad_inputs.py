@@ -138,7 +138,7 @@ def test_bad_dataset_stops_embed_before_work_and_keeps_previous_shards(case, tmp
         raise AssertionError("the teacher was loaded: validation must stop the stage before any work")
 
     monkeypatch.setattr(embed, "load_teacher", no_teacher)
-    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", "embed.cache_dir=",
+    code = embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", "embed.cache_dir=",
                        "run.allow_external_paths=true",
                        *overrides])
     err = capsys.readouterr().err
@@ -153,7 +153,7 @@ def test_bad_dataset_creates_no_output_directory(tmp_path, capsys, monkeypatch):
     data = tmp_path / "pairs.csv"
     data.write_text("id,question,answer\n")
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: pytest.fail("teacher loaded"))
-    assert embed.main([f"embed.dataset={data}", f"embed.out_dir={tmp_path / 'shards'}", "embed.cache_dir=",
+    assert embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={tmp_path / 'shards'}", "embed.cache_dir=",
                        "run.allow_external_paths=true"]) == 1
     assert "header only" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.csv"]
@@ -169,7 +169,7 @@ def test_one_megabyte_text_is_embedded_and_counted_as_truncated(tmp_path, capsys
     out = tmp_path / "shards"
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: teacher)
     with caplog.at_level(logging.WARNING):
-        code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", "embed.cache_dir=",
+        code = embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", "embed.cache_dir=",
                            "run.allow_external_paths=true"])
     assert code == 0, capsys.readouterr().err
     manifest = json.loads((out / "manifest.json").read_text())
@@ -223,8 +223,7 @@ def test_bad_shards_stop_train_before_work(case, tmp_path, capsys, monkeypatch):
 
 def model_dir_with(tmp_path, model: EnergyFlowModel, model_cfg) -> Path:
     models = tmp_path / "models"
-    save_model(models / "model.pt", model, model_cfg, extra={"run_id": "0" * 32, "seed": 0})
-    (models / "run.json").write_text(json.dumps({"run_id": "0" * 32}))
+    save_model(models / "model.pt", model, model_cfg, extra={"seed": 0})
     return models
 
 
@@ -284,7 +283,7 @@ def test_float16_shards_are_widened_for_a_float32_config(tmp_path):
 ])
 def test_bad_config_stops_the_stage_naming_the_key(override, fragments, tmp_path, capsys):
     out = tmp_path / "shards"
-    code = embed.main([f"embed.dataset={tmp_path / 'none.csv'}", f"embed.out_dir={out}", override,
+    code = embed.main([f"embed.dataset={tmp_path / 'none.csv'}", "embed.group_field=null", f"embed.out_dir={out}", override,
                        "run.allow_external_paths=true"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("[embed] config error: "), err
@@ -388,7 +387,7 @@ def test_disk_full_while_embedding_keeps_the_previous_shards(where, tmp_path, ca
         monkeypatch.setattr(pq, "write_table", write_table)
         name, hint = cache, "set embed.cache_dir to another disk"
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: teacher)
-    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", f"embed.cache_dir={cache}",
+    code = embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", f"embed.cache_dir={cache}",
                        "run.allow_external_paths=true"])
     err = capsys.readouterr().err
     assert code == 1, err

@@ -59,7 +59,7 @@ def test_duplicate_pairs_are_counted_and_dropped_or_kept_by_parameter(tmp_path):
     data = tmp_path / "d.csv"
     # 40 distinct pairs, each 4 times: enough rows left after dropping for every split to hold some.
     data.write_text("question,answer\n" + "".join(f"Q{i % 40},A{i % 40}\n" for i in range(160)))
-    base = ["preset=smoke", f"embed.dataset={data}", "embed.id_field=null", "embed.max_rows=0",
+    base = ["preset=smoke", f"embed.dataset={data}", "embed.group_field=null", "embed.id_field=null", "embed.max_rows=0",
             "run.allow_external_paths=true"]
     cfg = load_config(base)
     dropped = prepare_pairs(cfg.embed, cfg.run.allow_external_paths)

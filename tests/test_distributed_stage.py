@@ -32,7 +32,7 @@ def test_dvc_launches_two_ranks_and_the_pipeline_completes(ddp_experiment):
     assert train["train/processes"] == 2 and train["train/effective_batch"] == 64
     # 480 train rows / 64 a step = 7 steps an epoch, 2 epochs
     assert train["train/steps"] == 14 and train["train/skipped_steps"] == 0
-    assert json.loads((root / "metrics/eval.json").read_text())["test/cosine"] > 0
+    assert json.loads((root / "metrics/eval.json").read_text())["eval/test/model/cosine"] > 0
     assert json.loads((root / "metrics/stability.json").read_text())["verdict"] in ("stable", "unstable")
 
 

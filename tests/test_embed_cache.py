@@ -40,6 +40,11 @@ def test_another_teacher_shares_nothing_and_the_path_does_not_matter(tmp_path):
     other = {**TEACHER, "weights_sha256": "w2"}
     _, stats = embed_distinct(["x", "y"], enc, EmbeddingCache(tmp_path, other))
     assert stats == {"cached": 0, "embedded": 2}
+    # Vectors made under other numerics (natively, or with another thread count) are not reused:
+    # they would carry that run's last bits into this one.
+    for tag in ("native/AMD EPYC 7B13", "portable/2"):
+        _, stats = embed_distinct(["x", "y"], enc, EmbeddingCache(tmp_path, {**TEACHER, "numerics": tag}))
+        assert stats == {"cached": 0, "embedded": 2}, tag
 
 
 def test_a_killed_write_leaves_no_part_and_a_broken_part_is_named(tmp_path):
@@ -68,7 +73,7 @@ def test_embed_stage_rerun_after_appending_one_percent_embeds_only_the_new_texts
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     src = pd.read_csv("data/raw/qa_pairs.csv").drop_duplicates(["question", "answer"])
     data, cache = tmp_path / "pairs.csv", tmp_path / "cache"
-    args = [f"embed.dataset={data}", f"embed.cache_dir={cache}", "embed.max_rows=0", "run.allow_external_paths=true"]
+    args = [f"embed.dataset={data}", "embed.group_field=null", f"embed.cache_dir={cache}", "embed.max_rows=0", "run.allow_external_paths=true"]
     src.iloc[:300].to_csv(data, index=False)
     assert embed.main([*args, f"embed.out_dir={tmp_path / 'a'}"]) == 0
     first = len(EmbeddingCache(cache, _bundled_identity()))
@@ -94,9 +99,12 @@ def test_embed_stage_rerun_after_appending_one_percent_embeds_only_the_new_texts
 
 
 def _bundled_identity():
+    """The key the embed stage, run in this process, gives its cache: the teacher's identity and
+    this process's numerics."""
+    from pipeline import numerics
     from pipeline.teacher import load_teacher, teacher_identity
 
-    return teacher_identity("bundled", load_teacher("bundled"))
+    return {**teacher_identity("bundled", load_teacher("bundled")), "numerics": numerics.vectors_tag()}
 
 
 def test_streamed_embeddings_are_made_one_shard_at_a_time(tmp_path):

@@ -52,7 +52,7 @@ def write_pairs(path, rows) -> str:
                  ["every one of the 200 rows has the same input text"], id="one input text"),
 ])
 def test_data_that_parses_but_cannot_train_stops_before_the_teacher(tmp_path, rows, fragments):
-    cfg = load_config([f"embed.dataset={write_pairs(tmp_path / 'pairs.csv', rows)}", "run.allow_external_paths=true"])
+    cfg = load_config([f"embed.dataset={write_pairs(tmp_path / 'pairs.csv', rows)}", "embed.group_field=null", "run.allow_external_paths=true"])
     with pytest.raises(DatasetError) as exc:
         prepare_pairs(cfg.embed, allow_external_paths=True)
     for fragment in fragments:
@@ -61,7 +61,7 @@ def test_data_that_parses_but_cannot_train_stops_before_the_teacher(tmp_path, ro
 
 def test_a_small_test_split_is_warned_about(tmp_path, caplog):
     path = write_pairs(tmp_path / "pairs.csv", [(f"What is {i}?", f"It is {i}.") for i in range(60)])
-    cfg = load_config([f"embed.dataset={path}", "run.allow_external_paths=true"])
+    cfg = load_config([f"embed.dataset={path}", "embed.group_field=null", "run.allow_external_paths=true"])
     prepared = prepare_pairs(cfg.embed, allow_external_paths=True)
     assert 0 < prepared.stats["rows_test"] < 30
     assert f"the test split has only {prepared.stats['rows_test']} rows" in caplog.text

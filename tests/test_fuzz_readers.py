@@ -259,7 +259,7 @@ def dataset_files(draw, min_rows: int = 3, max_rows: int = 6, formats=tuple(FORM
 
 
 def check_frame(df: pd.DataFrame, id_field) -> None:
-    assert list(df.columns) == ["id", "input_text", "target_text"]
+    assert list(df.columns) == ["id", "input_text", "target_text", "group"]
     assert len(df) > 0
     for col in ("input_text", "target_text", "id"):
         for v in df[col]:
@@ -363,7 +363,7 @@ def check_stage(base: Path, case: dict, capsys, monkeypatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     before = listing(base)
     opts = case["options"]
-    args = [f"embed.dataset={data}", f"embed.out_dir={out}", "embed.cache_dir=", "run.allow_external_paths=true",
+    args = [f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", "embed.cache_dir=", "run.allow_external_paths=true",
             "run.tracking=disabled", *SPLITS,
             "embed.id_field=null" if opts["id_field"] is None else f"embed.id_field='{opts['id_field']}'",
             f"embed.empty_text={'skip' if opts['skip_empty'] else 'fail'}"]

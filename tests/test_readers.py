@@ -46,7 +46,7 @@ def expect_error(path, *fragments, **kw) -> str:
 
 
 def check_rows(df: pd.DataFrame, with_ids: bool = True) -> None:
-    assert list(df.columns) == ["id", "input_text", "target_text"]
+    assert list(df.columns) == ["id", "input_text", "target_text", "group"]
     assert isinstance(df.index, pd.RangeIndex) and df.index.start == 0
     assert df["input_text"].tolist() == [r["q"] for r in ROWS]
     assert df["target_text"].tolist() == [r["a"] for r in ROWS]

@@ -14,8 +14,8 @@ from pipeline.report.checks import CHECK_ORDER, resolve_params, run_checks, stab
 N = 500
 PARAMS = {"planned_steps": 10_000, "step_cap": 12, "min_steps_to_arrive": 4}  # the rest: defaults
 # A model that learned: well above its untrained self and the identity baseline.
-EVAL = {"test/cosine": 0.88, "test/top1": 0.8, "baseline/untrained/test/cosine": 0.02,
-        "baseline/identity/test/cosine": 0.82, "baseline/ridge/test/cosine": 0.9}
+EVAL = {"eval/test/model/cosine": 0.88, "eval/test/model/top1": 0.8, "eval/test/untrained/cosine": 0.02,
+        "eval/test/identity/cosine": 0.82, "eval/test/ridge/cosine": 0.9}
 
 
 def clean_run(n: int = N, seed: int = 0) -> pd.DataFrame:
@@ -309,3 +309,55 @@ def test_a_short_final_window_is_not_a_spike():
     loss[-1] = 0.1 + 0.04  # 9 sigma even for a single step: still a spike
     df = pd.DataFrame({"step": steps, "train/loss": loss})
     assert run_checks(df, [], PARAMS)["checks"]["loss_spikes"]["evidence"]["count"] == 1
+
+
+def test_learning_check_states_each_paired_difference_with_its_interval():
+    from pipeline.report.checks import check_learning
+
+    ev = {**EVAL, "eval/test/model/group_top1": 0.61, "eval/test/ridge/group_top1": 0.58,
+          "eval/test/model_vs_ridge/group_top1": 0.031, "eval/test/model_vs_ridge/group_top1/ci95_low": 0.012,
+          "eval/test/model_vs_ridge/group_top1/ci95_high": 0.049, "eval/test/model_vs_ridge/group_top1/p_value": 0.002,
+          "eval/test/model_vs_identity/cosine": 0.004, "eval/test/model_vs_identity/cosine/ci95_low": -0.003,
+          "eval/test/model_vs_identity/cosine/ci95_high": 0.011, "eval/test/model_vs_identity/cosine/p_value": 0.3}
+    res = check_learning(ev, resolve_params(PARAMS))
+    assert res["status"] == "pass"
+    assert "beats ridge on group top-1 by +0.031 [+0.012, +0.049]" in res["summary"]
+    assert "no significant difference from identity on cosine (+0.004 [-0.003, +0.011])" in res["summary"]
+    assert res["evidence"]["vs_ridge_group_top1_p_value"] == 0.002
+    # Below identity with an interval that holds 0 is not "below identity": no warning for noise.
+    noisy = {**ev, "eval/test/model/cosine": 0.81, "eval/test/model_vs_identity/cosine": -0.01,
+             "eval/test/model_vs_identity/cosine/ci95_low": -0.03, "eval/test/model_vs_identity/cosine/ci95_high": 0.01}
+    assert check_learning(noisy, resolve_params(PARAMS))["status"] == "pass"
+    below = {**noisy, "eval/test/model_vs_identity/cosine/ci95_high": -0.002}
+    assert check_learning(below, resolve_params(PARAMS))["status"] == "warn"
+
+
+def test_unmeasured_run_skips_memory_and_step_time_and_says_why():
+    """When the time and memory files belong to another run (or are missing), a leak in them
+    must not be pinned on this run: both checks are skipped with the reason and what to do."""
+    df = clean_run()
+    df["mem/rss_mb"] = 1500 + 0.2 * df["step"]  # a leak that must not be judged
+    result = run_checks(df, [], PARAMS, EVAL, unmeasured="telemetry/train_perf.json was measured under other settings")
+    for name in ("memory_growth", "step_time_degradation"):
+        check = result["checks"][name]
+        assert check["status"] == "skip" and check["pass"] is True and check["evidence"] == {}
+        assert "measured under other settings" in check["summary"]
+        assert "dvc repro --force --single-item train" in check["fix"]
+    assert result["verdict"] == "stable" and result["failed"] == []
+    assert result["checks"]["loss_spikes"]["status"] == "pass"  # the rest is judged as usual
+
+
+def test_stability_metrics_leave_time_and_memory_out_unless_measured():
+    df = clean_run()
+    df["mem/rss_mb"] = 1500 + 0.2 * df["step"] + np.random.default_rng(1).uniform(-5, 5, N)
+    result = run_checks(df, [], PARAMS, EVAL)
+    dvc = stability_metrics(result)
+    full = stability_metrics(result, measured=True)
+    # The DVC metric: the verdict of each check, none of its measured figures.
+    assert dvc["memory_growth"] == {"pass": False, "status": "fail"}
+    assert set(dvc["step_time_degradation"]) == {"pass", "status"}
+    assert abs(full["memory_growth"]["slope_mb_per_1k_steps"] - 200) / 200 < 0.10
+    assert "slope_mb_per_1k_steps" not in dvc["memory_growth"]
+    # Checks that are not measurements keep their figures in both.
+    assert dvc["loss_spikes"] == full["loss_spikes"] and dvc["learning"] == full["learning"]
+    assert len(dvc["loss_spikes"]) > 2

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 from pipeline.errors import ConfigError
@@ -19,12 +20,34 @@ from tests.test_report_checks import clean_run
 PARAMS = {"planned_steps": 10_000}  # the rest: defaults (warm-up 10, spike k=4, window 50, ...)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-GOOD_EVAL = {
-    "test/cosine": 0.88, "test/top1": 0.8, "test/top5": 0.95, "test/mse": 0.001,
-    "baseline/untrained/test/cosine": 0.01, "baseline/untrained/test/top1": 0.0,
-    "baseline/identity/test/cosine": 0.82, "baseline/identity/test/top1": 0.7,
-    "baseline/ridge/test/cosine": 0.9, "baseline/ridge/test/top1": 0.85,
+GOOD_EVAL = {  # metrics/eval.json's keys: eval/<split>/<predictor or paired difference>/<metric>[/<part>]
+    "eval/test/model/cosine": 0.88, "eval/test/model/top1": 0.8, "eval/test/model/top5": 0.95,
+    "eval/test/model/mse": 0.001, "eval/test/model/group_top1": 0.9,
+    "eval/test/model/group_top1/ci95_low": 0.87, "eval/test/model/group_top1/ci95_high": 0.93,
+    "eval/test/untrained/cosine": 0.01, "eval/test/untrained/top1": 0.0,
+    "eval/test/identity/cosine": 0.82, "eval/test/identity/top1": 0.7,
+    "eval/test/ridge/cosine": 0.9, "eval/test/ridge/top1": 0.85,
+    "eval/test/model_vs_ridge/cosine": -0.02, "eval/test/model_vs_ridge/cosine/ci95_low": -0.03,
+    "eval/test/model_vs_ridge/cosine/ci95_high": -0.01, "eval/test/model_vs_ridge/cosine/p_value": 0.001,
+    "eval/test/model_vs_ridge/group_top1": 0.01, "eval/test/model_vs_ridge/group_top1/ci95_low": -0.01,
+    "eval/test/model_vs_ridge/group_top1/ci95_high": 0.03, "eval/test/model_vs_ridge/group_top1/p_value": 0.4,
+    "eval/test/model_vs_identity/cosine": 0.06, "eval/test/model_vs_identity/cosine/ci95_low": 0.04,
+    "eval/test/model_vs_identity/cosine/ci95_high": 0.08, "eval/test/model_vs_identity/cosine/p_value": 0.001,
 }
+
+
+def model_cosine(value: float, vs_identity: tuple[float, float, float] | None = None, split: str = "test") -> dict:
+    """GOOD_EVAL with the model's cosine replaced, and its paired difference from identity (mean,
+    CI low, CI high) when given, else dropped (the check then compares the means)."""
+    out = {**GOOD_EVAL, f"eval/{split}/model/cosine": value}
+    for part in ("", "/ci95_low", "/ci95_high", "/p_value"):
+        out.pop(f"eval/{split}/model_vs_identity/cosine{part}", None)
+    if vs_identity is not None:
+        for part, v in zip(("", "/ci95_low", "/ci95_high", "/p_value"), (*vs_identity, 0.001)):
+            out[f"eval/{split}/model_vs_identity/cosine{part}"] = v
+    return out
+
+
 BACKOFF = {"step": 40, "kind": "inf_grad", "module": "carrier", "action": "skipped; scaler backed off",
            "scale": 32768.0}
 # Statistics with no unit by design (render.py: "pure statistics (p-values, R², rho) have none"),
@@ -222,7 +245,8 @@ def test_learning_skips_without_eval_metrics():
         check = check_learning(metrics, p())
         assert check["status"] == "skip" and "evaluate" in check["fix"]
     check = check_learning({"train/loss": 1.0}, p())
-    assert check["status"] == "skip" and "no test/cosine or val/cosine" in check["summary"]
+    assert check["status"] == "skip"
+    assert check["summary"] == "The evaluate metrics hold no eval/test/model/cosine or eval/val/model/cosine."
     assert run_checks(clean_run(), [], PARAMS)["checks"]["learning"]["status"] == "skip"
 
 
@@ -236,32 +260,46 @@ def test_learning_passes_when_it_beats_untrained_and_identity():
     assert ev["gain_vs_untrained"] == pytest.approx(0.87) and ev["min_gain"] == 0.02
     assert ev["vs_identity"] == pytest.approx(0.06) and ev["vs_ridge"] == pytest.approx(-0.02)
     assert ev["model_top1"] == 0.8 and ev["model_top5"] == 0.95 and ev["untrained_top1"] == 0.0
-    assert ev["identity_top1"] == 0.7 and ev["ridge_top1"] == 0.85
-    assert "untrained_top5" not in ev  # absent metrics are left out, not NaN
-    assert "+0.870 over untrained, +0.060 over identity, -0.020 vs ridge" in check["summary"]
+    assert ev["identity_top1"] == 0.7 and ev["ridge_top1"] == 0.85 and ev["model_group_top1"] == 0.9
+    assert "untrained_top5" not in ev and "ridge_group_top1" not in ev  # absent metrics are left out, not NaN
+    assert (ev["vs_ridge_cosine"], ev["vs_ridge_cosine_ci95_low"], ev["vs_ridge_cosine_ci95_high"],
+            ev["vs_ridge_cosine_p_value"]) == (-0.02, -0.03, -0.01, 0.001)
+    # The paired differences, in words: significant ones as "beats"/"trails" with their CI,
+    # the rest as "no significant difference".
+    assert check["summary"] == (
+        "test cosine 0.880 (untrained 0.010, identity 0.820, ridge 0.900): +0.870 over untrained. The model "
+        "no significant difference from ridge on group top-1 (+0.010 [-0.010, +0.030]); "
+        "trails ridge on cosine by -0.020 [-0.030, -0.010]; beats identity on cosine by +0.060 [+0.040, +0.080].")
 
 
-def test_learning_below_identity_warns():
-    check = check_learning({**GOOD_EVAL, "test/cosine": 0.5}, p())
+def test_learning_below_identity_warns_only_when_the_ci_says_so():
+    check = check_learning(model_cosine(0.5, (-0.32, -0.35, -0.29)), p())
     assert check["status"] == "warn" and check["pass"] is True
     assert check["evidence"]["vs_identity"] == pytest.approx(-0.32)
     assert "below the identity baseline" in check["summary"] and "train.epochs" in check["fix"]
+    assert "trails identity on cosine by -0.320 [-0.350, -0.290]" in check["summary"]
+    # A mean a hair below identity whose interval holds 0 is noise, not a warning.
+    check = check_learning(model_cosine(0.815, (-0.005, -0.012, 0.002)), p())
+    assert check["status"] == "pass"
+    assert "no significant difference from identity on cosine (-0.005 [-0.012, +0.002])" in check["summary"]
+    # Without the paired difference (an older metrics file) the means decide.
+    assert check_learning(model_cosine(0.815), p())["status"] == "warn"
 
 
 def test_learning_gain_below_min_gain_fails():
-    check = check_learning({**GOOD_EVAL, "test/cosine": 0.02}, p())  # +0.01 over untrained
+    check = check_learning(model_cosine(0.02), p())  # +0.01 over untrained
     assert check["status"] == "fail" and check["pass"] is False
     assert check["evidence"]["gain_vs_untrained"] == pytest.approx(0.01)
     assert "learned nothing" in check["summary"]
     # The threshold is the param: asking for only +0.005 passes the model's learning test and
     # lands on the identity comparison instead.
-    assert check_learning({**GOOD_EVAL, "test/cosine": 0.02}, p(learning_min_gain=0.005))["status"] == "warn"
-    result = run_checks(clean_run(), [], PARAMS, {**GOOD_EVAL, "test/cosine": 0.02})
+    assert check_learning(model_cosine(0.02), p(learning_min_gain=0.005))["status"] == "warn"
+    result = run_checks(clean_run(), [], PARAMS, model_cosine(0.02))
     assert result["failed"] == ["learning"] and result["verdict"] == "unstable"
 
 
 def test_learning_nan_model_cosine_fails():
-    check = check_learning({**GOOD_EVAL, "test/cosine": float("nan")}, p())
+    check = check_learning(model_cosine(float("nan")), p())
     assert check["status"] == "fail"
     assert math.isnan(check["evidence"]["model_cosine"])
     assert "not finite" in check["fix"]
@@ -278,10 +316,10 @@ def test_learning_without_untrained_baseline_warns():
 
 
 def test_learning_uses_test_split_and_falls_back_to_val():
-    val_bad = {"val/cosine": 0.0, "baseline/untrained/val/cosine": 0.0}
+    val_bad = {"eval/val/model/cosine": 0.0, "eval/val/untrained/cosine": 0.0}
     assert check_learning({**GOOD_EVAL, **val_bad}, p())["evidence"]["split"] == "test"
     assert check_learning({**GOOD_EVAL, **val_bad}, p())["status"] == "pass"
-    val_only = {k.replace("test/", "val/"): v for k, v in GOOD_EVAL.items()}
+    val_only = {k.replace("eval/test/", "eval/val/"): v for k, v in GOOD_EVAL.items()}
     check = check_learning(val_only, p())
     assert check["status"] == "pass" and check["evidence"]["split"] == "val"
     assert check["evidence"]["model_cosine"] == 0.88 and check["summary"].startswith("val cosine 0.880")
@@ -568,24 +606,30 @@ def test_plot_scaler_is_none_without_a_scaler():
     assert plot_scaler(df, [{"step": 3, "kind": "nan_grad", "module": "x", "action": "skipped"}], p()) is None
 
 
-def test_plot_learning_bars_match_the_metrics():
-    metrics = {**GOOD_EVAL, "baseline/ridge/test/top1": float("nan")}
+def test_plot_learning_bars_match_the_metrics_with_ci_whiskers():
+    metrics = {**GOOD_EVAL, "eval/test/ridge/top1": float("nan")}
     fig = plot_learning(metrics, p())
     ax = fig.axes[0]
-    assert "(test split)" in ax.get_title()
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["cosine", "top1", "top5"]
-    heights = {c.get_label(): [round(b.get_height(), 6) for b in c] for c in ax.containers}
+    assert ax.get_title() == "Learning: trained model vs baselines (test split, 95 % CIs)"
+    # The model's metrics present in the file, in a fixed order (group top-5 and MRR are absent here).
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["group top-1", "cosine", "top-1"]
+    bars = {c.get_label(): c for c in ax.containers if isinstance(c, BarContainer)}
+    heights = {name: [round(b.get_height(), 6) for b in c] for name, c in bars.items()}
     assert heights == {
-        "model": [0.88, 0.8, 0.95],
-        "untrained": [0.01, 0.0, 0.0],
-        "identity": [0.82, 0.7, 0.0],
-        "ridge": [0.9, 0.0, 0.0],  # NaN and absent metrics are drawn at 0, unlabelled
+        "model": [0.9, 0.88, 0.8],
+        "untrained": [0.0, 0.01, 0.0],
+        "identity": [0.0, 0.82, 0.7],
+        "ridge": [0.0, 0.9, 0.0],  # NaN and absent metrics are drawn at 0, unlabelled
     }
+    # The model's group top-1 carries its CI [0.87, 0.93] as a whisker; metrics without a CI get none.
+    whiskers = bars["model"].errorbar.lines[2][0].get_segments()
+    assert [round(float(y), 6) for y in whiskers[0][:, 1]] == [0.87, 0.93]
+    assert all(seg[0, 1] == seg[1, 1] for seg in whiskers[1:])
     annotated = sorted(t.get_text() for t in ax.texts)
-    assert annotated == sorted(["0.88", "0.80", "0.95", "0.01", "0.00", "0.82", "0.70", "0.90"])
+    assert annotated == sorted(["0.90", "0.88", "0.80", "0.01", "0.00", "0.82", "0.70", "0.90"])
     assert plot_learning(None, p()) is None and plot_learning({"train/loss": 1.0}, p()) is None
-    val = plot_learning({"val/cosine": 0.5}, p())
-    assert "(val split)" in val.axes[0].get_title()
+    val = plot_learning({"eval/val/model/cosine": 0.5}, p())
+    assert "(val split, 95 % CIs)" in val.axes[0].get_title()
 
 
 def test_make_plots_writes_scaler_and_learning_then_removes_them_when_their_data_is_gone(tmp_path):

@@ -17,10 +17,11 @@ EVENTS = [
     {"step": 220, "kind": "loss_spike", "module": None, "action": "flagged"},
 ]
 RUN_INFO = {"run_id": "abc123", "preset": "fault_nan", "steps": 300, "note": "<script>alert(1)</script>"}
-EVAL = {
-    "test/cosine": 0.81, "test/mse": 0.0021, "test/top1": 0.42, "test/top5": 0.77,
-    "val/cosine": 0.80, "baseline/ridge/test/cosine": 0.74, "baseline/identity/test/cosine": 0.31,
-    "baseline/ridge/val/mse": 0.0030, "train/loss": 1.2,
+EVAL = {  # the evaluate stage's keys: eval/<split>/<predictor>/<metric>[/ci95_low|ci95_high]
+    "eval/test/model/cosine": 0.81, "eval/test/model/cosine/ci95_low": 0.79, "eval/test/model/cosine/ci95_high": 0.83,
+    "eval/test/model/mse": 0.0021, "eval/test/model/top1": 0.42, "eval/test/model/top5": 0.77,
+    "eval/val/model/cosine": 0.80, "eval/test/ridge/cosine": 0.74, "eval/test/identity/cosine": 0.31,
+    "eval/val/ridge/mse": 0.0030, "eval/test/model_vs_ridge/cosine": 0.07, "train/loss": 1.2,
 }
 
 
@@ -104,10 +105,10 @@ def test_eval_table_rows_metrics_columns_split_by_model():
     header, rows = eval_table(EVAL)
     assert header == ["metric", "test model", "test identity", "test ridge", "val model", "val ridge"]
     table = {r[0]: r[1:] for r in rows}
-    assert list(table) == ["cosine", "mse", "top1", "top5"]
-    assert table["cosine"] == ["0.81", "0.31", "0.74", "0.8", "—"]
+    assert list(table) == ["cosine", "mse", "top1", "top5"]  # differences are not a predictor's column
+    assert table["cosine"] == ["0.81 [0.79, 0.83]", "0.31", "0.74", "0.8", "—"]
     assert table["mse"][-1] == "3.00e-03"
-    nested = eval_table({"test": {"cosine": 0.5}, "baseline": {"ridge": {"test": {"cosine": 0.4}}}})
+    nested = eval_table({"eval": {"test": {"model": {"cosine": 0.5}, "ridge": {"cosine": 0.4}}}})
     assert nested == (["metric", "test model", "test ridge"], [["cosine", "0.5", "0.4"]])
 
 

@@ -27,9 +27,9 @@ ARTIFACTS = REPO_ROOT / "test-artifacts"
 N = 100
 NAN_STEPS = range(40, 46)  # 6 % of the run: over the 1 % limit, so nonfinite fails
 PARAMS = {"planned_steps": N}
-EVAL = {"test/cosine": 0.81, "test/mse": 0.0021, "test/top1": 0.42, "test/top5": 0.77,
-        "val/cosine": 0.80, "baseline/ridge/test/cosine": 0.74, "baseline/identity/test/cosine": 0.31,
-        "baseline/untrained/test/cosine": 0.02}
+EVAL = {"eval/test/model/cosine": 0.81, "eval/test/model/mse": 0.0021, "eval/test/model/top1": 0.42,
+        "eval/test/model/top5": 0.77, "eval/val/model/cosine": 0.80, "eval/test/ridge/cosine": 0.74,
+        "eval/test/identity/cosine": 0.31, "eval/test/untrained/cosine": 0.02}
 BANNER = {"stable": STATUS_COLOURS["pass"], "unstable": STATUS_COLOURS["fail"]}
 OTHER = {"stable": "unstable", "unstable": "stable"}
 TOP_PX = 250  # the verdict must be on the first screen, above the check table

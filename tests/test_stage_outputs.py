@@ -55,6 +55,4 @@ def test_the_report_stage_names_a_damaged_metrics_file(tmp_path, monkeypatch, ca
     assert report.main([f"train.out_dir={models}", "run.allow_external_paths=true", "run.tracking=disabled"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"[report] error: {metrics / 'train.json'}: not valid JSON") and "Traceback" not in err, err
-    (models / "run.json").write_text("{}")
-    assert report.main([f"train.out_dir={models}", "run.allow_external_paths=true", "run.tracking=disabled"]) == 1
-    assert "run.json: holds no run_id" in capsys.readouterr().err
+

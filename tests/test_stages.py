@@ -8,7 +8,7 @@ def run_embed(tmp_path, capsys, content: str, name="pairs.csv", *extra):
     data = tmp_path / name
     data.write_text(content)
     out = tmp_path / "shards"
-    code = embed.main([f"embed.dataset={data}", f"embed.out_dir={out}", "run.allow_external_paths=true", *extra])
+    code = embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", "run.allow_external_paths=true", *extra])
     return code, capsys.readouterr().err, out
 
 

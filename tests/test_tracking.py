@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import tracking
+from pipeline.errors import PipelineError
 
 
 def test_store_resolves_out_of_a_dvc_temp_experiment_copy(tmp_path):
@@ -333,6 +334,52 @@ def test_secrets_are_never_logged_as_params_nor_written_to_the_run_file(tmp_path
     assert logged["train.tokenizer_threads"] == "2" and logged["x.author"] == "me"
     assert logged["embed.teacher"] == f"https://alice:{REDACTED}@models.example/minilm"
     assert logged["train.lr"] == "0.003"
-    tracking.write_run_file(tmp_path, {"run_id": "r", "tracking_uri": "https://bob:s3cret@mlflow.example:5000"})
-    text = (tmp_path / tracking.RUN_FILE).read_text()
+    monkeypatch.setattr(tracking, "RUNS_DIR", tmp_path / "runs")
+    tracking.write_run_file("train", {"run_id": "r", "tracking_uri": "https://bob:s3cret@mlflow.example:5000"})
+    text = tracking.run_file("train").read_text()
     assert "s3cret" not in text and f"bob:{REDACTED}@mlflow.example" in text
+
+
+def test_the_run_file_links_a_stage_to_the_run_that_made_this_very_output(tmp_path, monkeypatch):
+    """runs/<stage>.json is beside the DVC outputs (not in them, or identical runs would hash
+    differently); a reader checks the output's digest so a checked-out other model is not
+    credited to the last run."""
+    from pipeline.data.shards import sha256_file
+
+    monkeypatch.setattr(tracking, "RUNS_DIR", tmp_path / "runs")
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"weights")
+    tracking.write_run_file("train", {"run_id": "r1", "model_sha256": sha256_file(model)})
+    assert tracking.read_run_file("train", model)["run_id"] == "r1"
+    model.write_bytes(b"other weights")  # e.g. `dvc exp apply` of another experiment
+    monkeypatch.setattr(tracking, "enabled", lambda: False)
+    with pytest.raises(PipelineError, match=r"is not the file the last train run here made .*dvc repro -f train"):
+        tracking.read_run_file("train", model)
+    tracking.write_run_file("train", {})
+    with pytest.raises(PipelineError, match=r"runs/train.json: holds no run_id"):
+        tracking.read_run_file("train")
+
+
+def test_without_a_run_file_the_run_is_found_by_the_outputs_digest(tmp_path, monkeypatch):
+    """A `dvc exp run --temp/--queue` copy has no runs/ (it is not in git): the train stage still
+    finds the embed run that made its shards, by the manifest digest its run carries as a tag."""
+    from pipeline.data.shards import sha256_file
+
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    monkeypatch.setattr(tracking, "RUNS_DIR", tmp_path / "runs")
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text('{"rows": 3}')
+    with tracking.mlflow_run("embed", "smoke", experiment="t",
+                             tags={"embed.manifest_sha256": sha256_file(manifest)}) as run:
+        pass
+    # As in a new process, before any run: MLflow's own default store is not the project's.
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'elsewhere.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")  # (set_tracking_uri set it too)
+    found = tracking.read_run_file("embed", manifest, "manifest_sha256")
+    assert found == {"run_id": run.info.run_id, "manifest_sha256": sha256_file(manifest)}
+    manifest.write_text('{"rows": 4}')  # shards no run in the store made
+    assert tracking.read_run_file("embed", manifest, "manifest_sha256", required=False) == {}
+    with pytest.raises(PipelineError, match=r"runs/embed.json"):
+        tracking.read_run_file("embed", manifest, "manifest_sha256")

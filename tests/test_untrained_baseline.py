@@ -8,11 +8,11 @@ from pipeline.checkpoint import load_model, save_model, untrained_model
 from pipeline.config import load_config
 from pipeline.data.shards import SplitShard
 from pipeline.errors import PipelineError
-from pipeline.evaluation import evaluate_split, ridge_fit, score, text_bank
+from pipeline.evaluation import build_bank, evaluate_split, item_metrics, predictions, ridge_fit, score_items
 from pipeline.training import Trainer
 
 DIM = 384
-METRICS = ("cosine", "mse", "top1", "top5")
+METRICS = ("cosine", "mse", "top1", "top5", "group_top1", "group_top5", "mrr")
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def make_shard(n: int = 40, dim: int = 16, seed: int = 0) -> SplitShard:
     texts = np.array([f"target {i}" for i in which], dtype=object)
     return SplitShard(
         split="test", ids=np.array([f"id{i}" for i in range(n)], dtype=object),
-        input_texts=np.array([f"input {i}" for i in range(n)], dtype=object), target_texts=texts,
+        input_texts=np.array([f"input {i}" for i in range(n)], dtype=object), target_texts=texts, groups=texts,
         inputs=(bank[which] + rng.normal(0, 0.5, size=(n, dim))).astype(np.float32), targets=bank[which],
         dim=dim, count=n,
     )
@@ -120,26 +120,29 @@ def test_evaluate_split_adds_untrained_keys_only_when_given():
     model_pred = (shard.targets + rng.normal(0, 0.1, size=shard.targets.shape)).astype(np.float32)
     w = ridge_fit(shard.inputs, shard.targets, alpha=1.0)
     untrained_pred = rng.normal(size=shard.targets.shape).astype(np.float32)
+    bank = build_bank([shard])
 
-    without = evaluate_split("test", model_pred, shard, w)
-    with_untrained = evaluate_split("test", model_pred, shard, w, untrained_pred)
-    untrained_keys = {f"baseline/untrained/test/{m}" for m in METRICS}
+    without, _, _ = evaluate_split("test", predictions(model_pred, shard, w), shard, bank)
+    with_untrained, _, items = evaluate_split("test", predictions(model_pred, shard, w, untrained_pred), shard, bank)
+    untrained_keys = {k for k in with_untrained if k.startswith(("eval/test/untrained/", "eval/test/model_vs_untrained/"))}
+    assert {f"eval/test/untrained/{m}" for m in METRICS} <= untrained_keys
     assert not untrained_keys & set(without)
     assert set(with_untrained) == set(without) | untrained_keys
-    assert {k: with_untrained[k] for k in without} == without  # the rest is unchanged
-
-    _, bank, row_to_bank = text_bank(list(shard.target_texts), shard.targets)
-    expected = score(untrained_pred, shard.targets, bank, row_to_bank)
-    assert {m: with_untrained[f"baseline/untrained/test/{m}"] for m in METRICS} == expected
-    assert with_untrained["test/cosine"] > 0.9 > 0.3 > abs(with_untrained["baseline/untrained/test/cosine"])
+    assert {k: with_untrained[k] for k in without} == without  # the rest is unchanged (same resamples)
+    expected = item_metrics(score_items(untrained_pred, shard, bank))
+    assert {m: with_untrained[f"eval/test/untrained/{m}"] for m in METRICS} == \
+        {m: round(float(expected[m].mean()), 6) for m in METRICS}
+    assert "untrained_rank" in items.columns
+    assert with_untrained["eval/test/model/cosine"] > 0.9 > 0.3 > abs(with_untrained["eval/test/untrained/cosine"])
 
 
 def test_evaluate_split_untrained_perfect_prediction_scores_perfectly():
     shard = make_shard(seed=2)
     w = ridge_fit(shard.inputs, shard.targets, alpha=1.0)
-    out = evaluate_split("val", shard.inputs, shard, w, untrained_pred=np.array(shard.targets))
-    assert out["baseline/untrained/val/cosine"] == pytest.approx(1.0, abs=1e-6)
-    assert out["baseline/untrained/val/mse"] == pytest.approx(0.0, abs=1e-9)
-    assert out["baseline/untrained/val/top1"] == 1.0 and out["baseline/untrained/val/top5"] == 1.0
+    out, _, _ = evaluate_split("val", predictions(np.asarray(shard.inputs), shard, w, np.array(shard.targets)), shard,
+                               build_bank([shard]), with_ci=False)
+    assert out["eval/val/untrained/cosine"] == pytest.approx(1.0, abs=1e-6)
+    assert out["eval/val/untrained/mse"] == pytest.approx(0.0, abs=1e-9)
+    assert out["eval/val/untrained/top1"] == 1.0 and out["eval/val/untrained/top5"] == 1.0
     # The model predicted the inputs: it scores exactly like the identity baseline.
-    assert all(out[f"val/{m}"] == out[f"baseline/identity/val/{m}"] for m in METRICS)
+    assert all(out[f"eval/val/model/{m}"] == out[f"eval/val/identity/{m}"] for m in METRICS)

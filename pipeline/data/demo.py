@@ -1,16 +1,30 @@
 """The shipped demo dataset: question -> answer sentence pairs over a built-in table of facts.
 
-Every pair states one true fact from the tables below. Each fact is asked several ways (4-7
-question templates per relation) and answered in a few ways (2-3 answer templates); each question
-is paired with exactly one answer phrasing, chosen by a hash of the question text (no random
-state), so the output is byte-identical on every run and machine. The relation between a question
-and its answer is real (the answer names the subject of the question and the fact asked for), so a
-model can learn it, and retrieval over the answer bank is meaningful: each answer sentence names
-exactly one fact.
+Columns: id, fact, question, answer, topic. Every pair states one true fact from the tables
+below; `fact` names it (the group id, e.g. `capital-france`; a row's id is `<fact>-q<n>`). Each
+fact is asked several ways (4-7 question templates per relation, some of them reverse questions:
+"Paris is the capital of which country?", "Which element has atomic number 29?") and answered in
+a few ways (2-3 answer templates); each question is paired with exactly one answer phrasing,
+chosen by a hash of the question text (no random state), so the output is byte-identical on every
+run and machine. Evaluation is group-aware: a retrieved answer is right when it is any answer
+text of the row's fact; no answer text belongs to two facts.
+
+The data is built to discriminate, not to be matched by word overlap with the question:
+- answers also mention a second true fact about the same subject, in the wording of the other
+  questions about it (a capital answer names the country's currency and official language, a
+  currency or language answer names the capital; an element's symbol answer names its atomic
+  number and vice versa; a book's answer names another book by the same author), so the
+  question's own embedding often lands on the answer to a sibling fact, while a map fitted on
+  the training pairs learns which answer form each question takes;
+- confusable facts that differ only in a number, year or season: every element from 1 to 56 and
+  the run 72-83 (neighbouring atomic numbers), Summer and Winter Olympic host cities by year
+  (1924-1992 have both), countries sharing a currency (the euro, the CFA francs, the US dollar)
+  or a continent, planets by order from the Sun.
 
 No network, no external data: all facts are written out here. Where a fact is disputed, depends
 on a convention, or is about to change (shared capitals, transcontinental countries, several
-co-official languages, currencies in transition), the field is left out (None) rather than guessed.
+co-official languages, currencies in transition, a host city due to host again), the field is
+left out (None) or the question is not asked, rather than guessed.
 
     python -m pipeline.data.demo [--out data/raw/qa_pairs.csv]
 """
@@ -27,7 +41,7 @@ from typing import Iterable, Iterator
 from pipeline.atomic import atomic_open
 
 DEFAULT_OUT = "data/raw/qa_pairs.csv"
-COLUMNS = ("id", "question", "answer", "topic")
+COLUMNS = ("id", "fact", "question", "answer", "topic")
 
 # ---------------------------------------------------------------------------------------------
 # Fact tables
@@ -169,7 +183,9 @@ COUNTRIES: tuple[tuple[str, str | None, str | None, str | None, str | None], ...
     ("Zambia", "Lusaka", "the Zambian kwacha", "Africa", "English"),
 )
 
-# (atomic number, symbol, name). IUPAC spellings (aluminium, caesium, sulfur).
+# (atomic number, symbol, name). IUPAC spellings (aluminium, caesium, sulfur). Every element from
+# 1 to 56 plus the sixth-period run 72-83 and a few well-known heavy ones, so that neighbours on the
+# periodic table (facts that differ only in one number) are both present.
 ELEMENTS: tuple[tuple[int, str, str], ...] = (
     (1, "H", "hydrogen"), (2, "He", "helium"), (3, "Li", "lithium"), (4, "Be", "beryllium"),
     (5, "B", "boron"), (6, "C", "carbon"), (7, "N", "nitrogen"), (8, "O", "oxygen"),
@@ -181,13 +197,61 @@ ELEMENTS: tuple[tuple[int, str, str], ...] = (
     (29, "Cu", "copper"), (30, "Zn", "zinc"), (31, "Ga", "gallium"), (32, "Ge", "germanium"),
     (33, "As", "arsenic"), (34, "Se", "selenium"), (35, "Br", "bromine"), (36, "Kr", "krypton"),
     (37, "Rb", "rubidium"), (38, "Sr", "strontium"), (39, "Y", "yttrium"), (40, "Zr", "zirconium"),
-    (41, "Nb", "niobium"), (42, "Mo", "molybdenum"), (46, "Pd", "palladium"), (47, "Ag", "silver"),
-    (48, "Cd", "cadmium"), (50, "Sn", "tin"), (51, "Sb", "antimony"), (53, "I", "iodine"),
-    (54, "Xe", "xenon"), (55, "Cs", "caesium"), (56, "Ba", "barium"), (74, "W", "tungsten"),
-    (78, "Pt", "platinum"), (79, "Au", "gold"), (80, "Hg", "mercury"), (82, "Pb", "lead"),
+    (41, "Nb", "niobium"), (42, "Mo", "molybdenum"), (43, "Tc", "technetium"),
+    (44, "Ru", "ruthenium"), (45, "Rh", "rhodium"), (46, "Pd", "palladium"), (47, "Ag", "silver"),
+    (48, "Cd", "cadmium"), (49, "In", "indium"), (50, "Sn", "tin"), (51, "Sb", "antimony"),
+    (52, "Te", "tellurium"), (53, "I", "iodine"), (54, "Xe", "xenon"), (55, "Cs", "caesium"),
+    (56, "Ba", "barium"), (72, "Hf", "hafnium"), (73, "Ta", "tantalum"), (74, "W", "tungsten"),
+    (75, "Re", "rhenium"), (76, "Os", "osmium"), (77, "Ir", "iridium"), (78, "Pt", "platinum"),
+    (79, "Au", "gold"), (80, "Hg", "mercury"), (81, "Tl", "thallium"), (82, "Pb", "lead"),
     (83, "Bi", "bismuth"), (86, "Rn", "radon"), (88, "Ra", "radium"), (92, "U", "uranium"),
     (94, "Pu", "plutonium"),
 )
+
+# Last atomic number of each period (row) of the periodic table: period of Z = 1 + how many of
+# these are below Z.
+PERIOD_ENDS = (2, 10, 18, 36, 54, 86, 118)
+
+# (year, season, host city, present-day country or None). Only Games held in one city in the year
+# they are named for (the 2020 Summer Games, held in 2021, and 1956 Melbourne, whose equestrian
+# events were in Stockholm, are left out; Squaw Valley has since been renamed). The country is
+# left out where the host country no longer exists under that name (West Germany, the Soviet
+# Union, Yugoslavia).
+OLYMPICS: tuple[tuple[int, str, str, str | None], ...] = (
+    (1896, "Summer", "Athens", "Greece"), (1900, "Summer", "Paris", "France"),
+    (1904, "Summer", "St. Louis", "the United States"), (1908, "Summer", "London", "the United Kingdom"),
+    (1912, "Summer", "Stockholm", "Sweden"), (1920, "Summer", "Antwerp", "Belgium"),
+    (1924, "Summer", "Paris", "France"), (1928, "Summer", "Amsterdam", "the Netherlands"),
+    (1932, "Summer", "Los Angeles", "the United States"), (1936, "Summer", "Berlin", "Germany"),
+    (1948, "Summer", "London", "the United Kingdom"), (1952, "Summer", "Helsinki", "Finland"),
+    (1960, "Summer", "Rome", "Italy"), (1964, "Summer", "Tokyo", "Japan"),
+    (1968, "Summer", "Mexico City", "Mexico"), (1972, "Summer", "Munich", None),
+    (1976, "Summer", "Montreal", "Canada"), (1980, "Summer", "Moscow", None),
+    (1984, "Summer", "Los Angeles", "the United States"), (1988, "Summer", "Seoul", "South Korea"),
+    (1992, "Summer", "Barcelona", "Spain"), (1996, "Summer", "Atlanta", "the United States"),
+    (2000, "Summer", "Sydney", "Australia"), (2004, "Summer", "Athens", "Greece"),
+    (2008, "Summer", "Beijing", "China"), (2012, "Summer", "London", "the United Kingdom"),
+    (2016, "Summer", "Rio de Janeiro", "Brazil"), (2024, "Summer", "Paris", "France"),
+    (1924, "Winter", "Chamonix", "France"), (1928, "Winter", "St. Moritz", "Switzerland"),
+    (1932, "Winter", "Lake Placid", "the United States"),
+    (1936, "Winter", "Garmisch-Partenkirchen", "Germany"),
+    (1948, "Winter", "St. Moritz", "Switzerland"), (1952, "Winter", "Oslo", "Norway"),
+    (1956, "Winter", "Cortina d'Ampezzo", "Italy"), (1964, "Winter", "Innsbruck", "Austria"),
+    (1968, "Winter", "Grenoble", "France"), (1972, "Winter", "Sapporo", "Japan"),
+    (1976, "Winter", "Innsbruck", "Austria"), (1980, "Winter", "Lake Placid", "the United States"),
+    (1984, "Winter", "Sarajevo", None), (1988, "Winter", "Calgary", "Canada"),
+    (1992, "Winter", "Albertville", "France"), (1994, "Winter", "Lillehammer", "Norway"),
+    (1998, "Winter", "Nagano", "Japan"), (2002, "Winter", "Salt Lake City", "the United States"),
+    (2006, "Winter", "Turin", "Italy"), (2010, "Winter", "Vancouver", "Canada"),
+    (2014, "Winter", "Sochi", "Russia"), (2018, "Winter", "Pyeongchang", "South Korea"),
+    (2022, "Winter", "Beijing", "China"),
+)
+# Cities asked "In which year did <city> host the <season> Olympics?" only where that has one answer
+# for good: not a city that hosted that season twice (in this table or outside it: Tokyo 2020,
+# Stockholm's 1956 equestrian events) or is due to host it again (Cortina d'Ampezzo 2026, Salt
+# Lake City 2034, Los Angeles 2028).
+OLYMPICS_NO_REVERSE = frozenset({("Tokyo", "Summer"), ("Stockholm", "Summer"),
+                                 ("Cortina d'Ampezzo", "Winter"), ("Salt Lake City", "Winter")})
 
 PLANETS: tuple[str, ...] = (
     "Mercury", "Venus", "Earth", "Mars", "Jupiter", "Saturn", "Uranus", "Neptune",
@@ -395,13 +459,14 @@ TEMPLATES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "Which city is the capital of {c}?",
             "Name the capital city of {c}.",
             "What city serves as {c_pos} capital?",
-            "{C_pos} capital is which city?",
             "What is the name of {c_pos} capital city?",
+            "{Cap} is the capital of which country?",
+            "Which country has {cap} as its capital city?",
         ),
         (
-            "The capital of {c} is {cap}.",
-            "{Cap} is the capital of {c}.",
-            "{C_pos} capital city is {cap}.",
+            "{Cap} is the capital city of {c}{cont_end}{also}.",
+            "The capital of {c}{cont_mid} is {cap}{also}.",
+            "{C}{cont_mid} has {cap} as its capital city{also}.",
         ),
     ),
     "currency": (
@@ -411,82 +476,61 @@ TEMPLATES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "What money do people use in {c}?",
             "Name the official currency of {c}.",
             "What is {c_pos} currency called?",
+            "In {c}, what is the currency?",
         ),
         (
-            "The currency of {c} is {cur}.",
-            "{C} uses {cur} as its currency.",
-            "{Cur} is the currency of {c}.",
-        ),
-    ),
-    "continent": (
-        (
-            "On which continent is {c}?",
-            "Which continent is {c} in?",
-            "On what continent is {c} located?",
-            "{C} belongs to which continent?",
-            "Name the continent where {c} is found.",
-        ),
-        (
-            "{C} is in {cont}.",
-            "{C} is a country in {cont}.",
-            "{C} is part of {cont}.",
+            "People in {c}{cap_mid} pay with {cur}.",
+            "The money used in {c}{cap_mid} is {cur}.",
+            "Prices in {c}{cap_mid} are paid in {cur}.",
         ),
     ),
     "official_language": (
         (
             "What is the official language of {c}?",
             "Which language is official in {c}?",
-            "Name the official language of {c}.",
             "What is {c_pos} official language?",
-            "In {c}, what is the official language?",
             "Which language has official status in {c}?",
+            "In {c}, what is the official language?",
+            "What language is used officially in {c}?",
         ),
         (
-            "The official language of {c} is {lang}.",
-            "{Lang} is the official language of {c}.",
-            "{C_pos} official language is {lang}.",
+            "The official language of {c}{cap_mid} is {lang}.",
+            "{Lang} is the official language of {c}{cap_end}{cur_end}.",
+            "In {c}{cap_mid} the language with official status is {lang}.",
         ),
     ),
+    # Asked both ways: the symbol of an element, and the element a symbol stands for (one fact).
     "element_symbol": (
         (
             "What is the chemical symbol for {el}?",
-            "What is the symbol of the element {el}?",
             "Which chemical symbol represents {el}?",
-            "Name the symbol used for {el} on the periodic table.",
             "{El} has which chemical symbol?",
+            "Which element has the chemical symbol {sym}?",
+            "What element does the symbol {sym} stand for?",
+            "Name the element whose symbol is {sym}.",
             "How is {el} written as a chemical symbol?",
         ),
         (
-            "The chemical symbol for {el} is {sym}.",
-            "{El} has the chemical symbol {sym}.",
-            "{Sym} is the chemical symbol of {el}.",
+            "{Sym} is the chemical symbol for {el}, element number {n}.",
+            "{El}, with atomic number {n}, has the chemical symbol {sym}.",
+            "On the periodic table, {el} (element {n}, period {per}) is written as {sym}.",
         ),
     ),
+    # Asked both ways: the atomic number of an element, and the element with a given number.
     "atomic_number": (
         (
             "What is the atomic number of {el}?",
             "How many protons does an atom of {el} have?",
-            "Which atomic number does {el} have?",
-            "What number is {el} on the periodic table?",
-            "Give the atomic number of {el}.",
             "{El} has what atomic number?",
+            "Which element has atomic number {n}?",
+            "What element has {n} {protons} in the nucleus of each atom?",
+            "Element number {n} on the periodic table is which element?",
+            "Give the atomic number of {el}.",
         ),
         (
-            "The atomic number of {el} is {n}.",
-            "{El} has atomic number {n}.",
-            "An atom of {el} has {n} {protons}.",
-        ),
-    ),
-    "symbol_element": (
-        (
-            "Which element has the chemical symbol {sym}?",
-            "What element does the symbol {sym} stand for?",
-            "The chemical symbol {sym} represents which element?",
-            "Name the element whose symbol is {sym}.",
-        ),
-        (
-            "{Sym} is the chemical symbol for {el}.",
-            "The element with the symbol {sym} is {el}.",
+            "{El}, whose chemical symbol is {sym}, has atomic number {n}.",
+            "Every atom of {el} ({sym}) has {n} {protons} in its nucleus.",
+            "Element number {n}, in period {per} of the periodic table, is {el} ({sym}).",
         ),
     ),
     "planet_order": (
@@ -518,15 +562,13 @@ TEMPLATES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "What is a baby {a} called?",
             "What do you call a young {a}?",
-            "What is the name for a baby {a}?",
             "A young {a} is known as what?",
             "What term is used for the young of {a_art}?",
-            "What is the word for a baby {a}?",
         ),
         (
             "A baby {a} is called {y_art}.",
             "The young of {a_art} is known as {y_art}.",
-            "A young {a} is called {y_art}.",
+            "{Y_art} is what a young {a} is called.",
         ),
     ),
     "animal_group": (
@@ -535,7 +577,6 @@ TEMPLATES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "What do you call a group of {pl}?",
             "What is the collective noun for {pl}?",
             "A group of {pl} is known as what?",
-            "What is the name for a group of {pl}?",
         ),
         (
             "A group of {pl} is called {g_art}.",
@@ -547,7 +588,6 @@ TEMPLATES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "What sound does {a_art} make?",
             "What noise does {a_art} make?",
-            "What do you call the sound {a_art} makes?",
             "What is the sound of {a_art} called?",
             "Which sound is made by {a_art}?",
         ),
@@ -561,30 +601,47 @@ TEMPLATES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (
             "Who wrote {t}?",
             "Who is the author of {t}?",
-            "Which writer wrote {t}?",
             "{T} was written by whom?",
             "Name the author of {t}.",
             "Who penned {t}?",
+            "Which writer wrote {t}?",
         ),
         (
-            "{T} was written by {au}.",
-            "{Au} wrote {t}.",
-            "The author of {t} is {au}.",
+            "{T} was written by {au}{also}.",
+            "{Au}{also_mid} wrote {t}.",
+            "The author of {t} is {au}{also}.",
         ),
     ),
     "inventor": (
         (
             "Who invented {inv}?",
             "Who is credited with inventing {inv}?",
-            "Which inventor created {inv}?",
             "{Inv} was invented by whom?",
             "Name the inventor of {inv}.",
             "Who came up with {inv}?",
+            "Which inventor created {inv}?",
         ),
         (
             "{Inv} was invented by {who}.",
             "{Who} invented {inv}.",
             "The inventor of {inv} was {who}.",
+        ),
+    ),
+    # Host cities: facts that differ only in the year or the season. The reverse questions (the
+    # last two) only for a city that hosted that season once (see OLYMPICS_NO_REVERSE).
+    "olympics": (
+        (
+            "Which city hosted the {y} {s} Olympics?",
+            "Where were the {y} {s} Olympic Games held?",
+            "Name the host city of the {y} {s} Olympics.",
+            "The {y} {s} Olympics took place in which city?",
+            "In which year did {rcity} host the {s} Olympics?",
+            "When did {rcity} host the {s} Olympic Games?",
+        ),
+        (
+            "The {y} {s} Olympics were held in {where}.",
+            "{City} hosted the {s} Olympic Games in {y}.",
+            "In {y}, the {s} Olympics took place in {where}.",
         ),
     ),
 }
@@ -632,26 +689,44 @@ def _choose(question: str, n: int) -> int:
     return int.from_bytes(digest[:8], "big") % n
 
 
-# Each fact: (topic, subject slug, fields for the templates).
+def _also(currency: str | None, language: str | None) -> str:
+    """The capital answers' tail: the country's currency and official language, where known."""
+    parts = [f"its currency is {currency}"] if currency else []
+    parts += [f"its official language is {language}"] if language else []
+    return ", and " + " and ".join(parts) if parts else ""
+
+
+def _period(number: int) -> str:
+    return str(1 + sum(number > end for end in PERIOD_ENDS))
+
+
+# Each fact: (topic, subject slug, fields for the templates). A question template that names a
+# field the fact lacks is skipped for that fact (the Olympics' reverse questions: {rcity}).
 def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
     for name, capital, currency, continent, language in COUNTRIES:
-        base = {"c": name, "c_pos": _pos(name)}
+        # The continent is context in the answers (", a country in Europe"), never asked: an
+        # answer must not state the fact of another group.
+        base = {"c": name, "c_pos": _pos(name),
+                "cont_mid": f", a country in {continent}," if continent else "",
+                "cont_end": f", a country in {continent}" if continent else "",
+                "cap_mid": f", whose capital is {capital}," if capital else "",
+                "cap_end": f", whose capital is {capital}" if capital else "",
+                "cur_end": f", and its currency is {currency}" if currency else "",
+                "also": _also(currency, language)}
         slug = _slug(name.removeprefix("the "))
         if capital:
             yield "capital", slug, {**base, "cap": capital}
         if currency:
             yield "currency", slug, {**base, "cur": currency}
-        if continent:
-            yield "continent", slug, {**base, "cont": continent}
         if language:
             yield "official_language", slug, {**base, "lang": language}
     for number, symbol, name in ELEMENTS:
-        yield "element_symbol", _slug(name), {"el": name, "sym": symbol}
+        yield "element_symbol", _slug(name), {"el": name, "sym": symbol, "n": str(number),
+                                              "per": _period(number)}
     for number, symbol, name in ELEMENTS:
-        yield "atomic_number", _slug(name), {"el": name, "n": str(number),
+        yield "atomic_number", _slug(name), {"el": name, "sym": symbol, "n": str(number),
+                                             "per": _period(number),
                                              "protons": "proton" if number == 1 else "protons"}
-    for number, symbol, name in ELEMENTS:
-        yield "symbol_element", _slug(symbol), {"el": name, "sym": symbol}
     for i, planet in enumerate(PLANETS):
         yield "planet_order", _slug(planet), {"p": planet, "ord": ORDINALS[i],
                                               "num": NUMBER_WORDS[i]}
@@ -666,11 +741,30 @@ def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
     for animal, verb, noun in ANIMAL_SOUNDS:
         yield "animal_sound", _slug(animal), {"a_art": _art(animal), "verb": verb,
                                               "noun_art": _art(noun)}
-    for title, author in BOOKS:
-        yield "book_author", _slug(title), {"t": title, "au": author}
+    for i, (title, author) in enumerate(BOOKS):
+        # Another book of the same author in the table (the next one, cyclically), if any.
+        same = [t for t, a in BOOKS[i + 1:] + BOOKS[:i] if a == author]
+        yield "book_author", _slug(title), {
+            "t": title, "au": author,
+            "also": f", who also wrote {same[0]}" if same else "",
+            "also_mid": f", who also wrote {same[0]}," if same else ""}
     for invention, inventor in INVENTIONS:
         yield "inventor", _slug(invention.removeprefix("the ")), {"inv": invention,
                                                                   "who": inventor}
+    hosted: dict[tuple[str, str], int] = {}
+    for _, season, city, _ in OLYMPICS:
+        hosted[city, season] = hosted.get((city, season), 0) + 1
+    for year, season, city, country in OLYMPICS:
+        fields = {"y": str(year), "s": season, "city": city,
+                  "where": f"{city}, {country}" if country else city}
+        if hosted[city, season] == 1 and (city, season) not in OLYMPICS_NO_REVERSE:
+            fields["rcity"] = city
+        yield "olympics", f"{year}-{season.lower()}", fields
+
+
+def fact_id(topic: str, slug: str) -> str:
+    """The group id of a fact: every row asking it shares it (ids are `<fact>-q<n>`)."""
+    return f"{topic.replace('_', '-')}-{slug}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -679,7 +773,7 @@ def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
 
 
 def generate() -> list[dict]:
-    """All pairs, in a stable order: dicts with keys id, question, answer, topic.
+    """All pairs, in a stable order: dicts with keys id, fact, question, answer, topic.
 
     Exact duplicate (question, answer) pairs are dropped (the first is kept)."""
     rows: list[dict] = []
@@ -687,18 +781,23 @@ def generate() -> list[dict]:
     seen_ids: set[str] = set()
     for topic, slug, raw in _facts():
         fields = _with_caps(raw)
+        fact = fact_id(topic, slug)
         questions, answers = TEMPLATES[topic]
         for qi, qt in enumerate(questions, start=1):
-            question = _finish(qt.format(**fields))
+            try:
+                question = _finish(qt.format(**fields))
+            except KeyError:  # a template this fact does not take (see _facts)
+                continue
             answer = _finish(answers[_choose(question, len(answers))].format(**fields))
             if (question, answer) in seen_pairs:
                 continue
-            row_id = f"{topic.replace('_', '-')}-{slug}-q{qi}"
+            row_id = f"{fact}-q{qi}"
             if row_id in seen_ids:  # a table bug (two subjects with one slug), not user input
                 raise ValueError(f"duplicate id {row_id!r} in the demo fact tables")
             seen_pairs.add((question, answer))
             seen_ids.add(row_id)
-            rows.append({"id": row_id, "question": question, "answer": answer, "topic": topic})
+            rows.append({"id": row_id, "fact": fact, "question": question, "answer": answer,
+                         "topic": topic})
     return rows
 
 
@@ -729,11 +828,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipeline.data.demo",
         description=(
             "Write the shipped demo dataset: a CSV of question -> answer sentence pairs "
-            "(columns id,question,answer,topic) generated deterministically from built-in "
-            "tables of true facts (country capitals, currencies, continents and official "
-            "languages; chemical element symbols and atomic numbers; planets; animal young, "
-            "groups and sounds; book authors; inventors), each fact asked in several phrasings. "
-            "No network access; the output is byte-identical on every run."
+            "(columns id,fact,question,answer,topic; `fact` is the group id of the fact a row "
+            "states) generated deterministically from built-in tables of true facts (country "
+            "capitals, currencies and official languages; chemical element symbols and atomic "
+            "numbers; planets; animal young, groups and sounds; book authors; inventors; "
+            "Olympic host cities), each fact asked in several phrasings. No network access; "
+            "the output is byte-identical on every run."
         ),
     )
     parser.add_argument(

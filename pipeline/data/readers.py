@@ -84,8 +84,11 @@ def read_pairs(
     fmt: str = "auto",
     skip_empty: bool = False,
     delimiter: str = "",
+    group_field: str | None = None,
 ) -> pd.DataFrame:
-    """Read a dataset into a frame with columns id, input_text, target_text (str), in file order.
+    """Read a dataset into a frame with columns id, input_text, target_text, group (str), in file
+    order. `group_field` names the column that says which rows' targets are one answer in other
+    words (e.g. the fact a row states); None or "" = each target text is its own group.
     With skip_empty, rows whose input or target is null/empty are dropped and counted in
     `df.attrs["rows_skipped_empty"]`; otherwise the first such row is an error.
 
@@ -113,8 +116,9 @@ def read_pairs(
         if path.stat().st_size == 0:
             raise DatasetError(f"{path}: empty file (0 bytes); expected a {fmt} dataset")
         roles = {}
+        group_field = group_field or None
         for field, key in ((input_field, "embed.input_field"), (target_field, "embed.target_field"),
-                           (id_field, "embed.id_field")):
+                           (id_field, "embed.id_field"), (group_field, "embed.group_field")):
             if field is not None:
                 roles.setdefault(field, key)
         fields = list(roles)
@@ -128,7 +132,7 @@ def read_pairs(
                 table = _read_jsonl(path, text, fields, roles)
             else:
                 table = _read_json(path, text, fields, roles)
-        return _build_frame(path, table, input_field, target_field, id_field, skip_empty)
+        return _build_frame(path, table, input_field, target_field, id_field, skip_empty, group_field)
     except (PipelineError, MemoryError):
         raise
     except RecursionError:
@@ -285,7 +289,7 @@ def _not_found(path: Path, directory: bool = False) -> DatasetError:
 
 def read_dataset(spec: str | os.PathLike, input_field: str, target_field: str, id_field: str | None = None,
                  fmt: str = "auto", skip_empty: bool = False, delimiter: str = "", *,
-                 allowed_root: Path | None = None) -> pd.DataFrame:
+                 allowed_root: Path | None = None, group_field: str | None = None) -> pd.DataFrame:
     """read_pairs over every file of a dataset spec (see dataset_files), concatenated in file
     order. Ids must be unique across files too; the error names both files.
 
@@ -295,7 +299,7 @@ def read_dataset(spec: str | os.PathLike, input_field: str, target_field: str, i
     files, files_skipped = dataset_listing(spec, allowed_root=allowed_root)
     frames, seen, skipped = [], {}, 0
     for f in files:
-        df = read_pairs(f, input_field, target_field, id_field, fmt, skip_empty, delimiter)
+        df = read_pairs(f, input_field, target_field, id_field, fmt, skip_empty, delimiter, group_field)
         skipped += df.attrs.get("rows_skipped_empty", 0)
         if id_field is not None:
             for i in df["id"]:
@@ -431,8 +435,13 @@ def _role(field: str, roles: dict[str, str]) -> str:
     return f" ({key})" if key else ""
 
 
+_GROUP_HINT = (" (no group column? set embed.group_field=null: each answer text is then its own group and "
+               "evaluate scores exact texts)")
+
+
 def _id_hint(field: str, roles: dict[str, str]) -> str:
-    return _ID_HINT if roles.get(field) == "embed.id_field" else ""
+    """The way out when an optional column (ids, groups) is missing."""
+    return {"embed.id_field": _ID_HINT, "embed.group_field": _GROUP_HINT}.get(roles.get(field), "")
 
 
 def _close_name(field: str, names: list[str]) -> str:
@@ -996,8 +1005,27 @@ def _check_ids(path: Path, table: _Table, field: str) -> list[str]:
     return ids
 
 
+def _check_groups(path: Path, table: _Table, field: str) -> list[str]:
+    """Group labels: like ids (text or integer, never null or empty) but shared by many rows."""
+    groups: list[str] = []
+    for i, v in enumerate(table.columns[field]):
+        if isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)
+        if v is None or not isinstance(v, str):
+            found = "null" if v is None else f"{type(v).__name__}{table.type_note.get(field, '')}"
+            raise DatasetError(f"{path}: {table.label(i)}, group field {field!r} (embed.group_field): found {found}; "
+                               "expected a string or integer naming the row's group (or set embed.group_field=null "
+                               "to score exact answer texts only)")
+        if not v.strip():
+            raise DatasetError(f"{path}: {table.label(i)}, group field {field!r} (embed.group_field): empty"
+                               f"{table.empty_note(i, field)}; expected a non-empty group label")
+        groups.append(v)
+    _check_chars(path, table, field, groups, "group field")
+    return groups
+
+
 def _build_frame(path: Path, table: _Table, input_field: str, target_field: str,
-                 id_field: str | None, skip_empty: bool = False) -> pd.DataFrame:
+                 id_field: str | None, skip_empty: bool = False, group_field: str | None = None) -> pd.DataFrame:
     skipped: set[int] | None = set() if skip_empty else None
     inputs = _check_text(path, table, input_field, skipped)
     targets = _check_text(path, table, target_field, skipped)
@@ -1006,7 +1034,9 @@ def _build_frame(path: Path, table: _Table, input_field: str, target_field: str,
     else:
         ids = [content_id(a, b) if isinstance(a, str) and isinstance(b, str) else ""
                for a, b in zip(inputs, targets)]
-    df = pd.DataFrame({"id": ids, "input_text": inputs, "target_text": targets}, dtype=object)
+    # No group column: each target text is its own group (group metrics equal exact-text ones).
+    groups = _check_groups(path, table, group_field) if group_field is not None else list(targets)
+    df = pd.DataFrame({"id": ids, "input_text": inputs, "target_text": targets, "group": groups}, dtype=object)
     if skipped:
         df = df.drop(index=sorted(skipped)).reset_index(drop=True)
     df = df.astype(str)

@@ -39,6 +39,7 @@ FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 TEXT_COLUMNS = ("id", "input_text", "target_text")
+GROUP_COLUMN = "group"  # optional on read: shards written before it existed have none
 DTYPES = ("float32", "float16")
 DEFAULT_ROWS_PER_SHARD = 262144
 _CHUNK = 1 << 20  # hash in 1 MiB chunks: shard files can be many GiB
@@ -165,8 +166,11 @@ def _write_texts(path: Path, frame: pd.DataFrame) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.table({c: pa.array([str(v) for v in frame[c]], type=pa.string())
-                      for c in TEXT_COLUMNS})
+    # The group column (which targets are one answer in other words) is optional in the frame:
+    # without it each target text is its own group.
+    groups = frame["group"] if "group" in frame.columns else frame["target_text"]
+    table = pa.table({**{c: pa.array([str(v) for v in frame[c]], type=pa.string()) for c in TEXT_COLUMNS},
+                      GROUP_COLUMN: pa.array([str(v) for v in groups], type=pa.string())})
     pq.write_table(table, path)
 
 
@@ -553,6 +557,7 @@ class SplitShard:
     ids: np.ndarray           # object array of str
     input_texts: np.ndarray   # object array of str
     target_texts: np.ndarray  # object array of str
+    groups: np.ndarray        # object array of str: rows of one group have one answer (else = target_texts)
     inputs: ShardedArray      # (count, dim); reads come back float32
     targets: ShardedArray     # (count, dim)
     dim: int
@@ -597,7 +602,8 @@ def _load_texts(path: Path, count: int) -> dict[str, np.ndarray]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path, columns=list(TEXT_COLUMNS))
+        has_group = GROUP_COLUMN in pq.read_schema(path).names
+        table = pq.read_table(path, columns=list(TEXT_COLUMNS) + ([GROUP_COLUMN] if has_group else []))
     except (pa.ArrowException, OSError) as e:
         raise ShardError(f"{path}: not a readable Parquet file with columns "
                          f"{list(TEXT_COLUMNS)} ({e})") from None
@@ -605,10 +611,11 @@ def _load_texts(path: Path, count: int) -> dict[str, np.ndarray]:
         raise ShardError(f"{path}: row count differs from the manifest: expected {count}, "
                          f"found {table.num_rows}")
     out = {}
-    for c in TEXT_COLUMNS:
+    for c in TEXT_COLUMNS + ((GROUP_COLUMN,) if has_group else ()):
         col = np.empty(count, dtype=object)
         col[:] = table.column(c).to_pylist()
         out[c] = col
+    out.setdefault(GROUP_COLUMN, out["target_text"])
     return out
 
 
@@ -666,6 +673,7 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
         ids=texts["id"],
         input_texts=texts["input_text"],
         target_texts=texts["target_text"],
+        groups=texts[GROUP_COLUMN],
         inputs=arrays["inputs"],
         targets=arrays["targets"],
         dim=dim,

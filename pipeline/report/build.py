@@ -19,6 +19,7 @@ from pipeline.report.render import render_html, render_markdown
 
 STABILITY_JSON = METRICS_DIR / "stability.json"
 REPORT_FILES = (REPORTS_DIR / "stability.md", REPORTS_DIR / "stability.html")
+EVIDENCE_JSON = REPORTS_DIR / "stability_evidence.json"  # not a DVC output: holds time and memory
 
 
 def report_params(cfg, train_metrics: Mapping, n_rows: int) -> dict:
@@ -34,16 +35,20 @@ def report_params(cfg, train_metrics: Mapping, n_rows: int) -> dict:
 
 
 def build_report(cfg, run_id: str, steps: pd.DataFrame, events: Sequence[Mapping], train_metrics: Mapping,
-                 eval_metrics: Mapping | None) -> dict:
-    """Checks, plots, reports/stability.md and .html, metrics/stability.json (each written
-    atomically). Returns the checks' result with "plots" ({name: path}) added."""
+                 eval_metrics: Mapping | None, unmeasured: str = "") -> dict:
+    """Checks, plots, reports/stability.md and .html, metrics/stability.json (the DVC metrics:
+    no time or memory figures) and reports/stability_evidence.json (every check's evidence, time
+    and memory included), each written atomically. `unmeasured`: why there are no time and
+    memory measurements of this run (pipeline/perf_files.py), said by the checks that need them.
+    Returns the checks' result with "plots" ({name: path}) added."""
     params = report_params(cfg, train_metrics, len(steps))
-    result = run_checks(steps, events, params, eval_metrics)
+    result = run_checks(steps, events, params, eval_metrics, unmeasured=unmeasured)
     plots = make_plots(steps, events, params, REPORTS_DIR / "plots", eval_metrics)
     info = {"run_id": run_id, "preset": cfg.run.preset, **train_metrics}
     write_text(REPORT_FILES[0], render_markdown(result, plots, info, eval_metrics))
     write_text(REPORT_FILES[1], render_html(result, plots, info, eval_metrics))
     write_json(STABILITY_JSON, stability_metrics(result))
+    write_json(EVIDENCE_JSON, stability_metrics(result, measured=True))
     return {**result, "plots": plots}
 
 
@@ -55,7 +60,7 @@ def log_report(result: Mapping) -> None:
     import mlflow
 
     mlflow.set_tags({"stability.verdict": result["verdict"], "stability.failed": ",".join(result["failed"]) or "none"})
-    flat = stability_metrics(result)
+    flat = stability_metrics(result, measured=True)
     tracking.log_metrics({
         "stability/stable": float(result["verdict"] == "stable"),
         **{f"stability/{name}/pass": float(c["pass"]) for name, c in result["checks"].items()},
@@ -66,6 +71,7 @@ def log_report(result: Mapping) -> None:
     for path in result["plots"].values():
         tracking.log_artifact_file(Path(path), "report/plots")
     tracking.log_artifact_file(STABILITY_JSON, "report")
+    tracking.log_artifact_file(EVIDENCE_JSON, "report")
 
 
 def verdict_line(result: Mapping) -> str:

@@ -752,17 +752,19 @@ def check_convergence(df: pd.DataFrame, p: Mapping) -> dict:
 def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
     """The trained model against its own untrained starting point (did training teach it
     anything?) and the evaluate stage's baselines (is it better than copying the input, or than
-    a linear map?), on the test split (val when there is no test split)."""
+    a linear map?), on the test split (val when there is no test split). Differences are the
+    evaluate stage's paired ones with their 95 % CIs: "beats ridge by +0.031 [0.012, 0.049]" only
+    when the interval excludes 0, else "no significant difference from ridge"."""
     if not eval_metrics:
         return _result("skip", "No evaluate metrics given.", {},
                        "Run the evaluate stage (metrics/eval.json) to enable this check.")
-    split = next((s for s in ("test", "val") if f"{s}/cosine" in eval_metrics), None)
+    split = next((s for s in ("test", "val") if f"eval/{s}/model/cosine" in eval_metrics), None)
     if split is None:
-        return _result("skip", "The evaluate metrics hold no test/cosine or val/cosine.", {},
+        return _result("skip", "The evaluate metrics hold no eval/test/model/cosine or eval/val/model/cosine.", {},
                        "Re-run the evaluate stage.")
 
-    def get(name: str, metric: str = "cosine") -> float:
-        v = eval_metrics.get(f"{split}/{metric}" if name == "model" else f"baseline/{name}/{split}/{metric}")
+    def get(who: str, metric: str = "cosine", part: str = "") -> float:
+        v = eval_metrics.get(f"eval/{split}/{who}/{metric}" + (f"/{part}" if part else ""))
         return float(v) if _finite_number(v) else float("nan")
 
     model, untrained, identity, ridge = (get(n) for n in ("model", "untrained", "identity", "ridge"))
@@ -770,10 +772,24 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
                                 "identity_cosine": identity, "ridge_cosine": ridge,
                                 "gain_vs_untrained": model - untrained, "min_gain": p["learning_min_gain"],
                                 "vs_identity": model - identity, "vs_ridge": model - ridge}
-    for metric in ("top1", "top5"):
+    for metric in ("group_top1", "group_top5", "mrr", "top1", "top5"):
         for name in ("model", "untrained", "identity", "ridge"):
             if math.isfinite(get(name, metric)):
                 evidence[f"{name}_{metric}"] = get(name, metric)
+    said = []  # the paired differences in words
+    for b in ("ridge", "identity"):
+        for metric in ("group_top1", "cosine"):
+            d = [get(f"model_vs_{b}", metric, part) for part in ("", "ci95_low", "ci95_high", "p_value")]
+            if not all(math.isfinite(x) for x in d):
+                continue
+            evidence.update({f"vs_{b}_{metric}": d[0], f"vs_{b}_{metric}_ci95_low": d[1],
+                             f"vs_{b}_{metric}_ci95_high": d[2], f"vs_{b}_{metric}_p_value": d[3]})
+            name = metric.replace("group_top1", "group top-1")
+            if d[1] > 0 or d[2] < 0:
+                said.append(f"{'beats' if d[0] > 0 else 'trails'} {b} on {name} by {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]")
+            else:
+                said.append(f"no significant difference from {b} on {name} ({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}])")
+    below_identity = evidence.get("vs_identity_cosine_ci95_high", model - identity) < 0
     against = ", ".join(f"{n} {v:.3f}" for n, v in (("untrained", untrained), ("identity", identity),
                                                       ("ridge", ridge)) if math.isfinite(v))
     summary = f"{split} cosine {model:.3f} ({against or 'no baselines'})"
@@ -790,15 +806,16 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
         summary += f": {model - untrained:+.3f} over its untrained self (needs >= +{p['learning_min_gain']:g}), it learned nothing."
         fix = ("Training did not improve the model: check the LR (too high diverges, too low does nothing), "
                "the number of epochs, and that skipped steps (nonfinite) did not eat the run.")
-    elif math.isfinite(identity) and model < identity:
+    elif math.isfinite(identity) and below_identity:
         status = "warn"
         summary += f": learned ({model - untrained:+.3f} over untrained) but below the identity baseline ({model - identity:+.3f})."
         fix = ("The model is worse than copying its input embedding: train longer (train.epochs), or widen the "
                "model (model.output_hidden, lattice size); the smoke preset is expected to stop here.")
     else:
         status = "pass"
-        vs = f", {model - ridge:+.3f} vs ridge" if math.isfinite(ridge) else ""
-        summary += f": {model - untrained:+.3f} over untrained, {model - identity:+.3f} over identity{vs}."
+        summary += f": {model - untrained:+.3f} over untrained."
+    if said:
+        summary += " The model " + "; ".join(said) + "."
     return _result(status, summary, evidence, fix)
 
 
@@ -806,15 +823,22 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
 
 
 def run_checks(steps: pd.DataFrame | None, events: Sequence[Mapping] | None, params: Mapping | None,
-               eval_metrics: Mapping | None = None) -> dict:
+               eval_metrics: Mapping | None = None, unmeasured: str = "") -> dict:
     """All checks. `checks` is ordered fail, warn, skip, pass, n/a (canonical order within a
-    status); `failed` lists the failed check names in canonical order."""
+    status); `failed` lists the failed check names in canonical order. `unmeasured`: why this
+    run has no time and memory measurements; the checks of MEASURED_CHECKS are then skipped
+    and say so, instead of judging columns that are not there."""
     p = resolve_params(params)
     df = prepare_steps(steps)
     events = list(events) if events is not None else None
+    if unmeasured:
+        memory = step_time = _result("skip", f"No time or memory measurements of this run: {unmeasured}.",
+                                     {}, REMEASURE)
+    else:
+        memory, step_time = check_memory_growth(df, p), check_step_time(df, p)
     checks = {
-        "memory_growth": check_memory_growth(df, p),
-        "step_time_degradation": check_step_time(df, p),
+        "memory_growth": memory,
+        "step_time_degradation": step_time,
         "nonfinite": check_nonfinite(df, events, p),
         "grad_norm": check_grad_norm(df, p),
         "loss_spikes": check_loss_spikes(df, events, p),
@@ -827,9 +851,20 @@ def run_checks(steps: pd.DataFrame | None, events: Sequence[Mapping] | None, par
     return {"verdict": "unstable" if failed else "stable", "checks": ordered, "failed": failed}
 
 
-def stability_metrics(result: Mapping) -> dict:
-    """The DVC metrics file: verdict plus, per check, pass/status and its numeric evidence
-    (bools kept; non-finite floats become None so the JSON stays strict)."""
+# What to do when a run's time and memory were not measured or belong to another run.
+REMEASURE = "To measure this run, train it again: `dvc repro --force --single-item train`, then `dvc repro`."
+
+# Evidence measured from time and memory differs on every run, so it stays out of the DVC metrics
+# file (two identical runs must give identical hashes); the report and MLflow show it.
+MEASURED_CHECKS = frozenset({"memory_growth", "step_time_degradation"})
+MEASURED_EVIDENCE = ("_mb", "_ms", "samples_per_s", "seconds")
+
+
+def stability_metrics(result: Mapping, measured: bool = False) -> dict:
+    """Verdict plus, per check, pass/status and its numeric evidence (bools kept; non-finite
+    floats become None so the JSON stays strict). Without `measured` (the DVC metrics file) the
+    evidence that is a measurement of time or memory (MEASURED_CHECKS, MEASURED_EVIDENCE) is
+    left out; with it (MLflow, reports/stability_evidence.json) everything is in."""
     out: dict[str, Any] = {"verdict": result["verdict"]}
     names = [n for n in CHECK_ORDER if n in result["checks"]]
     names += [n for n in result["checks"] if n not in names]
@@ -837,6 +872,8 @@ def stability_metrics(result: Mapping) -> dict:
         check = result["checks"][name]
         m: dict[str, Any] = {"pass": bool(check["pass"]), "status": check["status"]}
         for key, value in check["evidence"].items():
+            if not measured and (name in MEASURED_CHECKS or any(part in key for part in MEASURED_EVIDENCE)):
+                continue
             value = _py(value)
             if isinstance(value, bool) or isinstance(value, int):
                 m[key] = value

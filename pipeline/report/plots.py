@@ -193,31 +193,42 @@ def plot_scaler(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
 
 
 def plot_learning(eval_metrics: Mapping | None, p: Mapping) -> Figure | None:
-    """Test (else val) cosine and top-1 of the trained model beside its baselines: bars, because
-    the question is "which is higher", not a trend."""
+    """Test (else val) group top-1, MRR and cosine of the trained model beside its baselines:
+    bars with their 95 % CIs as whiskers, because the question is "which is higher, and is the
+    gap more than the noise", not a trend."""
     if not eval_metrics:
         return None
-    split = next((s for s in ("test", "val") if f"{s}/cosine" in eval_metrics), None)
+    split = next((s for s in ("test", "val") if f"eval/{s}/model/cosine" in eval_metrics), None)
     if split is None:
         return None
     names = ("model", "untrained", "identity", "ridge")
     colours = ("#1f77b4", "#9e9e9e", "#bcbd22", "#2ca02c")
-    metrics = [m for m in ("cosine", "top1", "top5") if f"{split}/{m}" in eval_metrics]
-    fig, ax = _figure(f"Learning: trained model vs baselines ({split} split)", "score (higher is better)")
+    metrics = [m for m in ("group_top1", "group_top5", "mrr", "cosine", "top1")
+               if f"eval/{split}/model/{m}" in eval_metrics]
+    fig, ax = _figure(f"Learning: trained model vs baselines ({split} split, 95 % CIs)", "score (higher is better)")
     ax.set_xlabel("")
     width = 0.8 / len(names)
+
+    def num(key: str) -> float | None:
+        v = eval_metrics.get(key)
+        return float(v) if isinstance(v, (int, float)) and np.isfinite(v) else None
+
     for i, (name, colour) in enumerate(zip(names, colours)):
-        keys = [f"{split}/{m}" if name == "model" else f"baseline/{name}/{split}/{m}" for m in metrics]
-        vals = [eval_metrics.get(k) for k in keys]
+        vals = [num(f"eval/{split}/{name}/{m}") for m in metrics]
+        lows = [num(f"eval/{split}/{name}/{m}/ci95_low") for m in metrics]
+        highs = [num(f"eval/{split}/{name}/{m}/ci95_high") for m in metrics]
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(metrics))]
-        ys = [float(v) if isinstance(v, (int, float)) and np.isfinite(v) else 0.0 for v in vals]
-        bars = ax.bar(xs, ys, width=width * 0.95, color=colour, label=name)
+        ys = [v if v is not None else 0.0 for v in vals]
+        err = [[max(0.0, y - lo) if lo is not None else 0.0 for y, lo in zip(ys, lows)],
+               [max(0.0, hi - y) if hi is not None else 0.0 for y, hi in zip(ys, highs)]]
+        bars = ax.bar(xs, ys, width=width * 0.95, color=colour, label=name, yerr=err, capsize=2,
+                      error_kw={"elinewidth": 0.8})
         for bar, v in zip(bars, vals):
-            if isinstance(v, (int, float)) and np.isfinite(v):
+            if v is not None:
                 ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                            va="bottom", fontsize=7)
-    ax.set_xticks(range(len(metrics)), metrics)
-    finite = [float(v) for v in eval_metrics.values() if isinstance(v, (int, float)) and np.isfinite(v)]
+                            va="bottom", fontsize=7, xytext=(0, 4), textcoords="offset points")
+    ax.set_xticks(range(len(metrics)), [m.replace("group_top", "group top-").replace("top1", "top-1") for m in metrics])
+    finite = [v for m in metrics for n in names if (v := num(f"eval/{split}/{n}/{m}")) is not None]
     lower = min([0.0] + [v - 0.05 for v in finite if v < 0])
     ax.set_ylim(lower, 1.3)  # headroom: the legend sits above bars that reach 1.0
     ax.set_yticks(np.arange(np.floor(lower * 5) / 5, 1.01, 0.2))  # scores live in [-1, 1]: no tick above 1

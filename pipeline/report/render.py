@@ -25,9 +25,9 @@ CHECK_PLOTS = {
     "convergence": "adaptive_steps",
     "learning": "learning",
 }
-EVAL_METRICS = ("cosine", "mse", "top1", "top5")
+EVAL_METRICS = ("group_top1", "group_top5", "mrr", "cosine", "mse", "top1", "top5")
 EVAL_SPLITS = ("test", "val")
-EVAL_MODELS = ("model", "identity", "ridge")
+EVAL_MODELS = ("model", "identity", "ridge")  # then the others found (untrained)
 STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#b26a00", "fail": "#c62828", "skip": "#616161", "n/a": "#607d8b"}
 
 # Units of evidence values and metrics, by key (the part after the last "/"): (pattern, unit,
@@ -58,6 +58,7 @@ _UNITS: tuple[tuple[str, str, float], ...] = (
     ("vs_", "(cosine)", 1.0),
     ("top1", "%", 100.0),
     ("top5", "%", 100.0),
+    ("mrr", "(mean reciprocal rank)", 1.0),
     ("rows", "logged rows", 1.0),
 )
 _STEP_NUMBER = ("_step", "first_step", "last_step")  # a step number: "step 15"
@@ -154,27 +155,28 @@ def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
 
 
 def eval_table(eval_metrics: Mapping) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: rows = metric, columns = split x model ('test model', 'test ridge', ...).
+    """Header and rows: rows = metric, columns = split x predictor ('test model', 'test ridge',
+    ...); a cell is the value and its 95 % CI, "0.832 [0.80, 0.86]".
 
-    Keys: `split/metric` is the trained model, `baseline/<name>/split/metric` a baseline. Only
-    columns and rows that hold at least one number are kept."""
-    cells: dict[tuple[str, str, str], float] = {}
-    for key, value in _flatten(eval_metrics).items():
+    Keys (the evaluate stage's): `eval/<split>/<predictor>/<metric>`, its CI ends under
+    `.../ci95_low` and `.../ci95_high`. Only columns and rows that hold a number are kept."""
+    cells: dict[tuple[str, str, str], str] = {}
+    flat = _flatten(eval_metrics)
+    for key, value in flat.items():
         parts = key.split("/")
-        if len(parts) == 2:
-            model, (split, metric) = "model", parts
-        elif len(parts) == 4 and parts[0] == "baseline":
-            model, split, metric = parts[1:]
-        else:
+        if len(parts) != 4 or parts[0] != "eval" or parts[2].startswith("model_vs_"):
             continue
+        _, split, model, metric = parts
         if split in EVAL_SPLITS and isinstance(value, (int, float)) and not isinstance(value, bool):
-            cells[(split, model, metric)] = float(value)
+            low, high = flat.get(f"{key}/ci95_low"), flat.get(f"{key}/ci95_high")
+            ci = f" [{fmt(low)}, {fmt(high)}]" if isinstance(low, (int, float)) and isinstance(high, (int, float)) else ""
+            cells[(split, model, metric)] = fmt(float(value)) + ci
     models = [m for m in EVAL_MODELS] + sorted({m for _, m, _ in cells} - set(EVAL_MODELS))
     metrics = [m for m in EVAL_METRICS] + sorted({m for _, _, m in cells} - set(EVAL_METRICS))
     cols = [(s, m) for s in EVAL_SPLITS for m in models if any(k[:2] == (s, m) for k in cells)]
     metrics = [m for m in metrics if any((s, mo, m) in cells for s, mo in cols)]
     header = ["metric"] + [f"{s} {m}" for s, m in cols]
-    rows = [[m] + [fmt(cells[(s, mo, m)]) if (s, mo, m) in cells else "—" for s, mo in cols] for m in metrics]
+    rows = [[m] + [cells.get((s, mo, m), "—") for s, mo in cols] for m in metrics]
     return header, rows
 
 
