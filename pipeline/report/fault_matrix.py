@@ -32,20 +32,26 @@ from pipeline.paths import REPO_ROOT, REPORTS_DIR
 class Case:
     preset: str
     fault: str
-    # Exactly these checks must fail (None: only the verdict is asserted).
+    # Exactly these checks must fail (None: only the verdict is asserted), apart from may_fail.
     fails: tuple[str, ...] | None
     verdict: str
-    # (description, predicate on metrics/stability.json): the evidence points at the fault.
+    # (description, predicate on reports/stability_evidence.json): the evidence points at the fault.
     evidence: tuple[tuple[str, Callable[[dict], bool]], ...] = field(default=())
     overrides: tuple[str, ...] = ()  # more `-S key=value` for dvc exp run
     diverges: bool = False  # the train stage must stop (TrainingDiverged) and still write the report
     label: str = ""  # tells apart two cases of one preset and fault
+    # Checks that may fail as well, as consequences of the fault rather than its signature (a x100
+    # learning rate wrecks the model, so the learning check may fail after the loss spike).
+    may_fail: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return f"{self.preset}:{self.fault}" + (f":{self.label}" if self.label else "")
 
 
+# The report's full evidence, time and memory included (metrics/stability.json leaves those out:
+# it is a DVC metric and must be the same bits on every run).
+EVIDENCE = "reports/stability_evidence.json"
 FAULT_STEP = 15  # conf/fault/*.yaml
 LEAK_MB = 8.0  # conf/fault/leak.yaml
 
@@ -70,12 +76,15 @@ CASES: tuple[Case, ...] = (
         ("loss_spikes.max_ratio >= fail factor",
          lambda m: m["loss_spikes"]["max_ratio"] >= m["loss_spikes"]["fail_factor"]),
     )),
-    # The LR is x100 for steps 15-19; the loss jumps on the steps after the first bad update.
+    # The LR is x100 for steps 15-19; the loss jumps on the steps after the first bad update. The
+    # updates of those steps can also trip grad_norm and leave a model worse than the baselines
+    # (learning): consequences, allowed but not required.
     Case("smoke", "lr_spike", ("loss_spikes",), "unstable", (
         (f"{FAULT_STEP} < loss_spikes.first_step <= {FAULT_STEP + 6}",
          lambda m: FAULT_STEP < m["loss_spikes"]["first_step"] <= FAULT_STEP + 6),
-        ("loss_spikes.unrecovered >= 1", lambda m: m["loss_spikes"]["unrecovered"] >= 1),
-    )),
+        ("loss_spikes.max_ratio >= fail factor",
+         lambda m: m["loss_spikes"]["max_ratio"] >= m["loss_spikes"]["fail_factor"]),
+    ), may_fail=("grad_norm", "learning")),
     Case("smoke", "leak", ("memory_growth",), "unstable", (
         (f"memory slope within 25 % of {LEAK_MB:g} MB per step",
          lambda m: _near(m["memory_growth"]["slope_mb_per_1k_steps"], 1000 * LEAK_MB, 0.25)),
@@ -130,7 +139,7 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
     problems found against the expectation, and (with out_dir) its report files copied out."""
     t0 = time.perf_counter()
     sets = [f"preset={case.preset}", f"fault={case.fault}", *case.overrides]
-    for stale in ("metrics/stability.json", "reports/stability.md", "reports/stability.html"):
+    for stale in ("metrics/stability.json", EVIDENCE, "reports/stability.md", "reports/stability.html"):
         (project / stale).unlink(missing_ok=True)  # a failed run must not be judged on the last one's report
     proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", *(a for s in sets for a in ("-S", s))],
                           cwd=project, env=clean_env(), capture_output=True, text=True, timeout=timeout)
@@ -142,14 +151,15 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
             problems.append(f"expected the train stage to stop as diverged (exit {proc.returncode})")
     elif proc.returncode != 0:
         problems.append(f"dvc exp run failed ({proc.returncode})")
-    if not (project / "metrics/stability.json").is_file():
+    if not (project / EVIDENCE).is_file():
         return {"case": case.name, "seconds": seconds, "problems": problems + ["no report written"], "log": log}
-    metrics = json.loads((project / "metrics/stability.json").read_text())
+    metrics = json.loads((project / EVIDENCE).read_text())
     failed = [name for name, c in metrics.items() if isinstance(c, dict) and c.get("status") == "fail"]
     if metrics["verdict"] != case.verdict:
         problems.append(f"verdict {metrics['verdict']}, expected {case.verdict}")
-    if case.fails is not None and sorted(failed) != sorted(case.fails):
-        problems.append(f"failed {failed or 'none'}, expected {list(case.fails) or 'none'}")
+    if case.fails is not None and sorted(set(failed) - set(case.may_fail)) != sorted(case.fails):
+        allowed = f" (and may fail {list(case.may_fail)})" if case.may_fail else ""
+        problems.append(f"failed {failed or 'none'}, expected {list(case.fails) or 'none'}{allowed}")
     for what, ok in case.evidence:
         try:
             good = bool(ok(metrics))
@@ -160,7 +170,7 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
     if out_dir is not None:
         dest = out_dir / case.name.replace(":", "-")
         dest.mkdir(parents=True, exist_ok=True)
-        for rel in ("reports/stability.md", "reports/stability.html", "metrics/stability.json"):
+        for rel in ("reports/stability.md", "reports/stability.html", "metrics/stability.json", EVIDENCE):
             shutil.copy2(project / rel, dest / Path(rel).name)
     verdict_line = next((line for line in (project / "reports/stability.md").read_text().splitlines()
                          if line.startswith("**Verdict")), "")
