@@ -43,12 +43,12 @@ def manifest_digest(manifest: dict) -> str:
 
 
 def settings_digest(cfg, data_digest: str) -> str:
-    """Every setting the train stage reads (the neutral ones too: threads or logging change the
-    time a step takes) and the data. Written beside a run's time and memory
-    (telemetry/train_perf.json), so the report can tell when they belong to another run: DVC
+    """The train stage's DVC params (every setting it reads but the labels, the neutral ones too:
+    threads or logging change the time a step takes) and the data. Written beside a run's time
+    and memory (telemetry/train_perf.json), so the report can tell when they belong to another run: DVC
     restores a cached train stage's outputs without running it, and leaves the last real run's
     measurements in place."""
-    doc = {"run": {k: OmegaConf.select(cfg, f"run.{k}") for k in ("preset", "seed", "experiment")},
+    doc = {"run": {"seed": OmegaConf.select(cfg, "run.seed")},  # (preset and experiment only label the run)
            **{k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "train", "fault")},
            "data": data_digest}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -117,6 +117,22 @@ def test_second_repro_reruns_only_the_report_and_changes_no_output(project):
     assert "always changed" in status and not [s for s in ("embed:", "train:", "evaluate:") if s in status], status
 
 
+def test_renaming_the_mlflow_experiment_reruns_no_stage(project):
+    """run.experiment only labels the MLflow runs: no stage lists it as a DVC param, so renaming
+    it leaves embed, train and evaluate up to date (the report is always re-run anyway)."""
+    root, env, _ = project
+    params = root / "params.yaml"
+    original = params.read_bytes()
+    try:
+        text = original.decode()
+        assert "experiment: energy-flow" in text
+        params.write_text(text.replace("experiment: energy-flow", "experiment: renamed-by-a-user"))
+        status = sh([sys.executable, "-m", "dvc", "status"], root, env)
+        assert not [s for s in ("embed:", "train:", "evaluate:") if s in status], status
+    finally:
+        params.write_bytes(original)
+
+
 def test_report_judges_time_and_memory_only_when_measured_under_its_own_settings(project):
     """The train stage labels telemetry/train_perf.json with its settings' digest. The report of
     the run that made it judges memory and step time; handed another run's file (as after DVC

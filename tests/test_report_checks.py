@@ -138,6 +138,24 @@ def test_step_time_doubling_fails():
     assert result["failed"] == ["step_time_degradation"]
 
 
+def test_step_time_rise_that_more_flow_steps_explain_warns_and_says_so():
+    """After a bad update the model can take more adaptive flow steps per training step: its steps
+    take longer with nothing wrong in the loop (measured: 3 -> 5 flow steps, 1.72x step time)."""
+    df = clean_run()
+    df["flow/steps_used"] = np.where(df["step"] > 250, 5, 3)
+    df["perf/step_ms"] = np.where(df["step"] > 250, 1.7, 1.0) * df["perf/step_ms"]
+    check = run_checks(df, [], PARAMS)["checks"]["step_time_degradation"]
+    assert check["status"] == "warn" and check["pass"] is True
+    assert check["evidence"]["flow_steps_ratio"] == pytest.approx(5 / 3)
+    assert "1.67x the flow steps" in check["summary"] and "convergence" in check["fix"]
+    # The same rise with flat flow steps is degradation; so is one far beyond what they explain.
+    df["flow/steps_used"] = 4
+    assert run_checks(df, [], PARAMS)["checks"]["step_time_degradation"]["status"] == "fail"
+    df["flow/steps_used"] = np.where(df["step"] > 250, 5, 3)
+    df["perf/step_ms"] = np.where(df["step"] > 250, 3.0, 1.0) * df["perf/step_ms"]
+    assert run_checks(df, [], PARAMS)["checks"]["step_time_degradation"]["status"] == "fail"
+
+
 def test_step_time_slow_warmup_is_not_degradation():
     df = clean_run()
     df.loc[df["step"] <= 10, "perf/step_ms"] = 900  # compile / autotune on the first steps

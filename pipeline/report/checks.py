@@ -307,7 +307,31 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
         f"Steady-state median step time {steady_ms:.1f} ms is {ratio:.2f}x the early median "
         f"{early_ms:.1f} ms (limit {p['step_time_max_ratio']:g}x); Spearman rho={rho:.2f} (p={rho_p:.2g})."
     )
+    # Adaptive flow steps: a model that takes more flow steps per training step does more work per
+    # step, and its steps take longer without anything being wrong with the machine or the loop
+    # (after fault=lr_spike's x100 updates the smoke model went from 3 to 5 flow steps and its step
+    # time rose 1.72x). A rise the flow steps account for is a warning that says so, not a failure.
+    flow_ratio = _flow_steps_ratio(df, early, steady)
+    if flow_ratio is not None:
+        evidence["flow_steps_ratio"] = flow_ratio
+        if status == "fail" and ratio <= p["step_time_max_ratio"] * flow_ratio:
+            status = "warn"
+            summary += (f" The model takes {flow_ratio:.2f}x the flow steps per training step it took early "
+                        "(flow/steps_used), which accounts for it: more work per step, not a slower loop.")
+            fix = ("More flow steps per step: see the convergence check (flows that arrive later, or not at "
+                   "all, after a bad update or a too-high learning rate).")
     return _result(status, summary, evidence, fix)
+
+
+def _flow_steps_ratio(df: pd.DataFrame, early: pd.DataFrame, steady: pd.DataFrame) -> float | None:
+    """Median flow steps per training step over the steady rows, over the early rows' (the
+    split's steps, read from df); None when not logged."""
+    if "flow/steps_used" not in df.columns:
+        return None
+    used = pd.to_numeric(df.set_index("step")["flow/steps_used"], errors="coerce")
+    used = used[~used.index.duplicated(keep="last")]
+    a, b = used.reindex(early["step"]).median(), used.reindex(steady["step"]).median()
+    return float(b / a) if np.isfinite(a) and np.isfinite(b) and a > 0 else None
 
 
 # ---------------------------------------------------------------- nonfinite
