@@ -69,11 +69,7 @@ def test_each_fact_is_one_topic_and_has_several_answers(rows):
 
 def test_answer_text_belongs_to_one_fact(rows):
     """Group-aware retrieval needs it: an answer text found in the bank names one group."""
-    facts = defaultdict(set)
-    for r in rows:
-        facts[r["answer"]].add(r["fact"])
-    shared = {a: f for a, f in facts.items() if len(f) > 1}
-    assert not shared
+    assert not _with_several(rows, "answer", "fact")
 
 
 def _subject(fact_rows: list[dict]) -> str:
@@ -159,11 +155,15 @@ def test_no_duplicate_pairs(rows):
 
 
 def test_each_question_has_one_answer(rows):
-    answers = defaultdict(set)
+    assert not _with_several(rows, "question", "answer")
+
+
+def _with_several(rows, key: str, value: str) -> dict:
+    """Each `key` text that rows pair with more than one `value`, with those values."""
+    seen = defaultdict(set)
     for r in rows:
-        answers[r["question"]].add(r["answer"])
-    conflicting = {q: a for q, a in answers.items() if len(a) > 1}
-    assert not conflicting
+        seen[r[key]].add(r[value])
+    return {k: v for k, v in seen.items() if len(v) > 1}
 
 
 def test_every_topic_has_several_question_phrasings(rows):
