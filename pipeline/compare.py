@@ -65,7 +65,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import PipelineError
-from .eval_stats import CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, p_value, resample_means
+from .eval_stats import CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, intervals, p_value, resample_means
 from .paths import REPO_ROOT
 
 ITEMS_PATH = "reports/eval_items.parquet"      # in the repository (a DVC output of evaluate)
@@ -290,8 +290,7 @@ def compare(a: Source, b: Source, resamples: int = DEFAULT_RESAMPLES, seed: int 
     columns = [ma[m] for m in METRICS] + [mb[m] for m in METRICS] + [mb[m] - ma[m] for m in METRICS]
     values = np.stack(columns, axis=1)
     means = resample_means(values, resamples, seed)  # one set of resamples: A, B and B - A all paired
-    tail = (1 - CONFIDENCE) / 2 * 100
-    lows, highs = np.percentile(means, [tail, 100 - tail], axis=0)
+    lows, highs = intervals(means)
     k = len(METRICS)
     metrics = {}
     for i, m in enumerate(METRICS):

@@ -1,7 +1,7 @@
 """Paired bootstrap over test items: 95 % confidence intervals of a mean, and of the difference
 between two predictors scored on the same items, with a two-sided p-value.
 
-Why paired: two models scored on the same 470 items share the items' difficulty. Resampling the
+Why paired: two models scored on the same test items share the items' difficulty. Resampling the
 items once and taking both means on the same resample keeps that pairing, so the interval of the
 difference is far narrower than two separate intervals would suggest (on the shipped data the
 per-item top-1 outcomes of two predictors agree on most items).
@@ -63,9 +63,15 @@ def resample_means(values: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed:
     return out
 
 
-def _interval(samples: np.ndarray) -> tuple[float, float]:
+def intervals(means: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile 95 % interval of each column of resampled means (resamples, columns): (lows, highs)."""
     tail = (1 - CONFIDENCE) / 2 * 100
-    low, high = np.percentile(samples, [tail, 100 - tail])
+    lows, highs = np.percentile(means, [tail, 100 - tail], axis=0)
+    return lows, highs
+
+
+def _interval(samples: np.ndarray) -> tuple[float, float]:
+    low, high = intervals(samples)
     return float(low), float(high)
 
 
@@ -77,8 +83,7 @@ def mean_ci(values: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 
 
 def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = DEFAULT_RESAMPLES,
                       seed: int = DEFAULT_SEED) -> Estimate:
-    """mean(a) - mean(b) over the same items, its 95 % CI and a two-sided bootstrap p-value (twice
-    the share of resampled differences on the far side of 0, with the usual +1 so it is never 0)."""
+    """mean(a) - mean(b) over the same items, its 95 % CI and its p-value (`p_value`)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
         raise ValueError(f"paired values need the same items: shapes {a.shape} and {b.shape}")

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .data.loader import BatchLoader
-from .eval_stats import CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate, p_value, resample_means
+from .eval_stats import DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate, intervals, p_value, resample_means
 
 PREDICTORS = ("model", "identity", "ridge", "untrained")
 BASELINES = PREDICTORS[1:]
@@ -145,8 +145,7 @@ def summarise(split: str, per_item: dict[str, dict[str, np.ndarray]], resamples:
             names.append((f"model_vs_{b}", m))
     values = np.stack(columns, axis=1)
     means = resample_means(values, resamples, seed)
-    tail = (1 - CONFIDENCE) / 2 * 100
-    lows, highs = np.percentile(means, [tail, 100 - tail], axis=0)
+    lows, highs = intervals(means)
     flat, estimates = {}, {}
     for j, (who, m) in enumerate(names):
         p = p_value(values[:, j], means[:, j]) if who.startswith("model_vs_") else None
