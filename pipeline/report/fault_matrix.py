@@ -53,6 +53,14 @@ class Case:
 # it is a DVC metric and must be the same bits on every run).
 EVIDENCE = "reports/stability_evidence.json"
 FAULT_STEP = 15  # conf/fault/*.yaml
+# Judgements of wall-clock time, which the machine's load can decide: a smoke step takes ~8 ms,
+# and on a shared 2-core machine a neighbour busy during the run's second half is enough to lift
+# the steady/early median above step_time_max_ratio (1.5). CI saw that on a loss_spike run whose
+# ratio is 1.05 on an idle machine. The matrix proves diagnoses, not the machine's quiet: such a
+# check failing where its case does not expect it is reported under "noise", not as a problem.
+# The check itself is tested on synthetic telemetry (tests/test_report_checks.py); real step
+# time is measured by the benchmarks (bench/trainer.py), against a reference probe.
+WALL_CLOCK_CHECKS = ("step_time_degradation",)
 LEAK_MB = 8.0  # conf/fault/leak.yaml
 
 
@@ -134,6 +142,30 @@ def clean_env() -> dict[str, str]:
     return env
 
 
+def judge(case: Case, evidence: dict) -> tuple[str, list[str], list[str], list[str]]:
+    """(verdict, failed checks, noise, problems) of one run's report evidence against its case:
+    a wall-clock check failing where the case does not expect it is noise, left out of the
+    verdict and the failed list."""
+    reported = [name for name, c in evidence.items() if isinstance(c, dict) and c.get("status") == "fail"]
+    noise = [n for n in reported if n in WALL_CLOCK_CHECKS and n not in (case.fails or ())]
+    failed = [n for n in reported if n not in noise]
+    verdict = "unstable" if failed else ("stable" if noise else evidence["verdict"])
+    problems = []
+    if verdict != case.verdict:
+        problems.append(f"verdict {verdict}, expected {case.verdict}")
+    if case.fails is not None and sorted(set(failed) - set(case.may_fail)) != sorted(case.fails):
+        allowed = f" (and may fail {list(case.may_fail)})" if case.may_fail else ""
+        problems.append(f"failed {failed or 'none'}, expected {list(case.fails) or 'none'}{allowed}")
+    for what, ok in case.evidence:
+        try:
+            good = bool(ok(evidence))
+        except (KeyError, TypeError) as e:
+            good, what = False, f"{what} (missing: {e})"
+        if not good:
+            problems.append(f"evidence: {what}")
+    return verdict, failed, noise, problems
+
+
 def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: int = 900) -> dict:
     """`dvc exp run -S preset=.. -S fault=..` in the copy; the run's stability metrics, the
     problems found against the expectation, and (with out_dir) its report files copied out."""
@@ -154,19 +186,8 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
     if not (project / EVIDENCE).is_file():
         return {"case": case.name, "seconds": seconds, "problems": problems + ["no report written"], "log": log}
     metrics = json.loads((project / EVIDENCE).read_text())
-    failed = [name for name, c in metrics.items() if isinstance(c, dict) and c.get("status") == "fail"]
-    if metrics["verdict"] != case.verdict:
-        problems.append(f"verdict {metrics['verdict']}, expected {case.verdict}")
-    if case.fails is not None and sorted(set(failed) - set(case.may_fail)) != sorted(case.fails):
-        allowed = f" (and may fail {list(case.may_fail)})" if case.may_fail else ""
-        problems.append(f"failed {failed or 'none'}, expected {list(case.fails) or 'none'}{allowed}")
-    for what, ok in case.evidence:
-        try:
-            good = bool(ok(metrics))
-        except (KeyError, TypeError) as e:
-            good, what = False, f"{what} (missing: {e})"
-        if not good:
-            problems.append(f"evidence: {what}")
+    verdict, failed, noise, found = judge(case, metrics)
+    problems += found
     if out_dir is not None:
         dest = out_dir / case.name.replace(":", "-")
         dest.mkdir(parents=True, exist_ok=True)
@@ -174,7 +195,7 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
             shutil.copy2(project / rel, dest / Path(rel).name)
     verdict_line = next((line for line in (project / "reports/stability.md").read_text().splitlines()
                          if line.startswith("**Verdict")), "")
-    return {"case": case.name, "seconds": seconds, "verdict": metrics["verdict"], "failed": failed,
+    return {"case": case.name, "seconds": seconds, "verdict": verdict, "failed": failed, "noise": noise,
             "expected_fails": None if case.fails is None else list(case.fails), "verdict_line": verdict_line,
             "problems": problems, "metrics": metrics, "log": log if problems else ""}
 
@@ -187,7 +208,9 @@ def run_matrix(project: Path, cases: Sequence[Case] = CASES, out_dir: Path | Non
         results.append(res)
         if echo:
             status = "ok  " if not res["problems"] else "FAIL"
-            echo(f"{status} {case.name:<22} {res['seconds']:5.0f} s  {res.get('verdict_line', '')}"
+            noise = (f"\n       ~ failed {', '.join(res['noise'])} on this machine's timing (not judged)"
+                     if res.get("noise") else "")
+            echo(f"{status} {case.name:<22} {res['seconds']:5.0f} s  {res.get('verdict_line', '')}" + noise
                  + "".join(f"\n       ! {p}" for p in res["problems"]))
     return results
 
