@@ -6,8 +6,8 @@ lines go to stderr.
   a plain `SentenceTransformer.encode(texts)` (its defaults: batch_size 32), same bundled teacher,
   same distinct texts (questions and answers of data/raw/qa_pairs.csv, a seeded sample), same
   process. Our path is the embed stage's per-shard path, embed_rows -> encode_texts, called as
-  pipeline.embedding.embed_texts_once(encode, questions, answers, cache=None) with encode =
-  pipeline.teacher.encode_texts at embed.batch_size (the config's default). It is handed the rows (questions, answers) and embeds their distinct union
+  pipeline.embed.embedding.embed_texts_once(encode, questions, answers, cache=None) with encode =
+  pipeline.embed.teacher.encode_texts at embed.batch_size (the config's default). It is handed the rows (questions, answers) and embeds their distinct union
   once; sentence-transformers is handed that same union, so both do the same encoding work and
   dedup is not counted in the figure (the rows hold 2 x embed_rows texts, embed_distinct_texts of
   them distinct: that is what dedup would add).
@@ -16,7 +16,7 @@ lines go to stderr.
   embed_max_abs_diff (goal <= 2e-7): the largest |difference| between the two arms' vectors for
   the same texts (batch size changes padding and BLAS blocking, never the result beyond that).
 - incremental_fraction (goal <= 0.05): through the content-addressed cache
-  (pipeline.embed_cache.EmbeddingCache / embed_distinct) in a fresh temporary directory, the time
+  (pipeline.embed.cache.EmbeddingCache / embed_distinct) in a fresh temporary directory, the time
   to embed the texts plus 1 % new ones with the warm cache (a new EmbeddingCache object, which
   reads the index from disk as a re-run would; only the new texts are encoded) over the time to
   embed the texts into the empty cache (the warm run repeated on fresh copies of the cache, its
@@ -37,7 +37,7 @@ lines go to stderr.
   a reading taken after every batch. File-backed pages of the memory map (RssFile) are
   page cache the kernel can drop; they are reported for context, not counted.
 - data_wait_fraction (goal <= 0.02): sum(perf/data_ms) / sum(perf/step_ms) over the telemetry rows
-  of one epoch of pipeline.training.Trainer on the `default` preset (train.epochs=1,
+  of one epoch of pipeline.train.loop.Trainer on the `default` preset (train.epochs=1,
   train.checkpoint_every=0), on the train split of data/shards when it opens (else synthetic
   (2000, 384) arrays), its first --wait-rows rows.
 
@@ -63,7 +63,7 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline.paths import REPO_ROOT
+from pipeline.core.paths import REPO_ROOT
 
 GOALS = {"embed_speedup_vs_sentence_transformers": 1.0, "embed_max_abs_diff": 2e-7,
          "incremental_fraction": 0.05, "loader_rss_growth_mb": 64.0, "data_wait_fraction": 0.02}
@@ -98,8 +98,8 @@ def sample_texts(n_distinct: int, new_fraction: float = 0.01, seed: int = 0):
     union) (at least 1) distinct texts of the rows that follow, none in the union."""
     import pandas as pd
 
-    from pipeline.config import EmbedConfig
-    from pipeline.paths import repo_path
+    from pipeline.core.config import EmbedConfig
+    from pipeline.core.paths import repo_path
 
     df = pd.read_csv(repo_path(EmbedConfig().dataset))
     order = np.random.default_rng(seed).permutation(len(df))
@@ -132,8 +132,8 @@ def sample_texts(n_distinct: int, new_fraction: float = 0.01, seed: int = 0):
 # ---------------------------------------------------------------------------- embedding
 def embed_speed(model, batch_size: int, questions, answers, distinct, rounds: int) -> dict:
     """ABBA rounds of our path and sentence-transformers' defaults on the same distinct texts."""
-    from pipeline.embedding import embed_texts_once
-    from pipeline.teacher import encode_texts
+    from pipeline.embed.embedding import embed_texts_once
+    from pipeline.embed.teacher import encode_texts
 
     encode = lambda t: encode_texts(model, t, batch_size, progress=False)  # noqa: E731
     index = {t: i for i, t in enumerate(distinct)}
@@ -182,8 +182,8 @@ def incremental(model, identity: dict, batch_size: int, distinct, new, scratch: 
     the timed span); the figure uses the median of those. The re-run is short (~0.5 s) and one
     burst of another process's work can double it; the full embed is long enough to average
     such bursts out."""
-    from pipeline.embed_cache import EmbeddingCache, embed_distinct
-    from pipeline.teacher import encode_texts
+    from pipeline.embed.cache import EmbeddingCache, embed_distinct
+    from pipeline.embed.teacher import encode_texts
 
     encoded, encode_s = [0], [0.0]
 
@@ -357,10 +357,10 @@ def data_wait(rows: int) -> dict:
     """One epoch of the default preset's Trainer over the first `rows` train rows."""
     import torch
 
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.data.shards import open_split
-    from pipeline.errors import PipelineError, ShardError
-    from pipeline.training import Trainer
+    from pipeline.core.errors import PipelineError, ShardError
+    from pipeline.train.loop import Trainer
 
     try:
         split = open_split(REPO_ROOT / "data/shards", "train", verify=False)
@@ -440,8 +440,8 @@ def main(argv=None) -> dict:
 
     def teacher():
         if not model:
-            from pipeline.config import EmbedConfig
-            from pipeline.teacher import load_teacher, teacher_identity
+            from pipeline.core.config import EmbedConfig
+            from pipeline.embed.teacher import load_teacher, teacher_identity
 
             model["m"] = load_teacher("bundled")
             model["id"] = teacher_identity("bundled", model["m"])

@@ -24,9 +24,9 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipeline.config import load_config
+from pipeline.core.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.training import train_model
+from pipeline.train.loop import train_model
 
 DIM = 384  # the bundled teacher's embedding size
 DEVICE = torch.device("cpu")  # set by --device; nothing here requires a GPU
@@ -181,7 +181,7 @@ def activation_bytes(cfg) -> dict:
 
 SEED_STEP = """
 import json, resource, time, torch
-from pipeline.config import load_config
+from pipeline.core.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 cfg = load_config(["preset=seed"])
 torch.manual_seed(0)
@@ -201,7 +201,7 @@ print(json.dumps({{"seed_preset_step_s": times[-1], "seed_preset_first_step_s": 
 
 def seed_preset() -> dict:
     """In a fresh process, so its peak RSS is the seed model's alone."""
-    from pipeline.paths import REPO_ROOT
+    from pipeline.core.paths import REPO_ROOT
 
     proc = subprocess.run([sys.executable, "-c", SEED_STEP.format(dim=DIM)], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=600)

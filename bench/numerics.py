@@ -1,5 +1,5 @@
 """Numerics benchmark: do the trained weights and the teacher's vectors depend on the machine, and
-what does the portable setting (pipeline/numerics.py) cost? The last stdout line is one JSON
+what does the portable setting (pipeline/core/numerics.py) cost? The last stdout line is one JSON
 object; progress lines go to stderr. Every run is a fresh subprocess, as MKL and ATen read their
 settings once, at their first use.
 
@@ -43,8 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import numerics
-from pipeline.paths import REPO_ROOT
+from pipeline.core import numerics
+from pipeline.core.paths import REPO_ROOT
 
 # The shim: MKL's dispatcher asks these whether the CPU is an Intel one.
 SHIM_SOURCE = "int mkl_serv_intel_cpu_true(void) { return 1; }\nint mkl_serv_intel_cpu(void) { return 1; }\n"
@@ -137,9 +137,9 @@ def _digest(model) -> str:
 def worker_train(shards: str, out: str, overrides: list[str]) -> dict:
     import torch
 
-    from pipeline.config import load_config
+    from pipeline.core.config import load_config
     from pipeline.data.shards import open_split
-    from pipeline.training import train_model
+    from pipeline.train.loop import train_model
 
     cfg = load_config(["preset=smoke", "train.device=cpu", "train.checkpoint_every=0", *overrides])
     train, val = open_split(shards, "train"), open_split(shards, "val")
@@ -157,7 +157,7 @@ def worker_encode(shards: str, out: str, n: int) -> dict:
     import numpy as np
     import pandas as pd
 
-    from pipeline.teacher import encode_texts, load_teacher
+    from pipeline.embed.teacher import encode_texts, load_teacher
 
     frame = pd.read_parquet(Path(shards) / "train.parquet")
     texts = list(dict.fromkeys([*frame.input_text, *frame.target_text]))[:n]
@@ -183,7 +183,7 @@ def worker_steps(steps: int) -> dict:
     import torch
 
     from bench.trainer import config, synthetic
-    from pipeline.training import train_model
+    from pipeline.train.loop import train_model
 
     cfg, rows = config("default", steps, "train.log_every=20", "train.warmup_steps=2")
     x, y = synthetic(rows)

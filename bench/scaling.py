@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from bench.trainer import synthetic
-from pipeline import distributed
-from pipeline.config import load_config
-from pipeline.paths import REPO_ROOT
-from pipeline.training import train_model
+from pipeline.core import distributed
+from pipeline.core.config import load_config
+from pipeline.core.paths import REPO_ROOT
+from pipeline.train.loop import train_model
 
 
 def say(msg: str) -> None:

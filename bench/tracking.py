@@ -5,7 +5,7 @@ The last stdout line is one JSON object; progress lines go to stderr.
   tracking off, on a smoke-sized model (the `smoke` preset: 4x4x3 lattice, one intra-op thread)
   and synthetic data. "Full logging" is what the train stage does: tracking.mlflow_run with
   the whole config as params, and every telemetry row (~35 metrics every train.log_every = 2
-  steps) through tracking.MetricBuffer, whose sidecar process (pipeline.metric_writer) writes
+  steps) through tracking.MetricBuffer, whose sidecar process (pipeline.tracking.metric_writer) writes
   them and samples system metrics every train.system_metrics_every_s (1 s). Step time is wall
   time per step between telemetry rows, from the row at 20 % of the run to the last: everything
   the loop does between steps counts (handing rows over, flushing), and the writes happen
@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from bench.trainer import config, synthetic, temporary_store
-from pipeline.config import flatten
-from pipeline.training import train_model
+from pipeline.core.config import flatten
+from pipeline.train.loop import train_model
 
 GOALS = {"logging_overhead": 1.03}
 EXPERIMENT = "bench-tracking"
@@ -72,7 +72,7 @@ def timed_run(cfg, x, y, tracked: bool, name: str, flush_seconds: float | None =
     """One training run: its whole training span in seconds (for the tracked arm: from starting
     the sidecar to the end of the final wait until the store has every row), its steady step
     time, its rows and the metric values logged."""
-    from pipeline import tracking
+    from pipeline.tracking import store as tracking
 
     if not tracked:
         clock = RowClock()
@@ -146,7 +146,7 @@ def logging_overhead(pairs: int, steps: int, *overrides: str, flush_seconds: flo
 
 def logging_throughput(rows: int, metrics_per_row: int = 35) -> dict:
     """Rows pushed through MetricBuffer (flushing as the train stage does) and waited for."""
-    from pipeline import tracking
+    from pipeline.tracking import store as tracking
 
     keys = [f"bench/metric_{i}" for i in range(metrics_per_row)]
     with temporary_store():

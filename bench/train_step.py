@@ -13,9 +13,9 @@ import json
 import torch
 
 from bench.model import timed
-from pipeline.config import load_config
+from pipeline.core.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.telemetry import rss_mb
+from pipeline.train.telemetry import rss_mb
 
 
 def ms_per_step(model, x, y, steps: int) -> float:

@@ -44,11 +44,11 @@ import numpy as np
 import torch
 
 from bench.model import DIM, timed
-from pipeline.config import load_config
+from pipeline.core.config import load_config
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.paths import REPO_ROOT
-from pipeline.training import lr_lambda, train_model
+from pipeline.core.paths import REPO_ROOT
+from pipeline.train.loop import lr_lambda, train_model
 
 GOALS = {"telemetry_overhead": 1.03, "host_syncs_per_step": 1.0, "step_time_drift": 1.05,
          "rss_growth_mb_per_1k_steps": 5.0}
@@ -194,7 +194,7 @@ def trainer_run(cfg, x, y, tracked: bool, name: str) -> tuple[list[dict], float]
     """One run; returns its rows and its wall time in seconds. The tracked arm logs exactly as the
     train stage does (tracking.MetricBuffer inside tracking.mlflow_run), and its time includes the
     buffer's final flush: every row reaches the store inside the timed span."""
-    from pipeline import tracking
+    from pipeline.tracking import store as tracking
 
     if not tracked:
         t0 = time.perf_counter()

@@ -4,13 +4,13 @@ Importing a stage takes seconds (torch, MLflow); Ctrl-C in that time would print
 whichever import it landed in. Until the stage's own handling takes over (stages/_cli.py), an
 interrupt ends with one line instead.
 
-Importing this package pins the portable CPU numerics (pipeline/numerics.py) for every stage:
+Importing this package pins the portable CPU numerics (pipeline/core/numerics.py) for every stage:
 `python -m stages.<name>`, DVC's commands and torchrun's ranks all import it before torch."""
 import os
 import sys
 
 # Before any stage module imports torch: MKL and ATen read these settings once, at their first use.
-from pipeline import numerics as _numerics
+from pipeline.core import numerics as _numerics
 
 NUMERICS = _numerics.pin()  # the portable CPU numerics (or ENERGY_FLOW_NUMERICS=native): what is in effect
 

@@ -8,10 +8,12 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from pipeline import distributed, output_dirs, tracking
-from pipeline.config import load_config
-from pipeline.errors import ConfigError, PipelineError, Terminated
-from pipeline.paths import repo_path
+from pipeline.core import distributed
+from pipeline.core import output_dirs
+from pipeline.tracking import store as tracking
+from pipeline.core.config import load_config
+from pipeline.core.errors import ConfigError, PipelineError, Terminated
+from pipeline.core.paths import repo_path
 
 USAGE = """usage: python -m stages.{name} [OVERRIDE ...]
 
@@ -61,7 +63,7 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
     tracking.KILLED_RUNS.clear()  # (tests run several stages in one process)
     try:
         cfg = load_config(args)
-        # Before any work, and before torchrun starts ranks: where the stages write (pipeline/output_dirs.py).
+        # Before any work, and before torchrun starts ranks: where the stages write (pipeline/core/output_dirs.py).
         output_dirs.check_outputs(cfg, stage)
         processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
         if processes > 1 and not distributed.under_launcher():

@@ -12,14 +12,14 @@ import sys
 
 import pandas as pd
 
-from pipeline import tracking
-from pipeline.atomic import atomic_path, write_json
-from pipeline.checkpoint import check_input_dim, load_model, untrained_model
+from pipeline.tracking import store as tracking
+from pipeline.core.atomic import atomic_path, write_json
+from pipeline.model.model_file import check_input_dim, load_model, untrained_model
 from pipeline.data.shards import load_manifest, open_split
-from pipeline.eval_stats import verdict
-from pipeline.evaluation import (BASELINES, LOWER_IS_BETTER, build_bank, evaluate_split, predict, predictions,
+from pipeline.evaluate.stats import verdict
+from pipeline.evaluate.retrieval import (BASELINES, LOWER_IS_BETTER, build_bank, evaluate_split, predict, predictions,
                                  ridge_fit, sample_table)
-from pipeline.paths import METRICS_DIR, REPORTS_DIR, repo_path
+from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, repo_path
 
 from ._cli import run_stage
 
@@ -62,7 +62,7 @@ def run(cfg) -> dict:
                      columns=["id", "input", "target", "decoded", "correct", "group_correct"]).to_csv(tmp, index=False)
     if run_info:
         with tracking.mlflow_run("evaluate", cfg.run.preset, run_id=run_info["run_id"],
-                                 tags=tracking.stage_lock_tags("train")):
+                                 tags=tracking.stage_lock_tags("train"), keep_status=True):
             tracking.log_metrics(metrics, model_id=run_info.get("model_id"))
             for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(path, "evaluate")

@@ -5,8 +5,10 @@ as params, the curves, system metrics (CPU, memory, GPU) and the model as an MLf
 (runs:/<run_id>/model). Writes a resumable checkpoint every train.checkpoint_every steps: a
 killed train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends
 with the same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips
-skipped steps in a row) still gets its stability report (reports/stability.html) before the stage
-fails.
+skipped steps in a row) still gets its stability report (reports/stability.html): the stage writes
+the partial telemetry and metrics, then runs the report stage (`python -m stages.report`, a
+separate process: the train stage imports nothing of the report, so a change to the report's
+checks or HTML never re-trains the model), then fails.
 
 With train.nproc=N (or under torchrun) it trains with DistributedDataParallel on N processes: gloo
 on CPU, nccl on CUDA (one GPU per process); each process reads its own batches of the shards,
@@ -17,23 +19,27 @@ train.checkpoint_dir on a shared path (every rank resumes from rank 0's checkpoi
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 
-from pipeline import distributed, memory_estimate, tracking
-from pipeline.atomic import atomic_path, write_json
-from pipeline.checkpoint import model_shapes, save_model
-from pipeline.config import flatten
+from pipeline.core import distributed
+from pipeline.train import memory_estimate
+from pipeline.tracking import store as tracking
+from pipeline.core.atomic import atomic_path, write_json
+from pipeline.model.model_file import model_shapes, save_model
+from pipeline.core.config import flatten
 from pipeline.data.shards import load_manifest, open_split, sha256_file
-from pipeline.logged_model import log_trained_model
-from pipeline.output_dirs import CHECKPOINTS, MODEL, claim
-from pipeline.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
-from pipeline.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured, manifest_digest, settings_digest
-from pipeline.report.build import build_report, log_report, verdict_line
-from pipeline.telemetry import step_columns
-from pipeline.train_state import STATE_FILE, fingerprint, load_state
-from pipeline.training import Checkpointing, TrainingDiverged, select_device, train_model
+from pipeline.tracking.logged_model import log_trained_model
+from pipeline.core.output_dirs import CHECKPOINTS, MODEL, claim
+from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
+from pipeline.train.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured, manifest_digest, settings_digest
+from pipeline.train.telemetry import step_columns
+from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
+from pipeline.train.loop import Checkpointing, TrainingDiverged, select_device, train_model
 
 from ._cli import run_stage
 
@@ -63,17 +69,45 @@ def write_train_metrics(summary: dict, settings: str) -> None:
     write_json(PERF_JSON, {SETTINGS_KEY: settings, **{k: v for k, v in summary.items() if is_measured(k)}})
 
 
-def diagnose_divergence(cfg, run_id: str, result, settings: str) -> None:
-    """The run blew up and will not reach evaluate or report: write its telemetry and partial
-    metrics, and build the stability report from them now (learning is skipped: no evaluation),
-    logged to this run, which then ends FAILED."""
+# Set by record_divergence in the process that recorded a diverged run (rank 0): main() then
+# runs the report stage for it.
+_DIVERGED: list[int] = []
+
+
+def record_divergence(cfg, run, result, settings: str) -> None:
+    """The run blew up and will not reach evaluate or report: write its telemetry, its partial
+    metrics (train/diverged = 1) and its run file, for the report stage that main() starts next."""
     write_telemetry(result)
     metrics = {**result.summary, "train/diverged": 1}
     write_train_metrics(metrics, settings)
     tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
-    report = build_report(cfg, run_id, pd.DataFrame(result.rows), result.events, metrics, None)
-    log_report(report)
-    log.error("training diverged at step %d; %s", result.summary["train/steps"], verdict_line(report))
+    tracking.write_run_file("train", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
+                                      "tracking_uri": tracking.tracking_uri() if tracking.enabled() else "",
+                                      "model_sha256": "", "diverged": True})
+    _DIVERGED.append(int(metrics["train/steps"]))
+    log.error("training diverged at step %d: no model is written; the stability report follows",
+              metrics["train/steps"])
+
+
+def report_divergence(args: list[str]) -> int:
+    """The report stage for the diverged run, in its own process with this stage's overrides: it
+    reads the partial telemetry and metrics, skips the learning check (nothing to evaluate) and
+    adds the report to the run, which stays FAILED. Tracking is as this process had it."""
+    # Not torchrun's rank variables: the report is one process of its own.
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV and not k.startswith("TORCHELASTIC_")}
+    code_root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (code_root, env.get("PYTHONPATH"))))
+    env["ENERGY_FLOW_RUNS_DIR"] = str(tracking.RUNS_DIR)
+    overrides = [a for a in args if not a.startswith(("run.tracking=", "train.nproc="))]
+    if tracking.enabled():
+        env["MLFLOW_TRACKING_URI"] = tracking.tracking_uri()
+    else:
+        overrides.append("run.tracking=disabled")
+    return subprocess.run([sys.executable, "-m", "stages.report", *overrides], env=env).returncode
+
+
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def run(cfg) -> dict | None:
@@ -87,7 +121,7 @@ def run(cfg) -> dict | None:
 def prepare(cfg, place, on_memory=None):
     """What every rank reads: the shards (memory-mapped), the fingerprint and a checkpoint. Before
     any of the model, optimizer or checkpoint is built or loaded, the memory check
-    (pipeline/memory_estimate.py) refuses a config that cannot fit; `on_memory` gets its result."""
+    (pipeline/train/memory_estimate.py) refuses a config that cannot fit; `on_memory` gets its result."""
     shard_dir = repo_path(cfg.embed.out_dir)
     manifest = load_manifest(shard_dir)
     ckpt_path = repo_path(cfg.train.checkpoint_dir) / STATE_FILE
@@ -152,7 +186,7 @@ def train_and_record(cfg, place) -> dict:
                 result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets,
                                      checkpointing=ckpt, on_log=to_mlflow, place=place)
             except TrainingDiverged as e:
-                diagnose_divergence(cfg, run.info.run_id, e.result, settings)
+                record_divergence(cfg, run, e.result, settings)
                 raise
         write_telemetry(result)
         claim(model_dir, MODEL, "train.out_dir")
@@ -183,7 +217,12 @@ def train_and_record(cfg, place) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("train", __doc__, "run, embed.out_dir, model, train, fault", run, argv, nproc_key="train.nproc")
+    args = sys.argv[1:] if argv is None else list(argv)
+    _DIVERGED.clear()
+    code = run_stage("train", __doc__, "run, embed.out_dir, model, train, fault", run, args, nproc_key="train.nproc")
+    if _DIVERGED:
+        report_divergence(args)  # its verdict is its own output; the stage fails either way
+    return code
 
 
 if __name__ == "__main__":

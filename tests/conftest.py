@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.report.fault_matrix import project_copy
+from tools.fault_matrix import project_copy
 from tests import smoke_reference
 
 EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # name -> train.lr
@@ -29,8 +29,8 @@ EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # nam
 @pytest.fixture(autouse=True)
 def _tracking_switch_restored(monkeypatch):
     """A stage run in-process with run.tracking=disabled turns this process's tracking off
-    (pipeline.tracking.configure); the next test must find it as it was."""
-    from pipeline import tracking
+    (pipeline.tracking.store.configure); the next test must find it as it was."""
+    from pipeline.tracking import store as tracking
 
     monkeypatch.setattr(tracking, "_ENABLED", tracking._ENABLED)
 
@@ -39,7 +39,7 @@ def _tracking_switch_restored(monkeypatch):
 def _run_files_kept_out_of_the_project(monkeypatch, tmp_path_factory):
     """A stage run in-process writes runs/<stage>.json; in the project's own runs/ it would
     replace the link from the user's model to its MLflow run."""
-    from pipeline import tracking
+    from pipeline.tracking import store as tracking
 
     monkeypatch.setattr(tracking, "RUNS_DIR", tmp_path_factory.mktemp("runs"))
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import distributed
-from pipeline.config import load_config
-from pipeline.training import TrainingDiverged, train_model
+from pipeline.core import distributed
+from pipeline.core.config import load_config
+from pipeline.train.loop import TrainingDiverged, train_model
 
 ROWS, VAL_ROWS, DIM = 256, 64, 16
 

@@ -15,7 +15,8 @@ import stages  # noqa: F401  (first: it pins the portable numerics before torch 
 
 import numpy as np  # noqa: E402
 
-from pipeline import distributed, numerics  # noqa: E402
+from pipeline.core import distributed
+from pipeline.core import numerics  # noqa: E402
 from stages import embed  # noqa: E402
 
 

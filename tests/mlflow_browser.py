@@ -40,7 +40,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from pipeline.atomic import atomic_path
+from pipeline.core.atomic import atomic_path
 from pipeline.report.screenshot import MAX_HEIGHT, _FLAGS as CHROMIUM_FLAGS, _NOISE as CHROMIUM_NOISE, find_chromium
 
 # Environment for the server. Job execution (on by default in MLflow 3.x) starts a job runner

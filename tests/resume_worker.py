@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import load_config
-from pipeline.train_state import STATE_FILE, fingerprint, load_state
-from pipeline.training import Checkpointing, train_model
+from pipeline.core.config import load_config
+from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
+from pipeline.train.loop import Checkpointing, train_model
 from tests.test_training import linear_task
 
 OVERRIDES = ["preset=smoke", "train.epochs=3", "train.batch_size=16", "train.log_every=2", "train.device=cpu",

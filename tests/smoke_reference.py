@@ -143,8 +143,8 @@ def reference_env() -> dict[str, str]:
     `smoke_experiments`: the stages' clean environment less any numerics override of the caller
     (ENERGY_FLOW_NUMERICS, MKL_CBWR, OMP_NUM_THREADS, ...): the reference is the default, portable
     setting."""
-    from pipeline.numerics import MODE_VAR, PORTABLE
-    from pipeline.report.fault_matrix import clean_env
+    from pipeline.core.numerics import MODE_VAR, PORTABLE
+    from tools.fault_matrix import clean_env
 
     return {k: v for k, v in clean_env().items() if k != MODE_VAR and k not in PORTABLE}
 
@@ -152,7 +152,7 @@ def reference_env() -> dict[str, str]:
 def smoke_run(workdir: Path) -> dict:
     """`dvc exp run -S preset=smoke` in a fresh copy of the project (what the test suite runs),
     collected."""
-    from pipeline.report.fault_matrix import project_copy
+    from tools.fault_matrix import project_copy
 
     (workdir / "project").mkdir()
     root = project_copy(workdir / "project")

@@ -21,14 +21,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.atomic import DiskFull
-from pipeline.checkpoint import load_model, model_shapes, save_model
-from pipeline.config import load_config
+from pipeline.core.atomic import DiskFull
+from pipeline.model.model_file import load_model, model_shapes, save_model
+from pipeline.core.config import load_config
 from pipeline.data.shards import open_split, write_shards
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.model import EnergyFlowModel
-from pipeline.train_state import STATE_FILE, load_state, save_state
-from pipeline.training import Checkpointing, train_model
+from pipeline.train.resume_state import STATE_FILE, load_state, save_state
+from pipeline.train.loop import Checkpointing, train_model
 from stages import embed, evaluate, train
 from tests.shard_fixtures import fake_shards
 
@@ -48,7 +48,7 @@ def _isolated_tracking(monkeypatch, tracking_uri):
 
 @pytest.fixture(scope="module")
 def teacher():
-    from pipeline.teacher import load_teacher
+    from pipeline.embed.teacher import load_teacher
 
     return load_teacher("bundled")
 

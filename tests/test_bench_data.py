@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bench import data as bench
-from pipeline.paths import REPO_ROOT
+from pipeline.core.paths import REPO_ROOT
 
 
 def env():

@@ -1,7 +1,7 @@
 """bench.model's measuring pieces, on the smoke preset: what they count is right (no timing is
 asserted here; benchmarks report ratios, tests check behaviour)."""
 from bench import model as bench
-from pipeline.config import load_config
+from pipeline.core.config import load_config
 
 
 def test_checkpointing_saves_fewer_activation_bytes():

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pipeline.paths import REPO_ROOT
+from pipeline.core.paths import REPO_ROOT
 
 
 @pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes

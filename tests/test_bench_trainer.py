@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench import trainer as bench
-from pipeline.paths import REPO_ROOT
+from pipeline.core.paths import REPO_ROOT
 
 
 def run_from(path, code, **names):
@@ -49,7 +49,7 @@ def test_the_trainer_reads_the_host_once_per_step(log_every):
     assert res["host_syncs_per_step"] == 1.0
     # Sites read "kind file:line function op".
     loop_sites = {(site.split(":")[0], site.split()[2]) for site in res["sites"] if site.startswith("loop ")}
-    assert loop_sites == {("loop pipeline/step_health.py", "step_readout")}
+    assert loop_sites == {("loop pipeline/train/step_health.py", "step_readout")}
     # The flow loop reads once per flow step (which flows are still alive), and only there.
     assert res["model_syncs_per_step"] == pytest.approx(res["flow_loop_iterations_per_step"])
     assert res["model_syncs_per_step"] >= 1

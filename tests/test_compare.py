@@ -1,4 +1,4 @@
-"""`./dev compare A B` (pipeline/compare.py): two item tables of the evaluate stage compared item by
+"""`./dev compare A B` (tools/compare.py): two item tables of the evaluate stage compared item by
 item, with paired-bootstrap CIs, p-values, verdicts and the items whose outcome flipped.
 
 Unit tests on synthetic tables (parquet files in tmp_path, and one tiny git + DVC repository for a
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import compare as cmp
-from pipeline.evaluation import METRICS
+from tools import compare as cmp
+from pipeline.evaluate.retrieval import METRICS
 
 RESAMPLES = 1000  # the least the command takes; enough for these checks, and quick
 
@@ -155,7 +155,7 @@ def test_tables_of_different_splits_are_compared_on_shared_items_with_a_warning(
 
 
 def test_a_name_that_names_nothing_is_one_line_saying_what_was_tried(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pipeline.compare", "no-such-experiment", "workspace"],
+    proc = subprocess.run([sys.executable, "-m", "tools.compare", "no-such-experiment", "workspace"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
@@ -187,7 +187,7 @@ def test_a_model_against_a_baseline_of_its_own_table(tmp_path, capsys):
 
 
 def test_dev_compare_takes_a_path_relative_to_where_it_was_started(tmp_path):
-    from pipeline.paths import REPO_ROOT
+    from pipeline.core.paths import REPO_ROOT
 
     table(100, 0.4, seed=16).to_parquet(tmp_path / "a.parquet", index=False)
     table(100, 0.6, seed=17).to_parquet(tmp_path / "b.parquet", index=False)
@@ -201,7 +201,7 @@ def test_dev_compare_takes_a_path_relative_to_where_it_was_started(tmp_path):
 def test_a_git_revision_and_the_workspace_of_a_repository(tmp_path, capsys):
     """A committed table (here in git; the pipeline's is a DVC output, read from DVC's cache the
     same way by dvc.api.open) at HEAD~1 and HEAD, and the working copy's."""
-    from pipeline.report.fault_matrix import clean_env
+    from tools.fault_matrix import clean_env
 
     env = clean_env()
     repo = tmp_path / "repo"
@@ -234,7 +234,7 @@ def test_a_git_revision_and_the_workspace_of_a_repository(tmp_path, capsys):
 # --------------------------------------------------------------------------- as a user would
 
 def _compare_in(root, env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.compare", *args], cwd=root, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tools.compare", *args], cwd=root, env=env, capture_output=True,
                           text=True, timeout=300)
 
 

@@ -2,9 +2,9 @@ import yaml
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.config import CONF_DIR, PARAMS_FILE, Config, flatten, load_config
-from pipeline.errors import ConfigError
-from pipeline.paths import REPO_ROOT
+from pipeline.core.config import CONF_DIR, PARAMS_FILE, Config, flatten, load_config
+from pipeline.core.errors import ConfigError
+from pipeline.core.paths import REPO_ROOT
 
 
 def keys(d, prefix=""):
@@ -109,7 +109,7 @@ def test_a_broken_params_file_is_named_with_its_line(tmp_path, text, fragment):
 def test_a_cuda_device_this_machine_lacks_is_a_config_error():
     import torch
 
-    from pipeline.distributed import available_device
+    from pipeline.core.distributed import available_device
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -2,7 +2,7 @@
 import pytest
 
 from pipeline.data.readers import dataset_files, read_dataset, read_pairs
-from pipeline.errors import DatasetError
+from pipeline.core.errors import DatasetError
 
 
 
@@ -53,8 +53,8 @@ def test_empty_texts_fail_by_default_and_are_skipped_and_counted_on_request(tmp_
 
 
 def test_duplicate_pairs_are_counted_and_dropped_or_kept_by_parameter(tmp_path):
-    from pipeline.config import load_config
-    from pipeline.embedding import prepare_pairs
+    from pipeline.core.config import load_config
+    from pipeline.embed.embedding import prepare_pairs
 
     data = tmp_path / "d.csv"
     # 40 distinct pairs, each 4 times: enough rows left after dropping for every split to hold some.

@@ -1,4 +1,4 @@
-"""The shipped demo dataset (data/raw/qa_pairs.csv) is what pipeline.data.demo generates, and is sane."""
+"""The shipped demo dataset (data/raw/qa_pairs.csv) is what tools.demo_data generates, and is sane."""
 from __future__ import annotations
 
 import csv
@@ -26,7 +26,7 @@ def test_regenerated_file_is_byte_identical(tmp_path):
     out = tmp_path / "qa_pairs.csv"
     n = demo.write_csv(out)
     assert out.read_bytes() == COMMITTED.read_bytes(), (
-        "data/raw/qa_pairs.csv is stale: rerun `python -m pipeline.data.demo`")
+        "data/raw/qa_pairs.csv is stale: rerun `python -m tools.demo_data`")
     assert n == len(demo.generate())
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from mlflow.tracking import MlflowClient
 
-from pipeline.paths import REPO_ROOT
+from pipeline.core.paths import REPO_ROOT
 from tests.mlflow_browser import _free_port, _kill_group
 
 

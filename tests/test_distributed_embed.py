@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from pipeline.data.shards import load_manifest, open_split, sha256_file, write_shards
-from pipeline.embed_cache import EmbeddingCache, text_key
-from pipeline.embedding import StreamedEmbeddings, plan_encodes, shard_reads, share_work
-from pipeline.paths import REPO_ROOT
-from pipeline.report.fault_matrix import clean_env
+from pipeline.embed.cache import EmbeddingCache, text_key
+from pipeline.embed.embedding import StreamedEmbeddings, plan_encodes, shard_reads, share_work
+from pipeline.core.paths import REPO_ROOT
+from tools.fault_matrix import clean_env
 
 # The smoke preset's 600 pairs in shards of 100 rows: 5 train shards, 1 val, 1 test, and 14
 # encode calls, with texts shared across shards (answers repeat) and so across ranks.

@@ -10,7 +10,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.report.fault_matrix import clean_env, project_copy
+from tools.fault_matrix import clean_env, project_copy
 
 from .conftest import dvc, sh
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import distributed, numerics
-from pipeline.config import load_config
+from pipeline.core import distributed
+from pipeline.core import numerics
+from pipeline.core.config import load_config
 from pipeline.data.loader import BatchLoader
-from pipeline.training import train_model
+from pipeline.train.loop import train_model
 
 from .distributed_worker import ROWS, synthetic_task
 

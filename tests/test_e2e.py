@@ -133,6 +133,22 @@ def test_renaming_the_mlflow_experiment_reruns_no_stage(project):
         params.write_bytes(original)
 
 
+def test_a_change_to_the_report_leaves_train_and_evaluate_up_to_date(project):
+    """The report's checks, plots and HTML live in pipeline/report, which only the report stage
+    lists: editing them must not re-train the model (or re-evaluate it)."""
+    root, env, _ = project
+    for rel in ("pipeline/report/render.py", "pipeline/report/checks.py", "pipeline/report/plots.py"):
+        path = root / rel
+        original = path.read_bytes()
+        try:
+            path.write_bytes(original + b"\n# an edit to the report\n")
+            status = sh([sys.executable, "-m", "dvc", "status"], root, env)
+            assert "pipeline/report" in status, status  # the report stage sees it...
+            assert not [s for s in ("embed:", "train:", "evaluate:") if s in status], (rel, status)  # ...no other
+        finally:
+            path.write_bytes(original)
+
+
 def test_report_judges_time_and_memory_only_when_measured_under_its_own_settings(project):
     """The train stage labels telemetry/train_perf.json with its settings' digest. The report of
     the run that made it judges memory and step time; handed another run's file (as after DVC

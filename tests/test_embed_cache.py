@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from pipeline.embed_cache import EmbeddingCache, embed_distinct, teacher_key, text_key
-from pipeline.errors import ShardError
+from pipeline.embed.cache import EmbeddingCache, embed_distinct, teacher_key, text_key
+from pipeline.core.errors import ShardError
 
 TEACHER = {"name": "t", "dim": 8, "max_seq_length": 16, "config_sha256": "c", "weights_sha256": "w", "path": "/a"}
 
@@ -101,8 +101,8 @@ def test_embed_stage_rerun_after_appending_one_percent_embeds_only_the_new_texts
 def _bundled_identity():
     """The key the embed stage, run in this process, gives its cache: the teacher's identity and
     this process's numerics."""
-    from pipeline import numerics
-    from pipeline.teacher import load_teacher, teacher_identity
+    from pipeline.core import numerics
+    from pipeline.embed.teacher import load_teacher, teacher_identity
 
     return {**teacher_identity("bundled", load_teacher("bundled")), "numerics": numerics.vectors_tag()}
 
@@ -111,7 +111,7 @@ def test_streamed_embeddings_are_made_one_shard_at_a_time(tmp_path):
     import pandas as pd
 
     from pipeline.data.shards import open_split, write_shards
-    from pipeline.embedding import StreamedEmbeddings
+    from pipeline.embed.embedding import StreamedEmbeddings
 
     enc = CountingEncoder()
     calls = []
@@ -128,7 +128,7 @@ def test_streamed_embeddings_are_made_one_shard_at_a_time(tmp_path):
 
 
 def test_lookups_span_row_groups_and_parts(tmp_path, monkeypatch):
-    from pipeline import embed_cache
+    from pipeline.embed import cache as embed_cache
 
     monkeypatch.setattr(embed_cache, "ROW_GROUP", 4)  # parts of 10 rows: groups 0-3, 4-7, 8-9
     enc, cache = CountingEncoder(), EmbeddingCache(tmp_path, TEACHER)

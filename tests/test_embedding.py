@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from pipeline.config import load_config
-from pipeline.embedding import embed_texts_once, prepare_pairs
-from pipeline.errors import ConfigError, DatasetError
-from pipeline.teacher import encode_texts, load_teacher, teacher_identity
+from pipeline.core.config import load_config
+from pipeline.embed.embedding import embed_texts_once, prepare_pairs
+from pipeline.core.errors import ConfigError, DatasetError
+from pipeline.embed.teacher import encode_texts, load_teacher, teacher_identity
 
 
 def test_each_distinct_text_is_embedded_once():
@@ -88,7 +88,7 @@ def test_a_teacher_that_cannot_load_names_the_parameter(tmp_path):
 
 
 def test_text_bridge_encodes_like_the_teacher(teacher):
-    from pipeline.bridge import TextBridge
+    from pipeline.evaluate.bridge import TextBridge
 
     texts = ["Helium has the symbol He.", "What is the symbol of helium?"]
     np.testing.assert_allclose(TextBridge(teacher).encode_text(texts).numpy(),
@@ -96,7 +96,7 @@ def test_text_bridge_encodes_like_the_teacher(teacher):
 
 
 def test_texts_longer_than_the_window_are_counted(teacher):
-    from pipeline.teacher import count_truncated
+    from pipeline.embed.teacher import count_truncated
 
     long_text = "word " * (teacher.max_seq_length + 10)
     assert count_truncated(teacher, ["short", long_text, "also short", long_text + "!"]) == 2

@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.bridge import TextBridge, nearest
+from pipeline.evaluate.bridge import TextBridge, nearest
 from types import SimpleNamespace
 
-from pipeline.eval_stats import mean_ci, paired_difference, resample_means, verdict
-from pipeline.evaluation import (METRICS, build_bank, evaluate_split, item_metrics, predictions, ridge_fit,
+from pipeline.evaluate.stats import mean_ci, paired_difference, resample_means, verdict
+from pipeline.evaluate.retrieval import (METRICS, build_bank, evaluate_split, item_metrics, predictions, ridge_fit,
                                  ridge_predict, score_items)
 
 
@@ -128,7 +128,7 @@ def test_paired_difference_sees_a_small_consistent_gain_that_unpaired_intervals_
 
 
 def test_resampling_is_seeded_and_chunked_without_changing_the_draws(monkeypatch):
-    from pipeline import eval_stats
+    from pipeline.evaluate import stats as eval_stats
 
     x = np.random.default_rng(2).random((300, 2))
     whole = resample_means(x, 1000, seed=3)
@@ -158,7 +158,7 @@ def test_decode_surface_batch_returns_nearest_texts_for_the_whole_batch():
 
 
 def test_ridge_fit_in_row_blocks_equals_the_direct_solution(monkeypatch):
-    from pipeline import evaluation
+    from pipeline.evaluate import retrieval as evaluation
 
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(1000, 6)), rng.normal(size=(1000, 4))

@@ -77,7 +77,7 @@ def test_every_way_of_running_an_experiment_lands_in_the_one_store(smoke_experim
 
 def _model_pt(root, rev: str, env):
     """The experiment's models/model.pt, read from DVC's cache at that experiment's revision."""
-    from pipeline.checkpoint import load_model
+    from pipeline.model.model_file import load_model
 
     code = ("import sys, dvc.api; sys.stdout.buffer.write(dvc.api.read('models/model.pt', repo='.', rev=sys.argv[1], "
             "mode='rb'))")
@@ -118,7 +118,7 @@ def test_the_logged_mlflow_model_reloads_and_predicts_exactly_like_the_dvc_model
         cwd=tmp_path, env={k: v for k, v in smoke_experiments.env.items() if k != "PYTHONPATH"},
         capture_output=True, text=True, timeout=300)
     assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
-    assert elsewhere.stdout.split()[-2:] == ["pipeline.logged_model", "EmbeddingPredictor"]
+    assert elsewhere.stdout.split()[-2:] == ["pipeline.tracking.logged_model", "EmbeddingPredictor"]
     # Different params, different models: the comparison is not of two copies.
     assert runs["smoke-a"].data.metrics["eval/test/model/cosine"] != runs["smoke-b"].data.metrics["eval/test/model/cosine"]
 
@@ -182,7 +182,7 @@ def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(smoke_e
     on one row, shared params, and the headline metrics with both runs' values as the UI rounds
     them (the Metrics grid is scrolled through, as a person would). The screenshot, taken with
     "Show diff only" switched on, is kept in test-artifacts/mlflow-compare-smoke.png."""
-    from pipeline.paths import REPO_ROOT
+    from pipeline.core.paths import REPO_ROOT
     from tests.mlflow_browser import (GRID_ROWS_HEADING, SHOW_DIFF_ONLY_JS, compare_runs_url, format_metric,
                                       open_page, start_mlflow_server)
 

@@ -1,4 +1,4 @@
-"""The fault matrix, as `python -m pipeline.report.fault_matrix` runs it: the smoke pipeline under
+"""The fault matrix, as `python -m tools.fault_matrix` runs it: the smoke pipeline under
 DVC once clean, once per fault preset, with the prototype's fp16 settings and once diverging; each
 report must fail exactly the check its fault trips, with evidence at the injected step.
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.paths import REPO_ROOT
-from pipeline.report.fault_matrix import CASES, WALL_CLOCK_CHECKS, judge, project_copy, run_matrix
+from pipeline.core.paths import REPO_ROOT
+from tools.fault_matrix import CASES, WALL_CLOCK_CHECKS, judge, project_copy, run_matrix
 
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "fault_matrix"
 CORE = ("smoke:none", "smoke:nan_loss")  # the clean run and one diagnosis
@@ -39,7 +39,7 @@ def others(project):
 
 def test_the_matrix_reads_the_evidence_the_report_writes():
     from pipeline.report.build import EVIDENCE_JSON
-    from pipeline.report.fault_matrix import EVIDENCE
+    from tools.fault_matrix import EVIDENCE
     assert REPO_ROOT / EVIDENCE == EVIDENCE_JSON
 
 

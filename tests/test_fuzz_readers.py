@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 from pipeline.data.readers import read_dataset
 from pipeline.data.shards import open_split, write_shards
-from pipeline.errors import ConfigError, DatasetError
+from pipeline.core.errors import ConfigError, DatasetError
 from stages import embed
 
 FIELDS = ("id", "question", "answer")
@@ -326,7 +326,7 @@ def test_read_dataset_refuses_or_returns_valid_frames_many(tmp_path, case, as_di
 
 @pytest.fixture(scope="module")
 def teacher():
-    from pipeline.teacher import load_teacher
+    from pipeline.embed.teacher import load_teacher
 
     return load_teacher("bundled")
 

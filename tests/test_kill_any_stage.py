@@ -24,10 +24,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pipeline.config import load_config
+from pipeline.core.config import load_config
 from pipeline.data.shards import load_manifest, open_split
 from pipeline.report.checks import MEASURED_CHECKS
-from pipeline.report.fault_matrix import clean_env, project_copy
+from tools.fault_matrix import clean_env, project_copy
 
 pytestmark = pytest.mark.slow
 

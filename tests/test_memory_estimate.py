@@ -1,4 +1,4 @@
-"""The train stage's memory check (pipeline/memory_estimate.py): a config that cannot fit is refused
+"""The train stage's memory check (pipeline/train/memory_estimate.py): a config that cannot fit is refused
 before anything is built, with a message naming the estimate, the memory available and the keys
 to change; the estimate's activation part matches the bytes autograd saves, and its peak matches
 the peak RSS of real training steps.
@@ -18,12 +18,12 @@ import time
 import pytest
 import torch
 
-from pipeline import memory_estimate
-from pipeline.config import load_config
-from pipeline.distributed import Dist
-from pipeline.errors import PipelineError, ResourceError
+from pipeline.train import memory_estimate
+from pipeline.core.config import load_config
+from pipeline.core.distributed import Dist
+from pipeline.core.errors import PipelineError, ResourceError
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.paths import REPO_ROOT
+from pipeline.core.paths import REPO_ROOT
 from stages import train
 from tests.shard_fixtures import fake_shards
 
@@ -257,9 +257,10 @@ STEPS = """
 import json, resource, sys
 import numpy as np
 import stages.train  # noqa: F401 - the stage's imports: the baseline the check sees in the stage
-from pipeline import memory_estimate, tracking
-from pipeline.config import load_config
-from pipeline.training import train_model
+from pipeline.train import memory_estimate
+from pipeline.tracking import store as tracking
+from pipeline.core.config import load_config
+from pipeline.train.loop import train_model
 steps, overrides = int(sys.argv[1]), sys.argv[2:]
 cfg = load_config(overrides + ["train.device=cpu", "train.epochs=1", "train.checkpoint_every=0"])
 n, dim = cfg.train.batch_size * steps, {dim}

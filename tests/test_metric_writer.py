@@ -1,4 +1,4 @@
-"""The tracking sidecar (pipeline.metric_writer): rows sent are in the store after sync, a
+"""The tracking sidecar (pipeline.tracking.metric_writer): rows sent are in the store after sync, a
 store error surfaces at the next sync, system metrics are sampled, and rows already sent are
 written even when the training process is killed outright."""
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.metric_writer import MetricWriter
-from pipeline.paths import REPO_ROOT
+from pipeline.tracking.metric_writer import MetricWriter
+from pipeline.core.paths import REPO_ROOT
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_values_the_store_refuses_are_kept_in_the_pending_file_and_the_writer_go
         assert len(pending.read_text().splitlines()) == 3
     finally:
         writer.close()
-    assert pending.exists()  # never stored: left for pipeline.metric_replay
+    assert pending.exists()  # never stored: left for pipeline.tracking.replay
 
 
 def test_system_metrics_are_sampled_while_the_writer_runs(run, tmp_path):
@@ -76,7 +76,7 @@ def test_system_metrics_are_sampled_while_the_writer_runs(run, tmp_path):
 
 KILLED_PARENT = '''
 import sys, time
-from pipeline.metric_writer import MetricWriter
+from pipeline.tracking.metric_writer import MetricWriter
 writer = MetricWriter(sys.argv[1], sys.argv[2], sys.argv[4])
 writer.send([(s, 1000 + s, {"m": float(s)}) for s in range(100)])
 open(sys.argv[3], "w").write(str(writer.proc.pid))

@@ -13,7 +13,7 @@ it is in the slow set; the default suite drives the same harness on the real exp
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.paths import REPO_ROOT
+from pipeline.core.paths import REPO_ROOT
 from tests.mlflow_browser import compare_runs_url, format_metric, open_page, start_mlflow_server
 
 ARTIFACTS = REPO_ROOT / "test-artifacts"

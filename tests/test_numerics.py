@@ -1,4 +1,4 @@
-"""The portable CPU numerics (pipeline/numerics.py): pin() sets defaults and keeps the user's values,
+"""The portable CPU numerics (pipeline/core/numerics.py): pin() sets defaults and keeps the user's values,
 a stage process runs under them (MKL's COMPATIBLE branch, ATen at AVX2, a fixed thread count), the
 opt-out works, and (slow) the smoke weights are bitwise identical under every emulated machine
 (bench.numerics --quick)."""
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from pipeline import numerics
-from pipeline.paths import REPO_ROOT
+from pipeline.core import numerics
+from pipeline.core.paths import REPO_ROOT
 
 
 def test_pin_sets_defaults_and_keeps_what_the_user_set():
@@ -44,7 +44,7 @@ def test_threads_are_fixed_only_under_the_portable_setting(monkeypatch):
     assert numerics.threads(0) == numerics.PORTABLE_THREADS and numerics.threads(4) == 4
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert numerics.threads(0) == 2
-    from pipeline.distributed import Dist, threads_per_process
+    from pipeline.core.distributed import Dist, threads_per_process
 
     assert threads_per_process(0, Dist(rank=0, world_size=2, local_rank=0, local_world_size=2)) == 2
     monkeypatch.setenv(numerics.MODE_VAR, "native")

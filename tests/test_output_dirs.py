@@ -1,5 +1,5 @@
 """Outputs never destroy inputs: every directory a stage writes or replaces is checked before any
-work (pipeline/output_dirs.py), and a stage replaces only a directory it made.
+work (pipeline/core/output_dirs.py), and a stage replaces only a directory it made.
 
 Each case runs the real stage entry point in-process against a throwaway project (a copy of the
 layout that matters: .git, conf/, pipeline/, stages/, tests/, a dataset) so that a check that
@@ -16,10 +16,12 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline import config, output_dirs, paths
-from pipeline.config import load_config
-from pipeline.errors import ConfigError
-from pipeline.output_dirs import MARK, MODEL, SHARDS, claim, ownership_problem
+from pipeline.core import config
+from pipeline.core import output_dirs
+from pipeline.core import paths
+from pipeline.core.config import load_config
+from pipeline.core.errors import ConfigError
+from pipeline.core.output_dirs import MARK, MODEL, SHARDS, claim, ownership_problem
 from stages import embed, train
 from tests.shard_fixtures import fake_shards
 

@@ -4,7 +4,7 @@ GPU memory on batch 2 there; here two steps must fit (3.7-4.2 GB peak RSS measur
 import pytest
 import torch
 
-from pipeline.config import CONF_DIR, load_config
+from pipeline.core.config import CONF_DIR, load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 
 PRESETS = sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml"))

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.data.readers import content_id, dataset_files, drop_duplicate_pairs, read_dataset, read_pairs
-from pipeline.errors import ConfigError, DatasetError
+from pipeline.core.errors import ConfigError, DatasetError
 
 ROWS = [
     {"id": "a", "q": "What is 2+2?", "a": "4"},

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.report.checks import CHECK_ORDER, resolve_params, run_checks, stability_metrics
 
 N = 500

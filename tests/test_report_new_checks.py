@@ -8,7 +8,7 @@ import pytest
 from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 from pipeline.report.checks import (CHECK_ORDER, check_convergence, check_grad_norm, check_learning,
                                     check_loss_spikes, check_scaler, prepare_steps, resolve_params, run_checks,
                                     scaler_history, zone_step_fractions)

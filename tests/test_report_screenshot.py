@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from pipeline.atomic import write_text
-from pipeline.errors import PipelineError
-from pipeline.paths import REPO_ROOT
+from pipeline.core.atomic import write_text
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT
 from pipeline.report import screenshot as shot_mod
 from pipeline.report.checks import run_checks
 from pipeline.report.plots import make_plots

@@ -10,13 +10,13 @@ import pytest
 import numpy as np
 import torch
 
-from pipeline.config import load_config
-from pipeline.train_state import STATE_FILE, fingerprint, load_state
-from pipeline.training import Checkpointing, train_model
+from pipeline.core.config import load_config
+from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
+from pipeline.train.loop import Checkpointing, train_model
 
 from .test_training import linear_task
 
-REPO = __import__("pipeline.paths", fromlist=["REPO_ROOT"]).REPO_ROOT
+REPO = __import__("pipeline.core.paths", fromlist=["REPO_ROOT"]).REPO_ROOT
 
 
 def worker(out, *args):
@@ -119,8 +119,8 @@ def test_sigterm_mid_run_checkpoints_the_step_it_finishes_and_resumes_to_the_sam
 
     import pytest
 
-    from pipeline.errors import Terminated
-    from pipeline.training import Trainer
+    from pipeline.core.errors import Terminated
+    from pipeline.train.loop import Trainer
 
     x, y = linear_task()
     cfg = _cfg("train.checkpoint_every=8")

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.checkpoint import load_model
-from pipeline.errors import PipelineError
-from pipeline.paths import REPO_ROOT
-from pipeline.train_state import load_state
+from pipeline.model.model_file import load_model
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.train.resume_state import load_state
 
 SOURCES = sorted((REPO_ROOT / "pipeline").rglob("*.py")) + sorted((REPO_ROOT / "stages").glob("*.py"))
 # The one pickle: the train stage's rows to its own metric-writer child over a pipe, and the
-# child's replies (pipeline/metric_writer.py): both ends are this code, no file or peer is read.
-PICKLE_IPC = {"pipeline/metric_writer.py"}
+# child's replies (pipeline/tracking/metric_writer.py): both ends are this code, no file or peer is read.
+PICKLE_IPC = {"pipeline/tracking/metric_writer.py"}
 PICKLE_MODULES = {"pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"}
 
 
@@ -73,8 +73,8 @@ def test_a_checkpoint_or_model_that_would_run_code_is_refused_without_running_it
                                       "train.checkpoint_dir=checkpoints/../../up", "embed.dataset=/tmp/*.csv",
                                       "embed.cache_dir=/var/tmp/cache", "train.out_dir=/"])
 def test_paths_from_config_must_stay_inside_the_project(override):
-    from pipeline.config import load_config
-    from pipeline.errors import ConfigError
+    from pipeline.core.config import load_config
+    from pipeline.core.errors import ConfigError
 
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"parameter '{key}' = .* outside the project .*run.allow_external_paths"):
@@ -83,8 +83,8 @@ def test_paths_from_config_must_stay_inside_the_project(override):
 
 
 def test_a_symlink_out_of_the_project_is_followed_and_refused(tmp_path, monkeypatch):
-    from pipeline import config
-    from pipeline.errors import ConfigError
+    from pipeline.core import config
+    from pipeline.core.errors import ConfigError
 
     project, outside = tmp_path / "project", tmp_path / "outside"
     (project / "data").mkdir(parents=True)

@@ -11,8 +11,8 @@ import pytest
 
 from pipeline.data import shards
 from pipeline.data.shards import ShardedArray, load_manifest, open_split, write_shards
-from pipeline.errors import ConfigError, ShardError
-from pipeline.output_dirs import MARK
+from pipeline.core.errors import ConfigError, ShardError
+from pipeline.core.output_dirs import MARK
 
 TEACHER = {"name": "tiny-teacher", "revision": "abc123"}
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.errors import PipelineError
-from pipeline.stage_outputs import read_csv, read_json
+from pipeline.core.errors import PipelineError
+from pipeline.core.stage_outputs import read_csv, read_json
 from stages import report
 
 

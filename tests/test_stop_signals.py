@@ -1,11 +1,11 @@
-"""Signals held until the training step in flight is done (pipeline/stop_signals.py)."""
+"""Signals held until the training step in flight is done (pipeline/train/stop_signals.py)."""
 import os
 import signal
 
 import pytest
 
-from pipeline.errors import Terminated
-from pipeline.stop_signals import DeferredStop
+from pipeline.core.errors import Terminated
+from pipeline.train.stop_signals import DeferredStop
 
 
 @pytest.fixture(autouse=True)

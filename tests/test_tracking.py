@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import tracking
-from pipeline.errors import PipelineError
+from pipeline.tracking import store as tracking
+from pipeline.core.errors import PipelineError
 
 
 def test_store_resolves_out_of_a_dvc_temp_experiment_copy(tmp_path):
@@ -185,7 +185,7 @@ SIGTERM_WORKER = '''
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground (a background job ignores it)
 from pathlib import Path
-from pipeline import tracking
+from pipeline.tracking import store as tracking
 from stages._cli import run_stage
 
 def body(cfg):
@@ -319,7 +319,7 @@ def test_stage_lock_tags_digest_what_dvc_lock_records_for_the_stage(tmp_path, mo
 def test_secrets_are_never_logged_as_params_nor_written_to_the_run_file(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from pipeline.redact import REDACTED
+    from pipeline.tracking.redact import REDACTED
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

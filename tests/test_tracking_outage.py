@@ -1,7 +1,7 @@
 """The tracking server goes away mid-run (issue 9), tested against a real `mlflow server` on
 loopback that is stopped and started again on the same port: training's metrics are kept (in
 memory and in the pending file) while it is away, stored when it is back, and what is still
-pending when the run ends is replayed by `python -m pipeline.metric_replay`. Nothing is lost."""
+pending when the run ends is replayed by `python -m pipeline.tracking.replay`. Nothing is lost."""
 from __future__ import annotations
 
 import logging
@@ -12,8 +12,8 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline import tracking
-from pipeline.paths import REPO_ROOT
+from pipeline.tracking import store as tracking
+from pipeline.core.paths import REPO_ROOT
 
 from .mlflow_browser import _free_port, start_mlflow_server
 
@@ -26,7 +26,7 @@ def rows(buffer, steps) -> None:
 
 
 def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="pipeline.tracking")
+    caplog.set_level(logging.INFO, logger="pipeline.tracking.store")
     store, artifacts, port = f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "artifacts", _free_port()
     url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
@@ -55,7 +55,7 @@ def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path
     buffer.__exit__(None, None, None)
     assert len(pending.read_text().splitlines()) == 5
     with start_mlflow_server(store, artifacts, port=port):
-        replay = subprocess.run([sys.executable, "-m", "pipeline.metric_replay", str(pending)], cwd=REPO_ROOT,
+        replay = subprocess.run([sys.executable, "-m", "pipeline.tracking.replay", str(pending)], cwd=REPO_ROOT,
                                 env={**os.environ, "MLFLOW_TRACKING_URI": url}, capture_output=True,
                                 text=True, timeout=120)
         assert replay.returncode == 0, replay.stderr
@@ -69,7 +69,7 @@ def test_the_train_stage_trains_through_a_server_restart_and_its_run_is_whole(tm
     started again while training goes on: the stage ends FINISHED with every telemetry row."""
     import time
 
-    from pipeline.report.fault_matrix import clean_env, project_copy
+    from tools.fault_matrix import clean_env, project_copy
 
     root = project_copy(tmp_path_factory.mktemp("outage-project"))
     env = clean_env()

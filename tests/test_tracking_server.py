@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipeline import tracking
+from pipeline.tracking import store as tracking
 from stages import embed, evaluate
 
 

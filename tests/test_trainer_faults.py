@@ -6,10 +6,10 @@ import time
 import pytest
 import torch
 
-from pipeline import training
-from pipeline.config import CONF_DIR, load_config
-from pipeline.errors import ConfigError, PipelineError
-from pipeline.training import Trainer, TrainingDiverged, lr_lambda
+from pipeline.train import loop as training
+from pipeline.core.config import CONF_DIR, load_config
+from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.train.loop import Trainer, TrainingDiverged, lr_lambda
 
 from .test_training import linear_task
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import load_config
-from pipeline.telemetry import step_columns
-from pipeline.training import TrainingDiverged, lr_lambda, train_model
+from pipeline.core.config import load_config
+from pipeline.train.telemetry import step_columns
+from pipeline.train.loop import TrainingDiverged, lr_lambda, train_model
 
 
 def tiny_cfg(**overrides):

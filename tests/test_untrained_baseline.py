@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.checkpoint import load_model, save_model, untrained_model
-from pipeline.config import load_config
+from pipeline.model.model_file import load_model, save_model, untrained_model
+from pipeline.core.config import load_config
 from pipeline.data.shards import SplitShard
-from pipeline.errors import PipelineError
-from pipeline.evaluation import build_bank, evaluate_split, item_metrics, predictions, ridge_fit, score_items
-from pipeline.training import Trainer
+from pipeline.core.errors import PipelineError
+from pipeline.evaluate.retrieval import build_bank, evaluate_split, item_metrics, predictions, ridge_fit, score_items
+from pipeline.train.loop import Trainer
 
 DIM = 384
 METRICS = ("cosine", "mse", "top1", "top5", "group_top1", "group_top5", "mrr")

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from pipeline.errors import ConfigError, DatasetError, PipelineError
+from pipeline.core.errors import ConfigError, DatasetError, PipelineError
 
 # Extension -> format. Explicit `fmt` values (embed.format) are the format names themselves
 # (plus "ndjson").

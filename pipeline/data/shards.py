@@ -31,9 +31,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from pipeline.atomic import DiskFull, disk_full_error, is_disk_full, write_json
-from pipeline.errors import ConfigError, ShardError
-from pipeline.output_dirs import SHARDS, ownership_problem, remove_stale_siblings, write_mark
+from pipeline.core.atomic import DiskFull, disk_full_error, is_disk_full, write_json
+from pipeline.core.errors import ConfigError, ShardError
+from pipeline.core.output_dirs import SHARDS, ownership_problem, remove_stale_siblings, write_mark
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -198,7 +198,7 @@ def write_shards(out_dir: str | os.PathLike,
     shards or the new ones, never a mix. The arrays are read in KINDS order per shard, shard
     by shard, split by split (the embed stage's plan of encode calls relies on this order).
 
-    `place` (a pipeline.distributed.Dist with more than one rank): every rank calls this with
+    `place` (a pipeline.core.distributed.Dist with more than one rank): every rank calls this with
     the same arguments and writes its share of the shard files (shard n of all splits counted
     together goes to rank n % world) into rank 0's temporary directory, recording their sha256
     in a per-rank file there; after a barrier rank 0 writes the texts files and the manifest,
@@ -207,7 +207,7 @@ def write_shards(out_dir: str | os.PathLike,
     failing rank: peers fail too, at their next collective); a full disk (ENOSPC/EDQUOT) is raised
     as atomic.DiskFull naming the file whose write failed.
 
-    The new directory carries the shards' mark (pipeline/output_dirs.py), and an existing
+    The new directory carries the shards' mark (pipeline/core/output_dirs.py), and an existing
     `out_dir` is replaced only if it is the shards' own (marked, empty, or holding a manifest and
     the files it lists): anything else is refused, before any file is written. A symlinked
     `out_dir` is followed: the directory it points to is replaced, the link stays."""

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .components import EmbeddingMapper, EnergyCarrier, EnergyLattice, OutputMapper, SimpleNeuron
+from pipeline.model.components import EmbeddingMapper, EnergyCarrier, EnergyLattice, OutputMapper, SimpleNeuron
 
 
 @dataclass

@@ -10,9 +10,9 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from pipeline import tracking
-from pipeline.atomic import write_json, write_text
-from pipeline.paths import METRICS_DIR, REPORTS_DIR
+from pipeline.tracking import store as tracking
+from pipeline.core.atomic import write_json, write_text
+from pipeline.core.paths import METRICS_DIR, REPORTS_DIR
 from pipeline.report.checks import TRAIN_KEYS, run_checks, stability_metrics
 from pipeline.report.plots import make_plots
 from pipeline.report.render import render_html, render_markdown
@@ -39,7 +39,7 @@ def build_report(cfg, run_id: str, steps: pd.DataFrame, events: Sequence[Mapping
     """Checks, plots, reports/stability.md and .html, metrics/stability.json (the DVC metrics:
     no time or memory figures) and reports/stability_evidence.json (every check's evidence, time
     and memory included), each written atomically. `unmeasured`: why there are no time and
-    memory measurements of this run (pipeline/perf_files.py), said by the checks that need them.
+    memory measurements of this run (pipeline/train/perf_files.py), said by the checks that need them.
     Returns the checks' result with "plots" ({name: path}) added."""
     params = report_params(cfg, train_metrics, len(steps))
     result = run_checks(steps, events, params, eval_metrics, unmeasured=unmeasured)

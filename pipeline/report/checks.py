@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from pipeline.config import ReportConfig, TrainConfig
-from pipeline.errors import ConfigError
+from pipeline.core.config import ReportConfig, TrainConfig
+from pipeline.core.errors import ConfigError
 
-# Defaults are the schema's (pipeline/config.py ReportConfig, whose comments say why each value),
+# Defaults are the schema's (pipeline/core/config.py ReportConfig, whose comments say why each value),
 # used only for keys the params mapping lacks; planned_steps comes from the train stage's metrics.
 # The zone and spike thresholds are the train stage's (train.grad_*, train.spike_*): the trainer
 # flags with them, and the report must judge by the same numbers.

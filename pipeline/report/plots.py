@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from pipeline.atomic import atomic_path
+from pipeline.core.atomic import atomic_path
 from pipeline.report import checks
 
 DPI = 100

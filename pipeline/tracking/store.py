@@ -1,0 +1,541 @@
+"""MLflow tracking: where the store is, what every run is tagged with, and one run per model.
+
+Default store: `sqlite:///<project root>/mlflow.db`, artifacts in `<project root>/mlruns`, where
+the project root is the repository the user works in. `dvc exp run --temp` / `--queue` run stages
+in a copy under `<root>/.dvc/tmp/exps/...` that DVC deletes afterwards; we resolve the root out of
+that copy (DVC_ROOT, or the path), so those runs and their artifacts land in the same store.
+`MLFLOW_TRACKING_URI` overrides everything (a shared server).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import socket
+import subprocess
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+from pipeline.core.atomic import write_json
+from pipeline.core.errors import PipelineError, TrackingUnavailable
+from pipeline.core.paths import REPO_ROOT
+from pipeline.tracking.redact import redact_params, redact_text
+
+log = logging.getLogger(__name__)
+
+# The MLflow run each stage made, for the stages after it (evaluate and report add to train's run):
+# runs/<stage>.json, beside the outputs and not in them. A DVC output must hold nothing
+# run-specific, or two identical runs would never give identical hashes in dvc.lock.
+# ENERGY_FLOW_RUNS_DIR moves it (the tests' stage processes use it, to leave the project's alone).
+RUNS_DIR = Path(os.environ.get("ENERGY_FLOW_RUNS_DIR") or REPO_ROOT / "runs")
+DIFF_ARTIFACT = "git/diff.patch"  # a dirty run's uncommitted changes, against git.commit
+# Files DVC itself rewrites while a pipeline runs: a change there does not make the code dirty.
+_DVC_HOUSEKEEPING = (":(exclude)dvc.lock", ":(exclude,glob)**/.gitignore")
+
+
+def project_root(start: Path = REPO_ROOT) -> Path:
+    """The user's repository, also when running inside a DVC temp-experiment copy. DVC sets
+    DVC_ROOT for every stage it runs (to the user's repository for --temp / --queue runs); the
+    `.dvc/tmp/exps` path is the fallback for a stage started by hand inside such a copy."""
+    dvc_root = os.environ.get("DVC_ROOT")
+    if dvc_root and start == REPO_ROOT:
+        return Path(dvc_root).resolve()
+    parts = start.resolve().parts
+    for i in range(len(parts) - 2):
+        if parts[i] == ".dvc" and parts[i + 1] == "tmp" and parts[i + 2] == "exps":
+            return Path(*parts[:i])
+    return start.resolve()
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+def pending_dir() -> Path:
+    """Where metric values the store refused wait to be replayed (pipeline/tracking/metric_writer.py): in
+    the project, beside the store, so a --temp experiment's copy can go without losing them."""
+    return project_root() / ".mlflow-pending"
+
+
+# Tracking for this process: on, unless run.tracking=disabled, or =optional with a server that
+# does not answer. Off, every function here is a no-op and runs have no id ("").
+_ENABLED = True
+# A server that answers at all answers /health within this; one that does not is unreachable.
+# MLflow's own client would retry 7 times with back-off (about 4 minutes, by its own estimate).
+PROBE_TIMEOUT_S = 5.0
+
+
+def enabled() -> bool:
+    return _ENABLED
+
+
+# URI schemes MLflow stores runs in (its own list, in the error it raises for any other; a
+# database scheme may carry a driver: postgresql+psycopg2). A bare path has no scheme.
+STORE_SCHEMES = ("", "file", "databricks", "databricks-uc", "uc", "http", "https", "postgresql", "mysql", "sqlite",
+                 "mssql")
+
+
+def bad_scheme(uri: str) -> str | None:
+    """Why MLflow cannot store runs at `uri` whatever answers there (an unknown scheme: MLflow
+    would say so only when the first run starts, after the stage's work), or None."""
+    import urllib.parse
+
+    scheme = urllib.parse.urlsplit(uri).scheme.split("+")[0].lower()
+    if scheme in STORE_SCHEMES or (len(scheme) == 1 and uri[1:2] == ":"):  # (a Windows drive: a path)
+        return None
+    return (f"MLflow cannot store runs under the scheme {scheme!r}; expected sqlite:///PATH, a directory, "
+            "http(s)://HOST:PORT or a database URI (postgresql://, mysql://, mssql://)")
+
+
+def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why the tracking server at `uri` cannot be reached (None: it answered, or the store is a
+    local one). Any HTTP answer counts as reachable: a 401 or 404 is the server's to explain."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.startswith(("http://", "https://")):
+        return None
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return f"{type(reason).__name__}: {reason}" if not isinstance(reason, str) else reason
+
+
+def configure(mode: str) -> None:
+    """Apply run.tracking for this process, before any work. required: a tracking server that does
+    not answer stops the stage now, naming it (not after minutes of MLflow retries, and not after
+    the stage has written outputs it then cannot log); optional: it turns tracking off, with a
+    warning; disabled: no tracking at all."""
+    global _ENABLED
+    _ENABLED = mode != "disabled"
+    if mode == "disabled":
+        return
+    uri = tracking_uri()
+    shown = redact_text(uri)
+    scheme = bad_scheme(uri)
+    if scheme:
+        if mode == "optional":
+            _ENABLED = False
+            log.warning("MLFLOW_TRACKING_URI = %s: %s. Tracking is OFF for this stage (run.tracking=optional)",
+                        shown, scheme)
+            return
+        raise TrackingUnavailable(f"MLFLOW_TRACKING_URI = {shown}: {scheme}. Fix it, unset it (the project's mlflow.db "
+                                  "is then used), or set run.tracking=disabled")
+    reason = unreachable_reason(uri)
+    if reason is None:
+        return
+    if mode == "optional":
+        _ENABLED = False
+        log.warning("the MLflow tracking server %s is unreachable (%s): tracking is OFF for this stage "
+                    "(run.tracking=optional); nothing of it will be in MLflow", shown, reason)
+        return
+    raise TrackingUnavailable(
+        f"the MLflow tracking server {shown} (MLFLOW_TRACKING_URI) is unreachable: {reason}. Start it, point "
+        "MLFLOW_TRACKING_URI at one that runs (unset, the project's mlflow.db is used), or set "
+        "run.tracking=optional (track when it answers) or run.tracking=disabled")
+
+
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts. A SQLite store's default is `./mlruns` under
+    the *current directory*, which for a first run from `dvc exp run --temp` is DVC's temporary
+    copy, deleted when the run ends; we put them next to the database instead. A server decides
+    for itself (None)."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
+    return None
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_provenance() -> tuple[dict[str, str], str]:
+    """Tags naming the code a run used, and the uncommitted diff that made it dirty ("" if none).
+
+    The commit is the experiment's baseline under `dvc exp run` (DVC_EXP_BASELINE_REV): a --temp
+    or --queue copy has the changes committed onto a private stash commit, so `git status` there
+    is clean although the code differs from anything the user has; diffing against the baseline
+    catches that. Tracked files only (DVC outputs are git-ignored), and not DVC's own housekeeping
+    (dvc.lock, .gitignore), which DVC rewrites mid-pipeline."""
+    commit = os.environ.get("DVC_EXP_BASELINE_REV") or _git("rev-parse", "HEAD")
+    diff = _git("diff", "--no-color", "--no-ext-diff", commit, "--", ".", *_DVC_HOUSEKEEPING) if commit else None
+    tags = {"git.commit": commit or "unknown",
+            "git.dirty": "unknown" if diff is None else str(bool(diff)).lower()}
+    if diff:
+        tags["git.diff.sha256"] = hashlib.sha256(diff.encode()).hexdigest()[:16]
+    return tags, diff or ""
+
+
+def device_tags(device: Any = "cpu") -> dict[str, str]:
+    """The device a stage computes on, and what it is (GPU name, or the CPU model and cores)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = _cpu_model() or platform.processor() or platform.machine()
+        name = f"{name} ({os.cpu_count()} cores)"
+    from pipeline.core.numerics import numerics_info  # what decides the bits: the same numbers on another machine need the same
+
+    return {"device": str(device), "device.name": name, **numerics_info()}
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return None
+
+
+def provenance(preset: str) -> tuple[dict[str, str], str]:
+    """A new run's tags: git commit and dirty flag, the dvc.lock digest, the DVC experiment,
+    preset, host, torch version; and the uncommitted diff (see git_provenance)."""
+    import torch
+
+    git_tags, diff = git_provenance()
+    tags = {**git_tags, "preset": preset, "host": socket.gethostname(),
+            "torch.version": torch.__version__}
+    for env, tag in (("DVC_EXP_NAME", "dvc.exp_name"), ("DVC_EXP_BASELINE_REV", "dvc.exp_baseline")):
+        if os.environ.get(env):
+            tags[tag] = os.environ[env]
+    # dvc.lock as the stage found it: the recorded state of the stages before this one.
+    lock = REPO_ROOT / "dvc.lock"
+    if lock.is_file():
+        tags["dvc.lock.sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
+    return tags, diff
+
+
+def provenance_tags(preset: str) -> dict[str, str]:
+    return provenance(preset)[0]
+
+
+def stage_lock_tags(stage: str) -> dict[str, str]:
+    """`dvc.<stage>.sha256`: a digest of what dvc.lock records for `stage` (its command, the hash
+    of every dependency, its params), so two runs share it exactly when DVC holds their stage to
+    be the same code, data and parameters. DVC writes a stage's entry right after the stage
+    runs, so evaluate reads train's. Only under DVC (it sets DVC_STAGE): a stage started by
+    hand may not match what dvc.lock says."""
+    from omegaconf import OmegaConf
+
+    lock = REPO_ROOT / "dvc.lock"
+    if not os.environ.get("DVC_STAGE") or not lock.is_file():
+        return {}
+    entry = (OmegaConf.to_container(OmegaConf.load(lock)).get("stages") or {}).get(stage)
+    if not entry:
+        return {}
+    recorded = {k: entry.get(k) for k in ("cmd", "deps", "params")}
+    digest = hashlib.sha256(json.dumps(recorded, sort_keys=True).encode()).hexdigest()[:16]
+    return {f"dvc.{stage}.sha256": digest}
+
+
+def run_name(stage: str) -> str:
+    """What the UI lists a run as: under `dvc exp run` the model run takes the experiment's name
+    (so `dvc exp show` and MLflow's runs line up by name) and the embed run `<name>-embed`;
+    otherwise the stage's name."""
+    exp = os.environ.get("DVC_EXP_NAME")
+    if not exp:
+        return stage
+    return exp if stage == "train" else f"{exp}-{stage}"
+
+
+def _set_experiment(name: str) -> None:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if mlflow.get_experiment_by_name(name) is None:
+        with contextlib.suppress(MlflowException):  # a parallel queue worker made it first
+            mlflow.create_experiment(name, artifact_location=artifact_location(tracking_uri()))
+    mlflow.set_experiment(name)
+
+
+@contextlib.contextmanager
+def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_id: str | None = None,
+               tags: dict | None = None, keep_status: bool = False) -> Iterator[Any]:
+    """Start (or, with run_id, resume) a run; end it FINISHED, FAILED or KILLED on every path
+    (KILLED for Ctrl-C and SIGTERM, which stages/_cli.py turns into an exception), after the
+    asynchronous metric queue is flushed: MLflow's end_run does not wait for it, so a run could
+    read FINISHED with its last metrics still in flight.
+
+    With tracking off it yields a stand-in whose run id is "". A run_id of "" (a model trained
+    with tracking off) starts a new run.
+
+    keep_status: a stage that adds to another stage's finished run (evaluate and report add to the
+    train run) ends it with the status it had: the model trained whatever happens after. Its own
+    outcome is the tag `stage.<run_name>.status` (FINISHED, FAILED or KILLED)."""
+    if not enabled():
+        yield _NO_RUN
+        return
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())
+    if not run_id:
+        _set_experiment(experiment)
+        # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's sidecar samples them
+        # (pipeline.tracking.metric_writer), and a second sampler would log each metric twice.
+        run = mlflow.start_run(run_name=run_name, log_system_metrics=False)
+        prov, diff = provenance(preset)
+        mlflow.set_tags({**prov, **(tags or {})})
+        if diff:
+            mlflow.log_text(diff, DIFF_ARTIFACT)
+    else:
+        previous = mlflow.get_run(run_id).info.status if keep_status else None
+        run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
+        if tags:
+            mlflow.set_tags(tags)
+    status = "FINISHED"
+    try:
+        yield run
+    except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (errors.Terminated)
+        status = "KILLED"
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        try:
+            mlflow.flush_async_logging()
+            if keep_status and run_id:
+                mlflow.set_tag(f"stage.{run_name}.status", status)
+        finally:
+            end = previous if keep_status and run_id and previous in ("FINISHED", "FAILED", "KILLED") else status
+            mlflow.end_run(status=end)
+            if status == "KILLED":
+                KILLED_RUNS.append(run.info.run_id)
+
+
+# Runs this process ended KILLED (stages/_cli.py says so when a signal stops a stage, and only then).
+KILLED_RUNS: list[str] = []
+
+
+_NO_RUN = SimpleNamespace(info=SimpleNamespace(run_id="", experiment_id="", run_name=""))
+
+
+def run_exists(run_id: str) -> bool:
+    """Whether the store at tracking_uri() holds this run (a checkpoint may come from another store)."""
+    if not enabled() or not run_id:
+        return False
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        mlflow.get_run(run_id)
+    except MlflowException:
+        return False
+    return True
+
+
+def set_tags(tags: dict[str, str]) -> None:
+    if not enabled():
+        return
+    import mlflow
+
+    mlflow.set_tags(tags)
+
+
+def log_metrics(metrics: dict[str, float], step: int | None = None, model_id: str | None = None) -> None:
+    """One batched, asynchronous call per log boundary (never one call per metric). `model_id`
+    (MLflow 3's logged model): the values also show on that model's page."""
+    if not enabled():
+        return
+    import mlflow
+
+    clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    if clean:
+        mlflow.log_metrics(clean, step=step, synchronous=False, model_id=model_id or None)
+
+
+class MetricBuffer:
+    """Telemetry rows to MLflow, batched and off the training process: `buffer(metrics, step)` is
+    the trainer's on_log.
+
+    Rows are held and handed every `flush_seconds` to a sidecar process (pipeline.tracking.metric_writer)
+    that writes them with log_batch, up to 1000 values a call, and (system_metrics_s > 0) samples
+    CPU, memory, disk, network and NVIDIA GPU use as `system/...` metrics. Measured on the SQLite
+    store: sent row by row from the loop, rows every 5 steps of a 57 ms default step cost 4.8 %
+    of training time (bench.trainer); written by MLflow's asynchronous queue (threads of this
+    process), the smoke model trained 1.21-1.26x slower, the writes competing for the GIL; from
+    the sidecar, see bench.tracking. Rows keep their own step and timestamp, so MLflow's curves
+    are the same, just up to `flush_seconds` late.
+
+    `sync()` blocks until the store has every row: before each checkpoint (a resumed run must not
+    lose the rows before it). On exit, on every path (an exception, Ctrl-C, SIGTERM), the rest is
+    sent and waited for, and the sidecar is closed.
+
+    A store that stops answering does not stop training: the sidecar keeps what it refuses in
+    pending_dir()/<run_id>.jsonl (durable before sync returns) and sends it when the store is back;
+    sync says so once per outage, and the end says what is left to replay."""
+
+    # Rows reach the sidecar twice a second: the writes keep pace with training, so the wait at the
+    # end is for half a second of rows at most (~0.1 s on the smoke model, bench.tracking).
+    def __init__(self, run_id: str, flush_seconds: float = 0.5, system_metrics_s: float = 0.0):
+        from pipeline.tracking.metric_writer import MetricWriter
+
+        self.run_id, self.flush_seconds = run_id, flush_seconds
+        self.writer = MetricWriter(tracking_uri(), run_id, pending_dir() / f"{run_id}.jsonl",
+                                   system_metrics_s) if enabled() else None
+        self.outage: dict | None = None  # the last sync's pending status, while the store is away
+        self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)
+        self.sent = 0  # metric values handed to the writer so far (non-finite ones are dropped there)
+        self.last_flush = time.monotonic()
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        if self.writer is None:  # tracking off
+            return
+        # The row as it is (a shallow copy): unpacking it into metric tuples is the sidecar's work
+        # (it was ~1 % of the smoke model's step time here).
+        self.pending.append((step, int(time.time() * 1000), dict(metrics)))
+        if time.monotonic() - self.last_flush >= self.flush_seconds:
+            self.flush()
+
+    def flush(self, wait: bool = False) -> None:
+        if self.writer is None:
+            return
+        pending, self.pending = self.pending, []
+        self.writer.send(pending)
+        self.sent += sum(len(row) for _, _, row in pending)
+        self.last_flush = time.monotonic()
+        if wait:
+            self._report(self.writer.sync())
+
+    def _report(self, status: dict | None) -> None:
+        if status and not self.outage:
+            log.warning("the MLflow store is not taking metrics (%s): training goes on; %d values are kept in %s and "
+                        "sent when it answers again", redact_text(str(status["reason"])), status["pending"],
+                        status["file"])
+        elif self.outage and not status:
+            log.info("the MLflow store answers again: the %d kept metric values are stored", self.outage["pending"])
+        self.outage = status
+
+    def sync(self) -> None:
+        """Send everything buffered and wait until the store has it (before a checkpoint)."""
+        self.flush(wait=True)
+
+    def __enter__(self) -> "MetricBuffer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.flush(wait=True)  # values still pending after it get the sidecar's last tries, then its word
+        except Exception as e:  # noqa: BLE001
+            if exc_type is None:
+                raise
+            # Already failing: say what was lost, but never hide the original error.
+            log.warning("could not store the last telemetry rows in MLflow: %s", e)
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+
+
+def log_params(params: dict[str, Any]) -> None:
+    if not enabled():
+        return
+    import mlflow
+
+    # MLflow caps a param value at 6000 characters and a batch at 100 params. Secrets are replaced
+    # first (pipeline/tracking/redact.py): a param is kept forever and shown to everyone with the UI.
+    items = [(k, v[:6000]) for k, v in redact_params(params).items()]
+    for i in range(0, len(items), 100):
+        mlflow.log_params(dict(items[i:i + 100]))
+
+
+def run_file(stage: str) -> Path:
+    return RUNS_DIR / f"{stage}.json"
+
+
+def write_run_file(stage: str, info: dict) -> None:
+    """`info`: run_id, experiment_id, tracking_uri and the digest of what the run made (e.g.
+    model_sha256), so a reader can tell whether the output in the workspace is still that run's."""
+    # Shown to anyone with the working copy: no password of a tracking URI in it.
+    write_json(run_file(stage), {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
+
+
+def read_run_file(stage: str, output: Path | None = None, digest_key: str = "model_sha256",
+                  required: bool = True) -> dict:
+    """The run `stage` made. With `output` (the file the run made), the run must be the one that
+    made this very file: after `dvc checkout` or `dvc exp apply` of another experiment the file
+    in runs/ still names the last run here, and a `dvc exp run --temp/--queue` copy has no runs/
+    at all (it is not in git), so the run is then looked up in MLflow by the file's digest (a tag
+    its run carries). `required=False`: {} when no run is found, instead of an error."""
+    from pipeline.data.shards import sha256_file
+    from pipeline.core.stage_outputs import read_json
+
+    path = run_file(stage)
+    if not path.is_file():
+        if output is not None and enabled():
+            digest = sha256_file(output)
+            found = find_run_by_tag(f"{stage}.{digest_key}", digest)
+            if found:
+                return {"run_id": found, digest_key: digest}
+        if not required:
+            return {}
+    info = read_json(path, stage)
+    if not isinstance(info.get("run_id"), str):
+        raise PipelineError(f"{path}: holds no run_id; it is written by the {stage} stage: run it again "
+                            f"(dvc repro {stage})")
+    if output is None or not info.get(digest_key):
+        return info
+    digest = sha256_file(output)
+    if info[digest_key] == digest:
+        return info
+    found = find_run_by_tag(f"{stage}.{digest_key}", digest) if enabled() else None
+    if found:
+        return {**info, "run_id": found, digest_key: digest}
+    if not required:
+        return {}
+    raise PipelineError(f"{output} (sha256 {digest[:12]}) is not the file the last {stage} run here made ({path} "
+                        f"names run {info['run_id']}, whose file had sha256 {str(info[digest_key])[:12]}), and no "
+                        f"run in the tracking store carries its digest: run the {stage} stage again "
+                        f"(dvc repro -f {stage})")
+
+
+def find_run_by_tag(key: str, value: str) -> str | None:
+    """The newest run of any experiment whose tag `key` is `value`, or None."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri())  # called before any run of this process has set it
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string=f"tags.`{key}` = '{value}'",
+                              order_by=["attributes.start_time DESC"], max_results=1, output_format="list")
+    return runs[0].info.run_id if runs else None
+
+
+def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:
+    if not enabled():
+        return
+    import mlflow
+
+    mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = None) -> None:
+    """The dataset as an MLflow input of the active run: its schema, row count, source and
+    content digest (the UI's Datasets column; runs on the same data share the digest)."""
+    if not enabled():
+        return
+    import mlflow
+    import mlflow.data
+
+    name = source.rstrip("/").rsplit("/", 1)[-1] or source
+    with warnings.catch_warnings():
+        # MLflow 3.17 registers its local-file source class twice and warns that a path "can be
+        # interpreted in multiple ways: LocalArtifactDatasetSource, LocalArtifactDatasetSource".
+        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+        dataset = mlflow.data.from_pandas(df, source=source, name=name, digest=digest)
+    mlflow.log_input(dataset, context=context, tags=tags)

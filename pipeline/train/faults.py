@@ -1,0 +1,111 @@
+"""Deliberate faults (the `fault` config group): how the detectors and the report are proven.
+
+Each fault hits optimizer steps [step, step + steps) (1-based), except `leak`, which starts at
+`step` and never stops, as the prototype's bug did. In distributed training `fault.rank` picks the one
+rank it hits (-1: all of them), which is how a NaN on one rank is shown to skip the step on all.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline.core.errors import ConfigError
+
+
+class FaultInjector:
+    def __init__(self, fault_cfg, model: nn.Module, rank: int = 0):
+        # A fault aimed at another rank is no fault here.
+        self.kind = fault_cfg.kind if fault_cfg.get("rank", -1) in (-1, rank) else "none"
+        self.first, self.last = fault_cfg.step, fault_cfg.step + fault_cfg.steps - 1
+        self.factor = float(fault_cfg.factor)
+        self.module = fault_cfg.module
+        self.leak_elems = int(fault_cfg.leak_mb * 2**20) // 4  # float32 elements kept per step
+        self._leak_block: np.ndarray | None = None
+        self._leak_pos = 0
+        self._kept: list = []  # the leak: losses whose graphs stay alive, and activation blocks
+        self.overhead_s = 0.0  # the injector's own work, taken off the step time
+        self._target = None
+        if self.kind == "inf_grad":
+            children = dict(model.named_children())
+            if self.module not in children:
+                raise ConfigError(f"parameter 'fault.module' = {self.module!r}: expected one of the model's "
+                                  f"top-level modules: {', '.join(children)}")
+            params = [p for p in children[self.module].parameters() if p.requires_grad]
+            self._target = params[0]
+
+    def hits(self, step: int) -> bool:
+        if self.kind == "none":
+            return False
+        if self.kind == "leak":
+            return step >= self.first
+        return self.first <= step <= self.last
+
+    def on_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
+        """Applied to each micro-batch loss before backward."""
+        if not self.hits(step):
+            return loss
+        if self.kind == "nan_loss":
+            return loss * float("nan")
+        if self.kind == "loss_spike":
+            return loss * self.factor
+        if self.kind == "leak":
+            self._kept.append(loss)  # the prototype's history list: not detached, its graph stays alive
+        return loss
+
+    def after_step(self, step: int) -> None:
+        """Called after the step's timed phases. The leak keeps a step's worth of activations.
+
+        Its own cost is the instrument's, not the model's, and is left out of the step time
+        (take_overhead): making fresh memory resident costs 1.8 ms per 8 MB at first and 14-25
+        ms once a process has touched a few hundred MB on these machines, which would make the
+        fault trip the step-time check too, by an accident of the sandbox's page faults."""
+        if self.kind == "leak" and self.hits(step):
+            t0 = time.perf_counter()
+            self._keep_activations()
+            self.overhead_s += time.perf_counter() - t0
+
+    def take_overhead(self) -> float:
+        """Seconds the injector spent on its own work since the last call."""
+        spent, self.overhead_s = self.overhead_s, 0.0
+        return spent
+
+    def _keep_activations(self) -> None:
+        """leak_mb more host memory resident: slices of a block reserved for 64 steps, filled in
+        turn (untouched pages are not resident). numpy, because torch.empty of the 512 MB block
+        was resident at once (RSS +500 MB before any fill); np.empty is mmap'd, resident only
+        where written."""
+        n = self.leak_elems
+        if n == 0:
+            return
+        if self._leak_block is None or self._leak_pos + n > self._leak_block.size:
+            self._leak_block = np.empty(n * 64, dtype=np.float32)
+            self._kept.append(self._leak_block)
+            self._leak_pos = 0
+        self._leak_block[self._leak_pos:self._leak_pos + n] = 1.0
+        self._leak_pos += n
+
+    def on_grads(self, step: int) -> None:
+        """Applied after backward, before the gradients are measured."""
+        if self.kind == "inf_grad" and self.hits(step) and self._target.grad is not None:
+            with torch.no_grad():
+                self._target.grad.view(-1)[0] = float("inf")
+
+    @contextlib.contextmanager
+    def lr(self, step: int, opt: torch.optim.Optimizer) -> Iterator[None]:
+        """Around opt.step(): the LR spike, restored after so the schedule is untouched."""
+        if self.kind != "lr_spike" or not self.hits(step):
+            yield
+            return
+        saved = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] * self.factor
+        try:
+            yield
+        finally:
+            for g, lr in zip(opt.param_groups, saved):
+                g["lr"] = lr

@@ -1,0 +1,572 @@
+"""What one training process will need, known from the config before any of it is spent.
+
+`check` runs in the train stage after the shards' manifest is read (it gives the embedding dim)
+and before the model, the optimizer or a checkpoint is built or loaded. It estimates the peak
+memory of one training step and the size of one resumable checkpoint, compares them with the
+memory and disk there are, and refuses a config that cannot fit with a `ResourceError` naming
+the estimate's parts, what is available and the keys that drive it (train.memory_check=false
+skips the refusal; the estimate is still computed and logged).
+
+The parts (all MB = 2**20 bytes), and why each is counted the way it is:
+
+- baseline: this process's RSS at the check (Python, torch, pandas, the stage's modules: 381 MB
+  after `import stages.train` on this machine, 470 MB at the check once the meta-device build
+  has imported torch's decompositions, +70 MB that building AdamW would import anyway).
+  Measured, not estimated.
+- params / grads: every parameter is fp32 (autocast casts activations, never the weights); the
+  count is exact, from the model built on the meta device (as checkpoint.model_shapes). Gradients:
+  one fp32 tensor per parameter, alive from backward until zero_grad(set_to_none=True).
+- optimizer: torch.optim.AdamW (pipeline/train/loop.py), exp_avg and exp_avg_sq: 2 fp32 tensors
+  per parameter, allocated at the first step and kept.
+- update: step_health's update/weight ratio, once per log window, clones every weight before
+  the optimizer step and then builds every (weight - clone) at once: 2 more fp32 copies of the
+  parameters alive together with params, grads and optimizer state. On a parameter-heavy model
+  this is the step's peak: 6 x params (params + grads + 2 AdamW + clone + deltas). For
+  model.lattice_width=100000 (591 M parameters, 2,256 MB each copy) that is 13.5 GB + baseline:
+  estimated 14,042 MB, measured 14,183 MB peak RSS over its first step (65 s).
+- activations: bytes saved for backward at the end of the forward pass, when all of them are
+  alive (see `flow_step_bytes` for how they are counted), plus what does not scale with flows:
+  the (batch, lattice cells) tensors saved by the input map's tanh and the output map's
+  LayerNorm and Linear.
+- temporaries: alive during backward on top of the saved activations: two (batch, cells)
+  gradients of the output surface, the largest parameter once (the dense gradient of the
+  lattice gather / AdamW's denominator, one tensor at a time), and with model.checkpoint_steps
+  one flow step's full activations recomputed.
+- ddp: DistributedDataParallel's gradient buckets (gradient_as_bucket_view is off): one more
+  fp32 copy of the parameters per process when there are several.
+- resume: a checkpoint being resumed is loaded to host memory (map_location=cpu) and the stage
+  holds it for the run: its file size.
+- MLflow: rank 0's tracking client and run, started after the check (TRACKING_MB, measured).
+- data: the batches in flight (train.prefetch + 2, inputs and targets, fp32). The memory-mapped
+  shards are not counted: their pages are file-backed, reclaimable page cache (they show in RSS
+  as the epoch touches them, but never cause an OOM).
+
+peak = baseline + MLflow + data + resume + ddp + params + grads + optimizer + max(activations +
+temporaries, update); on CUDA the model's part (ddp onwards) is on the device and compared with
+torch.cuda.mem_get_info, the rest with host memory.
+
+Measured (estimate / peak RSS of a fresh process running the check then train_model, VmHWM):
+smoke 470 / 477 MB, default 544 / 560, seed 3,948 / 3,898, bench 3,141 / 2,839 (its untrained
+flows take 8 steps, the expected figure 9), default with checkpoint_steps 529 / 567, bf16
+552 / 560, grad_accum 4 581 / 635, batch 256 with 65,536 flows 1,077 / 1,155.
+What it leaves out: the allocator keeps what varying shapes (the live-flow count changes every
+step) leave behind, so RSS creeps up over a long run and levels off: a full default run went
+526 -> 780 MB over 1,416 steps (flat after ~700), and the whole stage's first epoch (118 steps,
+with MLflow) peaked at 858 MB against this estimate's 655 MB. That is the report's
+memory_growth check's business; the estimate is of a step's peak.
+
+train.grad_accum adds nothing: each micro-batch's graph is freed by its backward (the trainer
+deletes the step's outputs), and the micro-batches accumulate into the same .grad tensors, so
+the peak is one micro-batch's (train.batch_size rows). Evaluation runs under no_grad with the
+same batch size: less than a training step. fault=leak's kept graphs grow without bound by
+design and are not counted.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import torch
+from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+from pipeline.tracking import store as tracking
+from pipeline.core.distributed import Dist, device_for
+from pipeline.core.errors import ResourceError
+from pipeline.model import EnergyFlowModel
+from pipeline.train.telemetry import rss_mb
+
+MB = 2**20
+FP32 = 4  # bytes per parameter, gradient and AdamW moment: the weights stay fp32 under autocast
+ADAMW_STATES = 2  # exp_avg, exp_avg_sq (amsgrad is off)
+
+# The probe runs the flow step on this many flows, for this many steps, twice: the difference
+# between the two runs is what a flow step costs, the rest is per forward pass (autocast's
+# casts of the weights, which it caches per forward). Milliseconds on 2 cores for the seed
+# preset's carrier (2 x 512); 3 steps because autocast casts twice before its cache settles.
+_PROBE_FLOWS = (16, 64)
+_PROBE_STEPS = 3
+# The probe builds the neuron and carrier with the config's sizes (the lattice shrunk to 2x2):
+# the seed preset's are 10 MB, bench's (carrier 1024) 40 MB. Past this it runs on the meta
+# device instead: no memory, and the same bytes as the CPU in fp32 (equal for the default, seed
+# and checkpointed sizes), but no autocast (meta has none), so a huge carrier under fp16/bf16
+# gets its fp32 figure (measured 1.6x the bf16 one at carrier 1024).
+_PROBE_MAX_BYTES = 256 * MB
+# Rank 0 with tracking on imports MLflow (+44 MB RSS) and opens its store and run (+67 MB with
+# the local sqlite store), after the check: measured with mlflow 3.17 on this machine. A constant:
+# it cannot be measured before it is spent, and it is the same for every model.
+TRACKING_MB = 111.0
+# cgroup v1 reports "no limit" as a huge number (9223372036854771712 here): anything past this is none.
+_NO_LIMIT = 2**60
+CGROUP_V2 = Path("/sys/fs/cgroup")
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def _probe_model(model_cfg, dim: int, device: str) -> EnergyFlowModel:
+    cfg = {**{k: model_cfg[k] for k in model_cfg}, "lattice_width": 2, "lattice_height": 2}
+    # fork_rng: building on the CPU draws initial weights; the run's RNG stream must not move.
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        model = EnergyFlowModel.from_config(cfg, dim)
+    return model.train()
+
+
+def _saved_bytes(model: EnergyFlowModel, n: int, amp_dtype: Optional[torch.dtype]) -> int:
+    """Bytes saved for backward by `_PROBE_STEPS` flow steps of `n` flows: the loop body of
+    EnergyFlowModel.forward (advance, deposit, compaction), parameters excluded (counted as
+    params), each storage once (views share one)."""
+    device = next(model.parameters()).device
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    seen: dict[int, int] = {}
+    kept = []  # holding them keeps a freed storage's address from being reused and miscounted
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s._cdata not in params and s._cdata not in seen:
+            seen[s._cdata] = s.nbytes()
+            kept.append(t)
+        return t
+
+    # As forward starts them: positions at cell centres, zero z and hidden state, energies from the
+    # input map (so they require grad). The device is named on each tensor, not through a
+    # `with torch.device(...)` block: once sentence-transformers is loaded in the process (tests do
+    # that), linspace under that block came out on the CPU and the meta probe failed.
+    x = torch.linspace(0.5, model.W - 0.5, n, device=device)
+    y = torch.linspace(0.5, model.H - 0.5, n, device=device)
+    z = torch.zeros(n, device=device)
+    energy = torch.linspace(0.2, 0.9, n, device=device).requires_grad_()
+    hidden = tuple(torch.zeros(n, model.carrier_hidden, device=device) for _ in range(model.carrier_layers))
+    sample = torch.arange(n, device=device) % 2
+    surface = torch.zeros(2 * model.n_cells, device=device)
+    keep = torch.arange(n, device=device)
+    amp = torch.autocast("cpu", dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
+        for _ in range(_PROBE_STEPS):
+            if model.checkpoint_steps:
+                x, y, z, energy, *hidden = torch_checkpoint(model._advance, x, y, z, energy, *hidden,
+                                                            use_reentrant=False)
+            else:
+                x, y, z, energy, *hidden = model._advance(x, y, z, energy, *hidden)
+            arrived = z >= model.D
+            surface = model._deposit(surface, sample, x, y, energy * arrived.to(energy.dtype))
+            # Compaction on every step (forward compacts only when a flow finished): 8 bytes a
+            # flow for the shared index, an upper bound.
+            x, y, z, energy, sample = x[keep], y[keep], z[keep], energy[keep], sample[keep]
+            hidden = tuple(h[keep] for h in hidden)
+    return sum(seen.values())
+
+
+def flow_step_bytes(model_cfg, dim: int, amp_dtype: Optional[torch.dtype] = None) -> tuple[float, float, str]:
+    """(bytes saved for backward per flow step, bytes per forward pass that do not scale with
+    flows, where the probe ran).
+
+    Measured, not derived: a probe runs the model's own `_advance` and deposit on a few flows
+    under torch.autograd.graph.saved_tensors_hooks (as bench/model.py's activation_bytes does)
+    and counts the storages. Why not a formula: what is saved depends on torch's kernels and on
+    precision, and a formula drifts from both. The CPU GRU cell saves ~8 x carrier_hidden floats
+    per layer per flow; under bf16 autocast the probe measured 3,134 vs 5,100 bytes per flow step
+    at the default sizes, plus 60 KB of cast weights per forward. A formula would have to be
+    re-derived for each; the probe follows them. The flow count does not change what a flow saves
+    (the lattice is shrunk to 2 x 2 for the probe: a flow's tensors do not depend on W or H).
+    On CUDA the probe still runs on the CPU: CUDA's fused GRU cell saves a (flows, 5 x hidden)
+    workspace plus its matmul inputs, ~7 x hidden per layer instead of ~8 (not measured here: no
+    GPU on this machine), so the CPU figure is an upper bound within ~15 % there."""
+    shapes = _probe_model(model_cfg, dim, "meta")
+    probe_bytes = FP32 * sum(p.numel() for p in shapes.parameters())
+    where = "cpu" if probe_bytes <= _PROBE_MAX_BYTES else "meta"
+    model = _probe_model(model_cfg, dim, where) if where == "cpu" else shapes
+    n1, n2 = _PROBE_FLOWS
+    with torch.enable_grad():
+        b1 = _saved_bytes(model, n1, amp_dtype if where == "cpu" else None)
+        b2 = _saved_bytes(model, n2, amp_dtype if where == "cpu" else None)
+    per_flow_step = (b2 - b1) / (_PROBE_STEPS * (n2 - n1))
+    per_forward = max(0.0, b1 - _PROBE_STEPS * n1 * per_flow_step)
+    return per_flow_step, per_forward, where
+
+
+def fixed_activation_bytes(batch: int, n_cells: int, dim: int, output_hidden: int, flows: int) -> int:
+    """Saved for backward once per forward, whatever the flows do (fp32): the input map's
+    LayerNorm input and output (batch, dim) and tanh output (batch, cells); the spawn indices
+    (topk, gather: int64); the output map's LayerNorm input (the surface) and output (batch,
+    cells) and its Linear/GELU/Linear inputs (batch, output_hidden); the loss's (batch, dim)
+    prediction and target terms. The (batch, cells) tensors are what matters: 3 per sample."""
+    floats = batch * (3 * n_cells + 2 * dim + 2 * output_hidden + 3 * dim) + 4 * batch  # + LN mean/rstd
+    return FP32 * floats + 8 * 2 * batch * flows
+
+
+# --------------------------------------------------------------------------- the estimate
+
+
+def _mb(n_bytes: float) -> float:
+    return n_bytes / MB
+
+
+def _fmt(mb: float) -> str:
+    return f"{mb:,.0f} MB"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """One training process's memory, by part, in MB (module docstring: what each part is)."""
+    device: str  # where the model lives: "cpu" or "cuda:N"
+    processes: int  # training processes on this node (each holds all of this)
+    parameters: int  # exact count
+    biggest: tuple[str, int]  # the top-level module holding the most parameters, and how many
+    baseline_mb: float
+    params_mb: float
+    grads_mb: float
+    optimizer_mb: float
+    update_mb: float
+    activations_mb: float  # at the expected flow steps (the refusal uses this one: see `estimate`)
+    activations_worst_mb: float  # every flow for the whole step bound
+    temporaries_mb: float
+    ddp_mb: float
+    resume_mb: float
+    data_mb: float
+    tracking_mb: float
+    checkpoint_mb: float  # one resumable checkpoint on disk (model + AdamW state)
+    flows: int  # flows spawned per micro-batch: batch x flows_per_sample
+    steps_expected: int
+    step_bound: int
+    bytes_per_flow_step: float
+    probe: str  # where the activation probe ran, and in which precision
+
+    def _model_mb(self, activations_mb: float) -> float:
+        step = max(activations_mb + self.temporaries_mb, self.update_mb)
+        return self.ddp_mb + self.params_mb + self.grads_mb + self.optimizer_mb + step
+
+    @property
+    def on_device(self) -> bool:
+        return self.device.startswith("cuda")
+
+    @property
+    def host_peak_mb(self) -> float:
+        host = self.baseline_mb + self.tracking_mb + self.data_mb + self.resume_mb
+        return host if self.on_device else host + self._model_mb(self.activations_mb)
+
+    @property
+    def device_peak_mb(self) -> float:
+        return self._model_mb(self.activations_mb) if self.on_device else 0.0
+
+    @property
+    def peak_mb(self) -> float:
+        """Per process, host and device together (on CPU: the host peak)."""
+        return self.host_peak_mb + self.device_peak_mb
+
+    @property
+    def peak_worst_mb(self) -> float:
+        return self.peak_mb + self._model_mb(self.activations_worst_mb) - self._model_mb(self.activations_mb)
+
+    @property
+    def activations_drive(self) -> bool:
+        """The step's peak is its activations (not the copies of the parameters)."""
+        return self.activations_mb + self.temporaries_mb > self.update_mb
+
+    def metrics(self) -> dict[str, float]:
+        """MLflow metrics, `split/name` as every other metric of the run."""
+        parts = {"baseline": self.baseline_mb, "params": self.params_mb, "grads": self.grads_mb,
+                 "optimizer": self.optimizer_mb, "update": self.update_mb, "activations": self.activations_mb,
+                 "activations_worst": self.activations_worst_mb, "temporaries": self.temporaries_mb,
+                 "ddp": self.ddp_mb, "resume": self.resume_mb, "data": self.data_mb, "tracking": self.tracking_mb,
+                 "peak": self.peak_mb, "peak_worst": self.peak_worst_mb, "host_peak": self.host_peak_mb,
+                 "device_peak": self.device_peak_mb, "checkpoint": self.checkpoint_mb}
+        out = {f"mem/estimate_{k}_mb": float(v) for k, v in parts.items()}
+        out.update({"mem/estimate_parameters": float(self.parameters),
+                    "mem/estimate_flow_steps": float(self.flows * self.steps_expected),
+                    "mem/estimate_flow_steps_worst": float(self.flows * self.step_bound),
+                    "mem/estimate_bytes_per_flow_step": float(self.bytes_per_flow_step),
+                    "mem/estimate_processes": float(self.processes)})
+        return out
+
+    def parts(self, where: str = "all") -> str:
+        """The peak's sum, part by part (what the log line and the refusal show). `where`: "host"
+        (baseline, MLflow, data, a resumed checkpoint), "model" (what lives with the model: on the
+        GPU on CUDA) or "all"."""
+        host = [("baseline", self.baseline_mb), ("MLflow", self.tracking_mb), ("data", self.data_mb),
+                ("resumed checkpoint", self.resume_mb)]
+        model = [("DDP buckets", self.ddp_mb), ("parameters", self.params_mb), ("gradients", self.grads_mb),
+                 ("AdamW state", self.optimizer_mb)]
+        always = ("baseline", "parameters", "gradients", "AdamW state")
+        items = {"host": host, "model": model, "all": host + model}[where]
+        terms = [f"{name} {_fmt(mb)}" for name, mb in items if mb >= 0.5 or name in always]
+        if where != "host":
+            terms.append(f"max(activations {_fmt(self.activations_mb)} + temporaries {_fmt(self.temporaries_mb)}, "
+                         f"update copies {_fmt(self.update_mb)})")
+        return " + ".join(terms)
+
+    def describe(self) -> str:
+        where = f" on {self.device}" if self.on_device else ""
+        return (f"peak {_fmt(self.peak_mb)} per process{where} = {self.parts()}; activations for "
+                f"{self.flows:,} flows x {self.steps_expected} steps at {self.bytes_per_flow_step:,.0f} bytes a flow "
+                f"step (worst case {self.step_bound} steps: peak {_fmt(self.peak_worst_mb)}); "
+                f"{self.parameters:,} parameters; checkpoint {_fmt(self.checkpoint_mb)}")
+
+
+@dataclass(frozen=True)
+class Available:
+    """Memory this node's training processes can still have."""
+    host_free_mb: float  # min(MemAvailable, cgroup headroom): what can still be allocated
+    held_mb: float  # what this process holds now (its RSS): part of the budget it already has
+    processes: int
+    host_source: str  # where host_free_mb comes from, for the message
+    device_free_mb: Optional[float] = None  # torch.cuda.mem_get_info on the model's device
+    device_name: str = ""
+
+    @property
+    def host_mb(self) -> float:
+        """For all `processes` together: what is free plus what each of them holds now (every
+        rank has about this one's baseline when the check runs)."""
+        return self.host_free_mb + self.processes * self.held_mb
+
+    def metrics(self) -> dict[str, float]:
+        out = {"mem/available_host_mb": self.host_mb}
+        if self.device_free_mb is not None:
+            out["mem/available_device_mb"] = self.device_free_mb
+        return out
+
+
+def _read_int(path: Path) -> Optional[int]:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return None if text in ("", "max") else int(text)
+
+
+def _inactive_file(stat: Path, key: str) -> int:
+    try:
+        for line in stat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def cgroup_headroom() -> Optional[tuple[int, str]]:
+    """(bytes the cgroup lets its processes still allocate, which file said so), or None when no
+    limit is set. Usage less the inactive page cache (reclaimable: the kernel drops it before
+    the OOM killer acts), as `docker stats` counts it."""
+    for limit_file, usage_file, stat_key in ((CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current", "inactive_file"),
+                                             (CGROUP_V1 / "memory.limit_in_bytes", CGROUP_V1 / "memory.usage_in_bytes",
+                                              "total_inactive_file")):
+        limit = _read_int(limit_file)
+        if limit is None or limit >= _NO_LIMIT:
+            continue
+        usage = _read_int(usage_file) or 0
+        used = max(0, usage - _inactive_file(limit_file.parent / "memory.stat", stat_key))
+        return max(0, limit - used), f"{limit_file} limit {_fmt(_mb(limit))}"
+    return None
+
+
+def available_memory(device: torch.device, processes: int = 1) -> Available:
+    free = psutil.virtual_memory().available
+    source = "MemAvailable"
+    cg = cgroup_headroom()
+    if cg is not None and cg[0] < free:
+        free, source = cg[0], f"cgroup headroom ({cg[1]})"
+    elif cg is None:
+        source += ", no cgroup limit"
+    device_free, name = None, ""
+    if device.type == "cuda":
+        device_free = _mb(torch.cuda.mem_get_info(device)[0])
+        name = str(device)
+    return Available(_mb(free), rss_mb(), processes, source, device_free, name)
+
+
+def _amp_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
+    from pipeline.train.loop import select_precision  # here: training imports the model, not this module
+
+    return select_precision(precision, device)
+
+
+def estimate(cfg, dim: int, place: Dist = Dist(), device: Optional[torch.device] = None,
+             resume_path: Optional[Path] = None) -> MemoryEstimate:
+    """The memory of one training process of `cfg` on `dim`-d embeddings (nothing is built but a
+    probe of one flow step).
+
+    Flow steps, expected and worst: forward runs every flow until it arrives (z >= depth) or
+    dies, each step moving it forward between min_forward and max_forward, so no step holds more
+    than batch x flows_per_sample x ceil(depth / min_forward) (capped at max_steps): the worst
+    case. An untrained forward head (sigmoid ~ 0.5) moves a flow (min + max) / 2 a step, so most
+    flows arrive after ceil(depth / ((min + max) / 2)) steps, the slower ones a step later: the
+    expected figure is that + 1 (capped). Measured: the untrained smoke, default, bench and seed
+    models stopped at 3, 6, 8, 20 steps (bounds 6, 12, 16, 40; expected 4, 7, 9, 21); a full
+    default run (1,416 steps, trained to val/cosine 0.87) used 6-7 steps and 11,842-14,123 flow
+    steps per step against the expected 14,336 and the worst case 24,576 (0.57 of it at most).
+    The refusal uses the expected figure: refusing on the bound would double the activation term
+    and refuse what runs (the seed preset, 3.7 GB measured, would need 7.0 GB), and no run here
+    came near it. The worst case is logged with it, and the log line warns when only the
+    expected figure fits."""
+    from pipeline.train.loop import select_device
+
+    device = device or select_device(device_for(cfg.train.device, place))
+    m, t = cfg.model, cfg.train
+    # The exact parameter count: the model built on the meta device (as checkpoint.model_shapes
+    # does), which allocates nothing, whatever its size (10**10 cells: 0.1 s).
+    with torch.device("meta"):
+        meta = EnergyFlowModel.from_config(m, dim)
+    sizes = {name: p.numel() for name, p in meta.named_parameters()}
+    n_params = sum(sizes.values())
+    by_module: dict[str, int] = {}
+    for name, n in sizes.items():
+        by_module[name.split(".")[0]] = by_module.get(name.split(".")[0], 0) + n
+    biggest = max(by_module.items(), key=lambda kv: kv[1])
+    largest_tensor = max(sizes.values(), default=0)
+    param_bytes = FP32 * n_params
+    batch = int(t.batch_size)
+    flows = meta.flows_per_sample(batch)
+    cap = min(int(m.max_steps), meta.step_bound)
+    expected_steps = min(cap, math.ceil(m.lattice_depth / ((m.min_forward + m.max_forward) / 2)) + 1)
+    n_flows = batch * flows
+    amp_dtype = _amp_dtype(t.precision, device)
+    per_flow_step, per_forward, where = flow_step_bytes(m, dim, amp_dtype)
+    fixed = fixed_activation_bytes(batch, meta.n_cells, dim, int(m.output_hidden), flows) + per_forward
+    act_expected = fixed + per_flow_step * n_flows * expected_steps
+    act_worst = fixed + per_flow_step * n_flows * cap
+
+    # Backward: the surface's gradient and the output LayerNorm's input gradient, (batch, cells)
+    # each, while the flows' activations are still alive; then one parameter-sized temporary at a
+    # time (the lattice gather's dense gradient, AdamW's denominator on the CPU).
+    temporaries = 2 * FP32 * batch * meta.n_cells + FP32 * largest_tensor
+    if m.checkpoint_steps:
+        # Backward recomputes one flow step at a time: the widest (all flows alive) at most.
+        plain, _, _ = flow_step_bytes({**{k: m[k] for k in m}, "checkpoint_steps": False}, dim, amp_dtype)
+        temporaries += plain * n_flows
+    # The clone of every weight, then (after the optimizer step freed its own temporaries: on
+    # CUDA foreach AdamW's sqrt of all exp_avg_sq, ~1 x params) the deltas: 2 x params at most.
+    update = 2 * param_bytes
+    resume = 0
+    if resume_path is not None and t.resume and Path(resume_path).is_file():
+        resume = Path(resume_path).stat().st_size
+    data = (int(t.prefetch) + 2) * 2 * batch * dim * FP32
+    precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype]
+    return MemoryEstimate(
+        device=str(device), processes=max(1, int(place.local_world_size)), parameters=n_params, biggest=biggest,
+        baseline_mb=rss_mb(), params_mb=_mb(param_bytes), grads_mb=_mb(param_bytes),
+        optimizer_mb=_mb(ADAMW_STATES * param_bytes), update_mb=_mb(update),
+        activations_mb=_mb(act_expected), activations_worst_mb=_mb(act_worst), temporaries_mb=_mb(temporaries),
+        ddp_mb=_mb(param_bytes) if place.world_size > 1 else 0.0, resume_mb=_mb(resume), data_mb=_mb(data),
+        tracking_mb=TRACKING_MB if place.is_main and tracking.enabled() else 0.0,
+        # Model + AdamW moments; step counters, schedule, RNG states and telemetry rows are KBs.
+        checkpoint_mb=_mb((1 + ADAMW_STATES) * param_bytes),
+        flows=n_flows, steps_expected=expected_steps, step_bound=cap, bytes_per_flow_step=per_flow_step,
+        probe=f"{where} {precision if where == 'cpu' else 'fp32'}{', checkpointed' if m.checkpoint_steps else ''}")
+
+
+# --------------------------------------------------------------------------- the check
+
+
+_PARAM_KEYS = {
+    "input_mapper": "model.lattice_width x model.lattice_height (the input map is embedding dim x cells)",
+    "output_mapper": "model.lattice_width x model.lattice_height or model.output_hidden (the output map is "
+                     "cells x output_hidden)",
+    "lattice": "model.lattice_width x lattice_height x lattice_depth or model.cell_state_dim (the lattice "
+               "holds cells x depth x cell_state_dim)",
+    "carrier": "model.carrier_hidden or model.carrier_layers",
+    "neuron": "model.neuron_hidden",
+}
+_ACTIVATION_KEYS = ("train.batch_size, model.max_active_flows (flows per step), model.lattice_depth (steps), "
+                    "or set model.checkpoint_steps=true (a flow step then saves ~1/8 as much: 647 of 5,095 bytes at the "
+                    "default sizes)")
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    estimate: MemoryEstimate
+    available: Available
+    problems: tuple[str, ...] = ()  # what does not fit (empty: it fits)
+    worst_fits: bool = True  # the worst-case flow steps fit too
+    disk_free_mb: Optional[float] = None  # on train.checkpoint_dir's disk, when checkpointing
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def metrics(self) -> dict[str, float]:
+        out = {**self.estimate.metrics(), **self.available.metrics()}
+        if self.disk_free_mb is not None:
+            out["mem/available_disk_mb"] = self.disk_free_mb
+        return out
+
+    def describe(self) -> str:
+        """One line for the log: estimate, available, verdict."""
+        e, a = self.estimate, self.available
+        n = f"{e.processes} processes x " if e.processes > 1 else ""
+        if e.on_device:
+            room = (f"{_fmt(e.device_peak_mb)} on {a.device_name} of {_fmt(a.device_free_mb or 0)} free there, "
+                    f"host {n}{_fmt(e.host_peak_mb)} of {_fmt(a.host_mb)} available")
+        else:
+            room = f"{n}{_fmt(e.peak_mb)} of {_fmt(a.host_mb)} available ({a.host_source})"
+        verdict = "fits" if self.fits else "does not fit"
+        if self.fits and not self.worst_fits:
+            verdict += f" (the worst case, {_fmt(e.peak_worst_mb)}, would not: flows slower than expected could OOM)"
+        return f"memory estimate: {e.describe()}; {room}: {verdict}"
+
+
+def _free_disk(path: Path) -> tuple[Path, int]:
+    """Free bytes on the disk that will hold `path` (its nearest existing ancestor's)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path, shutil.disk_usage(path).free
+
+
+def _what_to_change(e: MemoryEstimate) -> str:
+    params = (f"the parameters ({e.parameters:,}, {e.biggest[1]:,} of them in {e.biggest[0]}) through "
+              f"{_PARAM_KEYS.get(e.biggest[0], 'the model section')}")
+    acts = f"the activations through {_ACTIVATION_KEYS}"
+    first, second = (acts, params) if e.activations_drive else (params, acts)
+    return f"lower {first}; or {second}; or set train.memory_check=false to run anyway"
+
+
+def check(cfg, dim: int, place: Dist = Dist(), checkpoint_path: Optional[Path] = None,
+          available: Optional[Available] = None) -> MemoryCheck:
+    """Estimate, compare with what is available, and raise ResourceError when it cannot fit
+    (unless train.memory_check=false). `checkpoint_path`: the resumable checkpoint's file (its
+    size if it exists is a resume's; its disk must hold one more). `available`: what to compare
+    with (default: this machine's, `available_memory`)."""
+    from pipeline.train.loop import select_device
+
+    device = select_device(device_for(cfg.train.device, place))
+    e = estimate(cfg, dim, place, device, resume_path=checkpoint_path)
+    a = available or available_memory(device, e.processes)
+    problems = []
+    n = e.processes
+    host_what = e.parts("host" if e.on_device else "all")
+    total = f" per process x {n} processes on this node = {_fmt(n * e.host_peak_mb)}" if n > 1 else ""
+    if n * e.host_peak_mb > a.host_mb:
+        held = f"{_fmt(a.held_mb)} this process holds" + (f", x {n} processes" if n > 1 else "")
+        problems.append(f"the estimated {'host ' if e.on_device else ''}peak is {_fmt(e.host_peak_mb)} "
+                        f"({host_what}){total}, but {_fmt(a.host_mb)} host memory is available "
+                        f"({_fmt(a.host_free_mb)} from {a.host_source} + {held})")
+    worst_fits = n * (e.peak_worst_mb if not e.on_device else e.host_peak_mb) <= a.host_mb
+    if e.on_device and a.device_free_mb is not None:
+        if e.device_peak_mb > a.device_free_mb:
+            problems.append(f"the estimated peak on {a.device_name} is {_fmt(e.device_peak_mb)} ({e.parts('model')}), "
+                            f"but it has {_fmt(a.device_free_mb)} free (torch.cuda.mem_get_info)")
+        worst_fits = worst_fits and e.device_peak_mb + e.peak_worst_mb - e.peak_mb <= a.device_free_mb
+    disk_free = None
+    if checkpoint_path is not None and cfg.train.checkpoint_every > 0:
+        where, free = _free_disk(Path(checkpoint_path).parent)
+        disk_free = _mb(free)
+        if disk_free < e.checkpoint_mb:
+            problems.append(f"one resumable checkpoint ({e.parameters:,} parameters + AdamW state = "
+                            f"{_fmt(e.checkpoint_mb)}) does not fit the {_fmt(disk_free)} free on the disk of "
+                            f"train.checkpoint_dir ({where}); point train.checkpoint_dir at a disk with room, or set "
+                            f"train.checkpoint_every=0 (no resuming)")
+    result = MemoryCheck(e, a, tuple(problems), worst_fits, disk_free)
+    if problems and cfg.train.memory_check:
+        memory = [p for p in problems if not p.startswith("one resumable checkpoint")]
+        advice = f"; {_what_to_change(e)}" if memory else "; or set train.memory_check=false to run anyway"
+        raise ResourceError(f"this config cannot train here: {'; and '.join(problems)}{advice} "
+                            f"(estimate: {e.flows:,} flows x {e.steps_expected} steps at "
+                            f"{e.bytes_per_flow_step:,.0f} bytes a flow step; nothing was built)")
+    return result

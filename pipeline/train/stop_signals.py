@@ -1,0 +1,58 @@
+"""SIGTERM and Ctrl-C during training, held until the step in flight is done.
+
+Raised at once (as stages/_cli.py does everywhere else), the signal can land inside the optimizer
+step, with some parameters updated and others not: a checkpoint written then would not be a
+state any run passes through. Held, the trainer finishes the step (60 ms on the default preset,
+7 s on the seed preset), writes a checkpoint there and then stops with the same exception. A
+second signal while one is held stops at once: someone wants out now.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Optional
+
+from pipeline.core.errors import Terminated
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class DeferredStop:
+    """`with DeferredStop() as stop:` ... `if stop.requested: ...; stop.raise_()`."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._saved: dict = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def __enter__(self) -> "DeferredStop":
+        # Handlers can only be set from the main thread; elsewhere the signals act as before. An
+        # ignored signal stays ignored: a shell starts background jobs with SIGINT ignored, and
+        # Ctrl-C in that terminal is not meant for them.
+        if threading.current_thread() is threading.main_thread():
+            held = [s for s in SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+            self._saved = {s: signal.signal(s, self._hold) for s in held}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+        self._saved = {}
+
+    def _hold(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            self._raise(signum)
+        self.signum = signum
+
+    def raise_(self) -> None:
+        """Stop with the held signal's exception: Terminated for SIGTERM, KeyboardInterrupt for Ctrl-C."""
+        self._raise(self.signum)
+
+    @staticmethod
+    def _raise(signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(signum)
