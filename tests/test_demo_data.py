@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data import demo
+from tools import demo_data as demo
 
 COMMITTED = Path(__file__).resolve().parent.parent / "data/raw/qa_pairs.csv"
 MAX_BYTES = 2 * 1024 * 1024
