@@ -1,4 +1,4 @@
-"""Bad input and full disks (issue 9): every case stops with a message that names the file, row,
+"""Bad input and full disks (docs/bad-inputs.md): every case stops with a message that names the file, row,
 field or key and says what was expected, exits non-zero before any work, and leaves the previous
 outputs as they were.
 

@@ -1,4 +1,4 @@
-"""SIGKILL of any stage at a random moment, then `dvc repro` (issue 9): the pipeline completes and
+"""SIGKILL of any stage at a random moment, then `dvc repro`: the pipeline completes and
 its outputs equal an uninterrupted run's; after each kill, every output is either absent or
 whole (outputs are written to temp paths and renamed), so DVC never caches a partial file. And a
 second uninterrupted run gives the same dvc.lock, byte for byte.

@@ -1,4 +1,4 @@
-"""Nothing let in (issue 9): no pickle on the data path, checkpoints and models read with
+"""Nothing let in: no pickle on the data path, checkpoints and models read with
 weights_only=True (an object that would run code on load is refused, and does not run)."""
 from __future__ import annotations
 

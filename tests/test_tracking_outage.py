@@ -1,4 +1,4 @@
-"""The tracking server goes away mid-run (issue 9), tested against a real `mlflow server` on
+"""The tracking server goes away mid-run, tested against a real `mlflow server` on
 loopback that is stopped and started again on the same port: training's metrics are kept (in
 memory and in the pending file) while it is away, stored when it is back, and what is still
 pending when the run ends is replayed by `python -m pipeline.tracking.replay`. Nothing is lost."""

@@ -1,4 +1,4 @@
-"""A tracking server that is not there (issue 9): with run.tracking=required (the default) the
+"""A tracking server that is not there: with run.tracking=required (the default) the
 stage stops at its start, within seconds, naming the server, before any work; with
 run.tracking=optional it goes on with tracking off and says so; =disabled never asks."""
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Stability checks: one verdict per failure mode the seed reports describe.
+"""Stability checks: one verdict per failure mode, the prototype's (docs/prototype.md) and others;
+docs/checks.md describes each check, its thresholds and what to do when it fails.
 
 Each check reads the train stage's telemetry (one row per logged optimizer step, plus an event
 list) and returns {"status": pass|warn|fail|skip|n/a, "pass", "summary", "evidence", "fix"}. A check
