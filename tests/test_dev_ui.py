@@ -9,18 +9,17 @@ import time
 import urllib.request
 
 import pytest
-
 from mlflow.tracking import MlflowClient
 
 from pipeline.core.paths import REPO_ROOT
-from tests.mlflow_browser import _free_port, _kill_group
+from tests.helpers.mlflow_server import free_port, kill_group
 
 
 @pytest.mark.slow  # 10-17 s (the UI server's start): the default suite keeps its 10 minutes
 def test_dev_ui_serves_the_store_on_loopback(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     MlflowClient(uri).create_experiment("ui-check", artifact_location=(tmp_path / "a").as_uri())
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     proc = subprocess.Popen([str(REPO_ROOT / "dev"), "ui", str(port)], cwd=REPO_ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -39,7 +38,7 @@ def test_dev_ui_serves_the_store_on_loopback(tmp_path):
         assert "ui-check" in names
         assert listening_addresses(port) == {"127.0.0.1"}  # loopback only, not 0.0.0.0
     finally:
-        _kill_group(proc)
+        kill_group(proc)
 
 
 def test_dev_ui_points_at_a_tracking_server_instead_of_starting_one():

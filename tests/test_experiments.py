@@ -3,7 +3,7 @@ in the workspace, `--temp` and `--queue` + `dvc queue start` (tests/conftest.py)
 repo's one MLflow store, fully tagged; each model run holds a loadable MLflow model; and DVC's
 own views (`dvc exp show`, `dvc metrics diff`, `dvc plots diff`) show the same numbers as
 MLflow; and the real MLflow UI's compare page shows two of them side by side in headless Chromium
-(tests/mlflow_browser.py; tests/test_mlflow_browser.py checks that harness on synthetic runs).
+(tests/helpers/; tests/test_mlflow_browser.py checks that harness on synthetic runs).
 The experiments are the session's `smoke_experiments` (tests/conftest.py)."""
 from __future__ import annotations
 
@@ -183,8 +183,14 @@ def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(smoke_e
     them (the Metrics grid is scrolled through, as a person would). The screenshot, taken with
     "Show diff only" switched on, is kept in test-artifacts/mlflow-compare-smoke.png."""
     from pipeline.core.paths import REPO_ROOT
-    from tests.mlflow_browser import (GRID_ROWS_HEADING, SHOW_DIFF_ONLY_JS, compare_runs_url, format_metric,
-                                      open_page, start_mlflow_server)
+    from tests.helpers.browser import (
+        GRID_ROWS_HEADING,
+        SHOW_DIFF_ONLY_JS,
+        compare_runs_url,
+        format_metric,
+        open_page,
+    )
+    from tests.helpers.mlflow_server import start_mlflow_server
 
     client, exp, runs = store
     pair = [runs["smoke-a"], runs["smoke-b"]]

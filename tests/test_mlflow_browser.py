@@ -1,7 +1,7 @@
 """The MLflow UI's run-comparison page, as a person sees it, for two synthetic runs.
 
-This checks the harness in tests/mlflow_browser.py (real `mlflow server`, headless Chromium over
-DevTools) on runs logged straight to a throwaway sqlite store, without the pipeline: both runs by
+This checks the harness in tests/helpers/ (real `mlflow server`, headless Chromium through
+Playwright) on runs logged straight to a throwaway sqlite store, without the pipeline: both runs by
 name, the parameter that differs with both values on one row, and each metric's latest value as
 the UI formats it. The screenshot goes to test-artifacts/ (git-ignored) for a human to look at.
 
@@ -14,7 +14,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.core.paths import REPO_ROOT
-from tests.mlflow_browser import compare_runs_url, format_metric, open_page, start_mlflow_server
+from tests.helpers.browser import compare_runs_url, format_metric, open_page
+from tests.helpers.mlflow_server import start_mlflow_server
 
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 SHARED_PARAMS = {"train.epochs": "3", "model.hidden": "64", "data.seed": "0"}

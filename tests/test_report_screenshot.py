@@ -2,9 +2,9 @@
 telemetry, opened in headless Chromium and screenshotted. The picture must be the whole page,
 not blank, and show the verdict first: a green (stable) or red (unstable) banner near the top.
 
-Chromium is required, not optional: `./dev test` installs Debian's package. Without it these
-tests fail with find_chromium's message saying what to install. Each screenshot is copied to
-test-artifacts/ (git-ignored) for a human to look at.
+Chromium is required, not optional: `./dev test` installs Debian's package, and Playwright
+(tools/screenshot.py) drives it. Without it these tests fail with find_chromium's message saying
+what to install. Each screenshot is copied to test-artifacts/ (git-ignored) for a human to look at.
 """
 import shutil
 import stat
@@ -17,11 +17,11 @@ from PIL import Image
 from pipeline.core.atomic import write_text
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
-from pipeline.report import screenshot as shot_mod
 from pipeline.report.checks import run_checks
 from pipeline.report.plots import make_plots
 from pipeline.report.render import STATUS_COLOURS, render_html
-from pipeline.report.screenshot import find_chromium, main, screenshot
+from tools import screenshot as shot_mod
+from tools.screenshot import find_chromium, main, screenshot
 
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 N = 100
@@ -174,8 +174,8 @@ def fake_chromium(tmp_path, body: str) -> str:
 
 @pytest.mark.parametrize("body, message", [
     ("echo 'GPU process crashed: out of cheese' >&2; exit 3", r"(?s)exited with status 3.*out of cheese"),
-    ("exit 0", r"wrote no PNG"),
-    ("sleep 30", r"did not finish within 1 s"),
+    ("exit 0", r"exited with status 0 .*It printed nothing"),
+    ("sleep 30", r"did not start within 1 s"),
 ])
 def test_chromium_failures_are_pipeline_errors_with_its_stderr(monkeypatch, tmp_path, body, message):
     html_path = tmp_path / "r.html"

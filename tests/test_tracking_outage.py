@@ -12,10 +12,10 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking import store as tracking
 from pipeline.core.paths import REPO_ROOT
+from pipeline.tracking import store as tracking
 
-from .mlflow_browser import _free_port, start_mlflow_server
+from .helpers.mlflow_server import free_port, start_mlflow_server
 
 pytestmark = pytest.mark.slow  # real server starts and a real train stage, ~75 s: `./dev test -m slow` (CI runs it)
 
@@ -27,7 +27,7 @@ def rows(buffer, steps) -> None:
 
 def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="pipeline.tracking.store")
-    store, artifacts, port = f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "artifacts", _free_port()
+    store, artifacts, port = f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "artifacts", free_port()
     url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     monkeypatch.setattr(tracking, "pending_dir", lambda: tmp_path / "pending")
@@ -76,7 +76,7 @@ def test_the_train_stage_trains_through_a_server_restart_and_its_run_is_whole(tm
     embed = subprocess.run([sys.executable, "-m", "stages.embed", "preset=smoke", "run.tracking=disabled"], cwd=root,
                            env=env, capture_output=True, text=True, timeout=300)
     assert embed.returncode == 0, embed.stderr[-3000:]
-    store, artifacts, port = f"sqlite:///{root / 'server.db'}", root / "server-artifacts", _free_port()
+    store, artifacts, port = f"sqlite:///{root / 'server.db'}", root / "server-artifacts", free_port()
     url = f"http://127.0.0.1:{port}"
     ckpt = root / "checkpoints/train/last.pt"
     with start_mlflow_server(store, artifacts, port=port):

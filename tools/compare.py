@@ -65,8 +65,15 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.errors import PipelineError
-from pipeline.evaluate.stats import CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, intervals, p_value, resample_means
 from pipeline.core.paths import REPO_ROOT
+from pipeline.evaluate.stats import (
+    CONFIDENCE,
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    intervals,
+    p_value,
+    resample_means,
+)
 
 ITEMS_PATH = "reports/eval_items.parquet"      # in the repository (a DVC output of evaluate)
 MLFLOW_ARTIFACT = "evaluate/eval_items.parquet"  # in the model's MLflow run

@@ -1,0 +1,139 @@
+"""The real `mlflow server` (this venv's) on a throwaway loopback port, for tests that need the
+tracking server or its UI; and the process helpers it uses (a free port, ending a process group).
+
+    with start_mlflow_server("sqlite:////abs/mlflow.db", tmp_path / "artifacts") as base_url:
+        ...  # http://127.0.0.1:PORT, answering /health
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterator
+
+# Environment for the server. Job execution (on by default in MLflow 3.x) starts a job runner
+# and ~7 huey consumer processes and leaves a temp dir in /dev/shm per start; the UI pages we
+# look at need none of it, and on a 2-core machine it slows the start a lot. Telemetry off: the
+# server would otherwise try (and fail, offline) to send usage data.
+SERVER_ENV = {
+    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "true",
+    "PYTHONUNBUFFERED": "1",
+}
+SERVER_START_TIMEOUT = 120.0  # s; ~6 s is typical on a 2-core machine
+KILL_GRACE = 10.0  # s between SIGTERM and SIGKILL of a process group
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (bind to port 0 and let the kernel choose). The port
+    is released before the server binds it; a race with another process is possible but rare, and
+    then the server exits at once and start_mlflow_server reports its error."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
+    """End the process group that `proc` leads (started with start_new_session=True): SIGTERM,
+    then SIGKILL whatever is left after `grace` seconds. The group, not just `proc`, because the
+    MLflow CLI runs uvicorn as a child, which outlives it if only the leader dies."""
+    pgid = proc.pid  # a session leader's pgid is its pid, even after it has exited
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader, or it stays a zombie that keeps the group "alive"
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
+
+
+def _tail(log, lines: int = 30) -> str:
+    """The last `lines` lines of an open log file (binary), as text. pread, not seek+read: the
+    child writes through the same open file description, so moving its offset would make the
+    child overwrite the log."""
+    fd = log.fileno()
+    text = os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace").splitlines()
+    return "\n".join(text[-lines:]) if text else "(empty)"
+
+
+@contextlib.contextmanager
+def start_mlflow_server(backend_store_uri: str, artifacts_dir: Path,
+                        timeout: float = SERVER_START_TIMEOUT, port: int | None = None) -> Iterator[str]:
+    """Run the real `mlflow server` (this venv's) on 127.0.0.1 and a free port; yield its base URL
+    (http://127.0.0.1:PORT) once it answers /health; kill its whole process group on exit.
+
+    `backend_store_uri`: the store the runs were logged to, e.g. sqlite:////abs/path/mlflow.db
+    (use an absolute path). `artifacts_dir`: where the server's artifact proxy reads and writes
+    (--artifacts-destination), so the server never creates ./mlartifacts in the repo; it is
+    created if missing. Runs logged straight to the store keep their own artifact locations.
+
+    One uvicorn worker: the UI makes a handful of requests and the machines may have 2 cores.
+    Host-header/CORS security middleware stays on: its defaults allow 127.0.0.1 on any port,
+    which is what the browser uses. `port`: this one rather than a free one (a server restarted
+    where its clients expect it).
+
+    Raises RuntimeError (with the tail of the server's output) if the server exits early or does
+    not answer within `timeout` seconds."""
+    artifacts_dir = Path(artifacts_dir).resolve()
+    artifacts_dir.mkdir(parents=True, exist_ok=True)
+    mlflow_exe = Path(sys.executable).parent / "mlflow"
+    if not os.access(mlflow_exe, os.X_OK):
+        raise RuntimeError(f"no mlflow executable next to this Python ({mlflow_exe}); "
+                           "run the tests with the project's venv (.venv/bin/python -m pytest)")
+    port = port or free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    args = [str(mlflow_exe), "server",
+            "--backend-store-uri", backend_store_uri,
+            "--artifacts-destination", str(artifacts_dir),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {**os.environ, **SERVER_ENV}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the server is told its store; don't let this confuse it
+    # Output goes to a temp file, not a pipe: nobody reads a pipe while the tests run, and a full
+    # pipe would block the server.
+    with tempfile.TemporaryFile(prefix="mlflow-server-") as log:
+        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            _wait_for_server(proc, base_url, timeout, log, args)
+            yield base_url
+        finally:
+            kill_group(proc)
+
+
+def _wait_for_server(proc: subprocess.Popen, base_url: str, timeout: float, log, args) -> None:
+    deadline = time.monotonic() + timeout
+    last_error = "no answer yet"
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mlflow server exited with status {proc.returncode} before answering "
+                               f"{base_url}/health.\nCommand: {' '.join(args)}\n"
+                               f"Its output (last lines):\n{_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+                last_error = f"HTTP {resp.status}"
+        except (urllib.error.URLError, OSError) as e:
+            last_error = str(e)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"mlflow server did not answer {base_url}/health within {timeout:g} s "
+                               f"(last error: {last_error}).\nCommand: {' '.join(args)}\n"
+                               f"Its output (last lines):\n{_tail(log)}")
+        time.sleep(0.2)
