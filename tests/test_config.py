@@ -146,3 +146,63 @@ def test_any_override_loads_or_is_one_config_error(examples):
             pass
 
     check()
+
+
+# ---------------------------------------------------------------- values checked once, by the schema
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.spike_window=5", "parameter 'train.spike_window' = 5: expected an integer >= 10 (the mean and std of "
+                             "fewer losses flag ordinary noise as spikes)"),
+    ("train.spike_k=0", "parameter 'train.spike_k' = 0.0: expected > 0"),
+    ("train.grad_warning=20", "parameter 'train.grad_warning' = 20.0: expected 0 < grad_warning < grad_critical "
+                              "(10.0)"),
+    ("report.warmup_steps=-1", "parameter 'report.warmup_steps' = -1: expected >= 0"),
+    ("report.memory_alpha=1.5", "parameter 'report.memory_alpha' = 1.5: expected in (0, 1)"),
+    ("report.memory_alpha=0", "parameter 'report.memory_alpha' = 0.0: expected in (0, 1)"),
+    ("report.step_time_max_ratio=0", "parameter 'report.step_time_max_ratio' = 0.0: expected > 0"),
+    ("report.grad_healthy_min=5", "parameter 'report.grad_healthy_min' = 5.0: expected 0 < grad_healthy_min < "
+                                  "train.grad_warning (5.0)"),
+    ("report.grad_max_critical_fraction=1.5", "parameter 'report.grad_max_critical_fraction' = 1.5: expected a "
+                                              "fraction in [0, 1]"),
+    ("report.nonfinite_warn_fraction=-0.1", "parameter 'report.nonfinite_warn_fraction' = -0.1: expected a fraction "
+                                            "in [0, 1]"),
+    ("report.spike_fail_factor=1.0", "parameter 'report.spike_fail_factor' = 1.0: expected > 1 (a spike this many "
+                                     "times the trailing mean loss fails)"),
+    ("report.spike_fail_factor=0.5", "parameter 'report.spike_fail_factor' = 0.5: expected > 1 (a spike this many "
+                                     "times the trailing mean loss fails)"),
+    ("report.scaler_min_scale=0", "parameter 'report.scaler_min_scale' = 0.0: expected > 0"),
+    ("report.scaler_min_scale=-1", "parameter 'report.scaler_min_scale' = -1.0: expected > 0"),
+    ("report.scaler_max_backoff_fraction=-0.01", "parameter 'report.scaler_max_backoff_fraction' = -0.01: expected "
+                                                 "a fraction in [0, 1]"),
+    ("report.scaler_max_backoff_fraction=1.5", "parameter 'report.scaler_max_backoff_fraction' = 1.5: expected a "
+                                               "fraction in [0, 1]"),
+    ("report.learning_min_gain=-0.1", "parameter 'report.learning_min_gain' = -0.1: expected >= 0"),
+])
+def test_the_reports_thresholds_are_refused_at_load(override, message):
+    # Once refused only by the report, after training had run to the end (and by a diverged
+    # run's report): now by the schema, when any stage loads its config.
+    with pytest.raises(ConfigError) as exc:
+        load_config([override])
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train.spike_window=10"], ["report.spike_fail_factor=1.01"], ["report.scaler_min_scale=1e-9"],
+    ["report.scaler_max_backoff_fraction=0", "report.grad_max_critical_fraction=1", "report.nonfinite_warn_fraction=0"],
+    ["report.warmup_steps=0", "report.learning_min_gain=0"],
+])
+def test_the_edges_of_the_reports_ranges_are_accepted(overrides):
+    load_config(overrides)
+
+
+def test_a_short_spike_window_stops_the_train_stage_before_any_work(tmp_path, capsys, monkeypatch):
+    from stages import train
+
+    monkeypatch.setattr(train, "run", lambda cfg: pytest.fail("the stage's work started"))
+    code = train.main(["train.spike_window=5", "run.tracking=disabled", "run.allow_external_paths=true",
+                       f"train.out_dir={tmp_path / 'models'}", f"train.checkpoint_dir={tmp_path / 'ckpt'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "parameter 'train.spike_window' = 5: expected an integer >= 10" in err, err
+    assert list(tmp_path.iterdir()) == []
+
