@@ -423,6 +423,13 @@ def _params_preset(params_file: Path) -> str:
 def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) -> DictConfig:
     """Compose params.yaml (or conf/ when a `preset=` override is given) with Hydra, apply the
     overrides, validate against the schema and return a read-only DictConfig."""
+    raw, source = compose_raw(overrides, params_file)
+    return validate(raw, source=source)
+
+
+def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) -> tuple[DictConfig, str]:
+    """What load_config validates, as Hydra composes it (a key the files lack is absent, not yet
+    filled from the schema), and where it came from."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -465,7 +472,7 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
                           ) from None
     finally:
         GlobalHydra.instance().clear()
-    return validate(raw, source=str(params_file if not use_conf else config_dir))
+    return raw, str(params_file if not use_conf else config_dir)
 
 
 def _check_group_choices(overrides: Sequence[str]) -> None:

@@ -5,32 +5,52 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.config import (CONF_DIR, PARAMS_FILE, Config, DataFormat, EmptyText, FaultKind, Precision, ShardDtype,
-                             SplitKey, Tracking, flatten, load_config)
+                             SplitKey, Tracking, compose_raw, flatten, load_config)
 from pipeline.errors import ConfigError
 from pipeline.paths import REPO_ROOT
+
+ABSENT = "<absent>"
+
+
+def leaves(d, prefix=""):
+    """{"train.scaler.init_scale": 1024.0, "embed.splits.val": 0.1, ...}"""
+    out = {}
+    for k, v in d.items():
+        out.update(leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def differing(a, b):
+    """Leaves of `a` and `b` that are not the same value of the same type (1 == 1.0 == True, yet a
+    YAML that writes 1 where the schema says 1.0 differs), with both values."""
+    la, lb = leaves(a), leaves(b)
+    return [f"{k}: {la.get(k, ABSENT)!r} != {lb.get(k, ABSENT)!r}" for k in sorted(la.keys() | lb.keys())
+            if k not in la or k not in lb or type(la[k]) is not type(lb[k]) or la[k] != lb[k]]
 
 
 def as_plain(cfg):
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
-def keys(d, prefix=""):
-    out = set()
-    for k, v in d.items():
-        out |= keys(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "splits" else {f"{prefix}{k}"}
-    return out
+def test_defaults_are_the_same_values_in_the_schema_conf_and_params_yaml():
+    # The dataclasses hold the defaults; conf/config.yaml must write the same values (DVC composes
+    # params.yaml from it, not from the schema), and params.yaml must be what that composition
+    # gives with the default preset: what `dvc exp run` would write is what `dvc repro` reads.
+    schema = as_plain(OmegaConf.structured(Config))
+    conf = as_plain(compose_raw(["preset=default"])[0])  # as Hydra composes it: no key filled from the schema
+    params = as_plain(OmegaConf.load(PARAMS_FILE))
+    assert not differing(conf, schema), "conf/ with preset=default differs from pipeline/config.py's defaults:\n" + \
+        "\n".join(differing(conf, schema))
+    assert not differing(params, conf), "params.yaml differs from conf/ with preset=default:\n" + \
+        "\n".join(differing(params, conf))
+    assert not differing(as_plain(load_config([])), as_plain(load_config(["preset=default"])))
 
 
-def test_params_yaml_is_conf_composed_with_the_default_preset():
-    # What `dvc exp run` would write must be what `dvc repro` reads, or the two disagree.
-    composed = OmegaConf.to_container(load_config(["preset=default"]))
-    assert yaml.safe_load(PARAMS_FILE.read_text()) == composed
-
-
-def test_conf_holds_every_schema_key_and_no_other():
-    conf = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
-    conf.pop("defaults")
-    assert keys(conf) == keys(OmegaConf.to_container(OmegaConf.structured(Config)))
+def test_differing_names_each_leaf_that_differs():
+    a = {"train": {"lr": 0.003, "epochs": 12, "scaler": {"init_scale": 1024.0}}, "run": {"seed": 0}}
+    b = {"train": {"lr": 0.003, "epochs": 12.0, "scaler": {"init_scale": 2048.0}}, "run": {}}
+    assert differing(a, b) == ["run.seed: 0 != '<absent>'", "train.epochs: 12 != 12.0",
+                               "train.scaler.init_scale: 1024.0 != 2048.0"]
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml")))
