@@ -1,29 +1,56 @@
+import json
+
 import yaml
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.core.config import CONF_DIR, PARAMS_FILE, Config, flatten, load_config
+from pipeline.core.config import (CONF_DIR, PARAMS_FILE, Config, DataFormat, EmptyText, FaultKind, Precision, ShardDtype,
+                             SplitKey, Tracking, compose_raw, flatten, load_config)
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import REPO_ROOT
 
+ABSENT = "<absent>"
 
-def keys(d, prefix=""):
-    out = set()
+
+def leaves(d, prefix=""):
+    """{"train.scaler.init_scale": 1024.0, "embed.splits.val": 0.1, ...}"""
+    out = {}
     for k, v in d.items():
-        out |= keys(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "splits" else {f"{prefix}{k}"}
+        out.update(leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
 
-def test_params_yaml_is_conf_composed_with_the_default_preset():
-    # What `dvc exp run` would write must be what `dvc repro` reads, or the two disagree.
-    composed = OmegaConf.to_container(load_config(["preset=default"]))
-    assert yaml.safe_load(PARAMS_FILE.read_text()) == composed
+def differing(a, b):
+    """Leaves of `a` and `b` that are not the same value of the same type (1 == 1.0 == True, yet a
+    YAML that writes 1 where the schema says 1.0 differs), with both values."""
+    la, lb = leaves(a), leaves(b)
+    return [f"{k}: {la.get(k, ABSENT)!r} != {lb.get(k, ABSENT)!r}" for k in sorted(la.keys() | lb.keys())
+            if k not in la or k not in lb or type(la[k]) is not type(lb[k]) or la[k] != lb[k]]
 
 
-def test_conf_holds_every_schema_key_and_no_other():
-    conf = yaml.safe_load((CONF_DIR / "config.yaml").read_text())
-    conf.pop("defaults")
-    assert keys(conf) == keys(OmegaConf.to_container(OmegaConf.structured(Config)))
+def as_plain(cfg):
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+def test_defaults_are_the_same_values_in_the_schema_conf_and_params_yaml():
+    # The dataclasses hold the defaults; conf/config.yaml must write the same values (DVC composes
+    # params.yaml from it, not from the schema), and params.yaml must be what that composition
+    # gives with the default preset: what `dvc exp run` would write is what `dvc repro` reads.
+    schema = as_plain(OmegaConf.structured(Config))
+    conf = as_plain(compose_raw(["preset=default"])[0])  # as Hydra composes it: no key filled from the schema
+    params = as_plain(OmegaConf.load(PARAMS_FILE))
+    assert not differing(conf, schema), "conf/ with preset=default differs from pipeline/core/config.py's defaults:\n" + \
+        "\n".join(differing(conf, schema))
+    assert not differing(params, conf), "params.yaml differs from conf/ with preset=default:\n" + \
+        "\n".join(differing(params, conf))
+    assert not differing(as_plain(load_config([])), as_plain(load_config(["preset=default"])))
+
+
+def test_differing_names_each_leaf_that_differs():
+    a = {"train": {"lr": 0.003, "epochs": 12, "scaler": {"init_scale": 1024.0}}, "run": {"seed": 0}}
+    b = {"train": {"lr": 0.003, "epochs": 12.0, "scaler": {"init_scale": 2048.0}}, "run": {}}
+    assert differing(a, b) == ["run.seed: 0 != '<absent>'", "train.epochs: 12 != 12.0",
+                               "train.scaler.init_scale: 1024.0 != 2048.0"]
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml")))
@@ -146,3 +173,120 @@ def test_any_override_loads_or_is_one_config_error(examples):
             pass
 
     check()
+
+
+# ---------------------------------------------------------------- values checked once, by the schema
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.spike_window=5", "parameter 'train.spike_window' = 5: expected an integer >= 10 (the mean and std of "
+                             "fewer losses flag ordinary noise as spikes)"),
+    ("train.spike_k=0", "parameter 'train.spike_k' = 0.0: expected > 0"),
+    ("train.grad_warning=20", "parameter 'train.grad_warning' = 20.0: expected 0 < grad_warning < grad_critical "
+                              "(10.0)"),
+    ("report.warmup_steps=-1", "parameter 'report.warmup_steps' = -1: expected >= 0"),
+    ("report.memory_alpha=1.5", "parameter 'report.memory_alpha' = 1.5: expected in (0, 1)"),
+    ("report.memory_alpha=0", "parameter 'report.memory_alpha' = 0.0: expected in (0, 1)"),
+    ("report.step_time_max_ratio=0", "parameter 'report.step_time_max_ratio' = 0.0: expected > 0"),
+    ("report.grad_healthy_min=5", "parameter 'report.grad_healthy_min' = 5.0: expected 0 < grad_healthy_min < "
+                                  "train.grad_warning (5.0)"),
+    ("report.grad_max_critical_fraction=1.5", "parameter 'report.grad_max_critical_fraction' = 1.5: expected a "
+                                              "fraction in [0, 1]"),
+    ("report.nonfinite_warn_fraction=-0.1", "parameter 'report.nonfinite_warn_fraction' = -0.1: expected a fraction "
+                                            "in [0, 1]"),
+    ("report.spike_fail_factor=1.0", "parameter 'report.spike_fail_factor' = 1.0: expected > 1 (a spike this many "
+                                     "times the trailing mean loss fails)"),
+    ("report.spike_fail_factor=0.5", "parameter 'report.spike_fail_factor' = 0.5: expected > 1 (a spike this many "
+                                     "times the trailing mean loss fails)"),
+    ("report.scaler_min_scale=0", "parameter 'report.scaler_min_scale' = 0.0: expected > 0"),
+    ("report.scaler_min_scale=-1", "parameter 'report.scaler_min_scale' = -1.0: expected > 0"),
+    ("report.scaler_max_backoff_fraction=-0.01", "parameter 'report.scaler_max_backoff_fraction' = -0.01: expected "
+                                                 "a fraction in [0, 1]"),
+    ("report.scaler_max_backoff_fraction=1.5", "parameter 'report.scaler_max_backoff_fraction' = 1.5: expected a "
+                                               "fraction in [0, 1]"),
+    ("report.learning_min_gain=-0.1", "parameter 'report.learning_min_gain' = -0.1: expected >= 0"),
+])
+def test_the_reports_thresholds_are_refused_at_load(override, message):
+    # Once refused only by the report, after training had run to the end (and by a diverged
+    # run's report): now by the schema, when any stage loads its config.
+    with pytest.raises(ConfigError) as exc:
+        load_config([override])
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train.spike_window=10"], ["report.spike_fail_factor=1.01"], ["report.scaler_min_scale=1e-9"],
+    ["report.scaler_max_backoff_fraction=0", "report.grad_max_critical_fraction=1", "report.nonfinite_warn_fraction=0"],
+    ["report.warmup_steps=0", "report.learning_min_gain=0"],
+])
+def test_the_edges_of_the_reports_ranges_are_accepted(overrides):
+    load_config(overrides)
+
+
+def test_a_short_spike_window_stops_the_train_stage_before_any_work(tmp_path, capsys, monkeypatch):
+    from stages import train
+
+    monkeypatch.setattr(train, "run", lambda cfg: pytest.fail("the stage's work started"))
+    code = train.main(["train.spike_window=5", "run.tracking=disabled", "run.allow_external_paths=true",
+                       f"train.out_dir={tmp_path / 'models'}", f"train.checkpoint_dir={tmp_path / 'ckpt'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "parameter 'train.spike_window' = 5: expected an integer >= 10" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- choices
+
+
+CHOICES = {"run.tracking": Tracking, "embed.format": DataFormat, "embed.split_key": SplitKey,
+           "embed.empty_text": EmptyText, "embed.dtype": ShardDtype, "train.precision": Precision,
+           "fault.kind": FaultKind}
+
+
+@pytest.mark.parametrize("key", CHOICES)
+def test_every_choice_is_written_as_before_and_reads_as_its_string(key):
+    choices = CHOICES[key]
+    for member in choices:
+        cfg = load_config([f"{key}={member.name}"])
+        value = OmegaConf.select(cfg, key)
+        # The YAML value is the member's name, and the member is that string wherever code looks.
+        assert value is member and value == member.name and f"{value}" == str(value) == member.name
+        assert flatten(cfg)[key] == member.name and type(flatten(cfg)[key]) is str  # MLflow params
+        assert json.dumps(value) == f'"{member.name}"'
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.precision=f16", "parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 "
+                            "(did you mean train.precision=fp16?)"),
+    ("embed.format=xml", "parameter 'embed.format' = 'xml': expected one of auto, csv, tsv, jsonl, json, parquet"),
+    ("fault.kind=boom", "parameter 'fault.kind' = 'boom': expected one of none, nan_loss, inf_grad, loss_spike, "
+                        "lr_spike, leak"),
+    ("run.tracking=null", "parameter 'run.tracking' = None: expected one of required, optional, disabled"),
+    ("embed.dtype=16", "parameter 'embed.dtype' = 16: expected one of float32, float16"),
+    ("embed.split_key=[pair]", "parameter 'embed.split_key' = ['pair']: expected one of pair, input, target"),
+    ("embed.empty_text=Skip", "parameter 'embed.empty_text' = 'Skip': expected one of fail, skip "
+                              "(did you mean embed.empty_text=skip?)"),
+])
+def test_a_bad_choice_names_the_key_the_value_and_the_choices(override, message):
+    with pytest.raises(ConfigError) as exc:
+        load_config([override])
+    assert str(exc.value) == message
+
+
+def test_choices_print_as_the_yaml_writes_them():
+    cfg = load_config(["preset=fp16_fixed", "fault=nan_loss"])
+    text = OmegaConf.to_yaml(cfg)
+    assert "  precision: fp16\n" in text and "  kind: nan_loss\n" in text and "  tracking: required\n" in text
+
+
+@pytest.mark.parametrize("overrides", [["preset=default"], ["preset=fp16_unstable", "fault=loss_spike",
+                                                            "embed.format=csv", "run.tracking=optional"]])
+def test_choices_leave_the_run_digests_as_their_strings_give(overrides):
+    # settings_digest (telemetry/train_perf.json) and fingerprint (resumable checkpoints) hash
+    # config values: a choice must hash as its string did, or every recorded digest goes stale.
+    from pipeline.train.perf_files import settings_digest
+    from pipeline.train.resume_state import fingerprint
+
+    cfg = load_config(overrides)
+    plain = OmegaConf.create(as_plain(cfg))  # the same values, choices as plain strings
+    assert settings_digest(cfg, "d") == settings_digest(plain, "d")
+    assert fingerprint(cfg, "d") == fingerprint(plain, "d") and fingerprint(cfg, "d", 2) == fingerprint(plain, "d", 2)

