@@ -222,7 +222,7 @@ class GradScalerConfig:
 
 
 # Losses of history a loss-spike judgement needs: the mean and std of fewer flag ordinary noise as
-# spikes (the trainer's detector waits for as many, step_health.MIN_SPIKE_HISTORY). The trainer
+# spikes (the trainer's detector, pipeline/train/step_health.py, waits for as many). The trainer
 # and the report's loss_spikes check both judge over train.spike_window, so it may not be shorter.
 MIN_SPIKE_WINDOW = 10
 

@@ -42,7 +42,7 @@ from pipeline.core.paths import REPO_ROOT
 
 MARK = ".energy-flow-output.json"
 # Parts of the project no output may be, contain or lie inside (besides the root itself).
-PROJECT_PARTS = (".git", ".dvc", ".ci", ".venv", "conf", "pipeline", "stages", "tests", "bench", "docs",
+PROJECT_PARTS = (".git", ".dvc", ".ci", ".venv", "conf", "pipeline", "stages", "tools", "tests", "bench", "docs",
                  "mlruns", ".mlflow-pending")
 # Where stages write fixed files (dvc.yaml): a configured output directory must not overlap them.
 FIXED_OUTPUT_DIRS = ("metrics", "telemetry", "reports")

@@ -17,13 +17,15 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
+from pipeline.core.config import MIN_SPIKE_WINDOW
+
 NAN_LOSS, INF_LOSS, NAN_GRAD, INF_GRAD, SPIKE = 1, 2, 4, 8, 16
 NONFINITE = NAN_LOSS | INF_LOSS | NAN_GRAD | INF_GRAD
 MODULE_SHIFT = 5
 ZONES = ("healthy", "warning", "critical", "exploded")
-# The spike test needs some history: mean and std of fewer losses flag ordinary noise (the
-# report's offline scan uses the same floor).
-MIN_SPIKE_HISTORY = 10
+# The spike test needs some history: mean and std of fewer losses flag ordinary noise. One floor
+# for the trainer, the config check of train.spike_window and the report's offline scan.
+MIN_SPIKE_HISTORY = MIN_SPIKE_WINDOW
 
 
 def decode_kind(code: int) -> Optional[str]:
