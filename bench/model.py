@@ -1,7 +1,7 @@
 """Model benchmark: every figure measured in this one run, printed as one JSON object (last line).
 
 - speedup_vs_reference: one training step (forward + backward) of the per-flow reference
-  (tests/reference_model.py) over the vectorised model, same weights and inputs, `default`
+  (tests/helpers/reference_model.py) over the vectorised model, same weights and inputs, `default`
   preset. The reference is timed on a sub-batch and scaled by flow steps (said in the JSON).
 - mfu: FLOP/s of the vectorised training step (FLOPs counted by torch's FlopCounterMode over the
   matmuls and GRU cells it runs, forward and backward) over the FLOP/s of a large fp32 matmul
@@ -80,7 +80,7 @@ def matmul_peak_flops(n: int = 2048, reps: int = 10) -> float:
 
 
 def speedup_vs_reference(cfg, sub_batch: int) -> dict:
-    from tests.reference_model import reference_forward  # run from the repo root: python -m bench.model
+    from tests.helpers.reference_model import reference_forward  # run from the repo root: python -m bench.model
 
     model = build(cfg.model)
     B = cfg.train.batch_size

@@ -20,10 +20,24 @@ from pathlib import Path
 
 import pytest
 
-from tools.fault_matrix import project_copy
 from tests import smoke_reference
+from tools.fault_matrix import project_copy
 
 EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # name -> train.lr
+TIERS = ("unit", "integration", "e2e")  # pyproject.toml says what each holds
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test belongs to exactly one tier (its module's `pytestmark`), so that `./dev unit`
+    (-m "unit and not slow") selects the quick tier and nothing else."""
+    wrong = []
+    for item in items:
+        tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+        if len(tiers) != 1:
+            wrong.append(f"{item.nodeid}: tiers {sorted(tiers) or 'none'}")
+    if wrong:
+        raise pytest.UsageError("every test needs exactly one tier marker of " + ", ".join(TIERS)
+                                + ":\n  " + "\n  ".join(wrong[:20]))
 
 
 @pytest.fixture(autouse=True)

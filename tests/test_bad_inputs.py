@@ -22,15 +22,17 @@ import pytest
 import torch
 
 from pipeline.core.atomic import DiskFull
-from pipeline.model.model_file import load_model, model_shapes, save_model
 from pipeline.core.config import load_config
-from pipeline.data.shards import open_split, write_shards
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.data.shards import open_split, write_shards
 from pipeline.model import EnergyFlowModel
-from pipeline.train.resume_state import STATE_FILE, load_state, save_state
+from pipeline.model.model_file import load_model, model_shapes, save_model
 from pipeline.train.loop import Checkpointing, train_model
+from pipeline.train.resume_state import STATE_FILE, load_state, save_state
 from stages import embed, evaluate, train
-from tests.shard_fixtures import fake_shards
+from tests.helpers.shards import fake_shards
+
+pytestmark = pytest.mark.unit
 
 DIM = 16
 

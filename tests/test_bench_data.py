@@ -13,6 +13,8 @@ import pytest
 from bench import data as bench
 from pipeline.core.paths import REPO_ROOT
 
+pytestmark = pytest.mark.integration
+
 
 def env():
     return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)}

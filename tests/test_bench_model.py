@@ -1,7 +1,11 @@
 """bench.model's measuring pieces, on the smoke preset: what they count is right (no timing is
 asserted here; benchmarks report ratios, tests check behaviour)."""
+import pytest
+
 from bench import model as bench
 from pipeline.core.config import load_config
+
+pytestmark = pytest.mark.unit
 
 
 def test_checkpointing_saves_fewer_activation_bytes():

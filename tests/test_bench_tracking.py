@@ -9,6 +9,8 @@ import pytest
 
 from pipeline.core.paths import REPO_ROOT
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
 def test_quick_run_prints_one_json_line_with_the_figures():

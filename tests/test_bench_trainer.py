@@ -10,6 +10,8 @@ import torch
 from bench import trainer as bench
 from pipeline.core.paths import REPO_ROOT
 
+pytestmark = pytest.mark.integration
+
 
 def run_from(path, code, **names):
     """Run `code` as if it were a line of the file at `path` (the counter goes by the caller's file)."""

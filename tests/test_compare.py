@@ -14,8 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tools import compare as cmp
 from pipeline.evaluate.retrieval import METRICS
+from tools import compare as cmp
+
+pytestmark = pytest.mark.e2e
 
 RESAMPLES = 1000  # the least the command takes; enough for these checks, and quick
 

@@ -1,13 +1,28 @@
 import json
 
-import yaml
 import pytest
+import yaml
 from omegaconf import OmegaConf
 
-from pipeline.core.config import (CONF_DIR, PARAMS_FILE, Config, DataFormat, EmptyText, FaultKind, Precision, ShardDtype,
-                             SplitKey, Tracking, compose_raw, flatten, load_config)
+from pipeline.core.config import (
+    CONF_DIR,
+    PARAMS_FILE,
+    Config,
+    DataFormat,
+    EmptyText,
+    FaultKind,
+    Precision,
+    ShardDtype,
+    SplitKey,
+    Tracking,
+    compose_raw,
+    flatten,
+    load_config,
+)
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import REPO_ROOT
+
+pytestmark = pytest.mark.unit
 
 ABSENT = "<absent>"
 

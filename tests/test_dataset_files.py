@@ -1,9 +1,10 @@
 """A dataset may be a directory or a glob of files; empty texts can be skipped and counted."""
 import pytest
 
-from pipeline.data.readers import dataset_files, read_dataset, read_pairs
 from pipeline.core.errors import DatasetError
+from pipeline.data.readers import dataset_files, read_dataset, read_pairs
 
+pytestmark = pytest.mark.unit
 
 
 def write(path, *ids):

@@ -10,6 +10,8 @@ import pytest
 
 from tools import demo_data as demo
 
+pytestmark = pytest.mark.unit
+
 COMMITTED = Path(__file__).resolve().parent.parent / "data/raw/qa_pairs.csv"
 MAX_BYTES = 2 * 1024 * 1024
 

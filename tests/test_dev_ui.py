@@ -14,6 +14,8 @@ from mlflow.tracking import MlflowClient
 from pipeline.core.paths import REPO_ROOT
 from tests.helpers.mlflow_server import free_port, kill_group
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.slow  # 10-17 s (the UI server's start): the default suite keeps its 10 minutes
 def test_dev_ui_serves_the_store_on_loopback(tmp_path):

@@ -13,11 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pipeline.core.paths import REPO_ROOT
 from pipeline.data.shards import load_manifest, open_split, sha256_file, write_shards
 from pipeline.embed.cache import EmbeddingCache, text_key
 from pipeline.embed.embedding import StreamedEmbeddings, plan_encodes, shard_reads, share_work
-from pipeline.core.paths import REPO_ROOT
 from tools.fault_matrix import clean_env
+
+pytestmark = pytest.mark.integration
 
 # The smoke preset's 600 pairs in shards of 100 rows: 5 train shards, 1 val, 1 test, and 14
 # encode calls, with texts shared across shards (answers repeat) and so across ranks.
@@ -112,7 +114,7 @@ def test_a_bad_dataset_fails_on_every_rank_before_any_work(tmp_path):
 def test_a_rank_failing_mid_write_leaves_no_shard_directory(tmp_path):
     env = stage_env(tmp_path, "fault")
     out = tmp_path / "shards"
-    proc = subprocess.run([sys.executable, "-m", "tests.embed_fault_worker", "1", *SMOKE, f"embed.out_dir={out}"],
+    proc = subprocess.run([sys.executable, "-m", "tests.helpers.embed_fault_worker", "1", *SMOKE, f"embed.out_dir={out}"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "No space left on device (injected on rank 1)" in text, text[-4000:]

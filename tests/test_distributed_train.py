@@ -1,6 +1,6 @@
 """Distributed training on torch.distributed (CPU, gloo, 2 processes on this machine).
 
-One torchrun launch (the real `torchrun` command line) trains every case of tests/distributed_worker.py
+One torchrun launch (the real `torchrun` command line) trains every case of tests/helpers/distributed_worker.py
 in one process group; each rank saves its weights and events, and the tests compare them with each
 other and with one process trained here on the same global batches."""
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.core import distributed
-from pipeline.core import numerics
+from pipeline.core import distributed, numerics
 from pipeline.core.config import load_config
 from pipeline.data.loader import BatchLoader
 from pipeline.train.loop import train_model
+from tests.helpers.distributed_worker import ROWS, synthetic_task
 
-from .distributed_worker import ROWS, synthetic_task
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = ["train.device=cpu", "train.batch_size=16", "train.epochs=2", "train.checkpoint_every=0", "train.threads=1"]
@@ -46,7 +46,7 @@ def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     torchrun = Path(sys.executable).parent / "torchrun"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "tests.distributed_worker",
+    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "tests.helpers.distributed_worker",
                            str(out), json.dumps(CASES)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

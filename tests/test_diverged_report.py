@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
-from tests.shard_fixtures import fake_shards
+from tests.helpers.shards import fake_shards
 from tools.fault_matrix import clean_env, project_copy
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

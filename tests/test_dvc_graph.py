@@ -9,6 +9,8 @@ import yaml
 
 from pipeline.core.paths import REPO_ROOT
 
+pytestmark = pytest.mark.unit
+
 DVC = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
 
 

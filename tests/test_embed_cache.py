@@ -2,8 +2,10 @@
 import numpy as np
 import pytest
 
-from pipeline.embed.cache import EmbeddingCache, embed_distinct, teacher_key, text_key
 from pipeline.core.errors import ShardError
+from pipeline.embed.cache import EmbeddingCache, embed_distinct, teacher_key, text_key
+
+pytestmark = pytest.mark.unit
 
 TEACHER = {"name": "t", "dim": 8, "max_seq_length": 16, "config_sha256": "c", "weights_sha256": "w", "path": "/a"}
 

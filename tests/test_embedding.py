@@ -2,9 +2,11 @@ import numpy as np
 import pytest
 
 from pipeline.core.config import load_config
-from pipeline.embed.embedding import embed_texts_once, prepare_pairs
 from pipeline.core.errors import ConfigError, DatasetError
+from pipeline.embed.embedding import embed_texts_once, prepare_pairs
 from pipeline.embed.teacher import encode_texts, load_teacher, teacher_identity
+
+pytestmark = pytest.mark.unit
 
 
 def test_each_distinct_text_is_embedded_once():

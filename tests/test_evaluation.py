@@ -1,13 +1,23 @@
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 from pipeline.evaluate.bridge import TextBridge, nearest
-from types import SimpleNamespace
-
+from pipeline.evaluate.retrieval import (
+    METRICS,
+    build_bank,
+    evaluate_split,
+    item_metrics,
+    predictions,
+    ridge_fit,
+    ridge_predict,
+    score_items,
+)
 from pipeline.evaluate.stats import mean_ci, paired_difference, resample_means, verdict
-from pipeline.evaluate.retrieval import (METRICS, build_bank, evaluate_split, item_metrics, predictions, ridge_fit,
-                                 ridge_predict, score_items)
+
+pytestmark = pytest.mark.unit
 
 
 def split_of(name, texts, groups, vectors, ids=None):

@@ -34,10 +34,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from pipeline.core.errors import ConfigError, DatasetError
 from pipeline.data.readers import read_dataset
 from pipeline.data.shards import open_split, write_shards
-from pipeline.core.errors import ConfigError, DatasetError
 from stages import embed
+
+pytestmark = pytest.mark.unit
 
 FIELDS = ("id", "question", "answer")
 QUESTIONS = ["What is 2+2?", "Capital of France?", "Qu'est-ce qu'un café ?", "Was heißt Grüße?",

@@ -29,7 +29,7 @@ from pipeline.data.shards import load_manifest, open_split
 from pipeline.report.checks import MEASURED_CHECKS
 from tools.fault_matrix import clean_env, project_copy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 STAGES = ("embed", "train", "evaluate", "report")
 SEED = random.SystemRandom().randrange(10**6)

@@ -7,6 +7,8 @@ import torch
 
 from pipeline.data.loader import BatchLoader
 
+pytestmark = pytest.mark.unit
+
 
 def arrays(n: int, dim: int = 3):
     # Column 0 holds the row index, so a batch tells which rows it contains.

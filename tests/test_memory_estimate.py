@@ -18,14 +18,16 @@ import time
 import pytest
 import torch
 
-from pipeline.train import memory_estimate
 from pipeline.core.config import load_config
 from pipeline.core.distributed import Dist
 from pipeline.core.errors import PipelineError, ResourceError
-from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.core.paths import REPO_ROOT
+from pipeline.model import EnergyFlowModel, energy_flow_loss
+from pipeline.train import memory_estimate
 from stages import train
-from tests.shard_fixtures import fake_shards
+from tests.helpers.shards import fake_shards
+
+pytestmark = pytest.mark.integration
 
 DIM = 384  # the bundled teacher's: the input map (dim x cells) is sized by it
 

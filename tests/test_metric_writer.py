@@ -12,8 +12,10 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.tracking.metric_writer import MetricWriter
 from pipeline.core.paths import REPO_ROOT
+from pipeline.tracking.metric_writer import MetricWriter
+
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ from pipeline.core.paths import REPO_ROOT
 from tests.helpers.browser import compare_runs_url, format_metric, open_page
 from tests.helpers.mlflow_server import start_mlflow_server
 
+pytestmark = pytest.mark.integration
+
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 SHARED_PARAMS = {"train.epochs": "3", "model.hidden": "64", "data.seed": "0"}
 RUNS = {  # run name -> (the differing param, metrics by step)

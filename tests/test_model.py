@@ -5,6 +5,8 @@ import torch
 
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 
+pytestmark = pytest.mark.unit
+
 SMALL = dict(lattice_width=4, lattice_height=3, lattice_depth=3, max_active_flows=40, cell_state_dim=4,
              neuron_hidden=8, carrier_layers=2, carrier_hidden=8, min_forward=0.5, max_forward=1.5,
              max_lateral=1.0, energy_min=0.0, convergence_threshold=0.95, patience=2, max_steps=50,

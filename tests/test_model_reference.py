@@ -1,12 +1,13 @@
-"""The vectorised model equals the per-flow reference (tests/reference_model.py): output surface,
+"""The vectorised model equals the per-flow reference (tests/helpers/reference_model.py): output surface,
 loss and every parameter gradient within 1e-5, in float64 so the comparison measures the
 algorithm, not float32 summation order."""
 import pytest
 import torch
 
 from pipeline.model import EnergyFlowModel, energy_flow_loss
+from tests.helpers.reference_model import reference_forward
 
-from .reference_model import reference_forward
+pytestmark = pytest.mark.unit
 
 BASE = dict(lattice_width=4, lattice_height=3, lattice_depth=3, max_active_flows=1000, cell_state_dim=4,
             neuron_hidden=8, carrier_layers=2, carrier_hidden=8, min_forward=0.3, max_forward=1.2,

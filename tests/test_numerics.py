@@ -14,6 +14,8 @@ import pytest
 from pipeline.core import numerics
 from pipeline.core.paths import REPO_ROOT
 
+pytestmark = pytest.mark.integration
+
 
 def test_pin_sets_defaults_and_keeps_what_the_user_set():
     env = {"MKL_CBWR": "AUTO", "OMP_NUM_THREADS": "3"}
@@ -53,7 +55,7 @@ def test_threads_are_fixed_only_under_the_portable_setting(monkeypatch):
 
 # What a stage does first (stages/__init__.py), then a product, under MKL_VERBOSE (which prints
 # the CNR branch MKL runs in) and the numerics a run would log.
-STAGE_PROBE = ("import stages, json, torch; a = torch.ones(64, 64); a @ a; from pipeline import numerics; "
+STAGE_PROBE = ("import stages, json, torch; a = torch.ones(64, 64); a @ a; from pipeline.core import numerics; "
                "print(json.dumps({'pin': stages.NUMERICS, 'vectors': numerics.vectors_tag(), "
                "**numerics.numerics_info()}))")
 

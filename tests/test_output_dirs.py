@@ -16,14 +16,14 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.core import config
-from pipeline.core import output_dirs
-from pipeline.core import paths
+from pipeline.core import config, output_dirs, paths
 from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError
 from pipeline.core.output_dirs import MARK, MODEL, SHARDS, claim, ownership_problem
 from stages import embed, train
-from tests.shard_fixtures import fake_shards
+from tests.helpers.shards import fake_shards
+
+pytestmark = pytest.mark.unit
 
 ROWS = 120  # enough for every split of 0.8 / 0.1 / 0.1 to hold rows
 

@@ -7,9 +7,11 @@ import json
 
 import pytest
 
-from pipeline.train import perf_files
 from pipeline.core.config import load_config
+from pipeline.train import perf_files
 from pipeline.train.perf_files import SETTINGS_KEY, current_settings, manifest_digest, read_perf, settings_digest
+
+pytestmark = pytest.mark.unit
 
 MANIFEST = {"format_version": 2, "dim": 384, "dtype": "float32", "splits": {"train": {"rows": 10}},
             "files": {}, "source_sha256": "ab" * 32}

@@ -7,6 +7,8 @@ import torch
 from pipeline.core.config import CONF_DIR, load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 
+pytestmark = pytest.mark.integration
+
 PRESETS = sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml"))
 # The two big models take 15-18 s a step each on 2 cores: in the slow set (`./dev test -m slow`,
 # which CI runs), so the default suite keeps its margin under 10 minutes.

@@ -10,8 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data.readers import content_id, dataset_files, drop_duplicate_pairs, read_dataset, read_pairs
 from pipeline.core.errors import ConfigError, DatasetError
+from pipeline.data.readers import content_id, dataset_files, drop_duplicate_pairs, read_dataset, read_pairs
+
+pytestmark = pytest.mark.unit
 
 ROWS = [
     {"id": "a", "q": "What is 2+2?", "a": "4"},

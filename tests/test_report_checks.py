@@ -8,8 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.report.checks import (CHECK_ORDER, prepare_steps, resolve_params, run_checks, spike_scan,
-                                    stability_metrics)
+from pipeline.report.checks import CHECK_ORDER, prepare_steps, resolve_params, run_checks, spike_scan, stability_metrics
+from tests.helpers.synthetic import clean_run
+
+pytestmark = pytest.mark.unit
 
 N = 500
 PARAMS = {"planned_steps": 10_000, "step_cap": 12, "min_steps_to_arrive": 4}  # the rest: defaults
@@ -18,27 +20,6 @@ EVAL = {"eval/test/model/cosine": 0.88, "eval/test/model/top1": 0.8, "eval/test/
         "eval/test/identity/cosine": 0.82, "eval/test/ridge/cosine": 0.9}
 
 
-def clean_run(n: int = N, seed: int = 0) -> pd.DataFrame:
-    """A healthy run: decaying loss with noise, flat step time, memory jittering +-5 MB, norms 0.5-3."""
-    rng = np.random.default_rng(seed)
-    step = np.arange(1, n + 1)
-    ms = 20 + rng.normal(0, 1, n)
-    norm = rng.uniform(0.5, 3, n)
-    return pd.DataFrame({
-        "step": step,
-        "epoch": (step - 1) // 100,
-        "train/loss": 2 + 3 * np.exp(-step / 80) + rng.normal(0, 0.05, n),
-        "train/skipped": 0,
-        "grad/global_norm": norm,
-        "grad/clipped_norm": np.minimum(norm, 1.0),
-        "train/lr": 1e-3,
-        "perf/step_ms": ms,
-        "perf/samples_per_s": 32 / (ms / 1000),
-        "flow/steps_used": rng.integers(5, 9, n),
-        "mem/rss_mb": 1500 + rng.uniform(-5, 5, n),
-        "mem/device_allocated_mb": 800 + rng.uniform(-5, 5, n),
-        "mem/device_peak_mb": 1200 + rng.uniform(-5, 5, n),
-    })
 
 
 def nan_events(steps, module="carrier.gru.0"):

@@ -9,13 +9,33 @@ from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 from pipeline.core.errors import ConfigError
-from pipeline.report.checks import (CHECK_ORDER, check_convergence, check_grad_norm, check_learning,
-                                    check_loss_spikes, check_scaler, prepare_steps, resolve_params, run_checks,
-                                    scaler_history, zone_step_fractions)
+from pipeline.report.checks import (
+    CHECK_ORDER,
+    check_convergence,
+    check_grad_norm,
+    check_learning,
+    check_loss_spikes,
+    check_scaler,
+    prepare_steps,
+    resolve_params,
+    run_checks,
+    scaler_history,
+    zone_step_fractions,
+)
 from pipeline.report.plots import make_plots, plot_learning, plot_scaler
-from pipeline.report.render import (CHECK_PLOTS, STATUS_COLOURS, fmt, fmt_value, render_html, render_markdown,
-                                    unit, verdict_parts)
-from tests.test_report_checks import clean_run
+from pipeline.report.render import (
+    CHECK_PLOTS,
+    STATUS_COLOURS,
+    fmt,
+    fmt_value,
+    render_html,
+    render_markdown,
+    unit,
+    verdict_parts,
+)
+from tests.helpers.synthetic import clean_run
+
+pytestmark = pytest.mark.unit
 
 PARAMS = {"planned_steps": 10_000}  # the rest: defaults (warm-up 10, spike k=4, window 50, ...)
 

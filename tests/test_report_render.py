@@ -10,6 +10,8 @@ from pipeline.report.checks import CHECK_ORDER, run_checks
 from pipeline.report.plots import make_plots
 from pipeline.report.render import eval_table, render_html, render_markdown
 
+pytestmark = pytest.mark.unit
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PARAMS = {"planned_steps": 2000}
 EVENTS = [

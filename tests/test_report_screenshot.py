@@ -23,6 +23,8 @@ from pipeline.report.render import STATUS_COLOURS, render_html
 from tools import screenshot as shot_mod
 from tools.screenshot import find_chromium, main, screenshot
 
+pytestmark = pytest.mark.integration
+
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 N = 100
 NAN_STEPS = range(40, 46)  # 6 % of the run: over the 1 % limit, so nonfinite fails

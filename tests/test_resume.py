@@ -5,22 +5,22 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 import numpy as np
+import pytest
 import torch
 
 from pipeline.core.config import load_config
-from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
 from pipeline.train.loop import Checkpointing, train_model
+from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
+from tests.helpers.synthetic import linear_task
 
-from .test_training import linear_task
+pytestmark = pytest.mark.integration
 
 REPO = __import__("pipeline.core.paths", fromlist=["REPO_ROOT"]).REPO_ROOT
 
 
 def worker(out, *args):
-    return subprocess.run([sys.executable, "-m", "tests.resume_worker", str(out), *map(str, args)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "tests.helpers.resume_worker", str(out), *map(str, args)], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
 
 

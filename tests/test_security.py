@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.model.model_file import load_model
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
+from pipeline.model.model_file import load_model
 from pipeline.train.resume_state import load_state
+
+pytestmark = pytest.mark.unit
 
 SOURCES = sorted((REPO_ROOT / "pipeline").rglob("*.py")) + sorted((REPO_ROOT / "stages").glob("*.py"))
 # The one pickle: the train stage's rows to its own metric-writer child over a pipe, and the

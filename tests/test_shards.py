@@ -9,10 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.data import shards
-from pipeline.data.shards import ShardedArray, load_manifest, open_split, write_shards
 from pipeline.core.errors import ConfigError, ShardError
 from pipeline.core.output_dirs import MARK
+from pipeline.data import shards
+from pipeline.data.shards import ShardedArray, load_manifest, open_split, write_shards
+
+pytestmark = pytest.mark.unit
 
 TEACHER = {"name": "tiny-teacher", "revision": "abc123"}
 

@@ -12,6 +12,8 @@ import pytest
 
 from tests import smoke_reference as ref
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def reference():

@@ -9,6 +9,8 @@ import pytest
 
 from pipeline.data.split import assign_splits
 
+pytestmark = pytest.mark.unit
+
 FRACTIONS = {"train": 0.8, "val": 0.1, "test": 0.1}
 
 

@@ -10,6 +10,8 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.stage_outputs import read_csv, read_json
 from stages import report
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("content, fragment", [
     (None, "not found"),

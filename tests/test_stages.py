@@ -3,6 +3,8 @@ import pytest
 
 from stages import embed, evaluate, report, train
 
+pytestmark = pytest.mark.unit
+
 
 def run_embed(tmp_path, capsys, content: str, name="pairs.csv", *extra):
     data = tmp_path / name

@@ -7,6 +7,8 @@ import pytest
 from pipeline.core.errors import Terminated
 from pipeline.train.stop_signals import DeferredStop
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(autouse=True)
 def foreground_signals():

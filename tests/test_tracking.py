@@ -2,8 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.tracking import store as tracking
 from pipeline.core.errors import PipelineError
+from pipeline.tracking import store as tracking
+
+pytestmark = pytest.mark.integration
 
 
 def test_store_resolves_out_of_a_dvc_temp_experiment_copy(tmp_path):
@@ -363,9 +365,9 @@ def test_the_run_file_links_a_stage_to_the_run_that_made_this_very_output(tmp_pa
 def test_without_a_run_file_the_run_is_found_by_the_outputs_digest(tmp_path, monkeypatch):
     """A `dvc exp run --temp/--queue` copy has no runs/ (it is not in git): the train stage still
     finds the embed run that made its shards, by the manifest digest its run carries as a tag."""
-    from pipeline.data.shards import sha256_file
-
     import mlflow
+
+    from pipeline.data.shards import sha256_file
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     monkeypatch.setattr(tracking, "RUNS_DIR", tmp_path / "runs")

@@ -17,7 +17,7 @@ from pipeline.tracking import store as tracking
 
 from .helpers.mlflow_server import free_port, start_mlflow_server
 
-pytestmark = pytest.mark.slow  # real server starts and a real train stage, ~75 s: `./dev test -m slow` (CI runs it)
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # real server starts and a real train stage, ~75 s: `./dev test -m slow` (CI runs it)
 
 
 def rows(buffer, steps) -> None:

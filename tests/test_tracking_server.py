@@ -12,6 +12,8 @@ import pytest
 from pipeline.tracking import store as tracking
 from stages import embed, evaluate
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def dead_server(monkeypatch):

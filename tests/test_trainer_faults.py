@@ -6,12 +6,13 @@ import time
 import pytest
 import torch
 
-from pipeline.train import loop as training
 from pipeline.core.config import CONF_DIR, load_config
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.train import loop as training
 from pipeline.train.loop import Trainer, TrainingDiverged, lr_lambda
+from tests.helpers.synthetic import linear_task
 
-from .test_training import linear_task
+pytestmark = pytest.mark.unit
 
 K = 7  # the faulty step
 STEPS = 3 * (192 // 16)  # tiny_cfg: 3 epochs of 12 steps

@@ -5,8 +5,11 @@ import pytest
 import torch
 
 from pipeline.core.config import load_config
-from pipeline.train.telemetry import step_columns
 from pipeline.train.loop import TrainingDiverged, lr_lambda, train_model
+from pipeline.train.telemetry import step_columns
+from tests.helpers.synthetic import linear_task
+
+pytestmark = pytest.mark.unit
 
 
 def tiny_cfg(**overrides):
@@ -14,11 +17,6 @@ def tiny_cfg(**overrides):
     return load_config(base + [f"{k}={v}" for k, v in overrides.items()])
 
 
-def linear_task(n=192, dim=16, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, dim)).astype(np.float32)
-    w = rng.normal(size=(dim, dim)).astype(np.float32) / np.sqrt(dim)
-    return x, (x @ w).astype(np.float32)
 
 
 def test_training_learns_and_writes_telemetry():

@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.model.model_file import load_model, save_model, untrained_model
 from pipeline.core.config import load_config
-from pipeline.data.shards import SplitShard
 from pipeline.core.errors import PipelineError
+from pipeline.data.shards import SplitShard
 from pipeline.evaluate.retrieval import build_bank, evaluate_split, item_metrics, predictions, ridge_fit, score_items
+from pipeline.model.model_file import load_model, save_model, untrained_model
 from pipeline.train.loop import Trainer
+
+pytestmark = pytest.mark.unit
 
 DIM = 384
 METRICS = ("cosine", "mse", "top1", "top5", "group_top1", "group_top5", "mrr")

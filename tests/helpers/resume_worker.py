@@ -1,4 +1,4 @@
-"""A training process for the kill-and-resume test: `python -m tests.resume_worker DIR [KILL_AT]`.
+"""A training process for the kill-and-resume test: `python -m tests.helpers.resume_worker DIR [KILL_AT]`.
 
 Trains the tiny test task with a checkpoint in DIR every 4 steps, resuming from it when one is
 there; with KILL_AT it SIGKILLs itself when step KILL_AT's telemetry row is logged (after the
@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from pipeline.core.config import load_config
-from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
 from pipeline.train.loop import Checkpointing, train_model
-from tests.test_training import linear_task
+from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
+from tests.helpers.synthetic import linear_task
 
 OVERRIDES = ["preset=smoke", "train.epochs=3", "train.batch_size=16", "train.log_every=2", "train.device=cpu",
              "train.checkpoint_every=4"]  # torch's default threads (2 here): determinism must not need 1

@@ -1,6 +1,6 @@
 """One rank of the distributed training tests, started by torchrun:
 
-    torchrun --standalone --nproc_per_node 2 -m tests.distributed_worker OUT_DIR CASES_JSON
+    torchrun --standalone --nproc_per_node 2 -m tests.helpers.distributed_worker OUT_DIR CASES_JSON
 
 CASES_JSON maps a case name to its config overrides (on the smoke preset). Each case trains on the
 same small synthetic task in this process group, one after the other (one launch for all cases:
@@ -20,16 +20,14 @@ import torch
 from pipeline.core import distributed
 from pipeline.core.config import load_config
 from pipeline.train.loop import TrainingDiverged, train_model
+from tests.helpers.synthetic import linear_task
 
 ROWS, VAL_ROWS, DIM = 256, 64, 16
 
 
 def synthetic_task(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and a smooth nonlinear target of them: the same arrays on every rank."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((ROWS + VAL_ROWS, DIM)).astype(np.float32)
-    w = rng.standard_normal((DIM, DIM)).astype(np.float32) / np.sqrt(DIM)
-    return x, np.tanh(x @ w).astype(np.float32)
+    return linear_task(ROWS + VAL_ROWS, DIM, seed, squash=True)
 
 
 def train_case(overrides: list[str], place) -> dict:

@@ -1,6 +1,6 @@
 """The embed stage on 2 ranks, one of which fails mid-write, as on a full disk:
 
-    python -m tests.embed_fault_worker RANK [OVERRIDE ...]
+    python -m tests.helpers.embed_fault_worker RANK [OVERRIDE ...]
 
 starts 2 copies of itself under torchrun's launcher (as embed.nproc=2 starts stages.embed); in
 each, the stage runs with the overrides, and on rank RANK writing a shard file raises OSError
@@ -11,18 +11,19 @@ from __future__ import annotations
 import os
 import sys
 
-import stages  # noqa: F401  (first: it pins the portable numerics before torch is imported, as a stage does)
-
 import numpy as np  # noqa: E402
 
-from pipeline.core import distributed
-from pipeline.core import numerics  # noqa: E402
+import stages  # noqa: F401  (first: it pins the portable numerics before torch is imported, as a stage does)
+from pipeline.core import (
+    distributed,
+    numerics,  # noqa: E402
+)
 from stages import embed  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     if not distributed.under_launcher():
-        return distributed.launch(2, "tests.embed_fault_worker", argv, "embed")
+        return distributed.launch(2, "tests.helpers.embed_fault_worker", argv, "embed")
     rank, overrides = int(argv[0]), argv[1:]
     if distributed.from_env().rank == rank:
         save = np.save
