@@ -32,7 +32,7 @@ from pipeline.train.resume_state import STATE_FILE, load_state, save_state
 from stages import embed, evaluate, train
 from tests.helpers.shards import fake_shards
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # runs a stage or a bench: outside the ~2-minute unit tier
 
 DIM = 16
 

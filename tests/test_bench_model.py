@@ -5,7 +5,7 @@ import pytest
 from bench import model as bench
 from pipeline.core.config import load_config
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # runs a stage or a bench: outside the ~2-minute unit tier
 
 
 def test_checkpointing_saves_fewer_activation_bytes():

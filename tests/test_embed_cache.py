@@ -5,7 +5,7 @@ import pytest
 from pipeline.core.errors import ShardError
 from pipeline.embed.cache import EmbeddingCache, embed_distinct, teacher_key, text_key
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # runs a stage or a bench: outside the ~2-minute unit tier
 
 TEACHER = {"name": "t", "dim": 8, "max_seq_length": 16, "config_sha256": "c", "weights_sha256": "w", "path": "/a"}
 

@@ -39,7 +39,7 @@ from pipeline.data.readers import read_dataset
 from pipeline.data.shards import open_split, write_shards
 from stages import embed
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration  # runs a stage or a bench: outside the ~2-minute unit tier
 
 FIELDS = ("id", "question", "answer")
 QUESTIONS = ["What is 2+2?", "Capital of France?", "Qu'est-ce qu'un café ?", "Was heißt Grüße?",
