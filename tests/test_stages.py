@@ -16,8 +16,7 @@ def run_embed(tmp_path, capsys, content: str, name="pairs.csv", *extra):
 
 def test_missing_field_names_file_and_field(tmp_path, capsys):
     code, err, out = run_embed(tmp_path, capsys, "id,question,reply\n1,What?,This.\n")
-    assert code == 1
-    assert "pairs.csv" in err and "answer" in err
+    assert code == 1 and "pairs.csv" in err and "'answer'" in err and "reply" in err, err
     assert not out.exists()
 
 
@@ -42,4 +41,6 @@ def test_help_explains_the_stage(stage, capsys):
 
 def test_train_without_shards_says_to_run_embed(tmp_path, capsys):
     assert train.main([f"embed.out_dir={tmp_path / 'none'}", "run.allow_external_paths=true"]) == 1
-    assert "embed" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"[train] error: {tmp_path / 'none' / 'manifest.json'}: shard manifest not found; run the embed stage to "
+        "(re)create the shards")
