@@ -298,8 +298,8 @@ def test_a_spike_window_shorter_than_the_minimum_judges_once_full():
 
 
 def test_allocator_warmup_that_plateaus_is_not_a_leak():
-    # What a clean default run showed: RSS climbs ~250 MB over the first ~40 % of the run while the
-    # heap grows, then stays flat. A leak keeps climbing; this does not.
+    # What a clean default run shows: RSS climbs over the first part of the run while the heap
+    # grows, then stays flat (modelled below). A leak keeps climbing; this does not.
     df = clean_run()
     step = df["step"].to_numpy()
     df["mem/rss_mb"] = 630 + 250 * np.minimum(step / 200, 1.0) + np.random.default_rng(2).uniform(-3, 3, N)

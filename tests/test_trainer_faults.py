@@ -133,8 +133,8 @@ def test_fp16_scaler_grows_a_tiny_scale_every_growth_interval():
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_cpu_autocast_runs_without_onednn_and_restores_it(precision):
-    # oneDNN caches a kernel per matmul shape in fp16/bf16: RSS climbed 426 -> 735 MB in 224 smoke
-    # steps. The run turns it off and leaves the process-wide flag as it found it.
+    # oneDNN caches a kernel per matmul shape in fp16/bf16: RSS kept climbing over a smoke run.
+    # The run turns it off and leaves the process-wide flag as it found it.
     seen = []
     tr = trainer(f"train.precision={precision}")
     tr.on_log = lambda row, step: seen.append(torch.backends.mkldnn.enabled)
@@ -211,7 +211,7 @@ def test_too_few_rows_for_one_step_is_a_clear_error():
 
 
 def test_validation_time_is_not_counted_as_step_time(monkeypatch):
-    # The default run showed a 2x step-time spike at every epoch boundary: the val pass.
+    # The default run showed a step-time spike at every epoch boundary: the val pass.
     real = training.evaluate_loss
 
     def slow_validation(*args, **kwargs):

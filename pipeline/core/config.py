@@ -257,12 +257,12 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     # MLflow system metrics (CPU, memory, disk, network, NVIDIA GPU) sampled every N seconds
-    # during train; 0 = off. Each sample also reads the run back from the store (~5 ms).
+    # during train; 0 = off. Each sample also reads the run back from the store.
     system_metrics_every_s: float = 5.0
     # torch.use_deterministic_algorithms for the run: without it two processes with 2 CPU threads
-    # end with weights that differ in the 7th digit (and a resumed run is not bitwise the same);
-    # with it they agree bitwise, at no measurable cost (default preset: 51.7-55.1 vs 55.1-56.5
-    # ms/step). Ops with no deterministic kernel (some on CUDA) warn instead of failing.
+    # can end with weights that differ in the last digits (and a resumed run is not bitwise the
+    # same); with it they agree bitwise, at a step-time cost lost in the noise on the default
+    # preset. Ops with no deterministic kernel (some on CUDA) warn instead of failing.
     deterministic: bool = True
     # Processes for DistributedDataParallel (torchrun on this machine, launched by the stage;
     # under your own torchrun, torchrun's count wins). Each process trains on batch_size rows per
@@ -332,8 +332,8 @@ class EvaluateConfig:
     ridge_alpha: float = 1.0
     samples: int = 10  # decoded examples in the sample table
     # Paired bootstrap over test items for every metric's 95 % CI and each model - baseline
-    # difference (pipeline/evaluate/stats.py). 2,000 resamples put the CI ends within ~0.002 of
-    # their limit on 470 items; the seed makes them the same on every run and machine.
+    # difference (pipeline/evaluate/stats.py). 2,000 resamples keep the CI ends' resampling noise
+    # small next to the interval's width; the seed makes them the same on every run and machine.
     bootstrap_resamples: int = 2000
     bootstrap_seed: int = 0
 
@@ -353,15 +353,16 @@ class ReportConfig:
     memory_alpha: float = 0.01  # significance level of the memory slope test
     memory_min_mb_per_1k: float = 20.0  # below this a leak needs 50k steps to cost 1 GB: not urgent
     # ...and the fitted growth over the planned run must exceed this too: a 30-step smoke run whose
-    # RSS rises 1.5 MB while the allocator settles has a steep, significant slope (~60 MB per 1k
-    # steps, p < 1e-9) yet loses nothing that matters; the prototype's graph leak cost MBs per step.
+    # RSS rises a little while the allocator settles has a steep, significant slope yet loses
+    # nothing that matters; the prototype's graph leak cost MBs per step.
     memory_min_growth_mb: float = 50.0
     step_time_max_ratio: float = 1.5  # steady-state median step time / early median
     grad_healthy_min: float = 0.5  # below: "low" (zones warning/critical are train.grad_*)
     grad_max_critical_fraction: float = 0.05
     nonfinite_warn_fraction: float = 0.01  # rarer than this and recovered: warn, not fail
     # A spike this many times the trailing mean loss fails even when the loss recovers: the clean
-    # default run's k-sigma spikes are 1.1-1.3x (warn); an injected x1000 or an LR x100 is far past.
+    # default run's k-sigma spikes stay well below this (warn); an injected x1000 or an LR x100 is
+    # far past.
     spike_fail_factor: float = 3.0
     # fp16: a loss scale below 1 means gradients overflow even unscaled (real inf/NaN, not the
     # scaler's calibration); and more than 5 % of updates lost to overflow backoffs is too many.

@@ -11,8 +11,9 @@ the weights' sha256, and the numerics they were made under: pipeline/numerics.ve
 the path, so a cache moves between machines with its model, and a portable run never reuses a
 vector made natively.
 
-A cached vector can differ from a fresh encode of the same text by ~1.5e-7 (measured on the
-bundled teacher: 4 of 2,000 rows, because a text's batch neighbours change BLAS blocking); with
+A cached vector can differ from a fresh encode of the same text by ~1.5e-7, because a text's
+batch neighbours change BLAS blocking (bench.data: embed_max_abs_diff, the bundled teacher at two
+batch sizes); with
 the cache, every later run reuses the first vector exactly.
 """
 from __future__ import annotations

@@ -36,10 +36,9 @@ log = logging.getLogger(__name__)
 # COMPATIBLE branch, the one that gives the same bits on Intel and AMD, has no strict mode, and
 # its products do depend on the thread count. Natively (ENERGY_FLOW_NUMERICS=native) it is MKL's
 # strict CNR mode instead: every product gives the same bits whatever the number of threads.
-# Without either, 15 of the smoke preset's 1,135 texts (a batch of 15 in a call of 79) came out
-# ~1.4e-7 apart with 1 and 2 threads (the first difference: a BERT layer's output Linear, where
-# MKL splits the 1536-long sums by thread). Strict mode's cost was not measurable (2 threads: 1.50
-# vs 1.49 s for those texts; 1 thread: 2.64 vs 2.62 s). Set only for `python -m stages.embed`
+# Without either, some of the smoke preset's texts came out apart in the last bits with 1 and 2
+# threads (the first difference: a BERT layer's output Linear, where MKL splits its long sums by
+# thread). Strict mode's cost was lost in timing noise on those texts. Set only for `python -m stages.embed`
 # (DVC, torchrun's ranks), as MKL reads it at its first product (set later, it has no effect); a
 # value set by the user is kept.
 STRICT_GEMM = ("MKL_CBWR", "AUTO,STRICT")

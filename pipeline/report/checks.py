@@ -130,15 +130,15 @@ def fit_memory(df: pd.DataFrame, col: str, p: Mapping) -> dict | str:
     """OLS of memory (MB) on step after warm-up; a dict of the fit, or why there is none.
 
     A resumed run's rows before the resume come from the killed process, whose memory is not
-    this one's (a default run resumed at step 100: RSS 754 MB before, 630 MB after), so only the
+    this one's (a resumed default run's fresh process starts lower than the killed one ended), so only the
     last process's rows, after its own warm-up, are fitted."""
     d = _finite(after_warmup(df, p["resumed_from_step"] + p["warmup_steps"]), col)
     if d["step"].nunique() < _MIN_MEMORY_ROWS:
         return f"{len(d)} rows after warm-up (need {_MIN_MEMORY_ROWS})"
     if len(d) >= 2 * _MIN_MEMORY_ROWS:
         # Fit the second half only: the allocator's heap keeps growing for a while before it
-        # plateaus (a clean default run: RSS 630 -> 880 MB over 550 steps, then flat to step
-        # 1416), which a whole-run fit calls a leak (+108 MB/1k, p < 1e-70). A leak that keeps a
+        # plateaus (a clean default run's RSS climbs over its first part, then stays flat), which
+        # a whole-run fit calls a steep, significant leak. A leak that keeps a
         # graph per step keeps climbing in the second half too.
         d = d.iloc[len(d) // 2:]
     mb = d[col].to_numpy()

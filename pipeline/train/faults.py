@@ -61,9 +61,9 @@ class FaultInjector:
         """Called after the step's timed phases. The leak keeps a step's worth of activations.
 
         Its own cost is the instrument's, not the model's, and is left out of the step time
-        (take_overhead): making fresh memory resident costs 1.8 ms per 8 MB at first and 14-25
-        ms once a process has touched a few hundred MB on these machines, which would make the
-        fault trip the step-time check too, by an accident of the sandbox's page faults."""
+        (take_overhead): making fresh memory resident costs page faults, more of them once a
+        process has touched a lot of memory, which would make the fault trip the step-time check
+        too, by an accident of the sandbox's page faults."""
         if self.kind == "leak" and self.hits(step):
             t0 = time.perf_counter()
             self._keep_activations()
@@ -77,7 +77,7 @@ class FaultInjector:
     def _keep_activations(self) -> None:
         """leak_mb more host memory resident: slices of a block reserved for 64 steps, filled in
         turn (untouched pages are not resident). numpy, because torch.empty of the 512 MB block
-        was resident at once (RSS +500 MB before any fill); np.empty is mmap'd, resident only
+        was resident at once (the whole block in RSS before any fill); np.empty is mmap'd, resident only
         where written."""
         n = self.leak_elems
         if n == 0:

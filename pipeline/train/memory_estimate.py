@@ -9,10 +9,9 @@ skips the refusal; the estimate is still computed and logged).
 
 The parts (all MB = 2**20 bytes), and why each is counted the way it is:
 
-- baseline: this process's RSS at the check (Python, torch, pandas, the stage's modules: 381 MB
-  after `import stages.train` on this machine, 470 MB at the check once the meta-device build
-  has imported torch's decompositions, +70 MB that building AdamW would import anyway).
-  Measured, not estimated.
+- baseline: this process's RSS at the check (Python, torch, pandas, the stage's modules, and
+  torch's decompositions, which the meta-device build imports and building AdamW would import
+  anyway). Measured, not estimated.
 - params / grads: every parameter is fp32 (autocast casts activations, never the weights); the
   count is exact, from the model built on the meta device (as checkpoint.model_shapes). Gradients:
   one fp32 tensor per parameter, alive from backward until zero_grad(set_to_none=True).
@@ -22,8 +21,8 @@ The parts (all MB = 2**20 bytes), and why each is counted the way it is:
   the optimizer step and then builds every (weight - clone) at once: 2 more fp32 copies of the
   parameters alive together with params, grads and optimizer state. On a parameter-heavy model
   this is the step's peak: 6 x params (params + grads + 2 AdamW + clone + deltas). For
-  model.lattice_width=100000 (591 M parameters, 2,256 MB each copy) that is 13.5 GB + baseline:
-  estimated 14,042 MB, measured 14,183 MB peak RSS over its first step (65 s).
+  model.lattice_width=100000 (591 M parameters, 2,256 MB each copy) that is 13.5 GB + baseline
+  (tests/test_memory_estimate.py checks the count and the 6 x params peak).
 - activations: bytes saved for backward at the end of the forward pass, when all of them are
   alive (see `flow_step_bytes` for how they are counted), plus what does not scale with flows:
   the (batch, lattice cells) tensors saved by the input map's tanh and the output map's
@@ -45,15 +44,12 @@ peak = baseline + MLflow + data + resume + ddp + params + grads + optimizer + ma
 temporaries, update); on CUDA the model's part (ddp onwards) is on the device and compared with
 torch.cuda.mem_get_info, the rest with host memory.
 
-Measured (estimate / peak RSS of a fresh process running the check then train_model, VmHWM):
-smoke 470 / 477 MB, default 544 / 560, seed 3,948 / 3,898, bench 3,141 / 2,839 (its untrained
-flows take 8 steps, the expected figure 9), default with checkpoint_steps 529 / 567, bf16
-552 / 560, grad_accum 4 581 / 635, batch 256 with 65,536 flows 1,077 / 1,155.
+Measured (estimate / peak RSS of a fresh process running the check then train_model, VmHWM;
+tests/test_memory_estimate.py prints both and checks their ratio, the seed preset in a slow
+test): smoke 470 / 477 MB, default 544 / 560, seed 3,948 / 3,898.
 What it leaves out: the allocator keeps what varying shapes (the live-flow count changes every
-step) leave behind, so RSS creeps up over a long run and levels off: a full default run went
-526 -> 780 MB over 1,416 steps (flat after ~700), and the whole stage's first epoch (118 steps,
-with MLflow) peaked at 858 MB against this estimate's 655 MB. That is the report's
-memory_growth check's business; the estimate is of a step's peak.
+step) leave behind, so RSS creeps up over a long run and levels off, above this estimate: that
+is the report's memory_growth check's business; the estimate is of a step's peak.
 
 train.grad_accum adds nothing: each micro-batch's graph is freed by its backward (the trainer
 deletes the step's outputs), and the micro-batches accumulate into the same .grad tensors, so
@@ -94,10 +90,10 @@ _PROBE_STEPS = 3
 # the seed preset's are 10 MB, bench's (carrier 1024) 40 MB. Past this it runs on the meta
 # device instead: no memory, and the same bytes as the CPU in fp32 (equal for the default, seed
 # and checkpointed sizes), but no autocast (meta has none), so a huge carrier under fp16/bf16
-# gets its fp32 figure (measured 1.6x the bf16 one at carrier 1024).
+# gets its fp32 figure (larger than the bf16 one: autocast saves half-width activations).
 _PROBE_MAX_BYTES = 256 * MB
-# Rank 0 with tracking on imports MLflow (+44 MB RSS) and opens its store and run (+67 MB with
-# the local sqlite store), after the check: measured with mlflow 3.17 on this machine. A constant:
+# Rank 0 with tracking on imports MLflow and opens its store and run (the local sqlite store),
+# after the check: a one-off measurement of the two together, which no bench re-runs. A constant:
 # it cannot be measured before it is spent, and it is the same for every model.
 TRACKING_MB = 111.0
 # cgroup v1 reports "no limit" as a huge number (9223372036854771712 here): anything past this is none.
@@ -176,7 +172,7 @@ def flow_step_bytes(model_cfg, dim: int, amp_dtype: Optional[torch.dtype] = None
     (the lattice is shrunk to 2 x 2 for the probe: a flow's tensors do not depend on W or H).
     On CUDA the probe still runs on the CPU: CUDA's fused GRU cell saves a (flows, 5 x hidden)
     workspace plus its matmul inputs, ~7 x hidden per layer instead of ~8 (not measured here: no
-    GPU on this machine), so the CPU figure is an upper bound within ~15 % there."""
+    GPU on this machine), so the CPU figure is an upper bound there."""
     shapes = _probe_model(model_cfg, dim, "meta")
     probe_bytes = FP32 * sum(p.numel() for p in shapes.parameters())
     where = "cpu" if probe_bytes <= _PROBE_MAX_BYTES else "meta"
@@ -397,20 +393,20 @@ def estimate(cfg, dim: int, place: Dist = Dist(), device: Optional[torch.device]
     than batch x flows_per_sample x ceil(depth / min_forward) (capped at max_steps): the worst
     case. An untrained forward head (sigmoid ~ 0.5) moves a flow (min + max) / 2 a step, so most
     flows arrive after ceil(depth / ((min + max) / 2)) steps, the slower ones a step later: the
-    expected figure is that + 1 (capped). Measured: the untrained smoke, default, bench and seed
-    models stopped at 3, 6, 8, 20 steps (bounds 6, 12, 16, 40; expected 4, 7, 9, 21); a full
-    default run (1,416 steps, trained to val/cosine 0.87) used 6-7 steps and 11,842-14,123 flow
-    steps per step against the expected 14,336 and the worst case 24,576 (0.57 of it at most).
-    The refusal uses the expected figure: refusing on the bound would double the activation term
-    and refuse what runs (the seed preset, 3.7 GB measured, would need 7.0 GB), and no run here
-    came near it. The worst case is logged with it, and the log line warns when only the
+    expected figure is that + 1 (capped). Untrained models stop at or before the expected figure
+    (tests/test_memory_estimate.py checks the default, checkpointed, bf16 and seed-carrier
+    configs); a trained default run uses fewer flow steps than the cap (metrics/train.json:
+    flow/steps_used against flow/step_cap). The refusal uses the expected figure: refusing on the
+    bound would about double the activation term and refuse what runs (the seed preset), and no
+    run here came near it. The worst case is logged with it, and the log line warns when only the
     expected figure fits."""
     from pipeline.train.loop import select_device
 
     device = device or select_device(device_for(cfg.train.device, place))
     m, t = cfg.model, cfg.train
     # The exact parameter count: the model built on the meta device (as checkpoint.model_shapes
-    # does), which allocates nothing, whatever its size (10**10 cells: 0.1 s).
+    # does), which allocates nothing, whatever its size (tests/test_memory_estimate.py refuses a
+    # 10**10-cell config within its time limit).
     with torch.device("meta"):
         meta = EnergyFlowModel.from_config(m, dim)
     sizes = {name: p.numel() for name, p in meta.named_parameters()}
