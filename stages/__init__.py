@@ -6,6 +6,7 @@ interrupt ends with one line instead.
 
 Importing this package pins the portable CPU numerics (pipeline/core/numerics.py) for every stage:
 `python -m stages.<name>`, DVC's commands and torchrun's ranks all import it before torch."""
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """What every stage entry point shares: --help, config loading, and errors a user can act on."""
+
 from __future__ import annotations
 
 import logging
@@ -8,12 +9,11 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from pipeline.core import distributed
-from pipeline.core import output_dirs
-from pipeline.tracking import store as tracking
+from pipeline.core import distributed, output_dirs
 from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError, PipelineError, Terminated
 from pipeline.core.paths import repo_path
+from pipeline.tracking import store as tracking
 
 USAGE = """usage: python -m stages.{name} [OVERRIDE ...]
 
@@ -44,8 +44,9 @@ Distributed:  {key}=N runs N processes on this machine under torchrun (torch.dis
 """
 
 
-def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str] | None = None,
-              nproc_key: str | None = None) -> int:
+def run_stage(
+    name: str, doc: str, sections: str, body: Callable, argv: list[str] | None = None, nproc_key: str | None = None
+) -> int:
     """Parse, validate and run `body(cfg)`. With the config's `nproc_key` (train.nproc) > 1 and no
     torchrun around this process yet, start that many copies of the stage under torchrun instead
     (after validating, so a bad key fails once, before any process starts)."""
@@ -83,8 +84,7 @@ def run_stage(name: str, doc: str, sections: str, body: Callable, argv: list[str
         # The file system said no (permissions, a read-only disk, a path that vanished): the file and
         # the reason, not a traceback.
         where = f"{e.filename}: " if e.filename else ""
-        print(f"[{name}] error: {where}{e.strerror or e} (errno {e.errno}); the stage stopped there",
-              file=sys.stderr)
+        print(f"[{name}] error: {where}{e.strerror or e} (errno {e.errno}); the stage stopped there", file=sys.stderr)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: whatever was started is flushed and ended
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT

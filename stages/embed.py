@@ -7,6 +7,7 @@ processes share the work: every rank runs the portable numerics' fixed thread co
 (pipeline/core/numerics.py; natively, MKL's strict mode makes the products independent of the
 thread count). Only rank 0 logs to MLflow and prints; a failed rank leaves no shard directory.
 Every rank must see the same filesystem (one machine, or a shared one)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -59,44 +60,85 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
         n_distinct = len(distinct)
         n_truncated = count_truncated(teacher, distinct)
         if n_truncated:
-            log.warning("%d distinct texts are longer than the teacher's window of %d tokens: each is embedded "
-                        "from its first %d tokens only (data/texts_truncated)", n_truncated,
-                        teacher.max_seq_length, teacher.max_seq_length)
-    tracked = tracking.mlflow_run(tracking.run_name("embed"), cfg.run.preset, cfg.run.experiment,
-                                  tags={"stage": "embed", "dataset.sha256": source_sha[:16],
-                                        **tracking.device_tags(teacher.device)}) if main else contextlib.nullcontext()
+            log.warning(
+                "%d distinct texts are longer than the teacher's window of %d tokens: each is embedded "
+                "from its first %d tokens only (data/texts_truncated)",
+                n_truncated,
+                teacher.max_seq_length,
+                teacher.max_seq_length,
+            )
+    tracked = (
+        tracking.mlflow_run(
+            tracking.run_name("embed"),
+            cfg.run.preset,
+            cfg.run.experiment,
+            tags={"stage": "embed", "dataset.sha256": source_sha[:16], **tracking.device_tags(teacher.device)},
+        )
+        if main
+        else contextlib.nullcontext()
+    )
     with tracked as run:
         extra = None
         if main:
             tracking.log_params({k: v for k, v in flatten(cfg).items() if k.startswith(("embed.", "run."))})
-            tracking.log_dataset(df, source=str(e.dataset), digest=source_sha[:16], context="embed",
-                                 tags={"files": str(len(prepared.files)), "rows": str(len(df))})
+            tracking.log_dataset(
+                df,
+                source=str(e.dataset),
+                digest=source_sha[:16],
+                context="embed",
+                tags={"files": str(len(prepared.files)), "rows": str(len(df))},
+            )
             # No run id in the manifest: identical runs write identical shards and manifest (and
             # DVC hashes); runs/embed.json and the run's tag link them.
-            extra = {"source": {"path": e.dataset, "sha256": source_sha},
-                     "stats": {**prepared.stats, "distinct_texts": n_distinct, "texts_truncated": n_truncated}}
+            extra = {
+                "source": {"path": e.dataset, "sha256": source_sha},
+                "stats": {**prepared.stats, "distinct_texts": n_distinct, "texts_truncated": n_truncated},
+            }
         t0 = time.perf_counter()
-        splits = {name: df.loc[(df.split == name).to_numpy(), ["id", "input_text", "target_text", "group"]]
-                  .reset_index(drop=True) for name in e.splits}
+        splits = {
+            name: df.loc[(df.split == name).to_numpy(), ["id", "input_text", "target_text", "group"]].reset_index(
+                drop=True
+            )
+            for name in e.splits
+        }
         manifest, cache_stats = embed_splits(e, splits, teacher, ident, extra, place)
         seconds = time.perf_counter() - t0  # embedding and writing the shards: they interleave
         if main:
             cached, embedded = cache_stats.get("cached", 0), cache_stats.get("embedded", 0)
-            tracking.log_metrics({**{f"data/{k}": v for k, v in prepared.stats.items()},
-                                  "data/distinct_texts": n_distinct, "data/texts_truncated": n_truncated,
-                                  "data/texts_cached": cached, "data/texts_embedded": embedded,
-                                  "perf/embed_seconds": seconds,
-                                  "perf/texts_per_s": n_distinct / seconds if seconds else 0.0})
+            tracking.log_metrics(
+                {
+                    **{f"data/{k}": v for k, v in prepared.stats.items()},
+                    "data/distinct_texts": n_distinct,
+                    "data/texts_truncated": n_truncated,
+                    "data/texts_cached": cached,
+                    "data/texts_embedded": embedded,
+                    "perf/embed_seconds": seconds,
+                    "perf/texts_per_s": n_distinct / seconds if seconds else 0.0,
+                }
+            )
             manifest_path = repo_path(e.out_dir) / "manifest.json"
             tracking.log_artifact_file(manifest_path)
             manifest_sha = sha256_file(manifest_path)
             tracking.set_tags({"embed.manifest_sha256": manifest_sha})
-            tracking.write_run_file("embed", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
-                                              "tracking_uri": tracking.tracking_uri(),
-                                              "manifest_sha256": manifest_sha})
+            tracking.write_run_file(
+                "embed",
+                {
+                    "run_id": run.info.run_id,
+                    "experiment_id": run.info.experiment_id,
+                    "tracking_uri": tracking.tracking_uri(),
+                    "manifest_sha256": manifest_sha,
+                },
+            )
     if main:
-        log.info("%d distinct texts: %d read from the cache, %d embedded, in %.1f s (%.0f texts/s) -> %s",
-                 n_distinct, cached, embedded, seconds, n_distinct / max(seconds, 1e-9), e.out_dir)
+        log.info(
+            "%d distinct texts: %d read from the cache, %d embedded, in %.1f s (%.0f texts/s) -> %s",
+            n_distinct,
+            cached,
+            embedded,
+            seconds,
+            n_distinct / max(seconds, 1e-9),
+            e.out_dir,
+        )
     return manifest
 
 

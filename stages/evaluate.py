@@ -5,6 +5,7 @@ paired bootstrap 95 % CI, and the model's paired difference from each baseline (
 Writes metrics/eval.json, reports/eval_items.parquet (one row per test item: ranks, top-5 bank
 ids, cosine; `./dev compare` reads it) and reports/eval_samples.csv (decoded examples).
 Logs them once, to the model's MLflow run and its logged model, under eval/... keys."""
+
 from __future__ import annotations
 
 import logging
@@ -12,14 +13,22 @@ import sys
 
 import pandas as pd
 
-from pipeline.tracking import store as tracking
 from pipeline.core.atomic import atomic_path, write_json
-from pipeline.model.model_file import check_input_dim, load_model, untrained_model
-from pipeline.data.shards import load_manifest, open_split
-from pipeline.evaluate.stats import verdict
-from pipeline.evaluate.retrieval import (BASELINES, LOWER_IS_BETTER, build_bank, evaluate_split, predict, predictions,
-                                 ridge_fit, sample_table)
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, repo_path
+from pipeline.data.shards import load_manifest, open_split
+from pipeline.evaluate.retrieval import (
+    BASELINES,
+    LOWER_IS_BETTER,
+    build_bank,
+    evaluate_split,
+    predict,
+    predictions,
+    ridge_fit,
+    sample_table,
+)
+from pipeline.evaluate.stats import verdict
+from pipeline.model.model_file import check_input_dim, load_model, untrained_model
+from pipeline.tracking import store as tracking
 
 from ._cli import run_stage
 
@@ -37,8 +46,10 @@ def run(cfg) -> dict:
     # The run that trained this very model (found by its digest if runs/train.json names another).
     run_info = tracking.read_run_file("train", model_path) if tracking.enabled() else {}
     untrained = untrained_model(payload)
-    shards = {s: open_split(shard_dir, s, need_rows=why) for s, why in
-              (("train", "to fit the ridge baseline on"), ("val", "to evaluate on"), ("test", "to evaluate on"))}
+    shards = {
+        s: open_split(shard_dir, s, need_rows=why)
+        for s, why in (("train", "to fit the ridge baseline on"), ("val", "to evaluate on"), ("test", "to evaluate on"))
+    }
     bank = build_bank([shards[s] for s in ("train", "val", "test")])
     w = ridge_fit(shards["train"].inputs, shards["train"].targets, cfg.evaluate.ridge_alpha)
     ev = cfg.evaluate
@@ -48,9 +59,15 @@ def run(cfg) -> dict:
         # bigger batch would give each sample fewer flows than it learned with.
         pred = predict(model, shards[split].inputs, cfg.train.batch_size)
         untrained_pred = predict(untrained, shards[split].inputs, cfg.train.batch_size)
-        flat, estimates, items = evaluate_split(split, predictions(pred, shards[split], w, untrained_pred),
-                                                shards[split], bank, ev.bootstrap_resamples, ev.bootstrap_seed,
-                                                with_ci=split == "test")
+        flat, estimates, items = evaluate_split(
+            split,
+            predictions(pred, shards[split], w, untrained_pred),
+            shards[split],
+            bank,
+            ev.bootstrap_resamples,
+            ev.bootstrap_seed,
+            with_ci=split == "test",
+        )
         metrics.update(flat)
         if split == "test":
             test_items, test_estimates = items, estimates
@@ -58,11 +75,18 @@ def run(cfg) -> dict:
     with atomic_path(ITEMS_PARQUET) as tmp:
         test_items.to_parquet(tmp, index=False)
     with atomic_path(SAMPLES_CSV) as tmp:
-        pd.DataFrame(sample_table(test_items, bank, ev.samples),
-                     columns=["id", "input", "target", "decoded", "correct", "group_correct"]).to_csv(tmp, index=False)
+        pd.DataFrame(
+            sample_table(test_items, bank, ev.samples),
+            columns=["id", "input", "target", "decoded", "correct", "group_correct"],
+        ).to_csv(tmp, index=False)
     if run_info:
-        with tracking.mlflow_run("evaluate", cfg.run.preset, run_id=run_info["run_id"],
-                                 tags=tracking.stage_lock_tags("train"), keep_status=True):
+        with tracking.mlflow_run(
+            "evaluate",
+            cfg.run.preset,
+            run_id=run_info["run_id"],
+            tags=tracking.stage_lock_tags("train"),
+            keep_status=True,
+        ):
             tracking.log_metrics(metrics, model_id=run_info.get("model_id"))
             for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(path, "evaluate")
@@ -77,8 +101,11 @@ def summary_lines(estimates: dict, bank_size: int, items: int) -> list[str]:
     lines = [f"test: {items} items, retrieval over {bank_size} distinct target texts (95 % CIs)"]
     for who in ("model", *BASELINES):
         if f"{who}/cosine" in estimates:
-            parts = [f"{m} {estimates[f'{who}/{m}'].value:.3f} [{estimates[f'{who}/{m}'].low:.3f}, "
-                     f"{estimates[f'{who}/{m}'].high:.3f}]" for m in ("group_top1", "group_top5", "mrr", "cosine")]
+            parts = [
+                f"{m} {estimates[f'{who}/{m}'].value:.3f} [{estimates[f'{who}/{m}'].low:.3f}, "
+                f"{estimates[f'{who}/{m}'].high:.3f}]"
+                for m in ("group_top1", "group_top5", "mrr", "cosine")
+            ]
             lines.append(f"  {who:9s} " + " | ".join(parts))
     for b in BASELINES:
         for m in ("group_top1", "cosine"):

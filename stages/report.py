@@ -8,17 +8,18 @@ run's status as it was.
 A run that diverged (metrics/train.json has train/diverged = 1) has no model and no evaluation:
 the train stage starts this stage itself, which then reports from the partial telemetry and skips
 the learning check."""
+
 from __future__ import annotations
 
 import logging
 import sys
 
-from pipeline.tracking import store as tracking
 from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
-from pipeline.train.perf_files import read_perf
+from pipeline.core.stage_outputs import read_csv, read_json
 from pipeline.report.build import build_report, log_report, verdict_line
 from pipeline.report.checks import REMEASURE
-from pipeline.core.stage_outputs import read_csv, read_json
+from pipeline.tracking import store as tracking
+from pipeline.train.perf_files import read_perf
 
 from ._cli import run_stage
 

@@ -16,6 +16,7 @@ and the effective batch is train.batch_size * train.grad_accum * N. Rank 0 alone
 writes the checkpoints, model, metrics, telemetry and report, and prints; the other ranks print
 only their warnings, prefixed with their rank. Multi-node: every node needs the shards and
 train.checkpoint_dir on a shared path (every rank resumes from rank 0's checkpoint)."""
+
 from __future__ import annotations
 
 import logging
@@ -27,19 +28,19 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.core import distributed
-from pipeline.train import memory_estimate
-from pipeline.tracking import store as tracking
 from pipeline.core.atomic import atomic_path, write_json
-from pipeline.model.model_file import model_shapes, save_model
 from pipeline.core.config import flatten
-from pipeline.data.shards import load_manifest, open_split, sha256_file
-from pipeline.tracking.logged_model import log_trained_model
 from pipeline.core.output_dirs import CHECKPOINTS, MODEL, claim
 from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
-from pipeline.train.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured, manifest_digest, settings_digest
-from pipeline.train.telemetry import step_columns
-from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
+from pipeline.data.shards import load_manifest, open_split, sha256_file
+from pipeline.model.model_file import model_shapes, save_model
+from pipeline.tracking import store as tracking
+from pipeline.tracking.logged_model import log_trained_model
+from pipeline.train import memory_estimate
 from pipeline.train.loop import Checkpointing, TrainingDiverged, select_device, train_model
+from pipeline.train.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured, manifest_digest, settings_digest
+from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
+from pipeline.train.telemetry import step_columns
 
 from ._cli import run_stage
 
@@ -81,12 +82,18 @@ def record_divergence(cfg, run, result, settings: str) -> None:
     metrics = {**result.summary, "train/diverged": 1}
     write_train_metrics(metrics, settings)
     tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
-    tracking.write_run_file("train", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
-                                      "tracking_uri": tracking.tracking_uri() if tracking.enabled() else "",
-                                      "model_sha256": "", "diverged": True})
+    tracking.write_run_file(
+        "train",
+        {
+            "run_id": run.info.run_id,
+            "experiment_id": run.info.experiment_id,
+            "tracking_uri": tracking.tracking_uri() if tracking.enabled() else "",
+            "model_sha256": "",
+            "diverged": True,
+        },
+    )
     _DIVERGED.append(int(metrics["train/steps"]))
-    log.error("training diverged at step %d: no model is written; the stability report follows",
-              metrics["train/steps"])
+    log.error("training diverged at step %d: no model is written; the stability report follows", metrics["train/steps"])
 
 
 def report_divergence(args: list[str]) -> int:
@@ -106,8 +113,17 @@ def report_divergence(args: list[str]) -> int:
     return subprocess.run([sys.executable, "-m", "stages.report", *overrides], env=env).returncode
 
 
-_LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_LAUNCHER_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 def run(cfg) -> dict | None:
@@ -133,8 +149,9 @@ def prepare(cfg, place, on_memory=None):
     state = None
     if cfg.train.resume and ckpt_path.is_file():
         # Shapes too: a checkpoint of this fingerprint from another version of the code is set aside, not a crash.
-        state = load_state(ckpt_path, fp, quiet=not place.is_main,
-                           model_shapes=model_shapes(cfg.model, int(manifest["dim"])))
+        state = load_state(
+            ckpt_path, fp, quiet=not place.is_main, model_shapes=model_shapes(cfg.model, int(manifest["dim"]))
+        )
     return manifest, train, val, ckpt_path, fp, state
 
 
@@ -143,8 +160,9 @@ def train_only(cfg, place) -> None:
     _, train, val, ckpt_path, fp, state = prepare(cfg, place)
     ckpt = Checkpointing(ckpt_path, fp, 0, resume_from=state)
     try:
-        train_model(cfg, train.inputs, train.targets, val.inputs, val.targets, checkpointing=ckpt, progress=False,
-                    place=place)
+        train_model(
+            cfg, train.inputs, train.targets, val.inputs, val.targets, checkpointing=ckpt, progress=False, place=place
+        )
     except TrainingDiverged:
         pass  # every rank stops at the same step (the skips are agreed); rank 0 reports it
 
@@ -162,29 +180,55 @@ def train_and_record(cfg, place) -> dict:
     resume_run = (state or {}).get("extra", {}).get("run_id")
     if resume_run and not tracking.run_exists(resume_run):
         resume_run = None  # the checkpoint's run is not in this store: the weights resume, the run is new
-    embed_run = tracking.read_run_file("embed", repo_path(cfg.embed.out_dir) / "manifest.json", "manifest_sha256",
-                                       required=False) if tracking.enabled() else {}
-    tags = {"stage": "train", "embed.run_id": str(embed_run.get("run_id", "")),
-            "dataset.sha256": str(manifest.get("source", {}).get("sha256", ""))[:16],
-            "teacher": str(manifest["teacher"]["name"]), "train.fingerprint": fp,
-            "train.processes": str(place.world_size), "distributed.backend": place.backend or "none",
-            **tracking.device_tags(select_device(cfg.train.device))}
-    with tracking.mlflow_run(tracking.run_name("train"), cfg.run.preset, cfg.run.experiment, run_id=resume_run,
-                             tags=tags) as run:
+    embed_run = (
+        tracking.read_run_file(
+            "embed", repo_path(cfg.embed.out_dir) / "manifest.json", "manifest_sha256", required=False
+        )
+        if tracking.enabled()
+        else {}
+    )
+    tags = {
+        "stage": "train",
+        "embed.run_id": str(embed_run.get("run_id", "")),
+        "dataset.sha256": str(manifest.get("source", {}).get("sha256", ""))[:16],
+        "teacher": str(manifest["teacher"]["name"]),
+        "train.fingerprint": fp,
+        "train.processes": str(place.world_size),
+        "distributed.backend": place.backend or "none",
+        **tracking.device_tags(select_device(cfg.train.device)),
+    }
+    with tracking.mlflow_run(
+        tracking.run_name("train"), cfg.run.preset, cfg.run.experiment, run_id=resume_run, tags=tags
+    ) as run:
         if resume_run is None:
             effective = cfg.train.batch_size * cfg.train.grad_accum * place.world_size
-            tracking.log_params({**flatten(cfg), "train.processes": place.world_size,
-                                 "train.effective_batch": effective})
+            tracking.log_params(
+                {**flatten(cfg), "train.processes": place.world_size, "train.effective_batch": effective}
+            )
         if cfg.train.checkpoint_every:
             claim(ckpt_path.parent, CHECKPOINTS, "train.checkpoint_dir")
         tracking.log_metrics(memory.metrics(), step=0)
         sampling = cfg.train.system_metrics_every_s
         with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling) as to_mlflow:
-            ckpt = Checkpointing(ckpt_path, fp, cfg.train.checkpoint_every, extra={"run_id": run.info.run_id},
-                                 resume_from=state, before_save=to_mlflow.sync)
+            ckpt = Checkpointing(
+                ckpt_path,
+                fp,
+                cfg.train.checkpoint_every,
+                extra={"run_id": run.info.run_id},
+                resume_from=state,
+                before_save=to_mlflow.sync,
+            )
             try:
-                result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets,
-                                     checkpointing=ckpt, on_log=to_mlflow, place=place)
+                result = train_model(
+                    cfg,
+                    train.inputs,
+                    train.targets,
+                    val.inputs,
+                    val.targets,
+                    checkpointing=ckpt,
+                    on_log=to_mlflow,
+                    place=place,
+                )
             except TrainingDiverged as e:
                 record_divergence(cfg, run, e.result, settings)
                 raise
@@ -204,15 +248,28 @@ def train_and_record(cfg, place) -> dict:
         tracking.log_metrics(summary, step=int(summary["train/steps"]))
         for path in (METRICS_DIR / "train.json", STEPS_CSV, EVENTS_JSON, PERF_CSV, PERF_JSON):
             tracking.log_artifact_file(path, "train")
-        tracking.write_run_file("train", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
-                                          "tracking_uri": tracking.tracking_uri(), "model_sha256": model_sha,
-                                          "model_id": getattr(logged, "model_id", None) or ""})
+        tracking.write_run_file(
+            "train",
+            {
+                "run_id": run.info.run_id,
+                "experiment_id": run.info.experiment_id,
+                "tracking_uri": tracking.tracking_uri(),
+                "model_sha256": model_sha,
+                "model_id": getattr(logged, "model_id", None) or "",
+            },
+        )
     # The model is written: the checkpoint has done its job, and a forced re-run must train anew.
     ckpt_path.unlink(missing_ok=True)
-    log.info("trained %d steps in %.1f s: loss %.4f, val/cosine %.4f, %d skipped, %d spikes; run %s",
-             summary["train/steps"], summary["train/seconds"], summary["train/loss"],
-             summary.get("val/cosine", float("nan")), summary["train/skipped_steps"], summary["train/spikes"],
-             run.info.run_id)
+    log.info(
+        "trained %d steps in %.1f s: loss %.4f, val/cosine %.4f, %d skipped, %d spikes; run %s",
+        summary["train/steps"],
+        summary["train/seconds"],
+        summary["train/loss"],
+        summary.get("val/cosine", float("nan")),
+        summary["train/skipped_steps"],
+        summary["train/spikes"],
+        run.info.run_id,
+    )
     return summary
 
 

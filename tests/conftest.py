@@ -10,6 +10,7 @@ It is made once per session (about two minutes on 2 cores) and read by tests/tes
 tests/test_experiments.py. Tests that change the workspace (a plain `dvc repro` after an edit,
 a killed train stage) come last in test_e2e.py; the experiments themselves live in git refs and
 the store, which those tests only add to."""
+
 from __future__ import annotations
 
 import subprocess
@@ -36,8 +37,9 @@ def pytest_collection_modifyitems(config, items):
         if len(tiers) != 1:
             wrong.append(f"{item.nodeid}: tiers {sorted(tiers) or 'none'}")
     if wrong:
-        raise pytest.UsageError("every test needs exactly one tier marker of " + ", ".join(TIERS)
-                                + ":\n  " + "\n  ".join(wrong[:20]))
+        raise pytest.UsageError(
+            "every test needs exactly one tier marker of " + ", ".join(TIERS) + ":\n  " + "\n  ".join(wrong[:20])
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -103,12 +105,18 @@ def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
     seconds["workspace"] = time.monotonic() - t0
     smoke_a = smoke_reference.collect(root)
     t0 = time.monotonic()
-    sh(dvc("exp", "run", "--temp", "-n", "smoke-b", "-S", "preset=smoke", "-S", f"train.lr={EXPERIMENTS['smoke-b']}"),
-       root, env)
+    sh(
+        dvc("exp", "run", "--temp", "-n", "smoke-b", "-S", "preset=smoke", "-S", f"train.lr={EXPERIMENTS['smoke-b']}"),
+        root,
+        env,
+    )
     seconds["temp"] = time.monotonic() - t0
     t0 = time.monotonic()
-    sh(dvc("exp", "run", "--queue", "-n", "smoke-c", "-S", "preset=smoke", "-S",
-           f"train.lr={EXPERIMENTS['smoke-c']}"), root, env)
+    sh(
+        dvc("exp", "run", "--queue", "-n", "smoke-c", "-S", "preset=smoke", "-S", f"train.lr={EXPERIMENTS['smoke-c']}"),
+        root,
+        env,
+    )
     sh(dvc("queue", "start", "-j", "1"), root, env)
     try:
         wait_for_queue(root, env, "smoke-c")

@@ -23,6 +23,7 @@ Refresh it on purpose, after a change whose effect on the numbers is intended:
     ./dev reference --refresh      (runs the smoke experiment in a copy of the project, ~1 min)
 `./dev reference` alone runs it and prints the comparison.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,9 +74,11 @@ def collect(root: Path) -> dict:
         shards[name] = {"sha256": info["sha256"]}
         if name.endswith(".npy"):
             shards[name].update(_vector_sums(root / "data/shards" / name))
-    return {"loss": loss,
-            "eval": {k: v for k, v in sorted(metrics.items()) if _headline(k) or k in EXACT},
-            "shards": shards}
+    return {
+        "loss": loss,
+        "eval": {k: v for k, v in sorted(metrics.items()) if _headline(k) or k in EXACT},
+        "shards": shards,
+    }
 
 
 def _rel(a: float, b: float) -> float:
@@ -89,11 +92,16 @@ def compare(reference: dict, run: dict) -> tuple[list[str], list[str]]:
     ref_steps, run_steps = dict(map(tuple, reference["loss"])), dict(map(tuple, run["loss"]))
     if sorted(ref_steps) != sorted(run_steps):
         problems.append(f"logged steps differ: reference {sorted(ref_steps)}, run {sorted(run_steps)}")
-    off = [(s, run_steps[s], v) for s, v in sorted(ref_steps.items())
-           if s in run_steps and not (_rel(run_steps[s], v) <= LOSS_RTOL)]
+    off = [
+        (s, run_steps[s], v)
+        for s, v in sorted(ref_steps.items())
+        if s in run_steps and not (_rel(run_steps[s], v) <= LOSS_RTOL)
+    ]
     for step, got, want in off[:3]:
-        problems.append(f"train/loss at step {step}: {got:.9g}, reference {want:.9g} "
-                        f"(relative difference {_rel(got, want):.1e} > {LOSS_RTOL:g})")
+        problems.append(
+            f"train/loss at step {step}: {got:.9g}, reference {want:.9g} "
+            f"(relative difference {_rel(got, want):.1e} > {LOSS_RTOL:g})"
+        )
     if len(off) > 3:
         problems.append(f"... and at {len(off) - 3} more of the {len(ref_steps)} logged steps")
     for key, want in reference["eval"].items():
@@ -103,8 +111,9 @@ def compare(reference: dict, run: dict) -> tuple[list[str], list[str]]:
         elif key in EXACT and got != want:
             problems.append(f"{key}: {got}, reference {want}")
         elif not (abs(got - want) <= METRIC_ATOL) and not (math.isnan(got) and math.isnan(want)):
-            problems.append(f"{key}: {got:.6f}, reference {want:.6f} (difference {got - want:+.2e}, "
-                            f"tolerance {METRIC_ATOL:g})")
+            problems.append(
+                f"{key}: {got:.6f}, reference {want:.6f} (difference {got - want:+.2e}, tolerance {METRIC_ATOL:g})"
+            )
     for name, want in reference["shards"].items():
         got = run["shards"].get(name)
         if got is None:
@@ -112,17 +121,26 @@ def compare(reference: dict, run: dict) -> tuple[list[str], list[str]]:
         elif got["sha256"] == want["sha256"]:
             continue
         elif "abs_sum" not in want:
-            problems.append(f"shard file {name}: sha256 {got['sha256'][:12]}, reference {want['sha256'][:12]} "
-                            "(a text file: it must be the same bits)")
+            problems.append(
+                f"shard file {name}: sha256 {got['sha256'][:12]}, reference {want['sha256'][:12]} "
+                "(a text file: it must be the same bits)"
+            )
         else:
             bad = [k for k in ("abs_sum", "projection_abs_sum") if not (_rel(got[k], want[k]) <= VECTOR_RTOL)]
             if bad:
-                problems.append(f"shard file {name}: " + ", ".join(
-                    f"{k} {got[k]:.9g}, reference {want[k]:.9g} (relative {_rel(got[k], want[k]):.1e} > "
-                    f"{VECTOR_RTOL:g})" for k in bad))
+                problems.append(
+                    f"shard file {name}: "
+                    + ", ".join(
+                        f"{k} {got[k]:.9g}, reference {want[k]:.9g} (relative {_rel(got[k], want[k]):.1e} > "
+                        f"{VECTOR_RTOL:g})"
+                        for k in bad
+                    )
+                )
             else:
-                notes.append(f"shard file {name}: other bits (sha256 {got['sha256'][:12]}), sums within "
-                             f"{VECTOR_RTOL:g}: thread-count or CPU-path noise")
+                notes.append(
+                    f"shard file {name}: other bits (sha256 {got['sha256'][:12]}), sums within "
+                    f"{VECTOR_RTOL:g}: thread-count or CPU-path noise"
+                )
     extra = sorted(set(run["shards"]) - set(reference["shards"]))
     if extra:
         problems.append(f"shard files not in the reference: {', '.join(extra)}")
@@ -158,10 +176,18 @@ def smoke_run(workdir: Path) -> dict:
     (workdir / "project").mkdir()
     root = project_copy(workdir / "project")
     env = reference_env()
-    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     if proc.returncode != 0:
-        raise SystemExit(f"the smoke experiment failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+        raise SystemExit(
+            f"the smoke experiment failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}"
+        )
     return collect(root)
 
 
@@ -169,12 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="./dev reference",
         description="Run the smoke experiment in a copy of the project and compare it with the committed "
-                    f"reference ({REFERENCE.relative_to(REFERENCE.parents[1])}): loss at every logged step "
-                    f"(relative {LOSS_RTOL:g}), eval point metrics ({METRIC_ATOL:g}), shard files (sha256; "
-                    f"vector files' sums at {VECTOR_RTOL:g}). Exit 1 when they differ.")
-    parser.add_argument("--refresh", action="store_true",
-                        help="write the run as the new reference (after a change whose effect is intended), "
-                             "printing what changed against the old one")
+        f"reference ({REFERENCE.relative_to(REFERENCE.parents[1])}): loss at every logged step "
+        f"(relative {LOSS_RTOL:g}), eval point metrics ({METRIC_ATOL:g}), shard files (sha256; "
+        f"vector files' sums at {VECTOR_RTOL:g}). Exit 1 when they differ.",
+    )
+    parser.add_argument(
+        "--refresh",
+        action="store_true",
+        help="write the run as the new reference (after a change whose effect is intended), "
+        "printing what changed against the old one",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="smoke-reference-") as tmp:
         run = smoke_run(Path(tmp))
@@ -190,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("\n".join(problems) + f"\n{REFRESH_HINT}")
         return 1
-    print(f"the smoke run matches {REFERENCE.name} ({len(run['loss'])} logged steps, {len(run['eval'])} metrics, "
-          f"{len(run['shards'])} shard files)")
+    print(
+        f"the smoke run matches {REFERENCE.name} ({len(run['loss'])} logged steps, {len(run['eval'])} metrics, "
+        f"{len(run['shards'])} shard files)"
+    )
     return 0
 
 

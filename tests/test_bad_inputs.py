@@ -6,6 +6,7 @@ Stage-level cases call `stages.<name>.main([...])` in-process with every output 
 tmp_path and MLflow at a temporary store. The teacher is loaded once for the module, and only two
 tests use it; the dataset cases prove they stop before it by making its loading fail the test.
 """
+
 from __future__ import annotations
 
 import errno
@@ -88,35 +89,77 @@ DATASET_CASES = {
     # case: (file name, content (text, bytes, a function writing it, or None: no file), overrides, fragments)
     "missing file": ("pairs.csv", None, [], ["file not found", "expected a csv dataset"]),
     "empty file": ("pairs.csv", b"", [], ["empty file (0 bytes)", "expected a csv dataset"]),
-    "header only": ("pairs.csv", "id,question,answer\n", [],
-                    ["empty dataset (header only, no data rows)", "expected at least one data row"]),
-    "missing field": ("pairs.csv", "id,question,reply\n1,Q,A\n", [],
-                      ["missing field 'answer'", "expected a column with that name",
-                       "Available columns: 'id', 'question', 'reply'"]),
-    "null field": ("pairs.jsonl", '{"id": "1", "question": "Q", "answer": "A"}\n'
-                                  '{"id": "2", "question": "Q2", "answer": null}\n', [],
-                   ["row 2 (line 2), field 'answer': value is null", "expected non-empty text", "empty_text=skip"]),
-    "empty string": ("pairs.csv", "id,question,answer\n1,Q,A\n2,,A2\n", [],
-                     ["row 2, field 'question': text is empty", "expected non-empty text"]),
-    "whitespace-only string": ("pairs.json", json.dumps([{"id": "1", "question": "Q", "answer": " \t "}]), [],
-                               ["row 1, field 'answer': text is whitespace-only", "expected non-empty text"]),
-    "non-UTF-8 bytes": ("pairs.csv", b"id,question,answer\n1,ok,fine\n2,caf\xe9,x\n", [],
-                        ["not valid UTF-8 at line 3 (byte offset 34", "expected UTF-8 CSV text"]),
-    "binary file named .csv": ("pairs.csv", bytes(range(256)) * 8, [],
-                               ["looks like binary data", "expected UTF-8 CSV text"]),
-    "truncated Parquet": ("pairs.parquet", _parquet_cut, [],
-                          ["truncated or corrupt Parquet file", "expected the 'PAR1' magic at the end"]),
-    "JSON syntax error": ("pairs.json", '[\n  {"id": "1", "question": "Q", "answer": "A"},\n'
-                                        '  {"id": "2" "question": "Q2", "answer": "A2"}\n]', [],
-                          ["invalid JSON at line 3, column 14", "Expecting ',' delimiter",
-                           "expected a top-level array of objects"]),
+    "header only": (
+        "pairs.csv",
+        "id,question,answer\n",
+        [],
+        ["empty dataset (header only, no data rows)", "expected at least one data row"],
+    ),
+    "missing field": (
+        "pairs.csv",
+        "id,question,reply\n1,Q,A\n",
+        [],
+        ["missing field 'answer'", "expected a column with that name", "Available columns: 'id', 'question', 'reply'"],
+    ),
+    "null field": (
+        "pairs.jsonl",
+        '{"id": "1", "question": "Q", "answer": "A"}\n{"id": "2", "question": "Q2", "answer": null}\n',
+        [],
+        ["row 2 (line 2), field 'answer': value is null", "expected non-empty text", "empty_text=skip"],
+    ),
+    "empty string": (
+        "pairs.csv",
+        "id,question,answer\n1,Q,A\n2,,A2\n",
+        [],
+        ["row 2, field 'question': text is empty", "expected non-empty text"],
+    ),
+    "whitespace-only string": (
+        "pairs.json",
+        json.dumps([{"id": "1", "question": "Q", "answer": " \t "}]),
+        [],
+        ["row 1, field 'answer': text is whitespace-only", "expected non-empty text"],
+    ),
+    "non-UTF-8 bytes": (
+        "pairs.csv",
+        b"id,question,answer\n1,ok,fine\n2,caf\xe9,x\n",
+        [],
+        ["not valid UTF-8 at line 3 (byte offset 34", "expected UTF-8 CSV text"],
+    ),
+    "binary file named .csv": (
+        "pairs.csv",
+        bytes(range(256)) * 8,
+        [],
+        ["looks like binary data", "expected UTF-8 CSV text"],
+    ),
+    "truncated Parquet": (
+        "pairs.parquet",
+        _parquet_cut,
+        [],
+        ["truncated or corrupt Parquet file", "expected the 'PAR1' magic at the end"],
+    ),
+    "JSON syntax error": (
+        "pairs.json",
+        '[\n  {"id": "1", "question": "Q", "answer": "A"},\n  {"id": "2" "question": "Q2", "answer": "A2"}\n]',
+        [],
+        ["invalid JSON at line 3, column 14", "Expecting ',' delimiter", "expected a top-level array of objects"],
+    ),
     "nested field path that does not exist": (
-        "pairs.json", json.dumps([{"id": "1", "question": {"text": "Q", "lang": "en"}, "answer": "A"}]),
+        "pairs.json",
+        json.dumps([{"id": "1", "question": {"text": "Q", "lang": "en"}, "answer": "A"}]),
         ["embed.input_field=question.body"],
-        ["missing field 'question.body'", "row 1 (under 'question')", "expected every row to have it",
-         "Keys there: 'lang', 'text'"]),
-    "duplicate ids": ("pairs.csv", "id,question,answer\n1,Q1,A1\n2,Q2,A2\n2,Q3,A3\n", [],
-                      ["duplicate id '2' in field 'id': row 2 and row 3", "expected every id to be unique"]),
+        [
+            "missing field 'question.body'",
+            "row 1 (under 'question')",
+            "expected every row to have it",
+            "Keys there: 'lang', 'text'",
+        ],
+    ),
+    "duplicate ids": (
+        "pairs.csv",
+        "id,question,answer\n1,Q1,A1\n2,Q2,A2\n2,Q3,A3\n",
+        [],
+        ["duplicate id '2' in field 'id': row 2 and row 3", "expected every id to be unique"],
+    ),
 }
 
 
@@ -140,9 +183,16 @@ def test_bad_dataset_stops_embed_before_work_and_keeps_previous_shards(case, tmp
         raise AssertionError("the teacher was loaded: validation must stop the stage before any work")
 
     monkeypatch.setattr(embed, "load_teacher", no_teacher)
-    code = embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", "embed.cache_dir=",
-                       "run.allow_external_paths=true",
-                       *overrides])
+    code = embed.main(
+        [
+            f"embed.dataset={data}",
+            "embed.group_field=null",
+            f"embed.out_dir={out}",
+            "embed.cache_dir=",
+            "run.allow_external_paths=true",
+            *overrides,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1, err
     assert err.startswith("[embed] error: ") and str(data) in err, err
@@ -155,8 +205,18 @@ def test_bad_dataset_creates_no_output_directory(tmp_path, capsys, monkeypatch):
     data = tmp_path / "pairs.csv"
     data.write_text("id,question,answer\n")
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: pytest.fail("teacher loaded"))
-    assert embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={tmp_path / 'shards'}", "embed.cache_dir=",
-                       "run.allow_external_paths=true"]) == 1
+    assert (
+        embed.main(
+            [
+                f"embed.dataset={data}",
+                "embed.group_field=null",
+                f"embed.out_dir={tmp_path / 'shards'}",
+                "embed.cache_dir=",
+                "run.allow_external_paths=true",
+            ]
+        )
+        == 1
+    )
     assert "header only" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.csv"]
 
@@ -171,8 +231,15 @@ def test_one_megabyte_text_is_embedded_and_counted_as_truncated(tmp_path, capsys
     out = tmp_path / "shards"
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: teacher)
     with caplog.at_level(logging.WARNING):
-        code = embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", "embed.cache_dir=",
-                           "run.allow_external_paths=true"])
+        code = embed.main(
+            [
+                f"embed.dataset={data}",
+                "embed.group_field=null",
+                f"embed.out_dir={out}",
+                "embed.cache_dir=",
+                "run.allow_external_paths=true",
+            ]
+        )
     assert code == 0, capsys.readouterr().err
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stats"]["texts_truncated"] == 1 and manifest["stats"]["rows_used"] == 12
@@ -188,8 +255,14 @@ def test_one_megabyte_text_is_embedded_and_counted_as_truncated(tmp_path, capsys
 
 
 def train_args(tmp_path, shards):
-    return [f"embed.out_dir={shards}", f"train.out_dir={tmp_path / 'models'}", "run.allow_external_paths=true",
-            f"train.checkpoint_dir={tmp_path / 'ckpt'}", "preset=smoke", "train.device=cpu"]
+    return [
+        f"embed.out_dir={shards}",
+        f"train.out_dir={tmp_path / 'models'}",
+        "run.allow_external_paths=true",
+        f"train.checkpoint_dir={tmp_path / 'ckpt'}",
+        "preset=smoke",
+        "train.device=cpu",
+    ]
 
 
 def _flip_last_byte(path: Path) -> None:
@@ -201,10 +274,12 @@ def _flip_last_byte(path: Path) -> None:
 SHARD_CASES = {
     "sha256 differs from the manifest": (
         lambda out: _flip_last_byte(out / "train-00000_inputs.npy"),
-        ["train-00000_inputs.npy: sha256 differs from the manifest: expected ", "run the embed stage"]),
+        ["train-00000_inputs.npy: sha256 differs from the manifest: expected ", "run the embed stage"],
+    ),
     "missing shard": (
         lambda out: (out / "val-00000_targets.npy").unlink(),
-        ["val-00000_targets.npy: file missing (listed in the manifest for split 'val')", "run the embed stage"]),
+        ["val-00000_targets.npy: file missing (listed in the manifest for split 'val')", "run the embed stage"],
+    ),
 }
 
 
@@ -235,8 +310,9 @@ def run_evaluate(tmp_path, monkeypatch, shards, models) -> int:
     monkeypatch.setattr(evaluate, "METRICS_DIR", metrics)
     monkeypatch.setattr(evaluate, "SAMPLES_CSV", tmp_path / "reports" / "eval_samples.csv")
     monkeypatch.setattr(evaluate, "ridge_fit", lambda *a, **kw: pytest.fail("evaluation started"))
-    return evaluate.main([f"embed.out_dir={shards}", f"train.out_dir={models}", "preset=smoke",
-                          "run.allow_external_paths=true"])
+    return evaluate.main(
+        [f"embed.out_dir={shards}", f"train.out_dir={models}", "preset=smoke", "run.allow_external_paths=true"]
+    )
 
 
 def test_embedding_dim_other_than_the_models_is_refused_by_evaluate(tmp_path, capsys, monkeypatch):
@@ -262,8 +338,16 @@ def test_float16_shards_are_widened_for_a_float32_config(tmp_path):
     write_shards(tmp_path / "s", {"train": (frame, x, x[:, ::-1])}, {"name": "t"}, dtype="float16")
     s = open_split(tmp_path / "s", "train")
     assert s.inputs.dtype == np.float16 and s.inputs.take([0, 5]).dtype == np.float32
-    cfg = load_config(["preset=smoke", "embed.dtype=float32", "train.epochs=1", "train.batch_size=16",
-                       "train.device=cpu", "train.log_every=2"])
+    cfg = load_config(
+        [
+            "preset=smoke",
+            "embed.dtype=float32",
+            "train.epochs=1",
+            "train.batch_size=16",
+            "train.device=cpu",
+            "train.log_every=2",
+        ]
+    )
     result = train_model(cfg, s.inputs, s.targets, s.inputs, s.targets, progress=False)
     assert result.summary["train/steps"] == 4 and np.isfinite(result.summary["train/loss"])
     assert all(p.dtype == torch.float32 for p in result.model.parameters())
@@ -272,21 +356,39 @@ def test_float16_shards_are_widened_for_a_float32_config(tmp_path):
 # --------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("override, fragments", [
-    pytest.param("embed.foo=1", ["'embed.foo'"], id="unknown key"),
-    pytest.param("+embed.foo=1", ["unknown key 'embed.foo'", "rows_per_shard"], id="unknown key added with +"),
-    pytest.param("embed.batch_size=many", ["'embed.batch_size'", "Value 'many' of type 'str' could not be converted "
-                                           "to Integer"], id="wrong type"),
-    pytest.param("train.batch_size=-4", ["'train.batch_size' = -4: expected an integer > 0"], id="negative size"),
-    pytest.param("embed.rows_per_shard=0", ["'embed.rows_per_shard' = 0: expected an integer > 0"], id="zero size"),
-    pytest.param("model.lattice_width=0", ["'model.lattice_width' = 0: expected an integer > 0"], id="zero lattice"),
-    pytest.param("embed.splits.val=0.3", ["'embed.splits' = {'train': 0.8, 'val': 0.3, 'test': 0.1}: expected "
-                                          "fractions summing to 1"], id="fractions not summing to 1"),
-])
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        pytest.param("embed.foo=1", ["'embed.foo'"], id="unknown key"),
+        pytest.param("+embed.foo=1", ["unknown key 'embed.foo'", "rows_per_shard"], id="unknown key added with +"),
+        pytest.param(
+            "embed.batch_size=many",
+            ["'embed.batch_size'", "Value 'many' of type 'str' could not be converted to Integer"],
+            id="wrong type",
+        ),
+        pytest.param("train.batch_size=-4", ["'train.batch_size' = -4: expected an integer > 0"], id="negative size"),
+        pytest.param("embed.rows_per_shard=0", ["'embed.rows_per_shard' = 0: expected an integer > 0"], id="zero size"),
+        pytest.param(
+            "model.lattice_width=0", ["'model.lattice_width' = 0: expected an integer > 0"], id="zero lattice"
+        ),
+        pytest.param(
+            "embed.splits.val=0.3",
+            ["'embed.splits' = {'train': 0.8, 'val': 0.3, 'test': 0.1}: expected fractions summing to 1"],
+            id="fractions not summing to 1",
+        ),
+    ],
+)
 def test_bad_config_stops_the_stage_naming_the_key(override, fragments, tmp_path, capsys):
     out = tmp_path / "shards"
-    code = embed.main([f"embed.dataset={tmp_path / 'none.csv'}", "embed.group_field=null", f"embed.out_dir={out}", override,
-                       "run.allow_external_paths=true"])
+    code = embed.main(
+        [
+            f"embed.dataset={tmp_path / 'none.csv'}",
+            "embed.group_field=null",
+            f"embed.out_dir={out}",
+            override,
+            "run.allow_external_paths=true",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("[embed] config error: "), err
     for fragment in fragments:
@@ -330,12 +432,21 @@ def _misspelt_config_key(path: Path) -> None:
     torch.save(payload, path)
 
 
-@pytest.mark.parametrize("spoil, fragments", [
-    pytest.param(lambda p: p.write_bytes(p.read_bytes()[:400]), ["not a readable model file", "expected the model.pt"],
-                 id="truncated"),
-    pytest.param(_misspelt_config_key, ["keys the model does not take: ['lattice_widht']",
-                                        "expected the keys of the model section"], id="unknown model_config key"),
-])
+@pytest.mark.parametrize(
+    "spoil, fragments",
+    [
+        pytest.param(
+            lambda p: p.write_bytes(p.read_bytes()[:400]),
+            ["not a readable model file", "expected the model.pt"],
+            id="truncated",
+        ),
+        pytest.param(
+            _misspelt_config_key,
+            ["keys the model does not take: ['lattice_widht']", "expected the keys of the model section"],
+            id="unknown model_config key",
+        ),
+    ],
+)
 def test_unusable_model_file_is_named(tmp_path, spoil, fragments):
     cfg = load_config(["preset=smoke"]).model
     path = tmp_path / "model.pt"
@@ -389,8 +500,15 @@ def test_disk_full_while_embedding_keeps_the_previous_shards(where, tmp_path, ca
         monkeypatch.setattr(pq, "write_table", write_table)
         name, hint = cache, "set embed.cache_dir to another disk"
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: teacher)
-    code = embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", f"embed.cache_dir={cache}",
-                       "run.allow_external_paths=true"])
+    code = embed.main(
+        [
+            f"embed.dataset={data}",
+            "embed.group_field=null",
+            f"embed.out_dir={out}",
+            f"embed.cache_dir={cache}",
+            "run.allow_external_paths=true",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1, err
     assert f"[embed] error: {name}" in err and "the disk is full (No space left on device) while writing to it" in err
@@ -404,8 +522,16 @@ def test_disk_full_while_embedding_keeps_the_previous_shards(where, tmp_path, ca
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((64, DIM)).astype(np.float32)
-    cfg = load_config(["preset=smoke", "train.epochs=2", "train.batch_size=16", "train.device=cpu",
-                       "train.log_every=2", "train.checkpoint_every=4"])
+    cfg = load_config(
+        [
+            "preset=smoke",
+            "train.epochs=2",
+            "train.batch_size=16",
+            "train.device=cpu",
+            "train.log_every=2",
+            "train.checkpoint_every=4",
+        ]
+    )
     path = tmp_path / "ckpt" / STATE_FILE
     previous, real_save = {}, torch.save
 

@@ -4,6 +4,7 @@ item, with paired-bootstrap CIs, p-values, verdicts and the items whose outcome 
 Unit tests on synthetic tables (parquet files in tmp_path, and one tiny git + DVC repository for a
 git revision); then, as a user would, the session's two smoke experiments (tests/conftest.py's
 `smoke_experiments`, no extra pipeline run) compared by experiment name and by MLflow run id."""
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,19 @@ def table(n: int, hit_rate: float, seed: int, cos_mean: float = 0.5, ids=None) -
     rank = group_rank + rng.integers(0, 3, n)
     cosine = np.clip(cos_mean + 0.1 * rng.standard_normal(n), -1, 1)
     mse = (1 - cosine) / 192
-    df = pd.DataFrame({"id": ids, "group": [f"g{i % 50}" for i in range(n)],
-                       "input": [f"question {i}" for i in ids], "target": [f"answer {i}" for i in ids],
-                       "rank": rank, "group_rank": group_rank, "cosine": cosine, "mse": mse,
-                       "top5": [[f"b{j}" for j in range(5)]] * n})
+    df = pd.DataFrame(
+        {
+            "id": ids,
+            "group": [f"g{i % 50}" for i in range(n)],
+            "input": [f"question {i}" for i in ids],
+            "target": [f"answer {i}" for i in ids],
+            "rank": rank,
+            "group_rank": group_rank,
+            "cosine": cosine,
+            "mse": mse,
+            "top5": [[f"b{j}" for j in range(5)]] * n,
+        }
+    )
     for b in ("identity", "ridge", "untrained"):
         df[f"{b}_rank"], df[f"{b}_group_rank"] = rank + 30, group_rank + 30
         df[f"{b}_cosine"], df[f"{b}_mse"] = cosine - 0.3, mse + 0.003
@@ -87,7 +97,7 @@ def test_a_clearly_better_model_wins_with_a_ci_around_the_true_difference(tmp_pa
     b_only = ta["id"][(ta.group_rank > 1) & (tb.group_rank == 1)].tolist()
     f = result["flipped"]
     assert (f["a_only"], f["b_only"]) == (len(a_only), len(b_only)) and f["metric"] == "group_top1"
-    assert [it["id"] for it in f["b_only_items"]] == b_only[:cmp.DEFAULT_SHOW]
+    assert [it["id"] for it in f["b_only_items"]] == b_only[: cmp.DEFAULT_SHOW]
     first = f["a_only_items"][0]
     assert first["a_group_rank"] == 1 and first["b_group_rank"] > 1
     assert first["input"] == f"question {first['id']}" and first["target"] == f"answer {first['id']}"
@@ -157,12 +167,22 @@ def test_tables_of_different_splits_are_compared_on_shared_items_with_a_warning(
 
 
 def test_a_name_that_names_nothing_is_one_line_saying_what_was_tried(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tools.compare", "no-such-experiment", "workspace"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.compare", "no-such-experiment", "workspace"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr
-    for tried in ("'no-such-experiment' names no item table", "workspace", "not an existing file",
-                  "not an MLflow run id", "not a git revision", "not a DVC experiment"):
+    for tried in (
+        "'no-such-experiment' names no item table",
+        "workspace",
+        "not an existing file",
+        "not an MLflow run id",
+        "not a git revision",
+        "not a DVC experiment",
+    ):
         assert tried in proc.stderr, (tried, proc.stderr)
 
 
@@ -170,9 +190,11 @@ def test_bad_tables_and_arguments_are_one_line_errors(tmp_path, capsys):
     good = write(tmp_path, "good", table(20, 0.5, seed=11))
     broken = write(tmp_path, "broken", table(20, 0.5, seed=11).drop(columns=["group_rank"]))
     (tmp_path / "junk.parquet").write_text("not parquet")
-    for args, expected in (([good, broken], "no column group_rank"),
-                           ([good, str(tmp_path / "junk.parquet")], "not a readable parquet file"),
-                           ([good, "--baseline", "lasso"], "baselines in it: identity, ridge, untrained")):
+    for args, expected in (
+        ([good, broken], "no column group_rank"),
+        ([good, str(tmp_path / "junk.parquet")], "not a readable parquet file"),
+        ([good, "--baseline", "lasso"], "baselines in it: identity, ridge, untrained"),
+    ):
         rc, out, err = run_main(capsys, *args)
         assert rc == 2 and out == "" and err.count("\n") == 1 and expected in err, (args, err)
     with pytest.raises(SystemExit) as e:
@@ -193,8 +215,13 @@ def test_dev_compare_takes_a_path_relative_to_where_it_was_started(tmp_path):
 
     table(100, 0.4, seed=16).to_parquet(tmp_path / "a.parquet", index=False)
     table(100, 0.6, seed=17).to_parquet(tmp_path / "b.parquet", index=False)
-    proc = subprocess.run([str(REPO_ROOT / "dev"), "compare", "a.parquet", "b.parquet", "--json", "--resamples",
-                           str(RESAMPLES)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(REPO_ROOT / "dev"), "compare", "a.parquet", "b.parquet", "--json", "--resamples", str(RESAMPLES)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["a"]["kind"] == result["b"]["kind"] == "file" and result["shared_items"] == 100
@@ -235,9 +262,11 @@ def test_a_git_revision_and_the_workspace_of_a_repository(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- as a user would
 
+
 def _compare_in(root, env, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.compare", *args], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.compare", *args], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_experiments):
@@ -262,23 +291,27 @@ def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_exper
         side = "a" if name == "smoke-a" else "b"
         for m in METRICS:
             assert result["metrics"][m][side]["value"] == pytest.approx(
-                run.data.metrics[f"eval/test/model/{m}"], abs=2e-6), (name, m)
+                run.data.metrics[f"eval/test/model/{m}"], abs=2e-6
+            ), (name, m)
 
     by_id = _compare_in(root, env, runs["smoke-a"].info.run_id, runs["smoke-b"].info.run_id, "--json", "--show", "5")
     assert by_id.returncode == 0 and by_id.stderr == "", by_id.stderr[-3000:]
     same = json.loads(by_id.stdout)
     assert same["a"]["kind"] == same["b"]["kind"] == "mlflow-run"
     assert same["a"]["label"] == f"smoke-a (run {runs['smoke-a'].info.run_id[:8]})"
-    assert same["metrics"] == {m: {**r, "verdict": r["verdict"].replace("smoke-a", same["a"]["label"]).replace(
-        "smoke-b", same["b"]["label"])} for m, r in result["metrics"].items()}  # the same tables, the same numbers
+    assert same["metrics"] == {
+        m: {**r, "verdict": r["verdict"].replace("smoke-a", same["a"]["label"]).replace("smoke-b", same["b"]["label"])}
+        for m, r in result["metrics"].items()
+    }  # the same tables, the same numbers
     assert same["flipped"] == result["flipped"]
 
     # In words, a name against a run id, and the workspace (where smoke-a ran).
     text = _compare_in(root, env, "smoke-a", runs["smoke-b"].info.run_id)
     assert text.returncode == 0, text.stderr[-3000:]
     assert "A = smoke-a: DVC experiment smoke-a (commit " in text.stdout
-    assert sum(line.startswith(("no significant difference", "smoke-b (run")) for line in text.stdout.splitlines()) \
-        == len(METRICS)
+    assert sum(
+        line.startswith(("no significant difference", "smoke-b (run")) for line in text.stdout.splitlines()
+    ) == len(METRICS)
     ws = _compare_in(root, env, "workspace", "smoke-b", "--json")
     assert ws.returncode == 0, ws.stderr[-3000:]
     assert json.loads(ws.stdout)["shared_items"] == result["shared_items"]

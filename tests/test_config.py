@@ -39,8 +39,11 @@ def differing(a, b):
     """Leaves of `a` and `b` that are not the same value of the same type (1 == 1.0 == True, yet a
     YAML that writes 1 where the schema says 1.0 differs), with both values."""
     la, lb = leaves(a), leaves(b)
-    return [f"{k}: {la.get(k, ABSENT)!r} != {lb.get(k, ABSENT)!r}" for k in sorted(la.keys() | lb.keys())
-            if k not in la or k not in lb or type(la[k]) is not type(lb[k]) or la[k] != lb[k]]
+    return [
+        f"{k}: {la.get(k, ABSENT)!r} != {lb.get(k, ABSENT)!r}"
+        for k in sorted(la.keys() | lb.keys())
+        if k not in la or k not in lb or type(la[k]) is not type(lb[k]) or la[k] != lb[k]
+    ]
 
 
 def as_plain(cfg):
@@ -54,18 +57,24 @@ def test_defaults_are_the_same_values_in_the_schema_conf_and_params_yaml():
     schema = as_plain(OmegaConf.structured(Config))
     conf = as_plain(compose_raw(["preset=default"])[0])  # as Hydra composes it: no key filled from the schema
     params = as_plain(OmegaConf.load(PARAMS_FILE))
-    assert not differing(conf, schema), "conf/ with preset=default differs from pipeline/core/config.py's defaults:\n" + \
-        "\n".join(differing(conf, schema))
-    assert not differing(params, conf), "params.yaml differs from conf/ with preset=default:\n" + \
-        "\n".join(differing(params, conf))
+    assert not differing(conf, schema), (
+        "conf/ with preset=default differs from pipeline/core/config.py's defaults:\n"
+        + "\n".join(differing(conf, schema))
+    )
+    assert not differing(params, conf), "params.yaml differs from conf/ with preset=default:\n" + "\n".join(
+        differing(params, conf)
+    )
     assert not differing(as_plain(load_config([])), as_plain(load_config(["preset=default"])))
 
 
 def test_differing_names_each_leaf_that_differs():
     a = {"train": {"lr": 0.003, "epochs": 12, "scaler": {"init_scale": 1024.0}}, "run": {"seed": 0}}
     b = {"train": {"lr": 0.003, "epochs": 12.0, "scaler": {"init_scale": 2048.0}}, "run": {}}
-    assert differing(a, b) == ["run.seed: 0 != '<absent>'", "train.epochs: 12 != 12.0",
-                               "train.scaler.init_scale: 1024.0 != 2048.0"]
+    assert differing(a, b) == [
+        "run.seed: 0 != '<absent>'",
+        "train.epochs: 12 != 12.0",
+        "train.scaler.init_scale: 1024.0 != 2048.0",
+    ]
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in (CONF_DIR / "preset").glob("*.yaml")))
@@ -80,17 +89,20 @@ def test_overrides_apply_and_are_typed():
     assert load_config(["preset=smoke", "train.epochs=1"]).train.epochs == 1
 
 
-@pytest.mark.parametrize("override, named", [
-    ("train.lr=abc", "train.lr"),  # wrong type
-    ("train.lr=0", "train.lr"),  # impossible value
-    ("train.foo=1", "train.foo"),  # unknown key (Hydra refuses to add it)
-    ("+train.foo=1", "train.foo"),  # unknown key (schema refuses it)
-    ("model.lattice_width=0", "model.lattice_width"),
-    ("model.min_forward=0", "model.min_forward"),
-    ("embed.splits.val=0.3", "embed.splits"),  # fractions not summing to 1
-    ("embed.format=xml", "embed.format"),
-    ("train.batch_size=-4", "train.batch_size"),
-])
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("train.lr=abc", "train.lr"),  # wrong type
+        ("train.lr=0", "train.lr"),  # impossible value
+        ("train.foo=1", "train.foo"),  # unknown key (Hydra refuses to add it)
+        ("+train.foo=1", "train.foo"),  # unknown key (schema refuses it)
+        ("model.lattice_width=0", "model.lattice_width"),
+        ("model.min_forward=0", "model.min_forward"),
+        ("embed.splits.val=0.3", "embed.splits"),  # fractions not summing to 1
+        ("embed.format=xml", "embed.format"),
+        ("train.batch_size=-4", "train.batch_size"),
+    ],
+)
 def test_bad_values_stop_with_the_key_named(override, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         load_config([override])
@@ -107,23 +119,39 @@ def test_unknown_key_in_params_file_is_named(tmp_path):
 def test_dvc_yaml_params_exist_in_params_yaml():
     dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
     params = yaml.safe_load(PARAMS_FILE.read_text())
-    flat = set(flatten(OmegaConf.create(params))) | set(params) | {k.rsplit(".", 1)[0] for k in flatten(OmegaConf.create(params))}
+    flat = (
+        set(flatten(OmegaConf.create(params)))
+        | set(params)
+        | {k.rsplit(".", 1)[0] for k in flatten(OmegaConf.create(params))}
+    )
     for name, stage in dvc["stages"].items():
         for key in stage.get("params", []):
             assert key in flat, f"stage {name} lists param {key} that params.yaml lacks"
 
 
-@pytest.mark.parametrize("overrides, fragment", [
-    (["preset=smok"], "preset=smok: there is no conf/preset/smok.yaml (did you mean preset=smoke?); expected one of: "),
-    (["fault=nan_los"], "fault=nan_los: there is no conf/fault/nan_los.yaml (did you mean fault=nan_loss?)"),
-    (["fault=nan"], "fault=nan: there is no conf/fault/nan.yaml (did you mean fault=nan_loss?); expected one of: "
-                    "inf_grad, leak, loss_spike, lr_spike, nan_loss, none"),
-    (["embed.delimiter=;"], "cannot parse the override 'embed.delimiter=;': Hydra reads the value as an expression"),
-    (["train.lr=[1"], "cannot parse the override 'train.lr=[1'"),
-    (["embed.splits.val=0", "embed.splits.train=0.9"], "'embed.splits.val' = 0: expected > 0"),
-    (["embed.device=gpu"], "'embed.device' = 'gpu': expected auto, cpu, cuda or cuda:N"),
-    (["embed.delimiter=ab"], "'embed.delimiter' = 'ab': expected one character"),
-])
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (
+            ["preset=smok"],
+            "preset=smok: there is no conf/preset/smok.yaml (did you mean preset=smoke?); expected one of: ",
+        ),
+        (["fault=nan_los"], "fault=nan_los: there is no conf/fault/nan_los.yaml (did you mean fault=nan_loss?)"),
+        (
+            ["fault=nan"],
+            "fault=nan: there is no conf/fault/nan.yaml (did you mean fault=nan_loss?); expected one of: "
+            "inf_grad, leak, loss_spike, lr_spike, nan_loss, none",
+        ),
+        (
+            ["embed.delimiter=;"],
+            "cannot parse the override 'embed.delimiter=;': Hydra reads the value as an expression",
+        ),
+        (["train.lr=[1"], "cannot parse the override 'train.lr=[1'"),
+        (["embed.splits.val=0", "embed.splits.train=0.9"], "'embed.splits.val' = 0: expected > 0"),
+        (["embed.device=gpu"], "'embed.device' = 'gpu': expected auto, cpu, cuda or cuda:N"),
+        (["embed.delimiter=ab"], "'embed.delimiter' = 'ab': expected one character"),
+    ],
+)
 def test_config_mistakes_name_what_to_write_instead(overrides, fragment):
     with pytest.raises(ConfigError) as exc:
         load_config(overrides)
@@ -135,11 +163,14 @@ def test_a_quoted_delimiter_and_an_empty_id_field_are_accepted():
     assert cfg.embed.delimiter == ";" and cfg.embed.id_field == ""
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("run:\n  preset: default\n embed: [\n", "not valid YAML at line 3, column 2"),
-    ("- a list\n", "holds a list, expected a mapping of sections"),
-    ("run: 5\n", "section 'run' is 5, expected a mapping of its keys"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("run:\n  preset: default\n embed: [\n", "not valid YAML at line 3, column 2"),
+        ("- a list\n", "holds a list, expected a mapping of sections"),
+        ("run: 5\n", "section 'run' is 5, expected a mapping of its keys"),
+    ],
+)
 def test_a_broken_params_file_is_named_with_its_line(tmp_path, text, fragment):
     params = tmp_path / "params.yaml"
     params.write_text(text)
@@ -160,27 +191,86 @@ def test_a_cuda_device_this_machine_lacks_is_a_config_error():
     assert available_device("embed.device", "auto") == "cpu"
 
 
-OVERRIDE_KEYS = ["train.lr", "embed.splits", "embed", "train", "preset", "fault", "run.seed", "model.lattice_width",
-                 "embed.splits.val", "+x", "~train.lr", "train.scaler", "embed.delimiter", "embed.id_field", "hydra.run",
-                 "defaults", "embed.splits.extra", "run", "+embed.splits.x", "train.device", "embed.dataset"]
-OVERRIDE_VALUES = ["null", "[1,2]", "{a: 1}", "nan", "inf", "1e999", "true", "''", "${x}", "${oc.env:HOME}", "abc",
-                   "-1", "0x10", "1_000", "[", "]]", "{", "'a", '"', "\\", "=", "a=b", "${train.lr}",
-                   "${oc.decode:'[1]'}", "{train: 0.5, val: 0.5}", "smoke", "nan_loss", ""]
+OVERRIDE_KEYS = [
+    "train.lr",
+    "embed.splits",
+    "embed",
+    "train",
+    "preset",
+    "fault",
+    "run.seed",
+    "model.lattice_width",
+    "embed.splits.val",
+    "+x",
+    "~train.lr",
+    "train.scaler",
+    "embed.delimiter",
+    "embed.id_field",
+    "hydra.run",
+    "defaults",
+    "embed.splits.extra",
+    "run",
+    "+embed.splits.x",
+    "train.device",
+    "embed.dataset",
+]
+OVERRIDE_VALUES = [
+    "null",
+    "[1,2]",
+    "{a: 1}",
+    "nan",
+    "inf",
+    "1e999",
+    "true",
+    "''",
+    "${x}",
+    "${oc.env:HOME}",
+    "abc",
+    "-1",
+    "0x10",
+    "1_000",
+    "[",
+    "]]",
+    "{",
+    "'a",
+    '"',
+    "\\",
+    "=",
+    "a=b",
+    "${train.lr}",
+    "${oc.decode:'[1]'}",
+    "{train: 0.5, val: 0.5}",
+    "smoke",
+    "nan_loss",
+    "",
+]
 
 
-@pytest.mark.parametrize("examples", [pytest.param(150, id="default"),
-                                      pytest.param(1500, id="many", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "examples", [pytest.param(150, id="default"), pytest.param(1500, id="many", marks=pytest.mark.slow)]
+)
 def test_any_override_loads_or_is_one_config_error(examples):
     """Whatever a command line holds, load_config returns a config or raises ConfigError: never a
     Hydra or OmegaConf exception from its internals (a traceback for the user)."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    @settings(max_examples=examples, deadline=None, derandomize=examples < 1000, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(st.lists(st.tuples(st.sampled_from(OVERRIDE_KEYS),
-                              st.one_of(st.sampled_from(OVERRIDE_VALUES), st.text(max_size=10))), min_size=1,
-                    max_size=3))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=examples < 1000,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(
+        st.lists(
+            st.tuples(
+                st.sampled_from(OVERRIDE_KEYS), st.one_of(st.sampled_from(OVERRIDE_VALUES), st.text(max_size=10))
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    )
     def check(pairs):
         try:
             load_config([f"{k}={v}" for k, v in pairs])
@@ -193,34 +283,58 @@ def test_any_override_loads_or_is_one_config_error(examples):
 # ---------------------------------------------------------------- values checked once, by the schema
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.spike_window=5", "parameter 'train.spike_window' = 5: expected an integer >= 10 (the mean and std of "
-                             "fewer losses flag ordinary noise as spikes)"),
-    ("train.spike_k=0", "parameter 'train.spike_k' = 0.0: expected > 0"),
-    ("train.grad_warning=20", "parameter 'train.grad_warning' = 20.0: expected 0 < grad_warning < grad_critical "
-                              "(10.0)"),
-    ("report.warmup_steps=-1", "parameter 'report.warmup_steps' = -1: expected >= 0"),
-    ("report.memory_alpha=1.5", "parameter 'report.memory_alpha' = 1.5: expected in (0, 1)"),
-    ("report.memory_alpha=0", "parameter 'report.memory_alpha' = 0.0: expected in (0, 1)"),
-    ("report.step_time_max_ratio=0", "parameter 'report.step_time_max_ratio' = 0.0: expected > 0"),
-    ("report.grad_healthy_min=5", "parameter 'report.grad_healthy_min' = 5.0: expected 0 < grad_healthy_min < "
-                                  "train.grad_warning (5.0)"),
-    ("report.grad_max_critical_fraction=1.5", "parameter 'report.grad_max_critical_fraction' = 1.5: expected a "
-                                              "fraction in [0, 1]"),
-    ("report.nonfinite_warn_fraction=-0.1", "parameter 'report.nonfinite_warn_fraction' = -0.1: expected a fraction "
-                                            "in [0, 1]"),
-    ("report.spike_fail_factor=1.0", "parameter 'report.spike_fail_factor' = 1.0: expected > 1 (a spike this many "
-                                     "times the trailing mean loss fails)"),
-    ("report.spike_fail_factor=0.5", "parameter 'report.spike_fail_factor' = 0.5: expected > 1 (a spike this many "
-                                     "times the trailing mean loss fails)"),
-    ("report.scaler_min_scale=0", "parameter 'report.scaler_min_scale' = 0.0: expected > 0"),
-    ("report.scaler_min_scale=-1", "parameter 'report.scaler_min_scale' = -1.0: expected > 0"),
-    ("report.scaler_max_backoff_fraction=-0.01", "parameter 'report.scaler_max_backoff_fraction' = -0.01: expected "
-                                                 "a fraction in [0, 1]"),
-    ("report.scaler_max_backoff_fraction=1.5", "parameter 'report.scaler_max_backoff_fraction' = 1.5: expected a "
-                                               "fraction in [0, 1]"),
-    ("report.learning_min_gain=-0.1", "parameter 'report.learning_min_gain' = -0.1: expected >= 0"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "train.spike_window=5",
+            "parameter 'train.spike_window' = 5: expected an integer >= 10 (the mean and std of "
+            "fewer losses flag ordinary noise as spikes)",
+        ),
+        ("train.spike_k=0", "parameter 'train.spike_k' = 0.0: expected > 0"),
+        (
+            "train.grad_warning=20",
+            "parameter 'train.grad_warning' = 20.0: expected 0 < grad_warning < grad_critical (10.0)",
+        ),
+        ("report.warmup_steps=-1", "parameter 'report.warmup_steps' = -1: expected >= 0"),
+        ("report.memory_alpha=1.5", "parameter 'report.memory_alpha' = 1.5: expected in (0, 1)"),
+        ("report.memory_alpha=0", "parameter 'report.memory_alpha' = 0.0: expected in (0, 1)"),
+        ("report.step_time_max_ratio=0", "parameter 'report.step_time_max_ratio' = 0.0: expected > 0"),
+        (
+            "report.grad_healthy_min=5",
+            "parameter 'report.grad_healthy_min' = 5.0: expected 0 < grad_healthy_min < train.grad_warning (5.0)",
+        ),
+        (
+            "report.grad_max_critical_fraction=1.5",
+            "parameter 'report.grad_max_critical_fraction' = 1.5: expected a fraction in [0, 1]",
+        ),
+        (
+            "report.nonfinite_warn_fraction=-0.1",
+            "parameter 'report.nonfinite_warn_fraction' = -0.1: expected a fraction in [0, 1]",
+        ),
+        (
+            "report.spike_fail_factor=1.0",
+            "parameter 'report.spike_fail_factor' = 1.0: expected > 1 (a spike this many "
+            "times the trailing mean loss fails)",
+        ),
+        (
+            "report.spike_fail_factor=0.5",
+            "parameter 'report.spike_fail_factor' = 0.5: expected > 1 (a spike this many "
+            "times the trailing mean loss fails)",
+        ),
+        ("report.scaler_min_scale=0", "parameter 'report.scaler_min_scale' = 0.0: expected > 0"),
+        ("report.scaler_min_scale=-1", "parameter 'report.scaler_min_scale' = -1.0: expected > 0"),
+        (
+            "report.scaler_max_backoff_fraction=-0.01",
+            "parameter 'report.scaler_max_backoff_fraction' = -0.01: expected a fraction in [0, 1]",
+        ),
+        (
+            "report.scaler_max_backoff_fraction=1.5",
+            "parameter 'report.scaler_max_backoff_fraction' = 1.5: expected a fraction in [0, 1]",
+        ),
+        ("report.learning_min_gain=-0.1", "parameter 'report.learning_min_gain' = -0.1: expected >= 0"),
+    ],
+)
 def test_the_reports_thresholds_are_refused_at_load(override, message):
     # Once refused only by the report, after training had run to the end (and by a diverged
     # run's report): now by the schema, when any stage loads its config.
@@ -229,11 +343,20 @@ def test_the_reports_thresholds_are_refused_at_load(override, message):
     assert str(exc.value) == message
 
 
-@pytest.mark.parametrize("overrides", [
-    ["train.spike_window=10"], ["report.spike_fail_factor=1.01"], ["report.scaler_min_scale=1e-9"],
-    ["report.scaler_max_backoff_fraction=0", "report.grad_max_critical_fraction=1", "report.nonfinite_warn_fraction=0"],
-    ["report.warmup_steps=0", "report.learning_min_gain=0"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["train.spike_window=10"],
+        ["report.spike_fail_factor=1.01"],
+        ["report.scaler_min_scale=1e-9"],
+        [
+            "report.scaler_max_backoff_fraction=0",
+            "report.grad_max_critical_fraction=1",
+            "report.nonfinite_warn_fraction=0",
+        ],
+        ["report.warmup_steps=0", "report.learning_min_gain=0"],
+    ],
+)
 def test_the_edges_of_the_reports_ranges_are_accepted(overrides):
     load_config(overrides)
 
@@ -242,8 +365,15 @@ def test_a_short_spike_window_stops_the_train_stage_before_any_work(tmp_path, ca
     from stages import train
 
     monkeypatch.setattr(train, "run", lambda cfg: pytest.fail("the stage's work started"))
-    code = train.main(["train.spike_window=5", "run.tracking=disabled", "run.allow_external_paths=true",
-                       f"train.out_dir={tmp_path / 'models'}", f"train.checkpoint_dir={tmp_path / 'ckpt'}"])
+    code = train.main(
+        [
+            "train.spike_window=5",
+            "run.tracking=disabled",
+            "run.allow_external_paths=true",
+            f"train.out_dir={tmp_path / 'models'}",
+            f"train.checkpoint_dir={tmp_path / 'ckpt'}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "parameter 'train.spike_window' = 5: expected an integer >= 10" in err, err
     assert list(tmp_path.iterdir()) == []
@@ -252,9 +382,15 @@ def test_a_short_spike_window_stops_the_train_stage_before_any_work(tmp_path, ca
 # ---------------------------------------------------------------- choices
 
 
-CHOICES = {"run.tracking": Tracking, "embed.format": DataFormat, "embed.split_key": SplitKey,
-           "embed.empty_text": EmptyText, "embed.dtype": ShardDtype, "train.precision": Precision,
-           "fault.kind": FaultKind}
+CHOICES = {
+    "run.tracking": Tracking,
+    "embed.format": DataFormat,
+    "embed.split_key": SplitKey,
+    "embed.empty_text": EmptyText,
+    "embed.dtype": ShardDtype,
+    "train.precision": Precision,
+    "fault.kind": FaultKind,
+}
 
 
 @pytest.mark.parametrize("key", CHOICES)
@@ -269,18 +405,28 @@ def test_every_choice_is_written_as_before_and_reads_as_its_string(key):
         assert json.dumps(value) == f'"{member.name}"'
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.precision=f16", "parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 "
-                            "(did you mean train.precision=fp16?)"),
-    ("embed.format=xml", "parameter 'embed.format' = 'xml': expected one of auto, csv, tsv, jsonl, json, parquet"),
-    ("fault.kind=boom", "parameter 'fault.kind' = 'boom': expected one of none, nan_loss, inf_grad, loss_spike, "
-                        "lr_spike, leak"),
-    ("run.tracking=null", "parameter 'run.tracking' = None: expected one of required, optional, disabled"),
-    ("embed.dtype=16", "parameter 'embed.dtype' = 16: expected one of float32, float16"),
-    ("embed.split_key=[pair]", "parameter 'embed.split_key' = ['pair']: expected one of pair, input, target"),
-    ("embed.empty_text=Skip", "parameter 'embed.empty_text' = 'Skip': expected one of fail, skip "
-                              "(did you mean embed.empty_text=skip?)"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "train.precision=f16",
+            "parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 "
+            "(did you mean train.precision=fp16?)",
+        ),
+        ("embed.format=xml", "parameter 'embed.format' = 'xml': expected one of auto, csv, tsv, jsonl, json, parquet"),
+        (
+            "fault.kind=boom",
+            "parameter 'fault.kind' = 'boom': expected one of none, nan_loss, inf_grad, loss_spike, lr_spike, leak",
+        ),
+        ("run.tracking=null", "parameter 'run.tracking' = None: expected one of required, optional, disabled"),
+        ("embed.dtype=16", "parameter 'embed.dtype' = 16: expected one of float32, float16"),
+        ("embed.split_key=[pair]", "parameter 'embed.split_key' = ['pair']: expected one of pair, input, target"),
+        (
+            "embed.empty_text=Skip",
+            "parameter 'embed.empty_text' = 'Skip': expected one of fail, skip (did you mean embed.empty_text=skip?)",
+        ),
+    ],
+)
 def test_a_bad_choice_names_the_key_the_value_and_the_choices(override, message):
     with pytest.raises(ConfigError) as exc:
         load_config([override])
@@ -293,8 +439,10 @@ def test_choices_print_as_the_yaml_writes_them():
     assert "  precision: fp16\n" in text and "  kind: nan_loss\n" in text and "  tracking: required\n" in text
 
 
-@pytest.mark.parametrize("overrides", [["preset=default"], ["preset=fp16_unstable", "fault=loss_spike",
-                                                            "embed.format=csv", "run.tracking=optional"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [["preset=default"], ["preset=fp16_unstable", "fault=loss_spike", "embed.format=csv", "run.tracking=optional"]],
+)
 def test_choices_leave_the_run_digests_as_their_strings_give(overrides):
     # settings_digest (telemetry/train_perf.json) and fingerprint (resumable checkpoints) hash
     # config values: a choice must hash as its string did, or every recorded digest goes stale.

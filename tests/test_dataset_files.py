@@ -1,4 +1,5 @@
 """A dataset may be a directory or a glob of files; empty texts can be skipped and counted."""
+
 import pytest
 
 from pipeline.core.errors import DatasetError
@@ -45,8 +46,10 @@ def test_duplicate_id_across_files_names_both_files(tmp_path):
 
 def test_empty_texts_fail_by_default_and_are_skipped_and_counted_on_request(tmp_path):
     path = tmp_path / "d.jsonl"
-    path.write_text('{"id": "1", "q": "Q1", "a": "A1"}\n{"id": "2", "q": "", "a": "A2"}\n'
-                    '{"id": "3", "q": "Q3", "a": null}\n{"id": "4", "q": "Q4", "a": "A4"}\n')
+    path.write_text(
+        '{"id": "1", "q": "Q1", "a": "A1"}\n{"id": "2", "q": "", "a": "A2"}\n'
+        '{"id": "3", "q": "Q3", "a": null}\n{"id": "4", "q": "Q4", "a": "A4"}\n'
+    )
     with pytest.raises(DatasetError, match=r"d\.jsonl.*line 2.*'q'.*empty.*empty_text=skip"):
         read_pairs(path, "q", "a", "id")
     df = read_pairs(path, "q", "a", "id", skip_empty=True)
@@ -60,8 +63,14 @@ def test_duplicate_pairs_are_counted_and_dropped_or_kept_by_parameter(tmp_path):
     data = tmp_path / "d.csv"
     # 40 distinct pairs, each 4 times: enough rows left after dropping for every split to hold some.
     data.write_text("question,answer\n" + "".join(f"Q{i % 40},A{i % 40}\n" for i in range(160)))
-    base = ["preset=smoke", f"embed.dataset={data}", "embed.group_field=null", "embed.id_field=null", "embed.max_rows=0",
-            "run.allow_external_paths=true"]
+    base = [
+        "preset=smoke",
+        f"embed.dataset={data}",
+        "embed.group_field=null",
+        "embed.id_field=null",
+        "embed.max_rows=0",
+        "run.allow_external_paths=true",
+    ]
     cfg = load_config(base)
     dropped = prepare_pairs(cfg.embed, cfg.run.allow_external_paths)
     assert dropped.stats["duplicate_pairs"] == 120 and dropped.stats["duplicates_dropped"] == 120

@@ -1,4 +1,5 @@
 """The shipped demo dataset (data/raw/qa_pairs.csv) is what tools.demo_data generates, and is sane."""
+
 from __future__ import annotations
 
 import csv
@@ -28,7 +29,8 @@ def test_regenerated_file_is_byte_identical(tmp_path):
     out = tmp_path / "qa_pairs.csv"
     n = demo.write_csv(out)
     assert out.read_bytes() == COMMITTED.read_bytes(), (
-        "data/raw/qa_pairs.csv is stale: rerun `python -m tools.demo_data`")
+        "data/raw/qa_pairs.csv is stale: rerun `python -m tools.demo_data`"
+    )
     assert n == len(demo.generate())
 
 
@@ -79,8 +81,11 @@ def _subject(fact_rows: list[dict]) -> str:
     fact = fact_rows[0]["fact"]
     topic = fact_rows[0]["topic"]
     if topic in ("capital", "currency", "official_language"):
-        names = [c[0] for c in demo.COUNTRIES if demo._slug(c[0].removeprefix("the ")) ==
-                 fact.removeprefix(topic.replace("_", "-") + "-")]
+        names = [
+            c[0]
+            for c in demo.COUNTRIES
+            if demo._slug(c[0].removeprefix("the ")) == fact.removeprefix(topic.replace("_", "-") + "-")
+        ]
         assert len(names) == 1, fact
         return names[0].removeprefix("the ")
     if topic in ("element_symbol", "atomic_number"):
@@ -107,8 +112,32 @@ def test_every_fact_rows_agree_on_the_subject(rows):
             assert words & set(re.findall(r"\w+", r["answer"].lower())) - _STOP, (fact, r)
 
 
-_STOP = {"the", "a", "an", "of", "is", "in", "what", "which", "who", "name", "and", "its",
-         "has", "was", "by", "to", "on", "for", "as", "it", "do", "does", "how", "called"}
+_STOP = {
+    "the",
+    "a",
+    "an",
+    "of",
+    "is",
+    "in",
+    "what",
+    "which",
+    "who",
+    "name",
+    "and",
+    "its",
+    "has",
+    "was",
+    "by",
+    "to",
+    "on",
+    "for",
+    "as",
+    "it",
+    "do",
+    "does",
+    "how",
+    "called",
+}
 
 
 def test_country_facts_match_the_table(rows):

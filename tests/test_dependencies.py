@@ -1,5 +1,6 @@
 """pyproject.toml declares the direct dependencies and requirements.lock pins everything: the two
 agree, torch is the CPU build, and the environment the tests run in is exactly the lock."""
+
 from __future__ import annotations
 
 import re
@@ -37,7 +38,6 @@ def _declared() -> dict[str, str]:
         assert match, f"pyproject.toml: {spec!r} is not pinned (NAME==VERSION)"
         out[canonicalize_name(match.group(1))] = match.group(2)
     return out
-
 
 
 def test_every_declared_dependency_is_pinned_to_the_locks_version():

@@ -1,5 +1,6 @@
 """`./dev ui [PORT]` (the README's command) serves the MLflow UI on 127.0.0.1 over the store
 tracking_uri() names, and only says where to look when that store is a server already."""
+
 from __future__ import annotations
 
 import json
@@ -23,15 +24,22 @@ def test_dev_ui_serves_the_store_on_loopback(tmp_path):
     MlflowClient(uri).create_experiment("ui-check", artifact_location=(tmp_path / "a").as_uri())
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
-    proc = subprocess.Popen([str(REPO_ROOT / "dev"), "ui", str(port)], cwd=REPO_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(REPO_ROOT / "dev"), "ui", str(port)],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search"
-                                            "?max_results=10", timeout=5) as r:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search?max_results=10", timeout=5
+                ) as r:
                     names = [e["name"] for e in json.load(r)["experiments"]]
                 break
             except OSError:
@@ -45,8 +53,9 @@ def test_dev_ui_serves_the_store_on_loopback(tmp_path):
 
 def test_dev_ui_points_at_a_tracking_server_instead_of_starting_one():
     env = {**os.environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:5999"}
-    proc = subprocess.run([str(REPO_ROOT / "dev"), "ui"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [str(REPO_ROOT / "dev"), "ui"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and "is a tracking server already" in proc.stderr
 
 
@@ -63,5 +72,5 @@ def listening_addresses(port: int) -> set[str]:
             local, state = line.split()[1], line.split()[3]
             addr, hex_port = local.rsplit(":", 1)
             if state == "0A" and int(hex_port, 16) == port:
-                found.add(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)) if len(addr) == 8 else "ipv6")
+                found.add(".".join(str(int(addr[i : i + 2], 16)) for i in (6, 4, 2, 0)) if len(addr) == 8 else "ipv6")
     return found

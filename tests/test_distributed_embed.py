@@ -1,6 +1,7 @@
 """The embed stage split across torch.distributed ranks (embed.nproc=2, gloo on CPU) writes what one
 process writes: the same shard files byte for byte, the same manifest, the
 same embeddings. Rank 0 alone prints and tracks; a failing rank leaves no shard directory."""
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,13 @@ SPLITS = ("train", "val", "test")
 def stage_env(tmp: Path, name: str) -> dict:
     """A stage's environment with its own MLflow store and temporary directory."""
     (tmp / f"{name}-tmp").mkdir()
-    return {**clean_env(), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / name}.db", "TMPDIR": str(tmp / f"{name}-tmp"),
-            "ENERGY_FLOW_RUNS_DIR": str(tmp / f"{name}-runs"),
-            "PYTHONPATH": str(REPO_ROOT)}
+    return {
+        **clean_env(),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / name}.db",
+        "TMPDIR": str(tmp / f"{name}-tmp"),
+        "ENERGY_FLOW_RUNS_DIR": str(tmp / f"{name}-runs"),
+        "PYTHONPATH": str(REPO_ROOT),
+    }
 
 
 def start(cmd: list[str], env: dict) -> subprocess.Popen:
@@ -54,8 +59,10 @@ def runs(tmp_path_factory):
     """One process and two ranks, side by side (2 cores: ~25 s together, ~35 s one after the other)."""
     tmp = tmp_path_factory.mktemp("dist-embed")
     envs = {name: stage_env(tmp, name) for name in ("one", "two")}
-    procs = {"one": start(embed_cmd(*SMOKE, f"embed.out_dir={tmp / 'one'}"), envs["one"]),
-             "two": start(embed_cmd(*SMOKE, "embed.nproc=2", f"embed.out_dir={tmp / 'two'}"), envs["two"])}
+    procs = {
+        "one": start(embed_cmd(*SMOKE, f"embed.out_dir={tmp / 'one'}"), envs["one"]),
+        "two": start(embed_cmd(*SMOKE, "embed.nproc=2", f"embed.out_dir={tmp / 'two'}"), envs["two"]),
+    }
     out = {name: p.communicate(timeout=300)[0] for name, p in procs.items()}
     for name, p in procs.items():
         assert p.returncode == 0, f"{name} failed ({p.returncode}):\n{out[name][-6000:]}"
@@ -100,9 +107,20 @@ def test_rank_0_alone_prints_and_tracks_one_run(runs):
 def test_a_bad_dataset_fails_on_every_rank_before_any_work(tmp_path):
     env = stage_env(tmp_path, "bad")
     out = tmp_path / "shards"
-    proc = subprocess.run(embed_cmd(*SMOKE, "embed.nproc=2", f"embed.dataset={tmp_path / 'none.csv'}", "embed.group_field=null",
-                                    f"embed.out_dir={out}"), cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        embed_cmd(
+            *SMOKE,
+            "embed.nproc=2",
+            f"embed.dataset={tmp_path / 'none.csv'}",
+            "embed.group_field=null",
+            f"embed.out_dir={out}",
+        ),
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     err = proc.stderr
     assert proc.returncode == 1, err[-4000:]
     assert f"[embed] error: {tmp_path / 'none.csv'}: file not found" in err
@@ -114,8 +132,14 @@ def test_a_bad_dataset_fails_on_every_rank_before_any_work(tmp_path):
 def test_a_rank_failing_mid_write_leaves_no_shard_directory(tmp_path):
     env = stage_env(tmp_path, "fault")
     out = tmp_path / "shards"
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.embed_fault_worker", "1", *SMOKE, f"embed.out_dir={out}"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.embed_fault_worker", "1", *SMOKE, f"embed.out_dir={out}"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "No space left on device (injected on rank 1)" in text, text[-4000:]
     # Rank 0 learns of it at its next collective, removes the temporary directory and fails too.
@@ -130,8 +154,10 @@ def test_the_plan_is_the_encode_calls_one_process_makes(tmp_path):
     with texts repeated across shards, kinds and splits, and a cache that already holds some."""
     rng = np.random.default_rng(0)
     words = [f"text {i}" for i in range(40)]
-    columns = {s: ([str(w) for w in rng.choice(words, n)], [str(w) for w in rng.choice(words[:15], n)])
-               for s, n in (("train", 23), ("val", 7), ("test", 0))}
+    columns = {
+        s: ([str(w) for w in rng.choice(words, n)], [str(w) for w in rng.choice(words[:15], n)])
+        for s, n in (("train", 23), ("val", 7), ("test", 0))
+    }
     cache = EmbeddingCache(tmp_path / "cache", {"dim": 3})
     cache.put([text_key(w) for w in words[::7]], np.ones((len(words[::7]), 3), np.float32))
     planned, stats = plan_encodes(shard_reads(columns, 5), cache.keys())
@@ -142,9 +168,14 @@ def test_the_plan_is_the_encode_calls_one_process_makes(tmp_path):
         calls.append(list(texts))
         return np.full((len(texts), 3), 2.0, np.float32)
 
-    splits = {s: (pd.DataFrame({"id": [str(i) for i in range(len(a))], "input_text": a, "target_text": b}),
-                  StreamedEmbeddings(a, encode, cache, 3, seen), StreamedEmbeddings(b, encode, cache, 3, seen))
-              for s, (a, b) in columns.items()}
+    splits = {
+        s: (
+            pd.DataFrame({"id": [str(i) for i in range(len(a))], "input_text": a, "target_text": b}),
+            StreamedEmbeddings(a, encode, cache, 3, seen),
+            StreamedEmbeddings(b, encode, cache, 3, seen),
+        )
+        for s, (a, b) in columns.items()
+    }
     write_shards(tmp_path / "s", splits, {"name": "t"}, rows_per_shard=5)
     assert planned == calls and len(calls) > 3
     assert stats == seen
@@ -190,8 +221,9 @@ def test_write_shards_across_three_ranks_writes_what_one_writes(tmp_path):
     def rank(r):
         try:
             extra = {"note": 1} if r == 0 else None
-            results[r] = write_shards(tmp_path / "three", splits, {"name": "t"}, extra, rows_per_shard=2,
-                                      place=ThreadRank(r, 3, barrier, box))
+            results[r] = write_shards(
+                tmp_path / "three", splits, {"name": "t"}, extra, rows_per_shard=2, place=ThreadRank(r, 3, barrier, box)
+            )
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
             barrier.abort()

@@ -3,6 +3,7 @@ the whole smoke pipeline completes, rank 0 alone prints, writes and logs, and th
 how it was trained. Marked slow (the whole smoke pipeline through DVC, ~40 s): `./dev test -m slow`,
 which CI runs too. The default suite launches 2 ranks through torchrun in test_distributed_train.py
 and through the stage's own launcher in test_distributed_embed.py."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,7 @@ def test_each_epoch_summary_is_printed_once_and_rank_1_is_quiet(ddp_experiment):
 def test_one_mlflow_run_records_the_processes_and_the_backend(ddp_experiment):
     root, _ = ddp_experiment
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              "tags.stage = 'train'")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.stage = 'train'")
     [run] = runs
     assert run.info.run_name == "smoke-ddp" and run.info.status == "FINISHED"
     assert run.data.params["train.nproc"] == "2" and run.data.params["train.processes"] == "2"

@@ -3,6 +3,7 @@
 One torchrun launch (the real `torchrun` command line) trains every case of tests/helpers/distributed_worker.py
 in one process group; each rank saves its weights and events, and the tests compare them with each
 other and with one process trained here on the same global batches."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,14 @@ CASES = {
     # make rank 0 skip too.
     "inf_rank1": [*BASE, "fault=inf_grad", f"fault.step={FAULT_STEP}", "fault.module=neuron", "fault.rank=1"],
     # The same under fp16: rank 1's GradScaler backs off, and rank 0's must follow it.
-    "inf_rank1_fp16": [*BASE, "train.precision=fp16", "fault=inf_grad", f"fault.step={FAULT_STEP}",
-                       "fault.module=neuron", "fault.rank=1"],
+    "inf_rank1_fp16": [
+        *BASE,
+        "train.precision=fp16",
+        "fault=inf_grad",
+        f"fault.step={FAULT_STEP}",
+        "fault.module=neuron",
+        "fault.rank=1",
+    ],
 }
 
 
@@ -46,9 +53,23 @@ def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     torchrun = Path(sys.executable).parent / "torchrun"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "tests.helpers.distributed_worker",
-                           str(out), json.dumps(CASES)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "tests.helpers.distributed_worker",
+            str(out),
+            json.dumps(CASES),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     load = lambda name, rank: torch.load(out / f"{name}-rank{rank}.pt", weights_only=True)  # noqa: E731
     return {name: (load(name, 0), load(name, 1)) for name in CASES}, proc.stdout + proc.stderr

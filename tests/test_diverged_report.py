@@ -1,5 +1,6 @@
 """A run that diverges gets its stability report from the report stage, which the train stage
 starts itself (the train stage imports nothing of the report), and its MLflow run stays FAILED."""
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,22 @@ def diverged(tmp_path_factory):
     env = {**clean_env(), "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}"}
     env.pop("ENERGY_FLOW_RUNS_DIR", None)
     # NaN loss from step 15 on; the run stops after 5 skipped steps in a row.
-    proc = subprocess.run([sys.executable, "-m", "stages.train", "preset=smoke", "fault=nan_loss", "fault.steps=100",
-                           "train.max_consecutive_skips=5"], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.train",
+            "preset=smoke",
+            "fault=nan_loss",
+            "fault.steps=100",
+            "train.max_consecutive_skips=5",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     return root, proc
 
 

@@ -1,6 +1,7 @@
 """dvc.yaml keeps its contract: each stage depends on its own script and on every pipeline module
 it imports (directly or through other modules), so editing one re-runs exactly the stages that
 use it."""
+
 import ast
 from pathlib import Path
 
@@ -89,7 +90,11 @@ def test_train_neither_imports_nor_lists_the_report():
 
 def test_no_stage_imports_the_tools():
     for stage in DVC["stages"]:
-        tools = [f for f in local_imports(REPO_ROOT / "stages" / f"{stage}.py") if "tools" in f.relative_to(REPO_ROOT).parts[:1]]
+        tools = [
+            f
+            for f in local_imports(REPO_ROOT / "stages" / f"{stage}.py")
+            if "tools" in f.relative_to(REPO_ROOT).parts[:1]
+        ]
         assert tools == [], stage
 
 
@@ -100,8 +105,16 @@ def test_every_plotted_telemetry_column_is_written():
     from pipeline.train.telemetry import step_columns
 
     model = EnergyFlowModel.from_config(load_config(["preset=smoke"]).model, 8)
-    health = StepHealth(model, grad_clip=1.0, grad_warning=5, grad_critical=10, spike_window=50, spike_k=4,
-                        skip_spikes=False, device=__import__("torch").device("cpu"))
+    health = StepHealth(
+        model,
+        grad_clip=1.0,
+        grad_warning=5,
+        grad_critical=10,
+        spike_window=50,
+        spike_k=4,
+        skip_spikes=False,
+        device=__import__("torch").device("cpu"),
+    )
     columns = set(step_columns(health.module_names))
     for plot in yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["plots"]:
         if isinstance(plot, dict):

@@ -3,6 +3,7 @@ selected through `dvc exp run -S preset=smoke` (Hydra composition), every stage 
 outputs, metrics and MLflow runs checked, a second `dvc repro` that re-runs only the report, a plain
 `dvc repro` after an edit, and a killed train stage that resumes. The repository is the session's
 `smoke_experiments` (tests/conftest.py); the tests that change its workspace come last."""
+
 from __future__ import annotations
 
 import json
@@ -30,12 +31,27 @@ def test_every_stage_ran_and_wrote_its_outputs(project):
     root, _, out = project
     for stage in ("embed", "train", "evaluate", "report"):
         assert f"Running stage '{stage}'" in out
-    for rel in ("data/shards/manifest.json", "models/model.pt", "runs/train.json", "runs/embed.json",
-                "telemetry/train_steps.csv", "telemetry/train_perf.csv", "reports/eval_items.parquet",
-                "telemetry/train_events.json", "metrics/train.json", "metrics/eval.json", "metrics/stability.json",
-                "reports/stability.md", "reports/stability.html", "reports/eval_samples.csv",
-                "reports/plots/loss.png", "reports/plots/grad_norm.png", "reports/plots/memory.png",
-                "reports/plots/adaptive_steps.png", "reports/plots/learning.png"):
+    for rel in (
+        "data/shards/manifest.json",
+        "models/model.pt",
+        "runs/train.json",
+        "runs/embed.json",
+        "telemetry/train_steps.csv",
+        "telemetry/train_perf.csv",
+        "reports/eval_items.parquet",
+        "telemetry/train_events.json",
+        "metrics/train.json",
+        "metrics/eval.json",
+        "metrics/stability.json",
+        "reports/stability.md",
+        "reports/stability.html",
+        "reports/eval_samples.csv",
+        "reports/plots/loss.png",
+        "reports/plots/grad_norm.png",
+        "reports/plots/memory.png",
+        "reports/plots/adaptive_steps.png",
+        "reports/plots/learning.png",
+    ):
         assert (root / rel).is_file() and (root / rel).stat().st_size > 0, rel
     assert "preset: smoke" in (root / "params.yaml").read_text()
 
@@ -51,10 +67,21 @@ def test_metrics_are_finite_and_named_split_slash_metric(project):
     assert not [k for k in train if k.startswith(("perf/", "mem/", "system/")) or k == "train/seconds"], train
     perf = json.loads((root / "telemetry/train_perf.json").read_text())
     assert math.isfinite(perf["perf/samples_per_s"]) and perf["perf/samples_per_s"] > 0
-    for key in ("eval/test/model/cosine", "eval/test/model/top1", "eval/test/model/top5", "eval/val/model/cosine",
-                "eval/test/ridge/cosine", "eval/test/identity/top1", "eval/test/identity/group_top1",
-                "eval/test/ridge/top5", "eval/test/untrained/cosine", "eval/val/untrained/top1",
-                "eval/test/model/group_top1/ci95_low", "eval/test/model_vs_ridge/mrr/p_value", "eval/bank_size"):
+    for key in (
+        "eval/test/model/cosine",
+        "eval/test/model/top1",
+        "eval/test/model/top5",
+        "eval/val/model/cosine",
+        "eval/test/ridge/cosine",
+        "eval/test/identity/top1",
+        "eval/test/identity/group_top1",
+        "eval/test/ridge/top5",
+        "eval/test/untrained/cosine",
+        "eval/val/untrained/top1",
+        "eval/test/model/group_top1/ci95_low",
+        "eval/test/model_vs_ridge/mrr/p_value",
+        "eval/bank_size",
+    ):
         assert math.isfinite(ev[key]), key
     assert 0 <= ev["eval/test/model/top1"] <= ev["eval/test/model/top5"] <= 1
     assert ev["eval/test/model/top1"] <= ev["eval/test/model/group_top1"] <= ev["eval/test/model/group_top5"] <= 1
@@ -90,14 +117,22 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
     for tags in (embed_run.data.tags, model_run.data.tags):
         assert tags["preset"] == "smoke" and len(tags["git.commit"]) == 40 and tags["git.dirty"] in ("true", "false")
     m = model_run.data.metrics
-    for key in ("train/loss", "perf/samples_per_s", "eval/test/model/cosine", "eval/test/ridge/cosine",
-                "stability/memory_growth/pass", "stability/stable", "eval/test/untrained/cosine"):
+    for key in (
+        "train/loss",
+        "perf/samples_per_s",
+        "eval/test/model/cosine",
+        "eval/test/ridge/cosine",
+        "stability/memory_growth/pass",
+        "stability/stable",
+        "eval/test/untrained/cosine",
+    ):
         assert key in m and math.isfinite(m[key]), key
     verdict = assert_clean_tags(model_run.data.tags)
     assert m["stability/stable"] == float(verdict == "stable")
     # Filterable by verdict, as in the UI's search box.
-    assert model_run.info.run_id in [r.info.run_id for r in client.search_runs(
-        [exp.experiment_id], f"tags.`stability.verdict` = '{verdict}'")]
+    assert model_run.info.run_id in [
+        r.info.run_id for r in client.search_runs([exp.experiment_id], f"tags.`stability.verdict` = '{verdict}'")
+    ]
     assert model_run.data.params["train.lr"] == "0.003"  # the whole resolved config, flattened
     assert len(client.get_metric_history(model_run.info.run_id, "train/loss")) > 3  # a curve, not a point
     artifacts = {a.path for a in client.list_artifacts(model_run.info.run_id, "report")}
@@ -188,13 +223,21 @@ def test_dvc_exp_run_pointing_an_output_at_a_users_directory_deletes_nothing(pro
     notes.mkdir()
     (notes / "thesis.md").write_text("months of work\n")
     params = (root / "params.yaml").read_bytes()
-    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke", "-S", "train.out_dir=notes"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "run", "-S", "preset=smoke", "-S", "train.out_dir=notes"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     try:
         out = proc.stdout + proc.stderr
         assert proc.returncode != 0, out[-3000:]
-        assert "] config error: parameter 'train.out_dir' = 'notes': under DVC (dvc repro, dvc exp run) the " \
-               "train stage's output is models, as dvc.yaml declares it" in out, out[-3000:]
+        assert (
+            "] config error: parameter 'train.out_dir' = 'notes': under DVC (dvc repro, dvc exp run) the "
+            "train stage's output is models, as dvc.yaml declares it" in out
+        ), out[-3000:]
         assert "Traceback" not in out
         assert sorted(os.listdir(notes)) == ["thesis.md"] and (notes / "thesis.md").read_text() == "months of work\n"
     finally:
@@ -272,9 +315,14 @@ def test_sigterm_to_the_train_stage_sends_its_metrics_and_ends_the_run_killed(pr
     root, env, _ = project
     ckpt = root / "checkpoints/train/last.pt"
     ckpt.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "stages.train", "train.epochs=40", "train.checkpoint_every=20",
-                             "train.resume=false"], cwd=root, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stages.train", "train.epochs=40", "train.checkpoint_every=20", "train.resume=false"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)

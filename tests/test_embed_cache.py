@@ -1,4 +1,5 @@
 """The content-addressed embedding cache: each distinct text embedded once per teacher."""
+
 import numpy as np
 import pytest
 
@@ -19,8 +20,9 @@ class CountingEncoder:
     def __call__(self, texts):
         self.calls += 1
         self.texts += len(texts)
-        return np.stack([np.random.default_rng(int.from_bytes(text_key(t)[:4], "little")).normal(size=self.dim)
-                         for t in texts]).astype(np.float32)
+        return np.stack(
+            [np.random.default_rng(int.from_bytes(text_key(t)[:4], "little")).normal(size=self.dim) for t in texts]
+        ).astype(np.float32)
 
 
 def test_second_run_embeds_only_new_texts_and_returns_identical_vectors(tmp_path):
@@ -75,15 +77,22 @@ def test_embed_stage_rerun_after_appending_one_percent_embeds_only_the_new_texts
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     src = pd.read_csv("data/raw/qa_pairs.csv").drop_duplicates(["question", "answer"])
     data, cache = tmp_path / "pairs.csv", tmp_path / "cache"
-    args = [f"embed.dataset={data}", "embed.group_field=null", f"embed.cache_dir={cache}", "embed.max_rows=0", "run.allow_external_paths=true"]
+    args = [
+        f"embed.dataset={data}",
+        "embed.group_field=null",
+        f"embed.cache_dir={cache}",
+        "embed.max_rows=0",
+        "run.allow_external_paths=true",
+    ]
     src.iloc[:300].to_csv(data, index=False)
     assert embed.main([*args, f"embed.out_dir={tmp_path / 'a'}"]) == 0
     first = len(EmbeddingCache(cache, _bundled_identity()))
     src.iloc[:303].to_csv(data, index=False)
     assert embed.main([*args, f"embed.out_dir={tmp_path / 'b'}"]) == 0
     added = len(EmbeddingCache(cache, _bundled_identity())) - first
-    new_texts = set(src.iloc[300:303][["question", "answer"]].to_numpy().ravel()) - \
-        set(src.iloc[:300][["question", "answer"]].to_numpy().ravel())
+    new_texts = set(src.iloc[300:303][["question", "answer"]].to_numpy().ravel()) - set(
+        src.iloc[:300][["question", "answer"]].to_numpy().ravel()
+    )
     assert added == len(new_texts) > 0  # only the texts the first run had not seen
     # The rows both runs share carry identical vectors.
     a, b = open_split(tmp_path / "a", "train"), open_split(tmp_path / "b", "train")

@@ -38,23 +38,50 @@ def write_pairs(path, rows) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("rows, fragments", [
-    pytest.param([(f"q{i}", f"a{i}") for i in range(3)],
-                 ["split 'val' has 0 rows (3 rows used of 3 read from ", "embed.splits.val = 0.1",
-                  "Add rows (a 0.1 share needs about 10 or more rows to hold one), or raise embed.splits.val"],
-                 id="3 rows"),
-    pytest.param([("Same question?", "Same answer.")] * 50,
-                 ["has 0 rows (1 row used of 50 read from ", "49 repeated (input, target) pairs dropped",
-                  "or set embed.drop_duplicates=false if the repeats are meant"], id="identical rows, distinct ids"),
-    pytest.param([(f"Question {i}?", "Same answer.") for i in range(200)],
-                 ["every one of the 200 rows has the same target text ('Same answer.'",
-                  "expected at least 2 distinct texts in the column embed.target_field = 'answer' names"],
-                 id="one target text"),
-    pytest.param([("Same question?", f"Answer {i}.") for i in range(200)],
-                 ["every one of the 200 rows has the same input text"], id="one input text"),
-])
+@pytest.mark.parametrize(
+    "rows, fragments",
+    [
+        pytest.param(
+            [(f"q{i}", f"a{i}") for i in range(3)],
+            [
+                "split 'val' has 0 rows (3 rows used of 3 read from ",
+                "embed.splits.val = 0.1",
+                "Add rows (a 0.1 share needs about 10 or more rows to hold one), or raise embed.splits.val",
+            ],
+            id="3 rows",
+        ),
+        pytest.param(
+            [("Same question?", "Same answer.")] * 50,
+            [
+                "has 0 rows (1 row used of 50 read from ",
+                "49 repeated (input, target) pairs dropped",
+                "or set embed.drop_duplicates=false if the repeats are meant",
+            ],
+            id="identical rows, distinct ids",
+        ),
+        pytest.param(
+            [(f"Question {i}?", "Same answer.") for i in range(200)],
+            [
+                "every one of the 200 rows has the same target text ('Same answer.'",
+                "expected at least 2 distinct texts in the column embed.target_field = 'answer' names",
+            ],
+            id="one target text",
+        ),
+        pytest.param(
+            [("Same question?", f"Answer {i}.") for i in range(200)],
+            ["every one of the 200 rows has the same input text"],
+            id="one input text",
+        ),
+    ],
+)
 def test_data_that_parses_but_cannot_train_stops_before_the_teacher(tmp_path, rows, fragments):
-    cfg = load_config([f"embed.dataset={write_pairs(tmp_path / 'pairs.csv', rows)}", "embed.group_field=null", "run.allow_external_paths=true"])
+    cfg = load_config(
+        [
+            f"embed.dataset={write_pairs(tmp_path / 'pairs.csv', rows)}",
+            "embed.group_field=null",
+            "run.allow_external_paths=true",
+        ]
+    )
     with pytest.raises(DatasetError) as exc:
         prepare_pairs(cfg.embed, allow_external_paths=True)
     for fragment in fragments:
@@ -75,8 +102,12 @@ def teacher():
 
 
 def test_bundled_teacher_embeds_offline_with_meaning(teacher):
-    emb = encode_texts(teacher, ["What is the capital of France?", "Paris is the capital of France.",
-                                 "Sodium has the symbol Na."], batch_size=2, progress=False)
+    emb = encode_texts(
+        teacher,
+        ["What is the capital of France?", "Paris is the capital of France.", "Sodium has the symbol Na."],
+        batch_size=2,
+        progress=False,
+    )
     assert emb.shape == (3, 384) and emb.dtype == np.float32
     unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
     assert unit[0] @ unit[1] > unit[0] @ unit[2] + 0.2  # question is nearer its answer
@@ -93,8 +124,9 @@ def test_text_bridge_encodes_like_the_teacher(teacher):
     from pipeline.evaluate.bridge import TextBridge
 
     texts = ["Helium has the symbol He.", "What is the symbol of helium?"]
-    np.testing.assert_allclose(TextBridge(teacher).encode_text(texts).numpy(),
-                               encode_texts(teacher, texts, 8, progress=False), atol=1e-5)
+    np.testing.assert_allclose(
+        TextBridge(teacher).encode_text(texts).numpy(), encode_texts(teacher, texts, 8, progress=False), atol=1e-5
+    )
 
 
 def test_texts_longer_than_the_window_are_counted(teacher):

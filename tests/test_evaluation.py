@@ -23,11 +23,16 @@ pytestmark = pytest.mark.unit
 def split_of(name, texts, groups, vectors, ids=None):
     """A split as the evaluation reads it (SplitShard's fields that it uses)."""
     n = len(texts)
-    return SimpleNamespace(split=name, ids=np.array(ids or [f"{name}{i}" for i in range(n)], dtype=object),
-                           input_texts=np.array([f"q {t}" for t in texts], dtype=object),
-                           target_texts=np.array(texts, dtype=object), groups=np.array(groups, dtype=object),
-                           targets=np.asarray(vectors, dtype=np.float32), inputs=np.asarray(vectors, dtype=np.float32),
-                           count=n)
+    return SimpleNamespace(
+        split=name,
+        ids=np.array(ids or [f"{name}{i}" for i in range(n)], dtype=object),
+        input_texts=np.array([f"q {t}" for t in texts], dtype=object),
+        target_texts=np.array(texts, dtype=object),
+        groups=np.array(groups, dtype=object),
+        targets=np.asarray(vectors, dtype=np.float32),
+        inputs=np.asarray(vectors, dtype=np.float32),
+        count=n,
+    )
 
 
 def test_bank_holds_every_distinct_target_of_every_split_once_with_its_groups():
@@ -68,7 +73,9 @@ def test_perfect_and_wrong_predictions_score_as_expected():
     split = split_of("test", [f"t{i}" for i in range(20)], [f"t{i}" for i in range(20)], targets)
     bank = build_bank([split])
     perfect = item_metrics(score_items(targets, split, bank))
-    assert perfect["cosine"].mean() == pytest.approx(1.0, abs=1e-6) and perfect["mse"].mean() == pytest.approx(0, abs=1e-9)
+    assert perfect["cosine"].mean() == pytest.approx(1.0, abs=1e-6) and perfect["mse"].mean() == pytest.approx(
+        0, abs=1e-9
+    )
     assert perfect["top1"].mean() == 1.0 and perfect["group_top5"].mean() == 1.0 and perfect["mrr"].mean() == 1.0
     shifted = item_metrics(score_items(np.roll(targets, 1, axis=0), split, bank))
     assert shifted["top1"].mean() == 0.0 and abs(shifted["cosine"].mean()) < 0.3
@@ -82,8 +89,9 @@ def test_evaluate_split_gives_values_cis_and_paired_differences_under_eval_keys(
     split.inputs = (targets + rng.normal(0, 1.5, size=targets.shape)).astype(np.float32)
     w = ridge_fit(split.inputs, split.targets, 1.0)
     model_pred = (targets + rng.normal(0, 0.3, size=targets.shape)).astype(np.float32)
-    flat, est, items = evaluate_split("test", predictions(model_pred, split, w, None), split, build_bank([split]),
-                                      resamples=1000, seed=1)
+    flat, est, items = evaluate_split(
+        "test", predictions(model_pred, split, w, None), split, build_bank([split]), resamples=1000, seed=1
+    )
     assert flat["eval/test/items"] == n and len(items) == n
     for who in ("model", "identity", "ridge"):
         for m in METRICS:
@@ -97,8 +105,9 @@ def test_evaluate_split_gives_values_cis_and_paired_differences_under_eval_keys(
     assert list(items.columns[:9]) == ["id", "group", "input", "target", "rank", "group_rank", "cosine", "mse", "top5"]
     assert {"identity_rank", "ridge_group_rank", "ridge_cosine"} <= set(items.columns)
     # The same seed gives the same numbers, run after run.
-    again, _, _ = evaluate_split("test", predictions(model_pred, split, w, None), split, build_bank([split]),
-                                 resamples=1000, seed=1)
+    again, _, _ = evaluate_split(
+        "test", predictions(model_pred, split, w, None), split, build_bank([split]), resamples=1000, seed=1
+    )
     assert again == flat
 
 
@@ -106,8 +115,9 @@ def test_val_gets_means_without_intervals():
     rng = np.random.default_rng(5)
     t = rng.normal(size=(30, 8)).astype(np.float32)
     split = split_of("val", [f"t{i}" for i in range(30)], [f"t{i}" for i in range(30)], t)
-    flat, est, _ = evaluate_split("val", predictions(t, split, ridge_fit(t, t, 1.0)), split, build_bank([split]),
-                                  resamples=1000, with_ci=False)
+    flat, est, _ = evaluate_split(
+        "val", predictions(t, split, ridge_fit(t, t, 1.0)), split, build_bank([split]), resamples=1000, with_ci=False
+    )
     assert est == {} and flat["eval/val/model/top1"] == 1.0 and not any("ci95" in k for k in flat)
 
 

@@ -5,6 +5,7 @@ own views (`dvc exp show`, `dvc metrics diff`, `dvc plots diff`) show the same n
 MLflow; and the real MLflow UI's compare page shows two of them side by side in headless Chromium
 (tests/helpers/; tests/test_mlflow_browser.py checks that harness on synthetic runs).
 The experiments are the session's `smoke_experiments` (tests/conftest.py)."""
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,10 @@ from tests.helpers.verdicts import assert_clean_tags
 pytestmark = pytest.mark.e2e
 
 # The numbers a researcher compares first; each is in a DVC metrics file and in the MLflow run.
-HEADLINE = {"metrics/eval.json": ("eval/test/model/cosine", "eval/test/model/group_top1", "eval/test/model/mrr"),
-            "metrics/train.json": ("train/loss", "train/skipped_steps", "val/cosine")}
+HEADLINE = {
+    "metrics/eval.json": ("eval/test/model/cosine", "eval/test/model/group_top1", "eval/test/model/mrr"),
+    "metrics/train.json": ("train/loss", "train/skipped_steps", "val/cosine"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +85,10 @@ def _model_pt(root, rev: str, env):
     """The experiment's models/model.pt, read from DVC's cache at that experiment's revision."""
     from pipeline.model.model_file import load_model
 
-    code = ("import sys, dvc.api; sys.stdout.buffer.write(dvc.api.read('models/model.pt', repo='.', rev=sys.argv[1], "
-            "mode='rb'))")
+    code = (
+        "import sys, dvc.api; sys.stdout.buffer.write(dvc.api.read('models/model.pt', repo='.', rev=sys.argv[1], "
+        "mode='rb'))"
+    )
     raw = subprocess.run([sys.executable, "-c", code, rev], cwd=root, env=env, capture_output=True, check=True).stdout
     path = root / ".." / f"model-{rev}.pt"
     path.write_bytes(raw)
@@ -114,16 +119,27 @@ def test_the_logged_mlflow_model_reloads_and_predicts_exactly_like_the_dvc_model
         assert np.array_equal(np.asarray(pyfunc.predict(x.numpy())), expected.numpy()), name
     # The model carries the pipeline package: it loads where this repository is not importable.
     elsewhere = subprocess.run(
-        [sys.executable, "-c", "import sys, mlflow.pytorch; mlflow.set_tracking_uri(sys.argv[1]); "
-         "assert 'pipeline' not in sys.modules; m = mlflow.pytorch.load_model(sys.argv[2]); "
-         "print(type(m).__module__, type(m).__name__)",
-         client.tracking_uri, f"runs:/{runs['smoke-a'].info.run_id}/model"],
-        cwd=tmp_path, env={k: v for k, v in smoke_experiments.env.items() if k != "PYTHONPATH"},
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-c",
+            "import sys, mlflow.pytorch; mlflow.set_tracking_uri(sys.argv[1]); "
+            "assert 'pipeline' not in sys.modules; m = mlflow.pytorch.load_model(sys.argv[2]); "
+            "print(type(m).__module__, type(m).__name__)",
+            client.tracking_uri,
+            f"runs:/{runs['smoke-a'].info.run_id}/model",
+        ],
+        cwd=tmp_path,
+        env={k: v for k, v in smoke_experiments.env.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
     assert elsewhere.stdout.split()[-2:] == ["pipeline.tracking.logged_model", "EmbeddingPredictor"]
     # Different params, different models: the comparison is not of two copies.
-    assert runs["smoke-a"].data.metrics["eval/test/model/cosine"] != runs["smoke-b"].data.metrics["eval/test/model/cosine"]
+    assert (
+        runs["smoke-a"].data.metrics["eval/test/model/cosine"] != runs["smoke-b"].data.metrics["eval/test/model/cosine"]
+    )
 
 
 def _exp_show(root, env) -> dict:
@@ -157,8 +173,14 @@ def test_dvc_exp_show_and_metrics_diff_list_the_headline_metrics_mlflow_has(smok
 def test_dvc_plots_diff_shows_both_experiments_training_curves(smoke_experiments, store, tmp_path):
     client, _, runs = store
     root, env = smoke_experiments.root, smoke_experiments.env
-    proc = subprocess.run(dvc("plots", "diff", "smoke-a", "smoke-b", "--json"), cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        dvc("plots", "diff", "smoke-a", "smoke-b", "--json"),
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr  # no plot whose file DVC lacks
     plots = json.loads(proc.stdout)["data"]
     (loss,) = plots["loss"]
@@ -199,13 +221,19 @@ def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(smoke_e
     pair = [runs["smoke-a"], runs["smoke-b"]]
     ids = [r.info.run_id for r in pair]
     lr = f"train.lr\t{EXPERIMENTS['smoke-a']}\t{EXPERIMENTS['smoke-b']}"
-    metric_rows = ["\t".join([key, *(format_metric(r.data.metrics[key]) for r in pair)])
-                   for keys in HEADLINE.values() for key in keys]
+    metric_rows = [
+        "\t".join([key, *(format_metric(r.data.metrics[key]) for r in pair)])
+        for keys in HEADLINE.values()
+        for key in keys
+    ]
     with start_mlflow_server(client.tracking_uri, smoke_experiments.root / "served-artifacts") as base_url:
-        text = open_page(compare_runs_url(base_url, exp.experiment_id, ids),
-                         expect=["Comparing 2 Runs from 1 Experiment", "smoke-a", "smoke-b", *ids, lr, *metric_rows],
-                         screenshot=REPO_ROOT / "test-artifacts" / "mlflow-compare-smoke.png", scroll_grids=True,
-                         before_screenshot=SHOW_DIFF_ONLY_JS)  # the picture: what sets the two runs apart
+        text = open_page(
+            compare_runs_url(base_url, exp.experiment_id, ids),
+            expect=["Comparing 2 Runs from 1 Experiment", "smoke-a", "smoke-b", *ids, lr, *metric_rows],
+            screenshot=REPO_ROOT / "test-artifacts" / "mlflow-compare-smoke.png",
+            scroll_grids=True,
+            before_screenshot=SHOW_DIFF_ONLY_JS,
+        )  # the picture: what sets the two runs apart
     page, grid = text.split(GRID_ROWS_HEADING)
     lines = page.splitlines()
     assert lr in lines and "model.lattice_width\t4\t4" in lines and "run.preset\tsmoke\tsmoke" in lines

@@ -8,6 +8,7 @@ whole matrix at once. The default suite keeps how the matrix judges a report (ju
 and each diagnosis without DVC: the report's checks on synthetic telemetry
 (tests/test_report_checks.py), the trainer with fault=leak (tests/test_bench_trainer.py), and a
 diverging train stage with its report (tests/test_diverged_report.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,6 +42,7 @@ def others(project):
 def test_the_matrix_reads_the_evidence_the_report_writes():
     from pipeline.report.build import EVIDENCE_JSON
     from tools.fault_matrix import EVIDENCE
+
     assert REPO_ROOT / EVIDENCE == EVIDENCE_JSON
 
 
@@ -58,15 +60,22 @@ def test_a_wall_clock_failure_the_case_does_not_expect_is_noise_not_a_problem():
     assert WALL_CLOCK_CHECKS == ("step_time_degradation",)
     # A busy neighbour slows the clean run's second half: reported, not judged.
     assert judge(clean, _evidence("unstable", step_time_degradation="fail", nonfinite="pass")) == (
-        "stable", [], ["step_time_degradation"], [])
+        "stable",
+        [],
+        ["step_time_degradation"],
+        [],
+    )
     spike_evidence = {"first_step": 15, "max_ratio_step": 15, "max_ratio": 900.0, "fail_factor": 3.0}
     noisy = _evidence("unstable", step_time_degradation="fail")
     noisy["loss_spikes"] = {"status": "fail", **spike_evidence}
     assert judge(spike, noisy) == ("unstable", ["loss_spikes"], ["step_time_degradation"], [])
     # Any other check is judged: the clean run failing memory_growth is a problem.
     assert judge(clean, _evidence("unstable", memory_growth="fail")) == (
-        "unstable", ["memory_growth"], [], ["verdict unstable, expected stable", "failed ['memory_growth'], "
-                                            "expected none"])
+        "unstable",
+        ["memory_growth"],
+        [],
+        ["verdict unstable, expected stable", "failed ['memory_growth'], expected none"],
+    )
 
 
 @pytest.mark.slow
@@ -93,8 +102,13 @@ def test_clean_run_has_no_failed_check_and_every_fault_is_told_apart(core, other
     # (lr_spike's x100 steps may also trip grad_norm and wreck the model: learning).
     tripped = {c.fault: tuple(f for f in matrix[c.name]["failed"] if f not in c.may_fail) for c in faults}
     # Five faults, five different diagnoses would be ideal; the two non-finite faults share one.
-    assert tripped == {"nan_loss": ("nonfinite",), "inf_grad": ("nonfinite",), "loss_spike": ("loss_spikes",),
-                       "lr_spike": ("loss_spikes",), "leak": ("memory_growth",)}
+    assert tripped == {
+        "nan_loss": ("nonfinite",),
+        "inf_grad": ("nonfinite",),
+        "loss_spike": ("loss_spikes",),
+        "lr_spike": ("loss_spikes",),
+        "leak": ("memory_growth",),
+    }
 
 
 def _assert_reports_written(cases) -> None:

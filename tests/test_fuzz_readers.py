@@ -17,6 +17,7 @@ right embed.delimiter for the file) and must read back exactly.
 The default suite runs a fixed (derandomized) set of examples; `-m slow` runs ten times as many
 (FUZZ_READERS_EXAMPLES sets that number for a longer local run).
 """
+
 from __future__ import annotations
 
 import csv
@@ -42,22 +43,65 @@ from stages import embed
 pytestmark = pytest.mark.integration  # runs a stage or a bench: outside the ~2-minute unit tier
 
 FIELDS = ("id", "question", "answer")
-QUESTIONS = ["What is 2+2?", "Capital of France?", "Qu'est-ce qu'un café ?", "Was heißt Grüße?",
-             "日本の首都は？", "Why 😀?", 'Who said "hi, there"?', "a, b; c | d", "Ωμέγα or ALPHA?",
-             "multi\nline question", "NA", "null"]
-ANSWERS = ["4", "Paris", "Une boisson.", "Greetings", "東京", "Because.", "Someone", "tab\tinside",
-           "naïve résumé", "ça va", "None", "0"]
+QUESTIONS = [
+    "What is 2+2?",
+    "Capital of France?",
+    "Qu'est-ce qu'un café ?",
+    "Was heißt Grüße?",
+    "日本の首都は？",
+    "Why 😀?",
+    'Who said "hi, there"?',
+    "a, b; c | d",
+    "Ωμέγα or ALPHA?",
+    "multi\nline question",
+    "NA",
+    "null",
+]
+ANSWERS = [
+    "4",
+    "Paris",
+    "Une boisson.",
+    "Greetings",
+    "東京",
+    "Because.",
+    "Someone",
+    "tab\tinside",
+    "naïve résumé",
+    "ça va",
+    "None",
+    "0",
+]
 FORMATS = {"csv": ".csv", "tsv": ".tsv", "jsonl": ".jsonl", "json": ".json", "parquet": ".parquet"}
 
-STRUCTURAL = ["drop_field", "retype", "inject_char", "dup_field", "dup_id", "rename_field", "nest", "empty_text",
-              "delimiter", "extra_cell", "missing_cell", "unbalanced_quote"]
+STRUCTURAL = [
+    "drop_field",
+    "retype",
+    "inject_char",
+    "dup_field",
+    "dup_id",
+    "rename_field",
+    "nest",
+    "empty_text",
+    "delimiter",
+    "extra_cell",
+    "missing_cell",
+    "unbalanced_quote",
+]
 BYTE_LEVEL = ["flip", "insert", "delete", "truncate", "encoding", "nul_byte", "quote_byte"]
 HARMLESS = ["crlf", "bom", "blank_lines", "indent"]
 
-ODD_VALUES = st.one_of(st.integers(-10**20, 10**20), st.none(), st.booleans(),
-                       st.floats(allow_nan=True, allow_infinity=True),
-                       st.lists(st.sampled_from(["x", "y"]), max_size=2), st.just({"text": "nested"}),
-                       st.just(""), st.just("  \t "), st.just({}), st.just([]))
+ODD_VALUES = st.one_of(
+    st.integers(-(10**20), 10**20),
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.lists(st.sampled_from(["x", "y"]), max_size=2),
+    st.just({"text": "nested"}),
+    st.just(""),
+    st.just("  \t "),
+    st.just({}),
+    st.just([]),
+)
 
 
 # --------------------------------------------------------------------------- the generator
@@ -66,8 +110,14 @@ ODD_VALUES = st.one_of(st.integers(-10**20, 10**20), st.none(), st.booleans(),
 @st.composite
 def rows_strategy(draw, min_rows: int, max_rows: int) -> list[dict]:
     n = draw(st.integers(min_rows, max_rows))
-    return [{"id": f"r{i}", "question": f"{draw(st.sampled_from(QUESTIONS))} #{i}",
-             "answer": f"{draw(st.sampled_from(ANSWERS))} ({i})"} for i in range(n)]
+    return [
+        {
+            "id": f"r{i}",
+            "question": f"{draw(st.sampled_from(QUESTIONS))} #{i}",
+            "answer": f"{draw(st.sampled_from(ANSWERS))} ({i})",
+        }
+        for i in range(n)
+    ]
 
 
 def _delimited(rows: list[dict], sep: str, header: list[str], cells: dict, quote_all: bool, eol: str) -> str:
@@ -97,8 +147,9 @@ def _has_surrogate(v) -> bool:
 
 def _arrow(values: list):
     if any(_has_surrogate(v) for v in values):  # stored as the bytes a sloppy writer would leave
-        return pa.array([None if v is None else _as_text(v).encode("utf-8", "surrogatepass") for v in values],
-                        pa.binary()).view(pa.string())
+        return pa.array(
+            [None if v is None else _as_text(v).encode("utf-8", "surrogatepass") for v in values], pa.binary()
+        ).view(pa.string())
     try:
         return pa.array(values)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -118,8 +169,10 @@ def _parquet(rows: list[dict], dup: str | None, invalid_utf8: str | None) -> byt
         pq.write_table(pa.table(arrays, names=names), buf)
     except (pa.ArrowException, ValueError, TypeError):  # e.g. a struct with no fields: written as text
         buf = io.BytesIO()
-        arrays = [a if pa.types.is_string(a.type) else _arrow([_as_text(v) if v is not None else None
-                                                                for v in a.to_pylist()]) for a in arrays]
+        arrays = [
+            a if pa.types.is_string(a.type) else _arrow([_as_text(v) if v is not None else None for v in a.to_pylist()])
+            for a in arrays
+        ]
         pq.write_table(pa.table(arrays, names=names), buf)
     return buf.getvalue()
 
@@ -153,7 +206,7 @@ def dataset_files(draw, min_rows: int = 3, max_rows: int = 6, formats=tuple(FORM
     for m in mutations:
         if m == "drop_field":
             f = pick_field()
-            for i in ([pick_row()] if draw(st.booleans()) else range(len(rows))):
+            for i in [pick_row()] if draw(st.booleans()) else range(len(rows)):
                 rows[i].pop(f, None)
             if draw(st.booleans()) and f in header:
                 header.remove(f)
@@ -198,8 +251,9 @@ def dataset_files(draw, min_rows: int = 3, max_rows: int = 6, formats=tuple(FORM
 
     ensure_ascii = draw(st.booleans())
     if fmt in ("csv", "tsv"):
-        text = _delimited(rows, sep, header, cells, quote_all=draw(st.booleans()),
-                          eol="\r\n" if "crlf" in harmless else "\n")
+        text = _delimited(
+            rows, sep, header, cells, quote_all=draw(st.booleans()), eol="\r\n" if "crlf" in harmless else "\n"
+        )
         if "unbalanced_quote" in mutations:
             at = draw(st.integers(0, len(text)))
             text = text[:at] + '"' + text[at:]
@@ -222,15 +276,15 @@ def dataset_files(draw, min_rows: int = 3, max_rows: int = 6, formats=tuple(FORM
     for m in mutations:
         if m == "flip" and data:
             at = draw(st.integers(0, len(data) - 1))
-            data = data[:at] + bytes([data[at] ^ (1 << draw(st.integers(0, 7)))]) + data[at + 1:]
+            data = data[:at] + bytes([data[at] ^ (1 << draw(st.integers(0, 7)))]) + data[at + 1 :]
         elif m == "insert":
             at = draw(st.integers(0, len(data)))
             data = data[:at] + draw(st.binary(min_size=1, max_size=8)) + data[at:]
         elif m == "delete" and data:
             at = draw(st.integers(0, len(data) - 1))
-            data = data[:at] + data[at + draw(st.integers(1, 16)):]
+            data = data[:at] + data[at + draw(st.integers(1, 16)) :]
         elif m == "truncate":
-            data = data[:draw(st.integers(0, len(data)))]
+            data = data[: draw(st.integers(0, len(data)))]
         elif m == "encoding" and fmt != "parquet":
             enc = draw(st.sampled_from(["utf-16", "utf-16-le", "utf-16-be", "utf-32", "latin-1", "cp1252"]))
             try:
@@ -245,16 +299,22 @@ def dataset_files(draw, min_rows: int = 3, max_rows: int = 6, formats=tuple(FORM
             at = draw(st.integers(0, len(data)))
             data = data[:at] + b'"' + data[at:]
 
-    options: dict = {"id_field": draw(st.sampled_from(["id", "id", None, ""])),
-                     "skip_empty": draw(st.booleans())}
+    options: dict = {"id_field": draw(st.sampled_from(["id", "id", None, ""])), "skip_empty": draw(st.booleans())}
     if fmt in ("csv", "tsv") and sep != sep_default and draw(st.booleans()):
         options["delimiter"] = {"\t": "tab"}.get(sep, sep)
     elif fmt in ("csv", "tsv") and "delimiter" not in mutations and kind == "harmless" and draw(st.booleans()):
         options["delimiter"] = {"\t": "tab"}.get(sep, sep)  # the format's own, said explicitly
     name = "pairs" + FORMATS[fmt]
     harmless_only = kind == "harmless"
-    return {"name": name, "bytes": data, "options": options, "mutations": mutations + harmless,
-            "rows": rows, "harmless_only": harmless_only, "fmt": fmt}
+    return {
+        "name": name,
+        "bytes": data,
+        "options": options,
+        "mutations": mutations + harmless,
+        "rows": rows,
+        "harmless_only": harmless_only,
+        "fmt": fmt,
+    }
 
 
 # --------------------------------------------------------------------------- read_dataset
@@ -282,7 +342,8 @@ def check_read(tmp: Path, case: dict, as_directory: bool = False) -> None:
     spec = path
     if as_directory:  # a good file beside the bad one: ids and skipped entries across files
         (folder / "a-good.jsonl").write_text(
-            json.dumps({"id": "good-1", "question": "Good question?", "answer": "Good answer."}) + "\n")
+            json.dumps({"id": "good-1", "question": "Good question?", "answer": "Good answer."}) + "\n"
+        )
         (folder / "notes.txt").write_text("not data")
         spec = folder
     try:
@@ -304,8 +365,15 @@ def check_read(tmp: Path, case: dict, as_directory: bool = False) -> None:
             assert df["id"].tolist() == [r["id"] for r in want]
 
 
-COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                                    HealthCheck.data_too_large, HealthCheck.filter_too_much])
+COMMON = dict(
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+    ],
+)
 READ_EXAMPLES = 500
 SLOW_EXAMPLES = int(os.environ.get("FUZZ_READERS_EXAMPLES", "0")) or 10 * READ_EXAMPLES
 
@@ -342,11 +410,18 @@ def previous_shards(out: Path) -> None:
     rng = np.random.default_rng(0)
     splits = {}
     for name, n in (("train", 6), ("val", 2), ("test", 2)):
-        frame = pd.DataFrame({"id": [f"{name}{i}" for i in range(n)],
-                              "input_text": [f"old q {name} {i}" for i in range(n)],
-                              "target_text": [f"old a {name} {i}" for i in range(n)]})
-        splits[name] = (frame, rng.standard_normal((n, 8)).astype(np.float32),
-                        rng.standard_normal((n, 8)).astype(np.float32))
+        frame = pd.DataFrame(
+            {
+                "id": [f"{name}{i}" for i in range(n)],
+                "input_text": [f"old q {name} {i}" for i in range(n)],
+                "target_text": [f"old a {name} {i}" for i in range(n)],
+            }
+        )
+        splits[name] = (
+            frame,
+            rng.standard_normal((n, 8)).astype(np.float32),
+            rng.standard_normal((n, 8)).astype(np.float32),
+        )
     write_shards(out, splits, {"name": "previous-teacher", "dim": 8})
 
 
@@ -365,10 +440,17 @@ def check_stage(base: Path, case: dict, capsys, monkeypatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     before = listing(base)
     opts = case["options"]
-    args = [f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", "embed.cache_dir=", "run.allow_external_paths=true",
-            "run.tracking=disabled", *SPLITS,
-            "embed.id_field=null" if opts["id_field"] is None else f"embed.id_field='{opts['id_field']}'",
-            f"embed.empty_text={'skip' if opts['skip_empty'] else 'fail'}"]
+    args = [
+        f"embed.dataset={data}",
+        "embed.group_field=null",
+        f"embed.out_dir={out}",
+        "embed.cache_dir=",
+        "run.allow_external_paths=true",
+        "run.tracking=disabled",
+        *SPLITS,
+        "embed.id_field=null" if opts["id_field"] is None else f"embed.id_field='{opts['id_field']}'",
+        f"embed.empty_text={'skip' if opts['skip_empty'] else 'fail'}",
+    ]
     if opts.get("delimiter"):
         args.append(f"embed.delimiter='{opts['delimiter']}'")
     capsys.readouterr()
@@ -404,8 +486,12 @@ def test_embed_stage_on_malformed_files(tmp_path, capsys, monkeypatch, teacher, 
 
 
 @pytest.mark.slow
-@settings(max_examples=int(os.environ.get("FUZZ_READERS_STAGE_EXAMPLES", "0")) or SLOW_STAGE_EXAMPLES,
-          derandomize=False, database=None, **COMMON)
+@settings(
+    max_examples=int(os.environ.get("FUZZ_READERS_STAGE_EXAMPLES", "0")) or SLOW_STAGE_EXAMPLES,
+    derandomize=False,
+    database=None,
+    **COMMON,
+)
 @given(case=dataset_files(min_rows=12, max_rows=16))
 def test_embed_stage_on_malformed_files_many(tmp_path, capsys, monkeypatch, teacher, case):
     monkeypatch.setattr(embed, "load_teacher", lambda *a, **kw: teacher)

@@ -7,6 +7,7 @@ Two scratch copies of the project on the smoke preset: A runs `dvc repro` once; 
 times, each time killing the next stage (embed, train, evaluate, report) after a random delay
 (seeded; the seed is in the failure message), then a fifth time to the end. Slow (~4 min):
 `./dev test -m slow`, which CI runs."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,14 @@ def smoke_project(root: Path) -> Path:
 
 
 def dvc_repro(root: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dvc", "repro"], cwd=root, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dvc", "repro"],
+        cwd=root,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def stage_process(dvc: subprocess.Popen, stage: str, timeout: float = 300) -> psutil.Process | None:
@@ -68,8 +75,13 @@ def assert_outputs_whole(root: Path) -> None:
     if shards.exists():
         manifest = load_manifest(shards)  # checks every file's size and sha256
         assert manifest["splits"]
-    for path in ("metrics/train.json", "metrics/eval.json", "metrics/stability.json", "runs/train.json",
-                 "telemetry/train_events.json"):
+    for path in (
+        "metrics/train.json",
+        "metrics/eval.json",
+        "metrics/stability.json",
+        "runs/train.json",
+        "telemetry/train_events.json",
+    ):
         if (root / path).exists():
             json.loads((root / path).read_text())
     for path in ("telemetry/train_steps.csv", "reports/eval_samples.csv"):
@@ -137,8 +149,10 @@ def test_outputs_equal_an_uninterrupted_run(runs):
     ma, mb = load_manifest(a / "data/shards"), load_manifest(b / "data/shards")
     assert ma == mb, context  # every shard file's sha256 included
     for split in ("train", "val", "test"):
-        assert np.array_equal(np.asarray(open_split(a / "data/shards", split).inputs),
-                              np.asarray(open_split(b / "data/shards", split).inputs)), context
+        assert np.array_equal(
+            np.asarray(open_split(a / "data/shards", split).inputs),
+            np.asarray(open_split(b / "data/shards", split).inputs),
+        ), context
     wa = torch.load(a / "models/model.pt", weights_only=True)["state_dict"]
     wb = torch.load(b / "models/model.pt", weights_only=True)["state_dict"]
     for k in wa:
@@ -148,8 +162,9 @@ def test_outputs_equal_an_uninterrupted_run(runs):
         jb = json.loads((b / f"metrics/{name}.json").read_text())
         if name == "stability":  # its figures include timings; the verdict and each check's pass must agree
             assert ja["verdict"] == jb["verdict"], context
-            assert {k: v.get("pass") for k, v in ja.items() if isinstance(v, dict)} == \
-                {k: v.get("pass") for k, v in jb.items() if isinstance(v, dict)}, context
+            assert {k: v.get("pass") for k, v in ja.items() if isinstance(v, dict)} == {
+                k: v.get("pass") for k, v in jb.items() if isinstance(v, dict)
+            }, context
         else:
             same_metrics(ja, jb)
     sa, sb = (pd.read_csv(p / "telemetry/train_steps.csv") for p in (a, b))

@@ -1,4 +1,5 @@
 """BatchLoader: coverage per epoch, reproducible per-epoch order, drop_last, exact batch rows."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -60,7 +61,7 @@ def test_batches_keep_permutation_membership_sorted_within():
     perm = np.random.default_rng([3, 4]).permutation(50)
     for i, (x, _) in enumerate(loader):
         got = x[:, 0].numpy().astype(int)
-        assert list(got) == sorted(perm[i * 8:(i + 1) * 8])
+        assert list(got) == sorted(perm[i * 8 : (i + 1) * 8])
 
 
 def test_no_shuffle_is_in_order():
@@ -113,10 +114,13 @@ def test_empty_arrays_yield_nothing():
     assert len(loader) == 0 and list(loader) == []
 
 
-@pytest.mark.parametrize("kwargs,fragment", [
-    ({"batch_size": 0}, "batch_size=0; expected a positive integer"),
-    ({"batch_size": 2.5}, "batch_size=2.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({"batch_size": 0}, "batch_size=0; expected a positive integer"),
+        ({"batch_size": 2.5}, "batch_size=2.5"),
+    ],
+)
 def test_bad_batch_size(kwargs, fragment):
     with pytest.raises(ValueError, match=fragment.replace(".", r"\.")):
         BatchLoader(*arrays(4), **kwargs)
@@ -142,10 +146,10 @@ from pipeline.data.shards import open_split, write_shards  # noqa: E402
 
 def sharded(tmp_path, n: int, dim: int = 3, rows_per_shard: int = 7, dtype: str = "float32"):
     inputs, targets = arrays(n, dim)
-    frame = pd.DataFrame({"id": [str(i) for i in range(n)], "input_text": ["a"] * n,
-                          "target_text": ["b"] * n})
-    write_shards(tmp_path / "s", {"train": (frame, inputs, targets)}, {"name": "t"},
-                 rows_per_shard=rows_per_shard, dtype=dtype)
+    frame = pd.DataFrame({"id": [str(i) for i in range(n)], "input_text": ["a"] * n, "target_text": ["b"] * n})
+    write_shards(
+        tmp_path / "s", {"train": (frame, inputs, targets)}, {"name": "t"}, rows_per_shard=rows_per_shard, dtype=dtype
+    )
     return open_split(tmp_path / "s", "train"), inputs, targets
 
 
@@ -154,8 +158,9 @@ def collect(loader, start_batch: int = 0):
 
 
 def same(a, b) -> bool:
-    return len(a) == len(b) and all(np.array_equal(x1, x2) and np.array_equal(y1, y2)
-                                    for (x1, y1), (x2, y2) in zip(a, b))
+    return len(a) == len(b) and all(
+        np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b)
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -191,10 +196,8 @@ def test_prefetch_gives_identical_batches(tmp_path, prefetch, drop_last, start_b
 
 def test_prefetch_on_ndarrays_and_empty(tmp_path):
     inputs, targets = arrays(20)
-    assert same(collect(BatchLoader(inputs, targets, 6, prefetch=3)),
-                collect(BatchLoader(inputs, targets, 6)))
-    assert list(BatchLoader(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), 4,
-                            prefetch=2)) == []
+    assert same(collect(BatchLoader(inputs, targets, 6, prefetch=3)), collect(BatchLoader(inputs, targets, 6)))
+    assert list(BatchLoader(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32), 4, prefetch=2)) == []
 
 
 def test_prefetch_order_is_fixed_when_iteration_starts():
@@ -205,8 +208,9 @@ def test_prefetch_order_is_fixed_when_iteration_starts():
     loader.set_epoch(1)  # too late for this epoch, as without prefetch
     rest = list(it)
     loader.set_epoch(0)
-    assert same([(x.numpy(), y.numpy()) for x, y in [first, *rest]],
-                collect(BatchLoader(*arrays(40), batch_size=5, seed=1)))
+    assert same(
+        [(x.numpy(), y.numpy()) for x, y in [first, *rest]], collect(BatchLoader(*arrays(40), batch_size=5, seed=1))
+    )
 
 
 def prefetch_threads() -> int:
@@ -333,8 +337,9 @@ def large_split(tmp_path_factory):
     n, dim = 200_000, 64  # 51 MB per array, 102 MB in all
     out = tmp_path_factory.mktemp("large") / "s"
     frame = pd.DataFrame({"id": np.arange(n).astype(str), "input_text": "a", "target_text": "b"})
-    write_shards(out, {"train": (frame, Synthetic(n, dim, 1.0), Synthetic(n, dim, -1.0))},
-                 {"name": "t"}, rows_per_shard=50_000)
+    write_shards(
+        out, {"train": (frame, Synthetic(n, dim, 1.0), Synthetic(n, dim, -1.0))}, {"name": "t"}, rows_per_shard=50_000
+    )
     return out
 
 

@@ -8,6 +8,7 @@ printed by the estimate-vs-peak-RSS tests below): smoke 470 / 477 MB, default 54
 seed 3,948 / 3,898 MB (slow test). Default with model.lattice_width=100000 is estimated here
 but not run (a ~14 GB step).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,14 @@ HUGE = ["model.lattice_width=100000", "model.lattice_height=100000"]
 
 
 def stage_args(tmp_path, shards, *extra: str) -> list[str]:
-    return [f"embed.out_dir={shards}", f"train.out_dir={tmp_path / 'models'}", "run.allow_external_paths=true",
-            f"train.checkpoint_dir={tmp_path / 'ckpt'}", "train.device=cpu", *extra]
+    return [
+        f"embed.out_dir={shards}",
+        f"train.out_dir={tmp_path / 'models'}",
+        "run.allow_external_paths=true",
+        f"train.checkpoint_dir={tmp_path / 'ckpt'}",
+        "train.device=cpu",
+        *extra,
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -72,13 +79,27 @@ def test_config_that_cannot_fit_is_refused_before_anything_is_built(tmp_path, ca
     seconds = time.perf_counter() - t0
     err = capsys.readouterr().err
     print(f"\nrefused in {seconds:.2f} s:\n{err}")
-    assert code == 1 and err.startswith("[train] error: this config cannot train here: ") and \
-        err.count("[train] error:") == 1, err
-    for fragment in ("the estimated peak is", "baseline", "parameters", "gradients", "AdamW state", "activations",
-                     "host memory is available", "model.lattice_width x model.lattice_height", "train.batch_size",
-                     "model.checkpoint_steps=true", "train.memory_check=false to run anyway",
-                     # checkpointing is on (train.checkpoint_every=100): its size does not fit the disk either
-                     "one resumable checkpoint", "train.checkpoint_dir"):
+    assert (
+        code == 1
+        and err.startswith("[train] error: this config cannot train here: ")
+        and err.count("[train] error:") == 1
+    ), err
+    for fragment in (
+        "the estimated peak is",
+        "baseline",
+        "parameters",
+        "gradients",
+        "AdamW state",
+        "activations",
+        "host memory is available",
+        "model.lattice_width x model.lattice_height",
+        "train.batch_size",
+        "model.checkpoint_steps=true",
+        "train.memory_check=false to run anyway",
+        # checkpointing is on (train.checkpoint_every=100): its size does not fit the disk either
+        "one resumable checkpoint",
+        "train.checkpoint_dir",
+    ):
         assert fragment in err, f"{fragment!r} not in {err!r}"
     # The time is printed above; the first meta-device op of a process also imports torch's
     # decompositions (which building AdamW would import anyway), so the limit is generous.
@@ -103,16 +124,22 @@ def test_memory_check_false_goes_on_and_logs_the_estimate(tmp_path, capsys, capl
 
     monkeypatch.setattr(train, "train_model", stop_before_building)
     with caplog.at_level(logging.INFO):
-        code = train.main(stage_args(tmp_path, shards, "train.memory_check=false", "train.system_metrics_every_s=0",
-                                     *HUGE))
+        code = train.main(
+            stage_args(tmp_path, shards, "train.memory_check=false", "train.system_metrics_every_s=0", *HUGE)
+        )
     err = capsys.readouterr().err
     assert code == 1 and reached and "training reached" in err and "cannot train here" not in err, err
     assert "memory estimate: peak" in caplog.text and "does not fit; going on: train.memory_check=false" in caplog.text
     run = mlflow.MlflowClient().search_runs([mlflow.get_experiment_by_name("energy-flow").experiment_id])[0]
     history = mlflow.MlflowClient().get_metric_history(run.info.run_id, "mem/estimate_peak_mb")
     assert [m.step for m in history] == [0] and history[0].value > 1e8  # MB: 1.7e8 (169 TB) for 10**10 cells
-    for key in ("mem/estimate_params_mb", "mem/estimate_optimizer_mb", "mem/estimate_activations_mb",
-                "mem/estimate_checkpoint_mb", "mem/available_host_mb"):
+    for key in (
+        "mem/estimate_params_mb",
+        "mem/estimate_optimizer_mb",
+        "mem/estimate_activations_mb",
+        "mem/estimate_checkpoint_mb",
+        "mem/available_host_mb",
+    ):
         assert key in run.data.metrics, key
 
 
@@ -121,17 +148,34 @@ def test_lattice_width_100000(capsys):
     cfg = load_config(["preset=default", "model.lattice_width=100000", "train.device=cpu"])
     cells, E, S, Nh, C, Ho = 100_000 * 8, DIM, 16, 64, 64, 256
     gru = 2 * (3 * C * C + 3 * C * C + 2 * 3 * C)  # two GRUCell(64, 64) layers: w_ih, w_hh, both biases
-    expected = (2 * E + E * cells + cells  # input map: LayerNorm(E), Linear(E, cells)
-                + 6 * cells * S  # lattice state: depth x cells x cell_state_dim
-                + (S + 4) * Nh + Nh + Nh * Nh + Nh  # neuron
-                + gru + (C * 2 + 2) + (C + 1) * 2  # carrier and its three heads
-                + 2 * cells + cells * Ho + Ho + Ho * E + E)  # output map
-    machine = memory_estimate.Available(host_free_mb=8192.0, held_mb=0.0, processes=1,
-                                        host_source="an 8 GiB machine (stated)")
+    expected = (
+        2 * E
+        + E * cells
+        + cells  # input map: LayerNorm(E), Linear(E, cells)
+        + 6 * cells * S  # lattice state: depth x cells x cell_state_dim
+        + (S + 4) * Nh
+        + Nh
+        + Nh * Nh
+        + Nh  # neuron
+        + gru
+        + (C * 2 + 2)
+        + (C + 1) * 2  # carrier and its three heads
+        + 2 * cells
+        + cells * Ho
+        + Ho
+        + Ho * E
+        + E
+    )  # output map
+    machine = memory_estimate.Available(
+        host_free_mb=8192.0, held_mb=0.0, processes=1, host_source="an 8 GiB machine (stated)"
+    )
     with pytest.raises(ResourceError) as refused:
         memory_estimate.check(cfg, DIM, available=machine)
-    result = memory_estimate.check(load_config(["preset=default", "model.lattice_width=100000", "train.device=cpu",
-                                                "train.memory_check=false"]), DIM, available=machine)
+    result = memory_estimate.check(
+        load_config(["preset=default", "model.lattice_width=100000", "train.device=cpu", "train.memory_check=false"]),
+        DIM,
+        available=machine,
+    )
     e = result.estimate
     print(f"\n{result.describe()}\nrefusal on an 8 GiB machine: {refused.value}")
     assert e.parameters == expected == 591_355_396
@@ -161,8 +205,13 @@ def test_checkpoint_disk_is_checked_only_when_checkpointing(tmp_path):
     ckpt = tmp_path / "deep" / "ckpt" / "last.pt"  # not there yet: its nearest existing parent's disk
     on = memory_estimate.check(cfg, DIM, checkpoint_path=ckpt)
     assert any("train.checkpoint_dir" in p for p in on.problems) and on.disk_free_mb > 0
-    off = memory_estimate.check(load_config(["preset=default", *HUGE, "train.device=cpu", "train.memory_check=false",
-                                             "train.checkpoint_every=0"]), DIM, checkpoint_path=ckpt)
+    off = memory_estimate.check(
+        load_config(
+            ["preset=default", *HUGE, "train.device=cpu", "train.memory_check=false", "train.checkpoint_every=0"]
+        ),
+        DIM,
+        checkpoint_path=ckpt,
+    )
     assert not any("train.checkpoint_dir" in p for p in off.problems) and off.disk_free_mb is None
 
 
@@ -186,10 +235,20 @@ def test_cgroup_limit_wins_when_smaller(tmp_path, monkeypatch):
 
 SMALL = {  # a few hundred flows: milliseconds; the carrier and neuron sizes of the presets
     "default": ["preset=default", "model.lattice_width=6", "model.lattice_height=5"],
-    "checkpointed": ["preset=default", "model.lattice_width=6", "model.lattice_height=5", "model.checkpoint_steps=true"],
+    "checkpointed": [
+        "preset=default",
+        "model.lattice_width=6",
+        "model.lattice_height=5",
+        "model.checkpoint_steps=true",
+    ],
     "bf16": ["preset=default", "model.lattice_width=6", "model.lattice_height=5", "train.precision=bf16"],
-    "seed carrier": ["preset=seed", "model.lattice_width=8", "model.lattice_height=8", "model.lattice_depth=10",
-                     "model.max_active_flows=512"],
+    "seed carrier": [
+        "preset=seed",
+        "model.lattice_width=8",
+        "model.lattice_height=8",
+        "model.lattice_depth=10",
+        "model.max_active_flows=512",
+    ],
 }
 
 
@@ -227,9 +286,11 @@ def test_activation_estimate_matches_saved_tensors(case):
     flows = out.flow_steps
     # The estimate's accounting at this forward's own flow steps: fixed part + per flow step.
     at_actual = e.activations_mb * 2**20 - e.bytes_per_flow_step * (e.flows * e.steps_expected - flows)
-    print(f"\n{case}: hooks {saved / 2**20:.2f} MB over {flows} flow steps ({saved / flows:,.0f} B each); "
-          f"estimate {e.bytes_per_flow_step:,.0f} B a flow step, {at_actual / 2**20:.2f} MB at these flow steps, "
-          f"{e.activations_mb:.2f} MB at the expected {e.flows} x {e.steps_expected} (probe: {e.probe})")
+    print(
+        f"\n{case}: hooks {saved / 2**20:.2f} MB over {flows} flow steps ({saved / flows:,.0f} B each); "
+        f"estimate {e.bytes_per_flow_step:,.0f} B a flow step, {at_actual / 2**20:.2f} MB at these flow steps, "
+        f"{e.activations_mb:.2f} MB at the expected {e.flows} x {e.steps_expected} (probe: {e.probe})"
+    )
     # Per flow step the probe is the model's own step. It compacts the live flows on every step,
     # forward only on steps where a flow finished (then the hidden states are copies, saved
     # apart from the previous step's outputs): an upper bound, measured 0.99-1.01x with carrier
@@ -286,8 +347,13 @@ def start_steps(steps: int, preset: str) -> subprocess.Popen:
     peak RSS is theirs alone. Read as VmHWM (/proc/self/status), the peak of this process image:
     on Linux ru_maxrss survives exec, so a child of pytest starts at pytest's own high-water mark
     (far above a small child's own peak). Both are printed."""
-    return subprocess.Popen([sys.executable, "-c", STEPS.format(dim=DIM), str(steps), f"preset={preset}"],
-                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", STEPS.format(dim=DIM), str(steps), f"preset={preset}"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(preset: str, proc: subprocess.Popen, steps: int) -> None:
@@ -295,10 +361,12 @@ def finish(preset: str, proc: subprocess.Popen, steps: int) -> None:
     assert proc.returncode == 0, err[-3000:]
     r = json.loads(out.strip().splitlines()[-1])
     ratio = r["estimate_mb"] / r["measured_mb"]
-    print(f"\n{preset}: estimate {r['estimate_mb']:,.0f} MB (baseline {r['baseline_mb']:,.0f}, activations "
-          f"{r['activations_mb']:,.0f}; worst case {r['worst_mb']:,.0f}), measured peak RSS {r['measured_mb']:,.0f} "
-          f"MB (VmHWM; ru_maxrss {r['ru_maxrss_mb']:,.0f} MB) over {r['steps']} steps: estimate / measured = "
-          f"{ratio:.2f}")
+    print(
+        f"\n{preset}: estimate {r['estimate_mb']:,.0f} MB (baseline {r['baseline_mb']:,.0f}, activations "
+        f"{r['activations_mb']:,.0f}; worst case {r['worst_mb']:,.0f}), measured peak RSS {r['measured_mb']:,.0f} "
+        f"MB (VmHWM; ru_maxrss {r['ru_maxrss_mb']:,.0f} MB) over {r['steps']} steps: estimate / measured = "
+        f"{ratio:.2f}"
+    )
     assert r["steps"] == steps and 0.5 <= ratio <= 2
 
 

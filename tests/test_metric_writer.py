@@ -1,6 +1,7 @@
 """The tracking sidecar (pipeline.tracking.metric_writer): rows sent are in the store after sync, a
 store error surfaces at the next sync, system metrics are sampled, and rows already sent are
 written even when the training process is killed outright."""
+
 from __future__ import annotations
 
 import os
@@ -31,11 +32,16 @@ def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run, tmp_path)
     writer = MetricWriter(uri, run_id, tmp_path / "pending.jsonl")
     try:
         # 1,500 values in one message: more than one log_batch (1,000) holds.
-        writer.send([(step, 1000 + step, {**{f"m/{i}": float(step) for i in range(50)}, "bad": float("nan"),
-                                          "text": "x"}) for step in range(1, 31)])
+        writer.send(
+            [
+                (step, 1000 + step, {**{f"m/{i}": float(step) for i in range(50)}, "bad": float("nan"), "text": "x"})
+                for step in range(1, 31)
+            ]
+        )
         writer.sync()
-        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "m/49")] == \
-            [(s, float(s)) for s in range(1, 31)]
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "m/49")] == [
+            (s, float(s)) for s in range(1, 31)
+        ]
         writer.send([(31, 5000, {"late": 7})])
         writer.sync()
         metrics = client.get_run(run_id).data.metrics
@@ -76,22 +82,23 @@ def test_system_metrics_are_sampled_while_the_writer_runs(run, tmp_path):
     assert metrics["system/system_memory_usage_megabytes"] > 0
 
 
-KILLED_PARENT = '''
+KILLED_PARENT = """
 import sys, time
 from pipeline.tracking.metric_writer import MetricWriter
 writer = MetricWriter(sys.argv[1], sys.argv[2], sys.argv[4])
 writer.send([(s, 1000 + s, {"m": float(s)}) for s in range(100)])
 open(sys.argv[3], "w").write(str(writer.proc.pid))
 time.sleep(120)
-'''
+"""
 
 
 def test_rows_sent_are_written_even_if_the_training_process_is_killed(run, tmp_path):
     uri, client, run_id = run
     ready = tmp_path / "ready"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    parent = subprocess.Popen([sys.executable, "-c", KILLED_PARENT, uri, run_id, str(ready),
-                               str(tmp_path / "pending.jsonl")], env=env)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", KILLED_PARENT, uri, run_id, str(ready), str(tmp_path / "pending.jsonl")], env=env
+    )
     deadline = time.monotonic() + 60
     while not ready.exists() or not ready.read_text():
         assert time.monotonic() < deadline and parent.poll() is None

@@ -10,6 +10,7 @@ About 15-25 s on a 2-core machine: most of it is the server's start and the UI's
 it is in the slow set; the default suite drives the same harness on the real experiments
 (tests/test_experiments.py).
 """
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -22,10 +23,8 @@ pytestmark = pytest.mark.integration
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 SHARED_PARAMS = {"train.epochs": "3", "model.hidden": "64", "data.seed": "0"}
 RUNS = {  # run name -> (the differing param, metrics by step)
-    "smoke-lr-a": ({"train.lr": "0.003"},
-                   {"train/loss": [1.5, 0.9, 0.61234], "test/cosine": [0.812345]}),
-    "smoke-lr-b": ({"train.lr": "0.01"},
-                   {"train/loss": [1.4, 0.7, 0.456789], "test/cosine": [0.86249]}),
+    "smoke-lr-a": ({"train.lr": "0.003"}, {"train/loss": [1.5, 0.9, 0.61234], "test/cosine": [0.812345]}),
+    "smoke-lr-b": ({"train.lr": "0.01"}, {"train/loss": [1.4, 0.7, 0.456789], "test/cosine": [0.86249]}),
 }
 
 
@@ -49,17 +48,28 @@ def log_runs(uri: str, artifacts_uri: str) -> tuple[str, list[str]]:
 def test_compare_page_synthetic_runs(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # tmp_path is absolute: sqlite:////...
     experiment_id, run_ids = log_runs(uri, (tmp_path / "artifacts").as_uri())
-    latest = {name: {key: format_metric(values[-1]) for key, values in metrics.items()}
-              for name, (_, metrics) in RUNS.items()}
+    latest = {
+        name: {key: format_metric(values[-1]) for key, values in metrics.items()} for name, (_, metrics) in RUNS.items()
+    }
     assert latest["smoke-lr-a"]["test/cosine"] == "0.812"  # the UI rounds to 3 decimals
     assert latest["smoke-lr-b"]["test/cosine"] == "0.862"
 
     with start_mlflow_server(uri, tmp_path / "served-artifacts") as base_url:
         url = compare_runs_url(base_url, experiment_id, run_ids)
         values = [v for by_key in latest.values() for v in by_key.values()]
-        text = open_page(url, expect=["Comparing 2 Runs from 1 Experiment", *RUNS, *run_ids,
-                                      "train.lr", "test/cosine", "train/loss", *values],
-                         screenshot=ARTIFACTS / "mlflow-compare-synthetic.png")
+        text = open_page(
+            url,
+            expect=[
+                "Comparing 2 Runs from 1 Experiment",
+                *RUNS,
+                *run_ids,
+                "train.lr",
+                "test/cosine",
+                "train/loss",
+                *values,
+            ],
+            screenshot=ARTIFACTS / "mlflow-compare-synthetic.png",
+        )
 
     lines = text.splitlines()
     # Parameters: one row per key, tab-separated, runs in the URL's order.
@@ -67,7 +77,7 @@ def test_compare_page_synthetic_runs(tmp_path):
     for key, value in SHARED_PARAMS.items():
         assert f"{key}\t{value}\t{value}" in lines, text
     # Metrics: the table's text lists the keys first, then the values row by row (latest step).
-    metrics = text[text.index("\nMetrics\n"):]
+    metrics = text[text.index("\nMetrics\n") :]
     order = sorted(latest["smoke-lr-a"])  # the page sorts the keys
     expected = [*order, *(latest[name][key] for key in order for name in RUNS)]
     assert "\n".join(expected) in metrics, metrics[:500]

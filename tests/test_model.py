@@ -7,10 +7,26 @@ from pipeline.model import EnergyFlowModel, energy_flow_loss
 
 pytestmark = pytest.mark.unit
 
-SMALL = dict(lattice_width=4, lattice_height=3, lattice_depth=3, max_active_flows=40, cell_state_dim=4,
-             neuron_hidden=8, carrier_layers=2, carrier_hidden=8, min_forward=0.5, max_forward=1.5,
-             max_lateral=1.0, energy_min=0.0, convergence_threshold=0.95, patience=2, max_steps=50,
-             adaptive_stop=True, output_hidden=16, checkpoint_steps=False)
+SMALL = dict(
+    lattice_width=4,
+    lattice_height=3,
+    lattice_depth=3,
+    max_active_flows=40,
+    cell_state_dim=4,
+    neuron_hidden=8,
+    carrier_layers=2,
+    carrier_hidden=8,
+    min_forward=0.5,
+    max_forward=1.5,
+    max_lateral=1.0,
+    energy_min=0.0,
+    convergence_threshold=0.95,
+    patience=2,
+    max_steps=50,
+    adaptive_stop=True,
+    output_hidden=16,
+    checkpoint_steps=False,
+)
 
 
 def make(**kw):
@@ -65,8 +81,9 @@ def test_bilinear_deposit_conserves_and_places_energy():
     for s in range(2):
         assert surface[s].sum().item() == pytest.approx(value[sample == s].sum().item(), rel=1e-5)
     # At a cell centre the whole value lands on that one cell.
-    one = m._deposit(torch.zeros(12), torch.zeros(1, dtype=torch.long), torch.tensor([2.5]), torch.tensor([1.5]),
-                     torch.tensor([0.7]))
+    one = m._deposit(
+        torch.zeros(12), torch.zeros(1, dtype=torch.long), torch.tensor([2.5]), torch.tensor([1.5]), torch.tensor([0.7])
+    )
     assert one[1 * 4 + 2].item() == pytest.approx(0.7) and one.sum().item() == pytest.approx(0.7)
 
 

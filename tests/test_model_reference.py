@@ -1,6 +1,7 @@
 """The vectorised model equals the per-flow reference (tests/helpers/reference_model.py): output surface,
 loss and every parameter gradient within 1e-5, in float64 so the comparison measures the
 algorithm, not float32 summation order."""
+
 import pytest
 import torch
 
@@ -9,15 +10,30 @@ from tests.helpers.reference_model import reference_forward
 
 pytestmark = pytest.mark.unit
 
-BASE = dict(lattice_width=4, lattice_height=3, lattice_depth=3, max_active_flows=1000, cell_state_dim=4,
-            neuron_hidden=8, carrier_layers=2, carrier_hidden=8, min_forward=0.3, max_forward=1.2,
-            max_lateral=1.0, energy_min=0.0, convergence_threshold=0.9, patience=2, max_steps=30,
-            adaptive_stop=True, output_hidden=16, checkpoint_steps=False)
+BASE = dict(
+    lattice_width=4,
+    lattice_height=3,
+    lattice_depth=3,
+    max_active_flows=1000,
+    cell_state_dim=4,
+    neuron_hidden=8,
+    carrier_layers=2,
+    carrier_hidden=8,
+    min_forward=0.3,
+    max_forward=1.2,
+    max_lateral=1.0,
+    energy_min=0.0,
+    convergence_threshold=0.9,
+    patience=2,
+    max_steps=30,
+    adaptive_stop=True,
+    output_hidden=16,
+    checkpoint_steps=False,
+)
 
 CASES = {
     "adaptive_on": dict(convergence_threshold=0.5, patience=2, min_forward=0.05, max_forward=0.5),
-    "adaptive_off": dict(convergence_threshold=0.5, patience=2, min_forward=0.05, max_forward=0.5,
-                         adaptive_stop=False),
+    "adaptive_off": dict(convergence_threshold=0.5, patience=2, min_forward=0.05, max_forward=0.5, adaptive_stop=False),
     "early_stop_with_stragglers": dict(convergence_threshold=0.3, patience=1, min_forward=0.05, max_forward=0.5),
     "max_steps_cuts": dict(max_steps=2, adaptive_stop=False),
     "flows_dying": dict(energy_min=0.3),

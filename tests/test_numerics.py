@@ -2,6 +2,7 @@
 a stage process runs under them (MKL's COMPATIBLE branch, ATen at AVX2, a fixed thread count), the
 opt-out works, and (slow) the smoke weights are bitwise identical under every emulated machine
 (bench.numerics --quick)."""
+
 from __future__ import annotations
 
 import json
@@ -55,15 +56,23 @@ def test_threads_are_fixed_only_under_the_portable_setting(monkeypatch):
 
 # What a stage does first (stages/__init__.py), then a product, under MKL_VERBOSE (which prints
 # the CNR branch MKL runs in) and the numerics a run would log.
-STAGE_PROBE = ("import stages, json, torch; a = torch.ones(64, 64); a @ a; from pipeline.core import numerics; "
-               "print(json.dumps({'pin': stages.NUMERICS, 'vectors': numerics.vectors_tag(), "
-               "**numerics.numerics_info()}))")
+STAGE_PROBE = (
+    "import stages, json, torch; a = torch.ones(64, 64); a @ a; from pipeline.core import numerics; "
+    "print(json.dumps({'pin': stages.NUMERICS, 'vectors': numerics.vectors_tag(), "
+    "**numerics.numerics_info()}))"
+)
 
 
 def probe(**env) -> tuple[dict, str]:
     base = {k: v for k, v in os.environ.items() if k not in numerics.PORTABLE and k != numerics.MODE_VAR}
-    proc = subprocess.run([sys.executable, "-c", STAGE_PROBE], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env={**base, "MKL_VERBOSE": "1", "PYTHONPATH": str(REPO_ROOT), **env}, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", STAGE_PROBE],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={**base, "MKL_VERBOSE": "1", "PYTHONPATH": str(REPO_ROOT), **env},
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     return json.loads(lines[-1]), "\n".join(lines[:-1])
@@ -90,9 +99,14 @@ def test_a_stage_process_runs_under_the_portable_setting():
 
 @pytest.mark.slow  # builds the smoke shards and trains ~12 times in fresh processes (a few minutes)
 def test_portable_setting_gives_the_same_weights_on_every_emulated_machine():
-    proc = subprocess.run([sys.executable, "-m", "bench.numerics", "--quick"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=1800,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.numerics", "--quick"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     portable = {k: v for k, v in res["agreement"].items() if k.startswith("portable/")}
@@ -105,6 +119,7 @@ def test_portable_setting_gives_the_same_weights_on_every_emulated_machine():
 
 
 def test_bench_help_explains_the_figures():
-    out = subprocess.run([sys.executable, "-m", "bench.numerics", "--help"], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.numerics", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    ).stdout
     assert "agreement" in out and "train_step" in out.replace("training step", "train_step") and "--quick" in out

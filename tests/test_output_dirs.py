@@ -6,6 +6,7 @@ layout that matters: .git, conf/, pipeline/, stages/, tests/, a dataset) so that
 failed to stop the stage could not touch this repository. The teacher is made to fail the test
 if it loads: every refusal must come before any work.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,22 +36,32 @@ def project(tmp_path, monkeypatch) -> Path:
     for part in (".git", "conf", "pipeline", "stages", "tests", "data/raw"):
         (root / part).mkdir(parents=True)
         (root / part / "keep.txt").write_text(f"{part} must survive\n")
-    pd.DataFrame({"id": [str(i) for i in range(ROWS)], "question": [f"What is item {i}?" for i in range(ROWS)],
-                  "answer": [f"Item {i} is thing {i % 40}." for i in range(ROWS)]}
-                 ).to_csv(root / "data/raw/qa_pairs.csv", index=False)
+    pd.DataFrame(
+        {
+            "id": [str(i) for i in range(ROWS)],
+            "question": [f"What is item {i}?" for i in range(ROWS)],
+            "answer": [f"Item {i} is thing {i % 40}." for i in range(ROWS)],
+        }
+    ).to_csv(root / "data/raw/qa_pairs.csv", index=False)
     for module in (paths, config, output_dirs):
         monkeypatch.setattr(module, "REPO_ROOT", root)
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setattr(embed, "load_teacher",
-                        lambda *a, **kw: pytest.fail("the teacher loaded: the output check must stop the stage first"))
+    monkeypatch.setattr(
+        embed,
+        "load_teacher",
+        lambda *a, **kw: pytest.fail("the teacher loaded: the output check must stop the stage first"),
+    )
     monkeypatch.setattr(train, "train_model", lambda *a, **kw: pytest.fail("training started"))
     return root
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"<dir>")
-            for p in sorted(root.rglob("*")) if not p.is_symlink()}
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else b"<dir>")
+        for p in sorted(root.rglob("*"))
+        if not p.is_symlink()
+    }
 
 
 def refused(stage, args: list[str], capsys, root: Path) -> str:
@@ -64,34 +75,50 @@ def refused(stage, args: list[str], capsys, root: Path) -> str:
     return err
 
 
-@pytest.mark.parametrize("value, fragment", [
-    pytest.param("data/raw", "contains the dataset (embed.dataset = 'data/raw/qa_pairs.csv')", id="the dataset's dir"),
-    pytest.param("data", "contains the dataset", id="a parent of the dataset"),
-    pytest.param("data/raw/qa_pairs.csv", "is the dataset", id="the dataset file"),
-    pytest.param(".", "which is the project root", id="the project root"),
-    pytest.param("..", "holds the project", id="above the project"),
-    pytest.param(".git", "is, holds or lies inside a git repository's .git", id=".git"),
-    pytest.param("conf", "is the project's conf/", id="conf"),
-    pytest.param("pipeline", "is the project's pipeline/", id="pipeline"),
-    pytest.param("stages/shards", "lies inside the project's stages/", id="inside stages"),
-    pytest.param("tests", "is the project's tests/", id="tests"),
-    pytest.param("models", "is another output: train.out_dir", id="train's output"),
-    pytest.param("metrics", "is another output: metrics/ (where the stages write fixed files)", id="metrics/"),
-])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        pytest.param(
+            "data/raw", "contains the dataset (embed.dataset = 'data/raw/qa_pairs.csv')", id="the dataset's dir"
+        ),
+        pytest.param("data", "contains the dataset", id="a parent of the dataset"),
+        pytest.param("data/raw/qa_pairs.csv", "is the dataset", id="the dataset file"),
+        pytest.param(".", "which is the project root", id="the project root"),
+        pytest.param("..", "holds the project", id="above the project"),
+        pytest.param(".git", "is, holds or lies inside a git repository's .git", id=".git"),
+        pytest.param("conf", "is the project's conf/", id="conf"),
+        pytest.param("pipeline", "is the project's pipeline/", id="pipeline"),
+        pytest.param("stages/shards", "lies inside the project's stages/", id="inside stages"),
+        pytest.param("tests", "is the project's tests/", id="tests"),
+        pytest.param("models", "is another output: train.out_dir", id="train's output"),
+        pytest.param("metrics", "is another output: metrics/ (where the stages write fixed files)", id="metrics/"),
+    ],
+)
 def test_embed_out_dir_that_would_replace_something_not_its_own_is_refused(project, capsys, value, fragment):
     err = refused(embed, [f"embed.out_dir={value}", "run.allow_external_paths=true"], capsys, project)
     assert fragment in err and f"'embed.out_dir' = '{value}'" in err, err
     assert "set embed.out_dir to one (its default is 'data/shards')" in err
 
 
-@pytest.mark.parametrize("key, value, fragment", [
-    pytest.param("train.out_dir", "data/shards", "is another output: embed.out_dir", id="model over the shards"),
-    pytest.param("train.checkpoint_dir", "models/ckpt", "lies inside another output: train.out_dir",
-                 id="checkpoints inside the model dir"),
-    pytest.param("embed.cache_dir", "data/shards/cache", "lies inside another output: embed.out_dir",
-                 id="cache inside the shards"),
-    pytest.param("train.out_dir", "data", "contains the dataset", id="model dir holding the dataset"),
-])
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        pytest.param("train.out_dir", "data/shards", "is another output: embed.out_dir", id="model over the shards"),
+        pytest.param(
+            "train.checkpoint_dir",
+            "models/ckpt",
+            "lies inside another output: train.out_dir",
+            id="checkpoints inside the model dir",
+        ),
+        pytest.param(
+            "embed.cache_dir",
+            "data/shards/cache",
+            "lies inside another output: embed.out_dir",
+            id="cache inside the shards",
+        ),
+        pytest.param("train.out_dir", "data", "contains the dataset", id="model dir holding the dataset"),
+    ],
+)
 def test_outputs_that_overlap_are_refused_by_every_stage(project, capsys, key, value, fragment):
     for stage in (embed, train):  # one bad key stops every stage, before DVC reaches the one that writes there
         err = refused(stage, [f"{key}={value}"], capsys, project)
@@ -103,8 +130,10 @@ def test_an_existing_directory_the_stage_did_not_create_is_refused(project, caps
     notes.mkdir()
     (notes / "thesis.md").write_text("months of work\n")
     err = refused(embed, ["embed.out_dir=notes"], capsys, project)
-    assert "is an existing directory the embed stage did not create: it holds thesis.md, which replacing it " \
-           "would delete" in err, err
+    assert (
+        "is an existing directory the embed stage did not create: it holds thesis.md, which replacing it "
+        "would delete" in err
+    ), err
     assert "move those files elsewhere, or set embed.out_dir to another directory" in err
     err = refused(train, ["train.out_dir=notes"], capsys, project)
     assert "the train stage did not create: it holds thesis.md" in err
@@ -116,11 +145,14 @@ def test_an_existing_file_is_refused_before_any_work(project, capsys):
     assert "is an existing file, not a directory" in err
 
 
-@pytest.mark.parametrize("target, fragment", [
-    pytest.param("data/raw", "contains the dataset", id="to the dataset's dir"),
-    pytest.param(".", "is the project root", id="to the project root"),
-    pytest.param("conf", "is the project's conf/", id="to conf"),
-])
+@pytest.mark.parametrize(
+    "target, fragment",
+    [
+        pytest.param("data/raw", "contains the dataset", id="to the dataset's dir"),
+        pytest.param(".", "is the project root", id="to the project root"),
+        pytest.param("conf", "is the project's conf/", id="to conf"),
+    ],
+)
 def test_a_symlink_that_points_into_the_project_is_judged_by_where_it_points(project, capsys, target, fragment):
     link = project / "data" / "shards"
     link.symlink_to(project / target, target_is_directory=True)
@@ -228,18 +260,28 @@ def test_shards_with_an_empty_split_stop_train_and_evaluate_naming_it(tmp_path, 
     monkeypatch.setattr(evaluate, "check_input_dim", lambda *a, **kw: None)
     monkeypatch.setattr(evaluate, "untrained_model", lambda *a, **kw: None)
     monkeypatch.setattr(evaluate.tracking, "read_run_file", lambda *a: {"run_id": ""})
-    code = evaluate.main([f"embed.out_dir={shards}", f"train.out_dir={tmp_path / 'models'}",
-                          "run.allow_external_paths=true", "run.tracking=disabled"])
+    code = evaluate.main(
+        [
+            f"embed.out_dir={shards}",
+            f"train.out_dir={tmp_path / 'models'}",
+            "run.allow_external_paths=true",
+            "run.tracking=disabled",
+        ]
+    )
     err = capsys.readouterr().err
-    assert code == 1 and f"{shards / 'manifest.json'}: split 'test' has 0 rows; expected rows to evaluate on" in err, err
+    assert code == 1 and f"{shards / 'manifest.json'}: split 'test' has 0 rows; expected rows to evaluate on" in err, (
+        err
+    )
 
 
 def test_dvc_yaml_declares_the_outputs_at_the_fixed_paths_the_stages_hold_to():
     import yaml
 
     stages = yaml.safe_load((paths.REPO_ROOT / "dvc.yaml").read_text())["stages"]
-    outs = {name: [o if isinstance(o, str) else next(iter(o)) for o in spec.get("outs", [])]
-            for name, spec in stages.items()}
+    outs = {
+        name: [o if isinstance(o, str) else next(iter(o)) for o in spec.get("outs", [])]
+        for name, spec in stages.items()
+    }
     assert output_dirs.DVC_OUTPUTS["embed.out_dir"] in outs["embed"]
     assert output_dirs.DVC_OUTPUTS["train.out_dir"] in outs["train"]
     assert not any("${" in o for o in sum(outs.values(), [])), outs  # no output placed by a parameter
@@ -250,8 +292,10 @@ def test_dvc_yaml_declares_the_outputs_at_the_fixed_paths_the_stages_hold_to():
 def test_under_dvc_an_output_elsewhere_than_dvc_yaml_says_is_refused(project, capsys, monkeypatch):
     monkeypatch.setenv("DVC_STAGE", "train")
     err = refused(train, ["train.out_dir=models2"], capsys, project)
-    assert "parameter 'train.out_dir' = 'models2': under DVC (dvc repro, dvc exp run) the train stage's output is " \
-           "models, as dvc.yaml declares it" in err
+    assert (
+        "parameter 'train.out_dir' = 'models2': under DVC (dvc repro, dvc exp run) the train stage's output is "
+        "models, as dvc.yaml declares it" in err
+    )
     assert "python -m stages.train train.out_dir=models2" in err
     monkeypatch.delenv("DVC_STAGE")
     assert output_dirs.check_outputs(load_config(["train.out_dir=models2"]), "train") is None  # by hand: allowed

@@ -1,6 +1,7 @@
 """telemetry/train_perf.*: the report uses a run's time and memory only when they were measured
 under its own settings and data (DVC can restore a cached train stage and leave an earlier run's
 measurements in place)."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,14 @@ from pipeline.train.perf_files import SETTINGS_KEY, current_settings, manifest_d
 
 pytestmark = pytest.mark.unit
 
-MANIFEST = {"format_version": 2, "dim": 384, "dtype": "float32", "splits": {"train": {"rows": 10}},
-            "files": {}, "source_sha256": "ab" * 32}
+MANIFEST = {
+    "format_version": 2,
+    "dim": 384,
+    "dtype": "float32",
+    "splits": {"train": {"rows": 10}},
+    "files": {},
+    "source_sha256": "ab" * 32,
+}
 
 
 @pytest.fixture
@@ -50,8 +57,9 @@ def test_measurements_of_this_config_are_read(workspace):
 def test_measurements_of_other_settings_are_refused(workspace, override):
     cfg, folder = workspace
     write_perf(folder, current_settings(cfg))
-    other = load_config(["preset=smoke", f"embed.out_dir={cfg.embed.out_dir}", "run.allow_external_paths=true",
-                         override])
+    other = load_config(
+        ["preset=smoke", f"embed.out_dir={cfg.embed.out_dir}", "run.allow_external_paths=true", override]
+    )
     perf = read_perf(other)
     assert perf.steps is None and perf.totals == {}
     assert "measured under other settings" in perf.missing and "train_perf.json" in perf.missing

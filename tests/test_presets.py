@@ -1,6 +1,7 @@
 """Every preset builds its model and runs one training step (forward + backward) on this machine.
 The seed preset is the prototype's 50x50x20 lattice with 5000 flows and a 2x512 carrier: it ran out of
 GPU memory on batch 2 there; here two steps must fit (3.7-4.2 GB peak RSS measured on 2 CPU cores)."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """read_pairs: every format, dotted paths, and every user error with a precise message."""
+
 from __future__ import annotations
 
 import hashlib
@@ -61,8 +62,7 @@ def check_rows(df: pd.DataFrame, with_ids: bool = True) -> None:
 
 
 def test_csv(tmp_path):
-    p = write(tmp_path / "d.csv",
-              'id,q,a\na,What is 2+2?,4\nb,Capital of France?,Paris\nc,NA,null\n')
+    p = write(tmp_path / "d.csv", "id,q,a\na,What is 2+2?,4\nb,Capital of France?,Paris\nc,NA,null\n")
     check_rows(read_pairs(p, "q", "a", id_field="id"))
 
 
@@ -79,8 +79,7 @@ def test_csv_utf8_bom_is_not_part_of_header(tmp_path):
 
 
 def test_tsv(tmp_path):
-    p = write(tmp_path / "d.tsv", "id\tq\ta\n" + "".join(
-        f"{r['id']}\t{r['q']}\t{r['a']}\n" for r in ROWS))
+    p = write(tmp_path / "d.tsv", "id\tq\ta\n" + "".join(f"{r['id']}\t{r['q']}\t{r['a']}\n" for r in ROWS))
     check_rows(read_pairs(p, "q", "a", id_field="id"))
 
 
@@ -107,13 +106,14 @@ def test_parquet(tmp_path):
 
 
 def nested(rows):
-    return [{"meta": {"id": r["id"]}, "question": {"text": r["q"], "lang": "en"},
-             "answer": {"value": {"text": r["a"]}}} for r in rows]
+    return [
+        {"meta": {"id": r["id"]}, "question": {"text": r["q"], "lang": "en"}, "answer": {"value": {"text": r["a"]}}}
+        for r in rows
+    ]
 
 
 def test_dotted_paths_json_jsonl(tmp_path):
-    for p in (write(tmp_path / "d.json", json.dumps(nested(ROWS))),
-              write(tmp_path / "d.jsonl", jsonl(nested(ROWS)))):
+    for p in (write(tmp_path / "d.json", json.dumps(nested(ROWS))), write(tmp_path / "d.jsonl", jsonl(nested(ROWS)))):
         df = read_pairs(p, "question.text", "answer.value.text", id_field="meta.id")
         check_rows(df)
 
@@ -125,8 +125,7 @@ def test_dotted_paths_parquet_structs(tmp_path):
 
 
 def test_literal_dotted_key_wins_over_nested_path(tmp_path):
-    p = write(tmp_path / "d.json",
-              json.dumps([{"q.text": "literal", "q": {"text": "nested"}, "a": "x"}]))
+    p = write(tmp_path / "d.json", json.dumps([{"q.text": "literal", "q": {"text": "nested"}, "a": "x"}]))
     assert read_pairs(p, "q.text", "a")["input_text"].tolist() == ["literal"]
 
 
@@ -149,13 +148,17 @@ def test_content_hash_ids(tmp_path):
 
 
 def test_drop_duplicate_pairs_keeps_first(tmp_path):
-    rows = [{"q": "x", "a": "1"}, {"q": "y", "a": "2"}, {"q": "x", "a": "1"},
-            {"q": "x", "a": "3"}, {"q": "y", "a": "2"}]
+    rows = [
+        {"q": "x", "a": "1"},
+        {"q": "y", "a": "2"},
+        {"q": "x", "a": "1"},
+        {"q": "x", "a": "3"},
+        {"q": "y", "a": "2"},
+    ]
     df = read_pairs(write(tmp_path / "d.jsonl", jsonl(rows)), "q", "a")
     out, dropped = drop_duplicate_pairs(df)
     assert dropped == 2
-    assert list(zip(out["input_text"], out["target_text"])) == [("x", "1"), ("y", "2"),
-                                                                ("x", "3")]
+    assert list(zip(out["input_text"], out["target_text"])) == [("x", "1"), ("y", "2"), ("x", "3")]
     assert out["id"].is_unique and isinstance(out.index, pd.RangeIndex)
     assert out.index.tolist() == [0, 1, 2]
 
@@ -182,13 +185,16 @@ def test_zero_byte_file(tmp_path):
         expect_error(write(tmp_path / name, b""), "empty file (0 bytes)")
 
 
-@pytest.mark.parametrize("name,text,detail", [
-    ("h.csv", "q,a\n", "header only"),
-    ("h.tsv", "q\ta\n", "header only"),
-    ("w.csv", "\n\n", "no header and no rows"),
-    ("e.json", "[]", "empty JSON array"),
-    ("b.jsonl", "\n  \n", "no JSON objects"),
-])
+@pytest.mark.parametrize(
+    "name,text,detail",
+    [
+        ("h.csv", "q,a\n", "header only"),
+        ("h.tsv", "q\ta\n", "header only"),
+        ("w.csv", "\n\n", "no header and no rows"),
+        ("e.json", "[]", "empty JSON array"),
+        ("b.jsonl", "\n  \n", "no JSON objects"),
+    ],
+)
 def test_empty_dataset(tmp_path, name, text, detail):
     expect_error(write(tmp_path / name, text), "empty dataset", detail)
 
@@ -205,8 +211,7 @@ def test_non_utf8_names_line_and_offset(tmp_path):
 
 
 def test_binary_file_with_text_extension(tmp_path):
-    expect_error(write(tmp_path / "d.jsonl", b"\x00\x01\x02garbage\x00"),
-                 "binary data", "expected UTF-8 JSONL text")
+    expect_error(write(tmp_path / "d.jsonl", b"\x00\x01\x02garbage\x00"), "binary data", "expected UTF-8 JSONL text")
 
 
 def test_parquet_named_csv(tmp_path):
@@ -217,6 +222,7 @@ def test_parquet_named_csv(tmp_path):
 
 def test_gzip_named_jsonl(tmp_path):
     import gzip
+
     p = write(tmp_path / "d.jsonl", gzip.compress(jsonl(ROWS).encode()))
     expect_error(p, "gzip-compressed", "expected UTF-8 JSONL text")
 
@@ -275,8 +281,7 @@ def test_jsonl_line_that_is_not_an_object(tmp_path):
 
 def test_csv_ragged_row(tmp_path):
     p = write(tmp_path / "d.csv", "q,a\nx,y\nx,y,z\n")
-    expect_error(p, "not valid CSV", "Expected 2 fields in line 3, saw 3",
-                 "same number of fields on every line")
+    expect_error(p, "not valid CSV", "Expected 2 fields in line 3, saw 3", "same number of fields on every line")
 
 
 def test_csv_unbalanced_quote(tmp_path):
@@ -294,46 +299,70 @@ def test_missing_column_csv_lists_columns(tmp_path):
 
 def test_missing_key_json_names_first_row_lacking_it(tmp_path):
     rows = [{"q": "x", "a": "y"}, {"q": "x", "a": "y"}, {"q": "x", "answer": "y"}]
-    expect_error(write(tmp_path / "d.json", json.dumps(rows)),
-                 "missing field 'a'", "row 3", "at the top level", "Keys there: 'answer', 'q'")
+    expect_error(
+        write(tmp_path / "d.json", json.dumps(rows)),
+        "missing field 'a'",
+        "row 3",
+        "at the top level",
+        "Keys there: 'answer', 'q'",
+    )
 
 
 def test_missing_key_jsonl_names_row_and_line(tmp_path):
     text = jsonl([{"q": "x", "a": "y"}]) + "\n" + jsonl([{"q": "x"}])
-    expect_error(write(tmp_path / "d.jsonl", text),
-                 "missing field 'a'", "row 2 (line 3)", "Keys there: 'q'")
+    expect_error(write(tmp_path / "d.jsonl", text), "missing field 'a'", "row 2 (line 3)", "Keys there: 'q'")
 
 
 def test_missing_nested_key(tmp_path):
     rows = nested(ROWS)
     del rows[1]["question"]["text"]
-    expect_error(write(tmp_path / "d.json", json.dumps(rows)),
-                 "missing field 'question.text'", "row 2", "under 'question'",
-                 "Keys there: 'lang'", input_field="question.text", target_field="answer.value.text")
+    expect_error(
+        write(tmp_path / "d.json", json.dumps(rows)),
+        "missing field 'question.text'",
+        "row 2",
+        "under 'question'",
+        "Keys there: 'lang'",
+        input_field="question.text",
+        target_field="answer.value.text",
+    )
 
 
 def test_nested_path_through_non_object(tmp_path):
     rows = [{"question": "plain string", "a": "y"}]
-    expect_error(write(tmp_path / "d.json", json.dumps(rows)),
-                 "missing field 'question.text'", "row 1", "'question' is str, not an object",
-                 input_field="question.text")
+    expect_error(
+        write(tmp_path / "d.json", json.dumps(rows)),
+        "missing field 'question.text'",
+        "row 1",
+        "'question' is str, not an object",
+        input_field="question.text",
+    )
 
 
 def test_missing_parquet_field_lists_nested_fields(tmp_path):
     p = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(nested(ROWS)), p)
-    expect_error(p, "missing field 'question.body'", "'question.text'", "'answer.value.text'",
-                 "'meta.id'", input_field="question.body", target_field="answer.value.text")
+    expect_error(
+        p,
+        "missing field 'question.body'",
+        "'question.text'",
+        "'answer.value.text'",
+        "'meta.id'",
+        input_field="question.body",
+        target_field="answer.value.text",
+    )
 
 
-@pytest.mark.parametrize("value,detail", [
-    (None, "value is null; expected non-empty text"),
-    ("", "text is empty; expected non-empty text"),
-    ("  \t", "text is whitespace-only; expected non-empty text"),
-    (42, "found int, expected a string"),
-    (["x"], "found list, expected a string"),
-    ({"t": "x"}, "found dict, expected a string"),
-])
+@pytest.mark.parametrize(
+    "value,detail",
+    [
+        (None, "value is null; expected non-empty text"),
+        ("", "text is empty; expected non-empty text"),
+        ("  \t", "text is whitespace-only; expected non-empty text"),
+        (42, "found int, expected a string"),
+        (["x"], "found list, expected a string"),
+        ({"t": "x"}, "found dict, expected a string"),
+    ],
+)
 def test_bad_text_values_json(tmp_path, value, detail):
     rows = [{"q": "ok", "a": "ok"}, {"q": "ok", "a": value}]
     expect_error(write(tmp_path / "d.json", json.dumps(rows)), "row 2", "field 'a'", detail)
@@ -355,8 +384,14 @@ def test_null_parent_struct_parquet(tmp_path):
     rows = nested(ROWS)
     rows[2]["question"] = None
     pq.write_table(pa.Table.from_pylist(rows), p)
-    expect_error(p, "row 3", "field 'question.text'", "value is null",
-                 input_field="question.text", target_field="answer.value.text")
+    expect_error(
+        p,
+        "row 3",
+        "field 'question.text'",
+        "value is null",
+        input_field="question.text",
+        target_field="answer.value.text",
+    )
 
 
 def test_non_string_parquet_column(tmp_path):
@@ -366,11 +401,14 @@ def test_non_string_parquet_column(tmp_path):
 
 
 def test_duplicate_ids_name_both_rows(tmp_path):
-    rows = [{"id": "x", "q": "1", "a": "1"}, {"id": "y", "q": "2", "a": "2"},
-            {"id": "x", "q": "3", "a": "3"}]
-    expect_error(write(tmp_path / "d.jsonl", jsonl(rows)),
-                 "duplicate id 'x'", "row 1 (line 1) and row 3 (line 3)", "unique",
-                 id_field="id")
+    rows = [{"id": "x", "q": "1", "a": "1"}, {"id": "y", "q": "2", "a": "2"}, {"id": "x", "q": "3", "a": "3"}]
+    expect_error(
+        write(tmp_path / "d.jsonl", jsonl(rows)),
+        "duplicate id 'x'",
+        "row 1 (line 1) and row 3 (line 3)",
+        "unique",
+        id_field="id",
+    )
 
 
 def test_duplicate_ids_csv(tmp_path):
@@ -378,13 +416,18 @@ def test_duplicate_ids_csv(tmp_path):
     expect_error(p, "duplicate id '2'", "row 2 and row 3", id_field="id")
 
 
-@pytest.mark.parametrize("value,detail", [
-    (None, "value is null"), ("", "id is empty"), (1.5, "found float"), (True, "found bool"),
-])
+@pytest.mark.parametrize(
+    "value,detail",
+    [
+        (None, "value is null"),
+        ("", "id is empty"),
+        (1.5, "found float"),
+        (True, "found bool"),
+    ],
+)
 def test_bad_ids(tmp_path, value, detail):
     rows = [{"id": "ok", "q": "x", "a": "y"}, {"id": value, "q": "x", "a": "y"}]
-    expect_error(write(tmp_path / "d.json", json.dumps(rows)),
-                 "row 2", "id field 'id'", detail, id_field="id")
+    expect_error(write(tmp_path / "d.json", json.dumps(rows)), "row 2", "id field 'id'", detail, id_field="id")
 
 
 # --------------------------------------------------------------------------- repeated names
@@ -403,15 +446,20 @@ def read_error(spec, *fragments, error=DatasetError, **kw) -> str:
     return msg
 
 
-@pytest.mark.parametrize("name,text,times,positions", [
-    ("d.csv", "id,a,q,a\n1,first,x,second\n", "twice", "columns 2 and 4"),
-    ("d.tsv", "a\tq\ta\ta\nfirst\tx\tsecond\tthird\n", "3 times", "columns 1, 3 and 4"),
-])
+@pytest.mark.parametrize(
+    "name,text,times,positions",
+    [
+        ("d.csv", "id,a,q,a\n1,first,x,second\n", "twice", "columns 2 and 4"),
+        ("d.tsv", "a\tq\ta\ta\nfirst\tx\tsecond\tthird\n", "3 times", "columns 1, 3 and 4"),
+    ],
+)
 def test_repeated_column_in_header_is_refused(tmp_path, name, text, times, positions):
     # pandas would rename the second to 'a.1' and read the first: a silent choice of one.
     p = write(tmp_path / name, text)
-    assert expect_error(p) == (f"{p}: column 'a' appears {times} in the header ({positions}); expected each column "
-                               "name once — rename or remove the repeats (only one of them could be read)")
+    assert expect_error(p) == (
+        f"{p}: column 'a' appears {times} in the header ({positions}); expected each column "
+        "name once — rename or remove the repeats (only one of them could be read)"
+    )
 
 
 def test_repeated_empty_header_cells_are_not_names(tmp_path):
@@ -422,8 +470,10 @@ def test_repeated_empty_header_cells_are_not_names(tmp_path):
 
 def test_repeated_key_json_names_row_and_key(tmp_path):
     p = write(tmp_path / "d.json", '[{"q": "x", "a": "y"},\n {"q": "x", "a": "first", "a": "second"}]')
-    assert expect_error(p) == (f"{p}: row 2: key 'a' appears twice in one object (at the top level); expected each "
-                               "key once — JSON keeps only the last value, so the other would be silently lost")
+    assert expect_error(p) == (
+        f"{p}: row 2: key 'a' appears twice in one object (at the top level); expected each "
+        "key once — JSON keeps only the last value, so the other would be silently lost"
+    )
 
 
 def test_repeated_nested_key_jsonl_names_row_line_and_where(tmp_path):
@@ -434,27 +484,33 @@ def test_repeated_nested_key_jsonl_names_row_line_and_where(tmp_path):
 def test_repeated_parquet_column(tmp_path):
     p = tmp_path / "d.parquet"
     pq.write_table(pa.table([pa.array(["x"]), pa.array(["y"]), pa.array(["z"])], names=["q", "a", "q"]), p)
-    expect_error(p, "column 'q' appears twice in the Parquet schema (positions 1 and 3)",
-                 "expected each column name once")
+    expect_error(
+        p, "column 'q' appears twice in the Parquet schema (positions 1 and 3)", "expected each column name once"
+    )
 
 
 # --------------------------------------------------------------------------- delimiters
 
 
-@pytest.mark.parametrize("name,text,advice", [
-    ("semi.csv", "q;a\nx;y\n", "set embed.delimiter=';' (in a shell: \"embed.delimiter=';'\")"),
-    ("pipe.csv", "q|a\nx|y\n", "set embed.delimiter='|' (in a shell: \"embed.delimiter='|'\")"),
-    ("tabs.csv", "q\ta\nx\ty\n", "set embed.format=tsv (or name the file .tsv)"),
-    ("commas.tsv", "q,a\nx,y\n", "set embed.format=csv (or name the file .csv)"),
-])
+@pytest.mark.parametrize(
+    "name,text,advice",
+    [
+        ("semi.csv", "q;a\nx;y\n", "set embed.delimiter=';' (in a shell: \"embed.delimiter=';'\")"),
+        ("pipe.csv", "q|a\nx|y\n", "set embed.delimiter='|' (in a shell: \"embed.delimiter='|'\")"),
+        ("tabs.csv", "q\ta\nx\ty\n", "set embed.format=tsv (or name the file .tsv)"),
+        ("commas.tsv", "q,a\nx,y\n", "set embed.format=csv (or name the file .csv)"),
+    ],
+)
 def test_missing_field_names_the_delimiter_the_header_uses(tmp_path, name, text, advice):
     p = write(tmp_path / name, text)
     msg = expect_error(p, "missing field 'q' (embed.input_field)", "Available columns: ", advice)
     if name == "semi.csv":
-        assert msg == (f"{p}: missing field 'q' (embed.input_field); expected a column with that name in the "
-                       "header. Available columns: 'q;a' (1 when split at commas). The header line has 1 ';': it "
-                       "looks ';'-separated, not comma-separated; set embed.delimiter=';' (in a shell: "
-                       "\"embed.delimiter=';'\")")
+        assert msg == (
+            f"{p}: missing field 'q' (embed.input_field); expected a column with that name in the "
+            "header. Available columns: 'q;a' (1 when split at commas). The header line has 1 ';': it "
+            "looks ';'-separated, not comma-separated; set embed.delimiter=';' (in a shell: "
+            "\"embed.delimiter=';'\")"
+        )
 
 
 def test_wrong_delimiter_with_ragged_rows_gets_the_same_advice(tmp_path):
@@ -465,7 +521,7 @@ def test_wrong_delimiter_with_ragged_rows_gets_the_same_advice(tmp_path):
 
 @pytest.mark.parametrize("delimiter,sep", [(";", ";"), ("|", "|"), ("tab", "\t"), ("\\t", "\t"), ("", ",")])
 def test_delimiter_parameter(tmp_path, delimiter, sep):
-    p = write(tmp_path / "d.csv", f"q{sep}a\n\"x{sep} x\"{sep}y\n")
+    p = write(tmp_path / "d.csv", f'q{sep}a\n"x{sep} x"{sep}y\n')
     df = read_dataset(p, "q", "a", delimiter=delimiter)
     assert df["input_text"].tolist() == [f"x{sep} x"] and df["target_text"].tolist() == ["y"]
 
@@ -487,13 +543,17 @@ def test_row_longer_than_header_is_an_error_not_an_index(tmp_path):
 
 
 def test_row_shorter_than_header_says_so(tmp_path):
-    expect_error(write(tmp_path / "d.csv", "q,a\nx,y\nz\n"),
-                 "row 2, field 'a': text is empty (the row has 1 of the header's 2 fields)")
+    expect_error(
+        write(tmp_path / "d.csv", "q,a\nx,y\nz\n"),
+        "row 2, field 'a': text is empty (the row has 1 of the header's 2 fields)",
+    )
 
 
 def test_unclosed_quote_names_its_line(tmp_path):
-    expect_error(write(tmp_path / "d.csv", 'q,a\nx,y\n\nz,"open\nmore\n'),
-                 "EOF inside string: the double quote opened at line 4, column 3 is never closed")
+    expect_error(
+        write(tmp_path / "d.csv", 'q,a\nx,y\n\nz,"open\nmore\n'),
+        "EOF inside string: the double quote opened at line 4, column 3 is never closed",
+    )
 
 
 # --------------------------------------------------------------------------- JSON vs JSON Lines
@@ -501,8 +561,10 @@ def test_unclosed_quote_names_its_line(tmp_path):
 
 def test_json_array_in_jsonl_file(tmp_path):
     p = write(tmp_path / "d.jsonl", json.dumps(ROWS, indent=1))
-    assert expect_error(p) == (f"{p}: this is a JSON array (line 1 opens it with '['), not JSON Lines (one object "
-                               "per line); name the file .json or set embed.format=json")
+    assert expect_error(p) == (
+        f"{p}: this is a JSON array (line 1 opens it with '['), not JSON Lines (one object "
+        "per line); name the file .json or set embed.format=json"
+    )
 
 
 def test_broken_json_array_in_jsonl_file_still_gets_the_hint(tmp_path):
@@ -524,9 +586,11 @@ def test_jsonl_lines_split_at_newline_only(tmp_path):
 def test_missing_directory_says_it_does_not_exist(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
-    assert read_error("data/nope/") == ("data/nope/: does not exist (no such file or directory; nearest existing "
-                                        "parent: data); expected a dataset file, a directory of dataset files or a "
-                                        "glob pattern")
+    assert read_error("data/nope/") == (
+        "data/nope/: does not exist (no such file or directory; nearest existing "
+        "parent: data); expected a dataset file, a directory of dataset files or a "
+        "glob pattern"
+    )
 
 
 def test_missing_file_with_unknown_extension_is_not_found_first(tmp_path):
@@ -546,8 +610,11 @@ def test_broken_symlink(tmp_path):
 
 
 def test_glob_under_a_missing_directory(tmp_path):
-    read_error(str(tmp_path / "nope" / "*.csv"), "no file matches this pattern",
-               f"{tmp_path / 'nope'} does not exist (nearest existing parent: {tmp_path})")
+    read_error(
+        str(tmp_path / "nope" / "*.csv"),
+        "no file matches this pattern",
+        f"{tmp_path / 'nope'} does not exist (nearest existing parent: {tmp_path})",
+    )
 
 
 # --------------------------------------------------------------------------- directories
@@ -563,9 +630,12 @@ def test_directory_reports_every_entry_it_did_not_read(tmp_path):
     df = read_dataset(tmp_path, "q", "a")
     assert [f.name for f in df.attrs["files"]] == ["a.csv"]
     assert [(p.name, why) for p, why in df.attrs["files_skipped"]] == [
-        (".DS_Store", "hidden file (name starts with '.')"), ("._a.csv", "hidden file (name starts with '.')"),
-        (".gitkeep", "hidden file (name starts with '.')"), ("notes.txt", "unsupported extension '.txt'"),
-        ("old", "a directory (subdirectories are not read)")]
+        (".DS_Store", "hidden file (name starts with '.')"),
+        ("._a.csv", "hidden file (name starts with '.')"),
+        (".gitkeep", "hidden file (name starts with '.')"),
+        ("notes.txt", "unsupported extension '.txt'"),
+        ("old", "a directory (subdirectories are not read)"),
+    ]
 
 
 def test_directory_without_dataset_files_lists_what_it_holds(tmp_path):
@@ -574,23 +644,44 @@ def test_directory_without_dataset_files_lists_what_it_holds(tmp_path):
     assert read_error(tmp_path) == (
         f"{tmp_path}: directory holds no dataset file (it holds: .gitkeep (hidden file (name starts with '.')), "
         "notes.txt (unsupported extension '.txt')); expected files ending in .csv, .json, .jsonl, .ndjson, "
-        ".parquet, .pq, .tsv")
+        ".parquet, .pq, .tsv"
+    )
 
 
 # --------------------------------------------------------------------------- characters no text may hold
 
 
-@pytest.mark.parametrize("name,text,where,found", [
-    ("d.json", '[{"q": "ok", "a": "ok"}, {"q": "What\\u0000 is", "a": "ok"}]', "row 2, field 'q'",
-     "NUL character (U+0000) at character 5 of the text, after 'What'"),
-    ("d.jsonl", '{"q": "ok", "a": "ok"}\n\n{"q": "ok", "a": "bad \\ud800 here"}\n', "row 2 (line 3), field 'a'",
-     "lone surrogate U+D800 at character 5 of the text, after 'bad '"),
-    ("d.jsonl", '{"q": "ok", "a": "\\udfff"}\n', "row 1 (line 1), field 'a'",
-     "lone surrogate U+DFFF at character 1 of the text;"),
-    ("d.csv", "q,a\n" + "x,y\n" * 3000 + "x,y\x00z\n", "row 3001, field 'a'", "NUL character (U+0000) at character 2"),
-    # In the first 8 KiB too: one stray NUL in UTF-8 text is a field's problem, not a binary file.
-    ("d.csv", "q,a\nok,fine\nb\x00,c\n", "row 2, field 'q'", "NUL character (U+0000) at character 2 of the text"),
-])
+@pytest.mark.parametrize(
+    "name,text,where,found",
+    [
+        (
+            "d.json",
+            '[{"q": "ok", "a": "ok"}, {"q": "What\\u0000 is", "a": "ok"}]',
+            "row 2, field 'q'",
+            "NUL character (U+0000) at character 5 of the text, after 'What'",
+        ),
+        (
+            "d.jsonl",
+            '{"q": "ok", "a": "ok"}\n\n{"q": "ok", "a": "bad \\ud800 here"}\n',
+            "row 2 (line 3), field 'a'",
+            "lone surrogate U+D800 at character 5 of the text, after 'bad '",
+        ),
+        (
+            "d.jsonl",
+            '{"q": "ok", "a": "\\udfff"}\n',
+            "row 1 (line 1), field 'a'",
+            "lone surrogate U+DFFF at character 1 of the text;",
+        ),
+        (
+            "d.csv",
+            "q,a\n" + "x,y\n" * 3000 + "x,y\x00z\n",
+            "row 3001, field 'a'",
+            "NUL character (U+0000) at character 2",
+        ),
+        # In the first 8 KiB too: one stray NUL in UTF-8 text is a field's problem, not a binary file.
+        ("d.csv", "q,a\nok,fine\nb\x00,c\n", "row 2, field 'q'", "NUL character (U+0000) at character 2 of the text"),
+    ],
+)
 def test_nul_and_lone_surrogates_are_refused(tmp_path, name, text, where, found):
     msg = expect_error(write(tmp_path / name, text), f"{where}: {found}", "expected")
     assert ("expected text without NUL characters" in msg) != ("expected valid Unicode text" in msg)
@@ -598,7 +689,7 @@ def test_nul_and_lone_surrogates_are_refused(tmp_path, name, text, where, found)
 
 def test_surrogate_pair_escapes_are_fine(tmp_path):
     p = write(tmp_path / "d.jsonl", '{"q": "smile \\ud83d\\ude00", "a": "ok"}\n')
-    assert read_pairs(p, "q", "a")["input_text"].tolist() == ["smile \U0001F600"]
+    assert read_pairs(p, "q", "a")["input_text"].tolist() == ["smile \U0001f600"]
 
 
 def test_nul_in_id(tmp_path):
@@ -613,12 +704,15 @@ def test_invalid_utf8_in_parquet_strings(tmp_path):
     expect_error(p, "row 2, field 'q': not valid UTF-8 at byte 3 of the text", "expected UTF-8 text")
 
 
-@pytest.mark.parametrize("name,data,kind", [
-    ("d.csv", "q,a\nx,y\n".encode("utf-16"), "looks like UTF-16 text (little-endian byte-order mark)"),
-    ("d.csv", "q,a\nx,y\n".encode("utf-16-le"), "looks like UTF-16 text without a byte-order mark"),
-    ("d.jsonl", '{"q": "x", "a": "y"}\n'.encode("utf-32"), "looks like UTF-32 text"),
-    ("d.csv", "q,a\ncafé,y\n".encode("cp1252"), "not valid UTF-8 at line 2 (byte offset 7, column 4"),
-])
+@pytest.mark.parametrize(
+    "name,data,kind",
+    [
+        ("d.csv", "q,a\nx,y\n".encode("utf-16"), "looks like UTF-16 text (little-endian byte-order mark)"),
+        ("d.csv", "q,a\nx,y\n".encode("utf-16-le"), "looks like UTF-16 text without a byte-order mark"),
+        ("d.jsonl", '{"q": "x", "a": "y"}\n'.encode("utf-32"), "looks like UTF-32 text"),
+        ("d.csv", "q,a\ncafé,y\n".encode("cp1252"), "not valid UTF-8 at line 2 (byte offset 7, column 4"),
+    ],
+)
 def test_other_encodings_are_named(tmp_path, name, data, kind):
     expect_error(write(tmp_path / name, data), kind, "re-save the file as UTF-8")
 
@@ -641,8 +735,9 @@ def test_missing_id_column_says_how_to_do_without(tmp_path, id_field):
     msg = expect_error(p, f"missing field {id_field!r} (embed.id_field)", id_field=id_field)
     assert msg.endswith("(no id column? set embed.id_field=null or embed.id_field='' for content-hash ids)")
     p = write(tmp_path / "d.json", '[{"q": "x", "a": "y"}]')
-    expect_error(p, "(no id column? set embed.id_field=null or embed.id_field='' for content-hash ids)",
-                 id_field=id_field)
+    expect_error(
+        p, "(no id column? set embed.id_field=null or embed.id_field='' for content-hash ids)", id_field=id_field
+    )
 
 
 def test_empty_id_field_means_no_id_column(tmp_path):
@@ -660,8 +755,9 @@ def test_skipped_null_rows_without_ids(tmp_path):
 
 def test_every_row_skipped_is_an_error(tmp_path):
     p = write(tmp_path / "d.csv", "q,a\nx,\n,y\n")
-    read_error(p, "no rows left: every one of the 2 rows read has an empty or null input or target text",
-               skip_empty=True)
+    read_error(
+        p, "no rows left: every one of the 2 rows read has an empty or null input or target text", skip_empty=True
+    )
 
 
 # --------------------------------------------------------------------------- files outside the project
@@ -679,25 +775,39 @@ def test_glob_with_dotdot_cannot_leave_the_project(tmp_path):
     root, outside = fake_project(tmp_path)
     spec = str(root / "data" / "r*" / ".." / ".." / ".." / "outside.csv")
     msg = read_error(spec, error=ConfigError, allowed_root=root)
-    assert msg == (f"embed.dataset = {spec!r}: the glob matches {root}/data/raw/../../../outside.csv, which resolves "
-                   f"to {outside}, outside the project ({root}); expected files inside it, or set "
-                   "run.allow_external_paths=true to allow it")
+    assert msg == (
+        f"embed.dataset = {spec!r}: the glob matches {root}/data/raw/../../../outside.csv, which resolves "
+        f"to {outside}, outside the project ({root}); expected files inside it, or set "
+        "run.allow_external_paths=true to allow it"
+    )
     assert read_dataset(spec, "q", "a")["input_text"].tolist() == ["secret"]  # no allowed_root: no check
 
 
 def test_symlink_in_a_dataset_directory_cannot_leave_the_project(tmp_path):
     root, outside = fake_project(tmp_path)
     (root / "data" / "raw" / "link.csv").symlink_to(outside)
-    read_error(root / "data" / "raw", "the directory holds", "link.csv, which resolves to", str(outside),
-               "set run.allow_external_paths=true", error=ConfigError, allowed_root=root)
+    read_error(
+        root / "data" / "raw",
+        "the directory holds",
+        "link.csv, which resolves to",
+        str(outside),
+        "set run.allow_external_paths=true",
+        error=ConfigError,
+        allowed_root=root,
+    )
 
 
 def test_symlink_matched_by_a_glob_cannot_leave_the_project(tmp_path):
     root, outside = fake_project(tmp_path)
     (root / "data" / "raw" / "part-2.csv").symlink_to(outside)
     write(root / "data" / "raw" / "part-1.csv", "q,a\nx,y\n")
-    read_error(str(root / "data" / "raw" / "part-*.csv"), "the glob matches", "part-2.csv, which resolves to",
-               error=ConfigError, allowed_root=root)
+    read_error(
+        str(root / "data" / "raw" / "part-*.csv"),
+        "the glob matches",
+        "part-2.csv, which resolves to",
+        error=ConfigError,
+        allowed_root=root,
+    )
 
 
 def test_symlink_inside_the_project_is_fine(tmp_path):
@@ -712,8 +822,10 @@ def test_symlink_inside_the_project_is_fine(tmp_path):
 
 def test_deeply_nested_json(tmp_path):
     expect_error(write(tmp_path / "d.json", "[" * 100_000 + "]" * 100_000), "JSON nested too deeply to read")
-    expect_error(write(tmp_path / "d.jsonl", '{"q": ' * 100_000 + "1" + "}" * 100_000 + "\n"),
-                 "line 1: JSON nested too deeply to read")
+    expect_error(
+        write(tmp_path / "d.jsonl", '{"q": ' * 100_000 + "1" + "}" * 100_000 + "\n"),
+        "line 1: JSON nested too deeply to read",
+    )
 
 
 def test_huge_json_integer(tmp_path):
@@ -728,8 +840,10 @@ def test_unforeseen_parser_error_names_the_file(tmp_path, monkeypatch):
         raise KeyError("something pandas never said before")
 
     monkeypatch.setattr(pd, "read_csv", broken)
-    assert expect_error(p) == (f"{p}: could not be read as CSV (KeyError: 'something pandas never said before'); "
-                               "expected UTF-8 comma-separated values with a header line")
+    assert expect_error(p) == (
+        f"{p}: could not be read as CSV (KeyError: 'something pandas never said before'); "
+        "expected UTF-8 comma-separated values with a header line"
+    )
 
     def no_memory(*a, **kw):
         raise MemoryError

@@ -1,5 +1,6 @@
 """Stability checks on synthetic telemetry: a clean run raises no alarm, each injected fault is
 flagged by its own check, missing data is a skip and never a crash."""
+
 import json
 import math
 import re
@@ -16,10 +17,13 @@ pytestmark = pytest.mark.unit
 N = 500
 PARAMS = {"planned_steps": 10_000, "step_cap": 12, "min_steps_to_arrive": 4}  # the rest: defaults
 # A model that learned: well above its untrained self and the identity baseline.
-EVAL = {"eval/test/model/cosine": 0.88, "eval/test/model/top1": 0.8, "eval/test/untrained/cosine": 0.02,
-        "eval/test/identity/cosine": 0.82, "eval/test/ridge/cosine": 0.9}
-
-
+EVAL = {
+    "eval/test/model/cosine": 0.88,
+    "eval/test/model/top1": 0.8,
+    "eval/test/untrained/cosine": 0.02,
+    "eval/test/identity/cosine": 0.82,
+    "eval/test/ridge/cosine": 0.9,
+}
 
 
 def nan_events(steps, module="carrier.gru.0"):
@@ -231,9 +235,16 @@ def test_only_step_column_skips_without_crashing():
     df = pd.DataFrame({"step": np.arange(1, 101)})
     result = run_checks(df, [], {})
     statuses = {n: c["status"] for n, c in result["checks"].items()}
-    assert statuses == {"memory_growth": "skip", "step_time_degradation": "skip", "nonfinite": "pass",
-                        "grad_norm": "skip", "loss_spikes": "skip", "scaler": "n/a", "convergence": "skip",
-                        "learning": "skip"}
+    assert statuses == {
+        "memory_growth": "skip",
+        "step_time_degradation": "skip",
+        "nonfinite": "pass",
+        "grad_norm": "skip",
+        "loss_spikes": "skip",
+        "scaler": "n/a",
+        "convergence": "skip",
+        "learning": "skip",
+    }
     assert result["verdict"] == "stable"
     for check in result["checks"].values():
         assert check["summary"] and (check["status"] != "skip" or check["fix"])
@@ -273,8 +284,9 @@ def test_stability_metrics_is_flat_strict_json():
 
 def test_params_from_dictconfig():
     omegaconf = pytest.importorskip("omegaconf")
-    cfg = omegaconf.OmegaConf.create({**{k: v for k, v in resolve_params({}).items() if v is not None},
-                                      "step_time_max_ratio": 3.0})
+    cfg = omegaconf.OmegaConf.create(
+        {**{k: v for k, v in resolve_params({}).items() if v is not None}, "step_time_max_ratio": 3.0}
+    )
     df = clean_run()
     df.loc[df["step"] > 100, "perf/step_ms"] *= 2
     assert run_checks(df, [], cfg)["checks"]["step_time_degradation"]["status"] == "pass"
@@ -323,19 +335,32 @@ def test_a_short_final_window_is_not_a_spike():
 def test_learning_check_states_each_paired_difference_with_its_interval():
     from pipeline.report.checks import check_learning
 
-    ev = {**EVAL, "eval/test/model/group_top1": 0.61, "eval/test/ridge/group_top1": 0.58,
-          "eval/test/model_vs_ridge/group_top1": 0.031, "eval/test/model_vs_ridge/group_top1/ci95_low": 0.012,
-          "eval/test/model_vs_ridge/group_top1/ci95_high": 0.049, "eval/test/model_vs_ridge/group_top1/p_value": 0.002,
-          "eval/test/model_vs_identity/cosine": 0.004, "eval/test/model_vs_identity/cosine/ci95_low": -0.003,
-          "eval/test/model_vs_identity/cosine/ci95_high": 0.011, "eval/test/model_vs_identity/cosine/p_value": 0.3}
+    ev = {
+        **EVAL,
+        "eval/test/model/group_top1": 0.61,
+        "eval/test/ridge/group_top1": 0.58,
+        "eval/test/model_vs_ridge/group_top1": 0.031,
+        "eval/test/model_vs_ridge/group_top1/ci95_low": 0.012,
+        "eval/test/model_vs_ridge/group_top1/ci95_high": 0.049,
+        "eval/test/model_vs_ridge/group_top1/p_value": 0.002,
+        "eval/test/model_vs_identity/cosine": 0.004,
+        "eval/test/model_vs_identity/cosine/ci95_low": -0.003,
+        "eval/test/model_vs_identity/cosine/ci95_high": 0.011,
+        "eval/test/model_vs_identity/cosine/p_value": 0.3,
+    }
     res = check_learning(ev, resolve_params(PARAMS))
     assert res["status"] == "pass"
     assert "beats ridge on group top-1 by +0.031 [+0.012, +0.049]" in res["summary"]
     assert "no significant difference from identity on cosine (+0.004 [-0.003, +0.011])" in res["summary"]
     assert res["evidence"]["vs_ridge_group_top1_p_value"] == 0.002
     # Below identity with an interval that holds 0 is not "below identity": no warning for noise.
-    noisy = {**ev, "eval/test/model/cosine": 0.81, "eval/test/model_vs_identity/cosine": -0.01,
-             "eval/test/model_vs_identity/cosine/ci95_low": -0.03, "eval/test/model_vs_identity/cosine/ci95_high": 0.01}
+    noisy = {
+        **ev,
+        "eval/test/model/cosine": 0.81,
+        "eval/test/model_vs_identity/cosine": -0.01,
+        "eval/test/model_vs_identity/cosine/ci95_low": -0.03,
+        "eval/test/model_vs_identity/cosine/ci95_high": 0.01,
+    }
     assert check_learning(noisy, resolve_params(PARAMS))["status"] == "pass"
     below = {**noisy, "eval/test/model_vs_identity/cosine/ci95_high": -0.002}
     assert check_learning(below, resolve_params(PARAMS))["status"] == "warn"

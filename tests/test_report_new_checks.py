@@ -1,5 +1,6 @@
 """The report's newer checks (scaler, convergence, learning), per-step grad-norm zones, spike
 severity, the params that govern them, and how their evidence is rendered and plotted."""
+
 import math
 
 import numpy as np
@@ -41,18 +42,31 @@ PARAMS = {"planned_steps": 10_000}  # the rest: defaults (warm-up 10, spike k=4,
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GOOD_EVAL = {  # metrics/eval.json's keys: eval/<split>/<predictor or paired difference>/<metric>[/<part>]
-    "eval/test/model/cosine": 0.88, "eval/test/model/top1": 0.8, "eval/test/model/top5": 0.95,
-    "eval/test/model/mse": 0.001, "eval/test/model/group_top1": 0.9,
-    "eval/test/model/group_top1/ci95_low": 0.87, "eval/test/model/group_top1/ci95_high": 0.93,
-    "eval/test/untrained/cosine": 0.01, "eval/test/untrained/top1": 0.0,
-    "eval/test/identity/cosine": 0.82, "eval/test/identity/top1": 0.7,
-    "eval/test/ridge/cosine": 0.9, "eval/test/ridge/top1": 0.85,
-    "eval/test/model_vs_ridge/cosine": -0.02, "eval/test/model_vs_ridge/cosine/ci95_low": -0.03,
-    "eval/test/model_vs_ridge/cosine/ci95_high": -0.01, "eval/test/model_vs_ridge/cosine/p_value": 0.001,
-    "eval/test/model_vs_ridge/group_top1": 0.01, "eval/test/model_vs_ridge/group_top1/ci95_low": -0.01,
-    "eval/test/model_vs_ridge/group_top1/ci95_high": 0.03, "eval/test/model_vs_ridge/group_top1/p_value": 0.4,
-    "eval/test/model_vs_identity/cosine": 0.06, "eval/test/model_vs_identity/cosine/ci95_low": 0.04,
-    "eval/test/model_vs_identity/cosine/ci95_high": 0.08, "eval/test/model_vs_identity/cosine/p_value": 0.001,
+    "eval/test/model/cosine": 0.88,
+    "eval/test/model/top1": 0.8,
+    "eval/test/model/top5": 0.95,
+    "eval/test/model/mse": 0.001,
+    "eval/test/model/group_top1": 0.9,
+    "eval/test/model/group_top1/ci95_low": 0.87,
+    "eval/test/model/group_top1/ci95_high": 0.93,
+    "eval/test/untrained/cosine": 0.01,
+    "eval/test/untrained/top1": 0.0,
+    "eval/test/identity/cosine": 0.82,
+    "eval/test/identity/top1": 0.7,
+    "eval/test/ridge/cosine": 0.9,
+    "eval/test/ridge/top1": 0.85,
+    "eval/test/model_vs_ridge/cosine": -0.02,
+    "eval/test/model_vs_ridge/cosine/ci95_low": -0.03,
+    "eval/test/model_vs_ridge/cosine/ci95_high": -0.01,
+    "eval/test/model_vs_ridge/cosine/p_value": 0.001,
+    "eval/test/model_vs_ridge/group_top1": 0.01,
+    "eval/test/model_vs_ridge/group_top1/ci95_low": -0.01,
+    "eval/test/model_vs_ridge/group_top1/ci95_high": 0.03,
+    "eval/test/model_vs_ridge/group_top1/p_value": 0.4,
+    "eval/test/model_vs_identity/cosine": 0.06,
+    "eval/test/model_vs_identity/cosine/ci95_low": 0.04,
+    "eval/test/model_vs_identity/cosine/ci95_high": 0.08,
+    "eval/test/model_vs_identity/cosine/p_value": 0.001,
 }
 
 
@@ -68,8 +82,13 @@ def model_cosine(value: float, vs_identity: tuple[float, float, float] | None = 
     return out
 
 
-BACKOFF = {"step": 40, "kind": "inf_grad", "module": "carrier", "action": "skipped; scaler backed off",
-           "scale": 32768.0}
+BACKOFF = {
+    "step": 40,
+    "kind": "inf_grad",
+    "module": "carrier",
+    "action": "skipped; scaler backed off",
+    "scale": 32768.0,
+}
 # Statistics with no unit by design (render.py: "pure statistics (p-values, R², rho) have none"),
 # also under a series prefix (device_p_value).
 PURE_STATISTICS = ("p_value", "r2", "spearman_rho", "spearman_p")
@@ -94,8 +113,10 @@ def backoff(step: int, scale: float) -> dict:
 def test_scaler_is_na_when_amp_scale_is_nan_throughout_and_no_event_has_a_scale():
     df = clean_run()
     df["amp/scale"] = np.nan
-    events = [{"step": 100, "kind": "nan_grad", "module": "carrier", "action": "skipped"},  # no scale key
-              {"step": 120, "kind": "inf_grad", "module": "carrier", "action": "skipped", "scale": None}]
+    events = [
+        {"step": 100, "kind": "nan_grad", "module": "carrier", "action": "skipped"},  # no scale key
+        {"step": 120, "kind": "inf_grad", "module": "carrier", "action": "skipped", "scale": None},
+    ]
     assert scaler_history(prepare_steps(df), events).empty
     result = run_checks(df, events, PARAMS, GOOD_EVAL)
     check = result["checks"]["scaler"]
@@ -116,8 +137,14 @@ def test_scaler_constant_finite_scale_without_backoffs_passes():
     check = check_scaler(df, [], p())
     assert check["status"] == "pass" and check["fix"] is None
     assert check["evidence"] == {
-        "first_scale": 1024.0, "min_scale": 1024.0, "min_scale_step": 1, "final_scale": 1024.0,
-        "backoffs": 0, "backoff_fraction": 0.0, "growths": 0, "total_steps": 500,
+        "first_scale": 1024.0,
+        "min_scale": 1024.0,
+        "min_scale_step": 1,
+        "final_scale": 1024.0,
+        "backoffs": 0,
+        "backoff_fraction": 0.0,
+        "growths": 0,
+        "total_steps": 500,
     }
 
 
@@ -282,14 +309,19 @@ def test_learning_passes_when_it_beats_untrained_and_identity():
     assert ev["model_top1"] == 0.8 and ev["model_top5"] == 0.95 and ev["untrained_top1"] == 0.0
     assert ev["identity_top1"] == 0.7 and ev["ridge_top1"] == 0.85 and ev["model_group_top1"] == 0.9
     assert "untrained_top5" not in ev and "ridge_group_top1" not in ev  # absent metrics are left out, not NaN
-    assert (ev["vs_ridge_cosine"], ev["vs_ridge_cosine_ci95_low"], ev["vs_ridge_cosine_ci95_high"],
-            ev["vs_ridge_cosine_p_value"]) == (-0.02, -0.03, -0.01, 0.001)
+    assert (
+        ev["vs_ridge_cosine"],
+        ev["vs_ridge_cosine_ci95_low"],
+        ev["vs_ridge_cosine_ci95_high"],
+        ev["vs_ridge_cosine_p_value"],
+    ) == (-0.02, -0.03, -0.01, 0.001)
     # The paired differences, in words: significant ones as "beats"/"trails" with their CI,
     # the rest as "no significant difference".
     assert check["summary"] == (
         "test cosine 0.880 (untrained 0.010, identity 0.820, ridge 0.900): +0.870 over untrained. The model "
         "no significant difference from ridge on group top-1 (+0.010 [-0.010, +0.030]); "
-        "trails ridge on cosine by -0.020 [-0.030, -0.010]; beats identity on cosine by +0.060 [+0.040, +0.080].")
+        "trails ridge on cosine by -0.020 [-0.030, -0.010]; beats identity on cosine by +0.060 [+0.040, +0.080]."
+    )
 
 
 def test_learning_below_identity_warns_only_when_the_ci_says_so():
@@ -323,8 +355,9 @@ def test_learning_nan_model_cosine_fails():
     assert check["status"] == "fail"
     assert math.isnan(check["evidence"]["model_cosine"])
     assert "not finite" in check["fix"]
-    assert all(f"{n} {v}" in check["summary"] for n, v in (("untrained", "0.010"), ("identity", "0.820"),
-                                                            ("ridge", "0.900")))
+    assert all(
+        f"{n} {v}" in check["summary"] for n, v in (("untrained", "0.010"), ("identity", "0.820"), ("ridge", "0.900"))
+    )
 
 
 def test_learning_without_untrained_baseline_warns():
@@ -352,14 +385,16 @@ def counted_rows() -> pd.DataFrame:
     """7 rows of 4 optimizer steps each (28 steps); the row at step 12 holds one critical step,
     whose window mean norm (12) is itself above grad_critical (10)."""
     steps = np.arange(4, 29, 4)
-    df = pd.DataFrame({
-        "step": steps,
-        "grad/global_norm": np.where(steps == 12, 12.0, 1.0),
-        "grad/steps_healthy": np.where(steps == 12, 3, 4),
-        "grad/steps_warning": 0,
-        "grad/steps_critical": np.where(steps == 12, 1, 0),
-        "grad/steps_exploded": 0,
-    })
+    df = pd.DataFrame(
+        {
+            "step": steps,
+            "grad/global_norm": np.where(steps == 12, 12.0, 1.0),
+            "grad/steps_healthy": np.where(steps == 12, 3, 4),
+            "grad/steps_warning": 0,
+            "grad/steps_critical": np.where(steps == 12, 1, 0),
+            "grad/steps_exploded": 0,
+        }
+    )
     return prepare_steps(df)
 
 
@@ -375,11 +410,18 @@ def test_one_critical_step_in_28_passes_though_its_row_mean_is_critical():
 
 
 def test_zone_fractions_are_per_step_not_per_row():
-    df = prepare_steps(pd.DataFrame({
-        "step": [10, 11], "grad/global_norm": [7.0, 1.0],
-        "grad/steps_healthy": [0, 1], "grad/steps_warning": [10, 0],
-        "grad/steps_critical": [0, 0], "grad/steps_exploded": [0, 0],
-    }))
+    df = prepare_steps(
+        pd.DataFrame(
+            {
+                "step": [10, 11],
+                "grad/global_norm": [7.0, 1.0],
+                "grad/steps_healthy": [0, 1],
+                "grad/steps_warning": [10, 0],
+                "grad/steps_critical": [0, 0],
+                "grad/steps_exploded": [0, 0],
+            }
+        )
+    )
     frac, n, source = zone_step_fractions(df, p())
     assert (n, source) == (11, "per-step zone counts")
     assert frac == pytest.approx({"healthy": 1 / 11, "warning": 10 / 11, "critical": 0.0, "exploded": 0.0})
@@ -410,7 +452,7 @@ def spiked(factor: float, step: int = 300) -> pd.DataFrame:
     (mean of the 50 finite losses before it)."""
     df = clean_run()
     i = int(np.flatnonzero(df["step"].to_numpy() == step)[0])
-    df.loc[i, "train/loss"] = factor * df["train/loss"].iloc[i - 50:i].mean()
+    df.loc[i, "train/loss"] = factor * df["train/loss"].iloc[i - 50 : i].mean()
     return df
 
 
@@ -432,12 +474,13 @@ def test_recovered_spike_at_fail_factor_fails():
     assert ev["severe"] == 1 and ev["max_ratio"] == pytest.approx(3.2)
     assert "1 at >= 3x (fails)" in check["summary"]
     # The factor is the param: a 1.2x spike fails under spike_fail_factor=1.1.
-    assert run_checks(spiked(1.2), [], {**PARAMS, "spike_fail_factor": 1.1})["checks"]["loss_spikes"]["status"] == "fail"
+    assert (
+        run_checks(spiked(1.2), [], {**PARAMS, "spike_fail_factor": 1.1})["checks"]["loss_spikes"]["status"] == "fail"
+    )
 
 
 def test_loss_spike_event_loss_over_threshold_sets_max_ratio_and_its_step():
-    events = [{"step": 77, "kind": "loss_spike", "module": None, "action": "flagged",
-               "loss": 2500.0, "threshold": 2.5}]
+    events = [{"step": 77, "kind": "loss_spike", "module": None, "action": "flagged", "loss": 2500.0, "threshold": 2.5}]
     check = run_checks(spiked(1.2), events, PARAMS)["checks"]["loss_spikes"]
     ev = check["evidence"]
     assert check["status"] == "fail"
@@ -458,8 +501,10 @@ def test_spike_first_step_is_the_earliest_of_rows_and_events():
 
 def test_loss_spike_event_without_threshold_is_not_scored():
     df = prepare_steps(clean_run())
-    events = [{"step": 77, "kind": "loss_spike", "loss": 5.0, "threshold": 0.0},
-              {"step": 88, "kind": "loss_spike", "loss": float("nan"), "threshold": 1.0}]
+    events = [
+        {"step": 77, "kind": "loss_spike", "loss": 5.0, "threshold": 0.0},
+        {"step": 88, "kind": "loss_spike", "loss": float("nan"), "threshold": 1.0},
+    ]
     check = check_loss_spikes(df, events, p())
     assert check["status"] == "warn" and check["evidence"]["count"] == 2
     assert math.isnan(check["evidence"]["max_ratio"]) and check["evidence"]["max_ratio_step"] == 77
@@ -483,33 +528,36 @@ def test_resolve_params_fills_defaults_and_converts_types():
 # ---------------------------------------------------------------- render
 
 
-@pytest.mark.parametrize("key, value, shown", [
-    ("slope_mb_per_1k_steps", 12.3, "12.3 MB per 1k steps"),
-    ("projected_mb", 2000.0, "2,000 MB"),
-    ("frac_healthy", 0.95, "95 %"),
-    ("backoff_fraction", 0.001, "0.1 %"),
-    ("first_step", 15, "step 15"),
-    ("min_scale_step", 40, "step 40"),
-    ("max_ratio_step", 77, "step 77"),
-    ("ratio", 1.2, "1.2x"),
-    ("steps_ratio", 1.75, "1.75x"),
-    ("fail_factor", 3.0, "3x"),
-    ("early_median_ms", 20.5, "20.5 ms"),
-    ("median_samples_per_s", 1600.0, "1,600 samples/s"),
-    ("first_scale", 65536.0, "65,536 (loss scale)"),
-    ("backoffs", 3, "3 steps"),
-    ("steady_median_steps", 7.0, "7 flow steps per batch"),
-    ("step_cap", 12, "12 flow steps per batch"),
-    ("min_steps_to_arrive", 4, "4 flow steps per batch"),
-    ("model_top1", 0.8, "80 %"),
-    ("gain_vs_untrained", 0.87, "0.87 (cosine)"),
-    ("vs_identity", -0.32, "-0.32 (cosine)"),
-    ("test/cosine", 0.88, "0.88 (cosine)"),
-    ("largest_spike_sigma", 6.5, "6.5 std above the trailing mean"),
-    ("p_value", 0.5, "0.5"),
-    ("recovered", True, "yes"),
-    ("split", "test", "test"),
-])
+@pytest.mark.parametrize(
+    "key, value, shown",
+    [
+        ("slope_mb_per_1k_steps", 12.3, "12.3 MB per 1k steps"),
+        ("projected_mb", 2000.0, "2,000 MB"),
+        ("frac_healthy", 0.95, "95 %"),
+        ("backoff_fraction", 0.001, "0.1 %"),
+        ("first_step", 15, "step 15"),
+        ("min_scale_step", 40, "step 40"),
+        ("max_ratio_step", 77, "step 77"),
+        ("ratio", 1.2, "1.2x"),
+        ("steps_ratio", 1.75, "1.75x"),
+        ("fail_factor", 3.0, "3x"),
+        ("early_median_ms", 20.5, "20.5 ms"),
+        ("median_samples_per_s", 1600.0, "1,600 samples/s"),
+        ("first_scale", 65536.0, "65,536 (loss scale)"),
+        ("backoffs", 3, "3 steps"),
+        ("steady_median_steps", 7.0, "7 flow steps per batch"),
+        ("step_cap", 12, "12 flow steps per batch"),
+        ("min_steps_to_arrive", 4, "4 flow steps per batch"),
+        ("model_top1", 0.8, "80 %"),
+        ("gain_vs_untrained", 0.87, "0.87 (cosine)"),
+        ("vs_identity", -0.32, "-0.32 (cosine)"),
+        ("test/cosine", 0.88, "0.88 (cosine)"),
+        ("largest_spike_sigma", 6.5, "6.5 std above the trailing mean"),
+        ("p_value", 0.5, "0.5"),
+        ("recovered", True, "yes"),
+        ("split", "test", "test"),
+    ],
+)
 def test_fmt_value_gives_units(key, value, shown):
     assert fmt_value(key, value) == shown
 
@@ -578,8 +626,10 @@ def test_html_shows_the_verdict_banner_before_the_check_table():
     banner = page.index('<p class="verdict"')
     assert banner < page.index("<table>") and banner < page.index("<section>")
     # The backoff is an inf_grad step too, so nonfinite warns beside the scaler.
-    assert (f'<p class="verdict" style="background:{STATUS_COLOURS["pass"]}"><strong>Verdict: STABLE</strong> — '
-            "warnings: nonfinite, loss_spikes, scaler</p>") in page
+    assert (
+        f'<p class="verdict" style="background:{STATUS_COLOURS["pass"]}"><strong>Verdict: STABLE</strong> — '
+        "warnings: nonfinite, loss_spikes, scaler</p>"
+    ) in page
     unstable = render_html(run_checks(spiked(3.2), [], PARAMS), {}, {})
     banner = unstable.index(f'<p class="verdict" style="background:{STATUS_COLOURS["fail"]}"><strong>Verdict: UNSTABLE')
     assert banner < unstable.index("<table>")

@@ -1,5 +1,6 @@
 """Plots and rendering: PNGs are real PNGs written atomically; the Markdown and HTML say the verdict,
 name every check, link or embed the plots, and the HTML reaches nothing outside itself."""
+
 import re
 
 import numpy as np
@@ -20,10 +21,18 @@ EVENTS = [
 ]
 RUN_INFO = {"run_id": "abc123", "preset": "fault_nan", "steps": 300, "note": "<script>alert(1)</script>"}
 EVAL = {  # the evaluate stage's keys: eval/<split>/<predictor>/<metric>[/ci95_low|ci95_high]
-    "eval/test/model/cosine": 0.81, "eval/test/model/cosine/ci95_low": 0.79, "eval/test/model/cosine/ci95_high": 0.83,
-    "eval/test/model/mse": 0.0021, "eval/test/model/top1": 0.42, "eval/test/model/top5": 0.77,
-    "eval/val/model/cosine": 0.80, "eval/test/ridge/cosine": 0.74, "eval/test/identity/cosine": 0.31,
-    "eval/val/ridge/mse": 0.0030, "eval/test/model_vs_ridge/cosine": 0.07, "train/loss": 1.2,
+    "eval/test/model/cosine": 0.81,
+    "eval/test/model/cosine/ci95_low": 0.79,
+    "eval/test/model/cosine/ci95_high": 0.83,
+    "eval/test/model/mse": 0.0021,
+    "eval/test/model/top1": 0.42,
+    "eval/test/model/top5": 0.77,
+    "eval/val/model/cosine": 0.80,
+    "eval/test/ridge/cosine": 0.74,
+    "eval/test/identity/cosine": 0.31,
+    "eval/val/ridge/mse": 0.0030,
+    "eval/test/model_vs_ridge/cosine": 0.07,
+    "train/loss": 1.2,
 }
 
 
@@ -36,14 +45,23 @@ def faulty_run(n: int = 300, seed: int = 0) -> pd.DataFrame:
     loss = 2 + 3 * np.exp(-step / 60) + rng.normal(0, 0.05, n)
     loss[step == 150] = np.nan
     loss[step == 220] = 9.0
-    return pd.DataFrame({
-        "step": step, "epoch": 0, "train/loss": loss, "train/skipped": (step == 150).astype(int),
-        "grad/global_norm": norm, "grad/clipped_norm": np.minimum(norm, 1.0), "train/lr": 1e-3,
-        "perf/step_ms": 20 + rng.normal(0, 1, n), "perf/samples_per_s": 1600.0,
-        "flow/steps_used": rng.integers(5, 9, n),
-        "mem/rss_mb": 1500 + 0.3 * step + rng.uniform(-5, 5, n),
-        "mem/device_allocated_mb": 0.0, "mem/device_peak_mb": 0.0,
-    })
+    return pd.DataFrame(
+        {
+            "step": step,
+            "epoch": 0,
+            "train/loss": loss,
+            "train/skipped": (step == 150).astype(int),
+            "grad/global_norm": norm,
+            "grad/clipped_norm": np.minimum(norm, 1.0),
+            "train/lr": 1e-3,
+            "perf/step_ms": 20 + rng.normal(0, 1, n),
+            "perf/samples_per_s": 1600.0,
+            "flow/steps_used": rng.integers(5, 9, n),
+            "mem/rss_mb": 1500 + 0.3 * step + rng.uniform(-5, 5, n),
+            "mem/device_allocated_mb": 0.0,
+            "mem/device_peak_mb": 0.0,
+        }
+    )
 
 
 @pytest.fixture
@@ -94,8 +112,9 @@ def test_markdown_has_verdict_checks_fixes_and_plot_links(report):
 def test_markdown_plot_prefix_and_stable_verdict(tmp_path):
     rng = np.random.default_rng(0)
     step = np.arange(1, 301)
-    df = pd.DataFrame({"step": step, "train/loss": 2 + rng.normal(0, 0.05, 300),
-                       "mem/rss_mb": 1500 + rng.uniform(-5, 5, 300)})
+    df = pd.DataFrame(
+        {"step": step, "train/loss": 2 + rng.normal(0, 0.05, 300), "mem/rss_mb": 1500 + rng.uniform(-5, 5, 300)}
+    )
     result = run_checks(df, [], {})
     plots = make_plots(df, [], {}, tmp_path)
     md = render_markdown(result, plots, {}, None, plots_rel="../figs/")

@@ -6,6 +6,7 @@ Chromium is required, not optional: `./dev test` installs Debian's package, and 
 (tools/screenshot.py) drives it. Without it these tests fail with find_chromium's message saying
 what to install. Each screenshot is copied to test-artifacts/ (git-ignored) for a human to look at.
 """
+
 import shutil
 import stat
 
@@ -29,9 +30,16 @@ ARTIFACTS = REPO_ROOT / "test-artifacts"
 N = 100
 NAN_STEPS = range(40, 46)  # 6 % of the run: over the 1 % limit, so nonfinite fails
 PARAMS = {"planned_steps": N}
-EVAL = {"eval/test/model/cosine": 0.81, "eval/test/model/mse": 0.0021, "eval/test/model/top1": 0.42,
-        "eval/test/model/top5": 0.77, "eval/val/model/cosine": 0.80, "eval/test/ridge/cosine": 0.74,
-        "eval/test/identity/cosine": 0.31, "eval/test/untrained/cosine": 0.02}
+EVAL = {
+    "eval/test/model/cosine": 0.81,
+    "eval/test/model/mse": 0.0021,
+    "eval/test/model/top1": 0.42,
+    "eval/test/model/top5": 0.77,
+    "eval/val/model/cosine": 0.80,
+    "eval/test/ridge/cosine": 0.74,
+    "eval/test/identity/cosine": 0.31,
+    "eval/test/untrained/cosine": 0.02,
+}
 BANNER = {"stable": STATUS_COLOURS["pass"], "unstable": STATUS_COLOURS["fail"]}
 OTHER = {"stable": "unstable", "unstable": "stable"}
 TOP_PX = 250  # the verdict must be on the first screen, above the check table
@@ -50,12 +58,20 @@ def telemetry(unstable: bool, seed: int = 0) -> pd.DataFrame:
         bad = np.isin(step, NAN_STEPS)
         loss[bad], norm[bad], skipped[bad] = np.nan, np.nan, 1
         rss += 3.0 * step
-    return pd.DataFrame({
-        "step": step, "epoch": 0, "train/loss": loss, "train/skipped": skipped,
-        "grad/global_norm": norm, "grad/clipped_norm": np.minimum(norm, 1.0), "train/lr": 1e-3,
-        "perf/step_ms": 20 + rng.normal(0, 1, N), "mem/rss_mb": rss,
-        "flow/steps_used": rng.integers(5, 9, N),
-    })
+    return pd.DataFrame(
+        {
+            "step": step,
+            "epoch": 0,
+            "train/loss": loss,
+            "train/skipped": skipped,
+            "grad/global_norm": norm,
+            "grad/clipped_norm": np.minimum(norm, 1.0),
+            "train/lr": 1e-3,
+            "perf/step_ms": 20 + rng.normal(0, 1, N),
+            "mem/rss_mb": rss,
+            "flow/steps_used": rng.integers(5, 9, N),
+        }
+    )
 
 
 def events(unstable: bool) -> list[dict]:
@@ -71,8 +87,12 @@ def build_report(kind: str, out_dir) -> tuple:
     result = run_checks(steps, evs, PARAMS, EVAL)
     assert result["verdict"] == kind, f"synthetic {kind} run judged {result['verdict']}: {result['failed']}"
     plots = make_plots(steps, evs, PARAMS, out_dir / "plots")
-    info = {"run_id": f"synthetic-{kind}", "preset": "test", "train/steps": N,
-            "train/skipped_steps": int(steps["train/skipped"].sum())}
+    info = {
+        "run_id": f"synthetic-{kind}",
+        "preset": "test",
+        "train/steps": N,
+        "train/skipped_steps": int(steps["train/skipped"].sum()),
+    }
     html_path = out_dir / "stability.html"
     write_text(html_path, render_html(result, plots, info, EVAL))
     return html_path, result
@@ -94,7 +114,7 @@ def pixels(png) -> np.ndarray:
 
 def colour_rows(img: np.ndarray, hex_colour: str, tol: int = 8) -> np.ndarray:
     """Per row, the fraction of its pixels that are `hex_colour` (within `tol` per channel)."""
-    rgb = np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=np.int16)
+    rgb = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)], dtype=np.int16)
     return (np.abs(img - rgb) <= tol).all(axis=2).mean(axis=1)
 
 
@@ -174,11 +194,14 @@ def fake_chromium(tmp_path, body: str) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("body, message", [
-    ("echo 'GPU process crashed: out of cheese' >&2; exit 3", r"(?s)exited with status 3.*out of cheese"),
-    ("exit 0", r"exited with status 0 .*It printed nothing"),
-    ("sleep 30", r"did not start within 1 s"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("echo 'GPU process crashed: out of cheese' >&2; exit 3", r"(?s)exited with status 3.*out of cheese"),
+        ("exit 0", r"exited with status 0 .*It printed nothing"),
+        ("sleep 30", r"did not start within 1 s"),
+    ],
+)
 def test_chromium_failures_are_pipeline_errors_with_its_stderr(monkeypatch, tmp_path, body, message):
     html_path = tmp_path / "r.html"
     html_path.write_text("<!DOCTYPE html><html><body>x</body></html>")

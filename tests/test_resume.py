@@ -1,5 +1,6 @@
 """Kill-and-resume: a training process killed with SIGKILL and started again ends with exactly
 the weights (bitwise, CPU, same seed) and the telemetry of an uninterrupted run."""
+
 import math
 import signal
 import subprocess
@@ -20,8 +21,13 @@ REPO = __import__("pipeline.core.paths", fromlist=["REPO_ROOT"]).REPO_ROOT
 
 
 def worker(out, *args):
-    return subprocess.run([sys.executable, "-m", "tests.helpers.resume_worker", str(out), *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.helpers.resume_worker", str(out), *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow  # 11-14 s; tests/test_e2e.py kills and resumes the real train stage in the default suite
@@ -50,8 +56,17 @@ def test_sigkilled_run_resumes_to_the_uninterrupted_weights(tmp_path):
 
 
 def _cfg(*extra):
-    return load_config(["preset=smoke", "train.epochs=1", "train.batch_size=16", "train.log_every=2",
-                        "train.device=cpu", "train.checkpoint_every=4", *extra])
+    return load_config(
+        [
+            "preset=smoke",
+            "train.epochs=1",
+            "train.batch_size=16",
+            "train.log_every=2",
+            "train.device=cpu",
+            "train.checkpoint_every=4",
+            *extra,
+        ]
+    )
 
 
 def test_checkpoint_holds_everything_to_resume_and_loads_without_pickle(tmp_path):
@@ -61,8 +76,19 @@ def test_checkpoint_holds_everything_to_resume_and_loads_without_pickle(tmp_path
     train_model(cfg, x, y, progress=False, checkpointing=Checkpointing(path, "fp", 4, extra={"run_id": "abc"}))
     state = torch.load(path, weights_only=True)  # raises on any non-tensor, non-plain object
     assert state["step"] == 12 and state["epoch"] == 0 and state["epoch_step"] == 12
-    assert set(state) >= {"model", "optimizer", "scheduler", "scaler", "rng", "spikes", "counters", "rows",
-                          "events", "extra", "fingerprint"}
+    assert set(state) >= {
+        "model",
+        "optimizer",
+        "scheduler",
+        "scaler",
+        "rng",
+        "spikes",
+        "counters",
+        "rows",
+        "events",
+        "extra",
+        "fingerprint",
+    }
     assert state["scaler"]["scale"] == 1024.0 and state["extra"] == {"run_id": "abc"}
     assert len(state["rows"]) == 6 and math.isfinite(state["counters"]["elapsed"])
 

@@ -1,5 +1,6 @@
 """Nothing let in: no pickle on the data path, checkpoints and models read with
 weights_only=True (an object that would run code on load is refused, and does not run)."""
+
 from __future__ import annotations
 
 import ast
@@ -37,8 +38,9 @@ def keyword(call: ast.Call, name: str):
 def test_no_pickle_on_the_data_path(path):
     rel = str(path.relative_to(REPO_ROOT))
     tree = ast.parse(path.read_text())
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
-        {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+    }
     if rel not in PICKLE_IPC:
         assert not imported & PICKLE_MODULES, f"{rel} imports {imported & PICKLE_MODULES}"
     for call in calls(tree, "torch.load"):
@@ -71,9 +73,17 @@ def test_a_checkpoint_or_model_that_would_run_code_is_refused_without_running_it
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("override", ["embed.out_dir=../elsewhere", "embed.dataset=/etc/passwd",
-                                      "train.checkpoint_dir=checkpoints/../../up", "embed.dataset=/tmp/*.csv",
-                                      "embed.cache_dir=/var/tmp/cache", "train.out_dir=/"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "embed.out_dir=../elsewhere",
+        "embed.dataset=/etc/passwd",
+        "train.checkpoint_dir=checkpoints/../../up",
+        "embed.dataset=/tmp/*.csv",
+        "embed.cache_dir=/var/tmp/cache",
+        "train.out_dir=/",
+    ],
+)
 def test_paths_from_config_must_stay_inside_the_project(override):
     from pipeline.core.config import load_config
     from pipeline.core.errors import ConfigError

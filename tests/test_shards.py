@@ -1,5 +1,6 @@
 """Shard round trip, manifest contents, integrity checks, crash-safe replacement, bounded shard
 files (rows_per_shard), float16 storage, ShardedArray reads and format-1 compatibility."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,12 +21,15 @@ TEACHER = {"name": "tiny-teacher", "revision": "abc123"}
 
 
 def make_split(n: int, dim: int = 4, offset: int = 0):
-    frame = pd.DataFrame({"id": [f"id{offset + i}" for i in range(n)],
-                          "input_text": [f"in {offset + i}" for i in range(n)],
-                          "target_text": [f"out {offset + i}" for i in range(n)]})
+    frame = pd.DataFrame(
+        {
+            "id": [f"id{offset + i}" for i in range(n)],
+            "input_text": [f"in {offset + i}" for i in range(n)],
+            "target_text": [f"out {offset + i}" for i in range(n)],
+        }
+    )
     rng = np.random.default_rng(offset)
-    return (frame, rng.standard_normal((n, dim)).astype(np.float32),
-            rng.standard_normal((n, dim)).astype(np.float32))
+    return (frame, rng.standard_normal((n, dim)).astype(np.float32), rng.standard_normal((n, dim)).astype(np.float32))
 
 
 @pytest.fixture
@@ -46,8 +50,9 @@ def test_round_trip(written):
         assert list(s.target_texts) == frame["target_text"].tolist()
         assert isinstance(s.inputs, ShardedArray) and isinstance(s.targets, ShardedArray)
         assert s.inputs.dtype == np.float32 and s.inputs.shape == (len(frame), 4)
-        assert all(isinstance(p, np.ndarray) and p.flags.c_contiguous and not p.flags.writeable
-                   for p in s.inputs._parts)
+        assert all(
+            isinstance(p, np.ndarray) and p.flags.c_contiguous and not p.flags.writeable for p in s.inputs._parts
+        )
         assert all(isinstance(p.base, np.memmap) for p in s.inputs._parts)  # mapped, not read
         np.testing.assert_array_equal(s.inputs, inputs)
         np.testing.assert_array_equal(s.targets, targets)
@@ -62,13 +67,14 @@ def test_manifest_contents(written):
     assert manifest["rows_per_shard"] == 262144
     assert manifest["source_sha256"] == "feed"
     assert manifest["splits"]["train"] == {
-        "count": 10, "texts": "train.parquet",
-        "shards": [{"inputs": "train-00000_inputs.npy", "targets": "train-00000_targets.npy",
-                    "rows": 10}]}
+        "count": 10,
+        "texts": "train.parquet",
+        "shards": [{"inputs": "train-00000_inputs.npy", "targets": "train-00000_targets.npy", "rows": 10}],
+    }
     assert manifest["splits"]["val"]["count"] == 3
     assert sorted(manifest["files"]) == sorted(
-        f"{s}{suffix}" for s in ("train", "val")
-        for suffix in (".parquet", "-00000_inputs.npy", "-00000_targets.npy"))
+        f"{s}{suffix}" for s in ("train", "val") for suffix in (".parquet", "-00000_inputs.npy", "-00000_targets.npy")
+    )
     for name, entry in manifest["files"].items():
         data = (out / name).read_bytes()
         assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
@@ -118,8 +124,10 @@ def test_truncated_file_reports_sizes(written):
     with pytest.raises(ShardError) as exc:
         open_split(out, "train")
     expected = manifest["files"]["train-00000_inputs.npy"]["bytes"]
-    assert f"train-00000_inputs.npy: size differs from the manifest: expected {expected} bytes, " \
-           f"found {expected - 8}" in str(exc.value)
+    assert (
+        f"train-00000_inputs.npy: size differs from the manifest: expected {expected} bytes, "
+        f"found {expected - 8}" in str(exc.value)
+    )
 
 
 def test_deleted_file_is_named(written):
@@ -134,15 +142,17 @@ def test_wrong_shape_caught_even_without_verify(written):
     np.save(out / "train-00000_inputs.npy", np.zeros((10, 5), np.float32))
     with pytest.raises(ShardError) as exc:
         open_split(out, "train", verify=False)
-    assert "train-00000_inputs.npy: shape differs from the manifest: expected (10, 4), found (10, 5)" \
-        in str(exc.value)
+    assert "train-00000_inputs.npy: shape differs from the manifest: expected (10, 4), found (10, 5)" in str(exc.value)
 
 
 def test_wrong_dtype_caught(written):
     out, _, _ = written
     np.save(out / "val-00000_targets.npy", np.zeros((3, 4), np.float64))
-    with pytest.raises(ShardError, match=r"val-00000_targets\.npy: dtype differs from the manifest: "
-                                         r"expected float32, found float64"):
+    with pytest.raises(
+        ShardError,
+        match=r"val-00000_targets\.npy: dtype differs from the manifest: "
+        r"expected float32, found float64",
+    ):
         open_split(out, "val", verify=False)
 
 
@@ -171,8 +181,11 @@ def test_unparsable_manifest(written):
 def test_wrong_format_version(written):
     out, _, manifest = written
     (out / "manifest.json").write_text(json.dumps({**manifest, "format_version": 3}))
-    with pytest.raises(ShardError, match=r"format_version is 3, expected 2 \(or the older 1\); "
-                                         "run the embed stage"):
+    with pytest.raises(
+        ShardError,
+        match=r"format_version is 3, expected 2 \(or the older 1\); "
+        "run the embed stage",
+    ):
         load_manifest(out)
 
 
@@ -190,8 +203,7 @@ def test_failed_write_keeps_previous_and_leaves_no_temp(written, monkeypatch):
 
     monkeypatch.setattr(np, "save", failing_save)
     with pytest.raises(OSError, match="disk full"):
-        write_shards(out, {"train": make_split(6, offset=7), "val": make_split(2, offset=9)},
-                     {"name": "other"})
+        write_shards(out, {"train": make_split(6, offset=7), "val": make_split(2, offset=9)}, {"name": "other"})
     assert len(calls) == 3
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in out.parent.iterdir()) == ["shards"]
@@ -228,8 +240,13 @@ def test_failed_swap_restores_previous(written, monkeypatch):
 def test_rewrite_replaces_whole_directory(written):
     out, _, _ = written
     write_shards(out, {"test": make_split(2, dim=8)}, TEACHER)
-    assert sorted(p.name for p in out.iterdir()) == [MARK, "manifest.json", "test-00000_inputs.npy",
-                                                     "test-00000_targets.npy", "test.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        MARK,
+        "manifest.json",
+        "test-00000_inputs.npy",
+        "test-00000_targets.npy",
+        "test.parquet",
+    ]
     assert open_split(out, "test").dim == 8
     assert sorted(p.name for p in out.parent.iterdir()) == ["shards"]
 
@@ -245,21 +262,31 @@ def test_rewrite_refuses_a_shard_directory_holding_a_file_it_did_not_write(writt
     assert sorted(p.name for p in out.parent.iterdir()) == ["shards"]
 
 
-@pytest.mark.parametrize("splits,fragment", [
-    ({"train": (make_split(3)[0], np.zeros((4, 4), np.float32), np.zeros((3, 4), np.float32))},
-     "inputs have shape (4, 4); expected (3, dim)"),
-    ({"train": (make_split(3)[0], np.zeros((3, 4), np.float32), np.zeros((3,), np.float32))},
-     "targets have shape (3,)"),
-    ({"train": make_split(3, dim=4), "val": make_split(2, dim=5)},
-     "split 'val': inputs have dim 5; expected 4"),
-    ({"train": (make_split(2)[0], np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32))},
-     "targets have dim 3; expected 4"),
-    ({"train": (make_split(2)[0], np.full((2, 4), np.nan, np.float32),
-                np.zeros((2, 4), np.float32))}, "row 1 contains NaN or inf"),
-    ({"train": (make_split(2)[0].drop(columns="id"), *make_split(2)[1:])}, "lacks column(s) ['id']"),
-    ({"../x": make_split(2)}, "split name '../x'"),
-    ({}, "no splits"),
-])
+@pytest.mark.parametrize(
+    "splits,fragment",
+    [
+        (
+            {"train": (make_split(3)[0], np.zeros((4, 4), np.float32), np.zeros((3, 4), np.float32))},
+            "inputs have shape (4, 4); expected (3, dim)",
+        ),
+        (
+            {"train": (make_split(3)[0], np.zeros((3, 4), np.float32), np.zeros((3,), np.float32))},
+            "targets have shape (3,)",
+        ),
+        ({"train": make_split(3, dim=4), "val": make_split(2, dim=5)}, "split 'val': inputs have dim 5; expected 4"),
+        (
+            {"train": (make_split(2)[0], np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32))},
+            "targets have dim 3; expected 4",
+        ),
+        (
+            {"train": (make_split(2)[0], np.full((2, 4), np.nan, np.float32), np.zeros((2, 4), np.float32))},
+            "row 1 contains NaN or inf",
+        ),
+        ({"train": (make_split(2)[0].drop(columns="id"), *make_split(2)[1:])}, "lacks column(s) ['id']"),
+        ({"../x": make_split(2)}, "split name '../x'"),
+        ({}, "no splits"),
+    ],
+)
 def test_invalid_inputs(tmp_path, splits, fragment):
     with pytest.raises(ValueError) as exc:
         write_shards(tmp_path / "s", splits, TEACHER)
@@ -279,25 +306,25 @@ def shard_rows(manifest, split):
     return [s["rows"] for s in manifest["splits"][split]["shards"]]
 
 
-@pytest.mark.parametrize("count,rows_per_shard,expected", [
-    (12, 4, [4, 4, 4]),     # an exact multiple: no empty tail shard
-    (10, 4, [4, 4, 2]),     # a remainder
-    (3, 100, [3]),          # rows_per_shard larger than the split
-    (1, 1, [1]),
-    (5, 1, [1, 1, 1, 1, 1]),
-    (0, 4, []),             # an empty split has no shard files at all
-])
+@pytest.mark.parametrize(
+    "count,rows_per_shard,expected",
+    [
+        (12, 4, [4, 4, 4]),  # an exact multiple: no empty tail shard
+        (10, 4, [4, 4, 2]),  # a remainder
+        (3, 100, [3]),  # rows_per_shard larger than the split
+        (1, 1, [1]),
+        (5, 1, [1, 1, 1, 1, 1]),
+        (0, 4, []),  # an empty split has no shard files at all
+    ],
+)
 def test_rows_per_shard_boundaries(tmp_path, count, rows_per_shard, expected):
     frame, inputs, targets = make_split(count, dim=3)
     out = tmp_path / "s"
-    manifest = write_shards(out, {"train": (frame, inputs, targets)}, TEACHER,
-                            rows_per_shard=rows_per_shard)
+    manifest = write_shards(out, {"train": (frame, inputs, targets)}, TEACHER, rows_per_shard=rows_per_shard)
     assert manifest["rows_per_shard"] == rows_per_shard
     assert shard_rows(manifest, "train") == expected
-    names = [f"train-{i:05d}_{kind}.npy" for i in range(len(expected))
-             for kind in ("inputs", "targets")]
-    assert sorted(p.name for p in out.iterdir()) == sorted([MARK, "manifest.json", "train.parquet",
-                                                            *names])
+    names = [f"train-{i:05d}_{kind}.npy" for i in range(len(expected)) for kind in ("inputs", "targets")]
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARK, "manifest.json", "train.parquet", *names])
     for i, rows in enumerate(expected):
         assert np.load(out / f"train-{i:05d}_inputs.npy").shape == (rows, 3)
     s = open_split(out, "train")
@@ -310,16 +337,21 @@ def test_rows_per_shard_boundaries(tmp_path, count, rows_per_shard, expected):
 
 def test_manifest_lists_every_shard_with_rows_and_sha256(tmp_path):
     out = tmp_path / "s"
-    manifest = write_shards(out, {"train": make_split(10), "val": make_split(3, offset=50)},
-                            TEACHER, rows_per_shard=4)
+    manifest = write_shards(out, {"train": make_split(10), "val": make_split(3, offset=50)}, TEACHER, rows_per_shard=4)
     assert manifest == load_manifest(out)
     assert manifest["splits"]["train"] == {
-        "count": 10, "texts": "train.parquet",
-        "shards": [{"inputs": f"train-{i:05d}_inputs.npy", "targets": f"train-{i:05d}_targets.npy",
-                    "rows": rows} for i, rows in enumerate([4, 4, 2])]}
+        "count": 10,
+        "texts": "train.parquet",
+        "shards": [
+            {"inputs": f"train-{i:05d}_inputs.npy", "targets": f"train-{i:05d}_targets.npy", "rows": rows}
+            for i, rows in enumerate([4, 4, 2])
+        ],
+    }
     assert shard_rows(manifest, "val") == [3]
-    listed = {s[k] for split in manifest["splits"].values() for s in split["shards"]
-              for k in ("inputs", "targets")} | {"train.parquet", "val.parquet"}
+    listed = {s[k] for split in manifest["splits"].values() for s in split["shards"] for k in ("inputs", "targets")} | {
+        "train.parquet",
+        "val.parquet",
+    }
     assert set(manifest["files"]) == listed  # every file, and nothing else
     for name, entry in manifest["files"].items():
         data = (out / name).read_bytes()
@@ -328,8 +360,13 @@ def test_manifest_lists_every_shard_with_rows_and_sha256(tmp_path):
 
 def test_float16_round_trip(tmp_path):
     frame, inputs, targets = make_split(11, dim=6)
-    manifest = write_shards(tmp_path / "s", {"train": (frame, inputs, targets.astype(np.float64))},
-                            TEACHER, rows_per_shard=4, dtype="float16")
+    manifest = write_shards(
+        tmp_path / "s",
+        {"train": (frame, inputs, targets.astype(np.float64))},
+        TEACHER,
+        rows_per_shard=4,
+        dtype="float16",
+    )
     assert manifest["dtype"] == "float16"
     for i in range(3):
         assert np.load(tmp_path / "s" / f"train-{i:05d}_inputs.npy").dtype == np.float16
@@ -338,8 +375,12 @@ def test_float16_round_trip(tmp_path):
     assert s.inputs.nbytes == 11 * 6 * 2
     want_x = inputs.astype(np.float16).astype(np.float32)
     want_y = targets.astype(np.float16).astype(np.float32)
-    for got, want in ((np.asarray(s.inputs), want_x), (s.targets[:], want_y),
-                      (s.inputs.take([10, 0, 5]), want_x[[10, 0, 5]]), (s.targets[7], want_y[7])):
+    for got, want in (
+        (np.asarray(s.inputs), want_x),
+        (s.targets[:], want_y),
+        (s.inputs.take([10, 0, 5]), want_x[[10, 0, 5]]),
+        (s.targets[7], want_y[7]),
+    ):
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, want)
 
@@ -347,10 +388,12 @@ def test_float16_round_trip(tmp_path):
 def test_float16_overflow_is_refused(tmp_path):
     frame, inputs, targets = make_split(6)
     inputs[4, 2] = 1e6  # finite in float32, inf in float16
-    with pytest.raises(ValueError, match=r"split 'train' inputs: row 5 contains NaN or inf once "
-                                         r"stored as float16"):
-        write_shards(tmp_path / "s", {"train": (frame, inputs, targets)}, TEACHER,
-                     rows_per_shard=4, dtype="float16")
+    with pytest.raises(
+        ValueError,
+        match=r"split 'train' inputs: row 5 contains NaN or inf once "
+        r"stored as float16",
+    ):
+        write_shards(tmp_path / "s", {"train": (frame, inputs, targets)}, TEACHER, rows_per_shard=4, dtype="float16")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -362,14 +405,17 @@ def test_nan_row_number_counts_across_shards(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("kwargs,fragment", [
-    ({"dtype": "float64"}, "dtype='float64'; expected one of ['float32', 'float16']"),
-    ({"dtype": "bfloat16"}, "dtype='bfloat16'"),
-    ({"dtype": np.int8}, "dtype="),
-    ({"rows_per_shard": 0}, "rows_per_shard=0; expected a positive integer"),
-    ({"rows_per_shard": 2.5}, "rows_per_shard=2.5"),
-    ({"rows_per_shard": True}, "rows_per_shard=True"),
-])
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        ({"dtype": "float64"}, "dtype='float64'; expected one of ['float32', 'float16']"),
+        ({"dtype": "bfloat16"}, "dtype='bfloat16'"),
+        ({"dtype": np.int8}, "dtype="),
+        ({"rows_per_shard": 0}, "rows_per_shard=0; expected a positive integer"),
+        ({"rows_per_shard": 2.5}, "rows_per_shard=2.5"),
+        ({"rows_per_shard": True}, "rows_per_shard=True"),
+    ],
+)
 def test_bad_layout_parameters(tmp_path, kwargs, fragment):
     with pytest.raises(ValueError) as exc:
         write_shards(tmp_path / "s", {"train": make_split(3)}, TEACHER, **kwargs)
@@ -409,8 +455,7 @@ def test_a_sharded_array_can_be_rewritten(tmp_path):
     frame, inputs, targets = make_split(9)
     write_shards(tmp_path / "a", {"train": (frame, inputs, targets)}, TEACHER, rows_per_shard=2)
     a = open_split(tmp_path / "a", "train")
-    write_shards(tmp_path / "b", {"train": (frame, a.inputs, a.targets)}, TEACHER, rows_per_shard=4,
-                 dtype="float16")
+    write_shards(tmp_path / "b", {"train": (frame, a.inputs, a.targets)}, TEACHER, rows_per_shard=4, dtype="float16")
     b = open_split(tmp_path / "b", "train")
     assert b.inputs.shard_rows == [4, 4, 1]
     np.testing.assert_array_equal(b.inputs, inputs.astype(np.float16).astype(np.float32))
@@ -444,8 +489,11 @@ def test_missing_shard_is_named_even_without_verify(sharded):
     out, _, _ = sharded
     (out / "train-00002_targets.npy").unlink()
     for verify in (True, False):
-        with pytest.raises(ShardError, match=r"train-00002_targets\.npy: file missing \(listed in "
-                                             r"the manifest for split 'train'\)"):
+        with pytest.raises(
+            ShardError,
+            match=r"train-00002_targets\.npy: file missing \(listed in "
+            r"the manifest for split 'train'\)",
+        ):
             open_split(out, "train", verify=verify)
 
 
@@ -456,17 +504,22 @@ def test_truncated_last_shard_is_named(sharded):
     expected = manifest["files"]["train-00002_inputs.npy"]["bytes"]
     with pytest.raises(ShardError) as exc:
         open_split(out, "train")
-    assert f"train-00002_inputs.npy: size differs from the manifest: expected {expected} bytes, " \
-           f"found {expected - 5}" in str(exc.value)
+    assert (
+        f"train-00002_inputs.npy: size differs from the manifest: expected {expected} bytes, "
+        f"found {expected - 5}" in str(exc.value)
+    )
     with pytest.raises(ShardError, match=r"train-00002_inputs\.npy: not a readable \.npy array"):
         open_split(out, "train", verify=False)  # the header promises more data than is there
 
 
-@pytest.mark.parametrize("replacement,fragment", [
-    (np.zeros((3, 3), np.float32), "shape differs from the manifest: expected (4, 3), found (3, 3)"),
-    (np.zeros((4, 2), np.float32), "shape differs from the manifest: expected (4, 3), found (4, 2)"),
-    (np.zeros((4, 3), np.float16), "dtype differs from the manifest: expected float32, found float16"),
-])
+@pytest.mark.parametrize(
+    "replacement,fragment",
+    [
+        (np.zeros((3, 3), np.float32), "shape differs from the manifest: expected (4, 3), found (3, 3)"),
+        (np.zeros((4, 2), np.float32), "shape differs from the manifest: expected (4, 3), found (4, 2)"),
+        (np.zeros((4, 3), np.float16), "dtype differs from the manifest: expected float32, found float16"),
+    ],
+)
 def test_shard_with_wrong_rows_dim_or_dtype_is_named(sharded, replacement, fragment):
     out, _, _ = sharded
     np.save(out / "train-00001_targets.npy", replacement)
@@ -504,14 +557,20 @@ def test_take_across_shard_boundaries_keeps_the_given_order(big):
     s, inputs, targets = big
     assert s.inputs.shard_rows == [5, 5, 5, 5, 3]
     rng = np.random.default_rng(0)
-    for idx in (rng.permutation(23), rng.integers(0, 23, 40), np.array([22, 0, 4, 5, 9, 10, 4]),
-                np.array([7]), np.array([], np.int64), np.array([-1, -23, 3]), [3, 2, 1]):
+    for idx in (
+        rng.permutation(23),
+        rng.integers(0, 23, 40),
+        np.array([22, 0, 4, 5, 9, 10, 4]),
+        np.array([7]),
+        np.array([], np.int64),
+        np.array([-1, -23, 3]),
+        [3, 2, 1],
+    ):
         got = s.inputs.take(idx)
         assert got.dtype == np.float32 and got.shape == (len(idx), 5)
         np.testing.assert_array_equal(got, inputs[idx])
         np.testing.assert_array_equal(s.targets.take(idx), targets[idx])
-    np.testing.assert_array_equal(s.inputs.take(np.array([[1, 20], [6, 6]])),
-                                  inputs[np.array([[1, 20], [6, 6]])])
+    np.testing.assert_array_equal(s.inputs.take(np.array([[1, 20], [6, 6]])), inputs[np.array([[1, 20], [6, 6]])])
 
 
 def test_take_result_is_a_fresh_writable_copy(big):
@@ -531,10 +590,30 @@ def test_take_out_of_bounds(big):
 def test_getitem_ints_slices_masks(big):
     s, inputs, _ = big
     a = s.inputs
-    for key in (0, 4, 5, 22, -1, -23, np.int64(7), slice(None), slice(3, 12), slice(4, 6),
-                slice(20, 100), slice(10, 3), slice(None, None, 3), slice(None, None, -1),
-                slice(-4, None), [0, 22, 5], np.arange(23) % 2 == 0, (5, 2), (slice(2, 8), 1),
-                (slice(None), slice(0, 2)), (np.array([3, 19]), -1), Ellipsis):
+    for key in (
+        0,
+        4,
+        5,
+        22,
+        -1,
+        -23,
+        np.int64(7),
+        slice(None),
+        slice(3, 12),
+        slice(4, 6),
+        slice(20, 100),
+        slice(10, 3),
+        slice(None, None, 3),
+        slice(None, None, -1),
+        slice(-4, None),
+        [0, 22, 5],
+        np.arange(23) % 2 == 0,
+        (5, 2),
+        (slice(2, 8), 1),
+        (slice(None), slice(0, 2)),
+        (np.array([3, 19]), -1),
+        Ellipsis,
+    ):
         got = a[key]
         assert isinstance(got, (np.ndarray, np.float32)) and got.dtype == np.float32, key
         np.testing.assert_array_equal(got, inputs[key])
@@ -572,12 +651,29 @@ def test_format_1_directory_is_still_read(tmp_path):
     shards._write_texts(out / "train.parquet", frame)
     np.save(out / "train_inputs.npy", inputs)
     np.save(out / "train_targets.npy", targets)
-    files = {n: {"sha256": shards.sha256_file(out / n), "bytes": (out / n).stat().st_size}
-             for n in ("train.parquet", "train_inputs.npy", "train_targets.npy")}
-    (out / "manifest.json").write_text(json.dumps({
-        "format_version": 1, "dim": 4, "dtype": "float32", "teacher": TEACHER, "files": files,
-        "splits": {"train": {"count": 7, "texts": "train.parquet", "inputs": "train_inputs.npy",
-                             "targets": "train_targets.npy"}}}))
+    files = {
+        n: {"sha256": shards.sha256_file(out / n), "bytes": (out / n).stat().st_size}
+        for n in ("train.parquet", "train_inputs.npy", "train_targets.npy")
+    }
+    (out / "manifest.json").write_text(
+        json.dumps(
+            {
+                "format_version": 1,
+                "dim": 4,
+                "dtype": "float32",
+                "teacher": TEACHER,
+                "files": files,
+                "splits": {
+                    "train": {
+                        "count": 7,
+                        "texts": "train.parquet",
+                        "inputs": "train_inputs.npy",
+                        "targets": "train_targets.npy",
+                    }
+                },
+            }
+        )
+    )
     s = open_split(out, "train")
     assert isinstance(s.inputs, ShardedArray) and s.inputs.num_shards == 1
     np.testing.assert_array_equal(s.inputs, inputs)

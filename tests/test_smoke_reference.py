@@ -1,6 +1,7 @@
 """The smoke reference's comparison (tests/smoke_reference.py): what passes as noise and what
 fails as a change, on the committed reference itself. The reference against a real smoke run is
 checked in tests/test_e2e.py."""
+
 from __future__ import annotations
 
 import copy
@@ -30,8 +31,9 @@ def test_the_committed_reference_is_complete(reference):
     assert not any(k.endswith(("ci95_low", "ci95_high", "p_value")) for k in reference["eval"])
     assert {"eval/bank_size", "eval/test/items", "eval/val/items"} <= set(reference["eval"])
     vectors = [n for n in reference["shards"] if n.endswith(".npy")]
-    assert len(vectors) == 6 and all({"sha256", "abs_sum", "projection_abs_sum"} <= set(reference["shards"][n])
-                                     for n in vectors)
+    assert len(vectors) == 6 and all(
+        {"sha256", "abs_sum", "projection_abs_sum"} <= set(reference["shards"][n]) for n in vectors
+    )
     assert all(set(v) == {"sha256"} for n, v in reference["shards"].items() if not n.endswith(".npy"))
 
 
@@ -46,12 +48,16 @@ def test_noise_of_the_size_measured_between_thread_counts_passes(reference):
     key = "eval/test/model/cosine"
     run["eval"][key] += 1e-6
     name = "train-00000_inputs.npy"
-    run["shards"][name] = {**run["shards"][name], "sha256": "0" * 64,
-                           "abs_sum": run["shards"][name]["abs_sum"] * (1 + 1e-7)}
+    run["shards"][name] = {
+        **run["shards"][name],
+        "sha256": "0" * 64,
+        "abs_sum": run["shards"][name]["abs_sum"] * (1 + 1e-7),
+    }
     problems, notes = ref.compare(reference, run)
     assert problems == []
-    assert notes == [f"shard file {name}: other bits (sha256 000000000000), sums within 1e-05: thread-count or "
-                     "CPU-path noise"]
+    assert notes == [
+        f"shard file {name}: other bits (sha256 000000000000), sums within 1e-05: thread-count or CPU-path noise"
+    ]
 
 
 def test_a_real_numerics_change_fails_and_says_where(reference):
@@ -72,8 +78,11 @@ def test_a_real_numerics_change_fails_and_says_where(reference):
 def test_shard_changes_beyond_noise_and_text_changes_fail(reference):
     run = copy.deepcopy(reference)
     name = "test-00000_targets.npy"
-    run["shards"][name] = {**run["shards"][name], "sha256": "1" * 64,
-                           "projection_abs_sum": run["shards"][name]["projection_abs_sum"] * 1.001}
+    run["shards"][name] = {
+        **run["shards"][name],
+        "sha256": "1" * 64,
+        "projection_abs_sum": run["shards"][name]["projection_abs_sum"] * 1.001,
+    }
     run["shards"]["test.parquet"] = {"sha256": "2" * 64}
     problems, _ = ref.compare(reference, run)
     assert len(problems) == 2
@@ -90,8 +99,10 @@ def test_missing_and_extra_entries_fail(reference):
     problems, _ = ref.compare(reference, run)
     assert problems[0].startswith("logged steps differ: ")
     assert "eval/test/ridge/mrr: missing from the run's metrics/eval.json" in problems[1]
-    assert problems[2:] == ["shard file val.parquet: missing from the run's manifest",
-                            "shard files not in the reference: extra.npy"]
+    assert problems[2:] == [
+        "shard file val.parquet: missing from the run's manifest",
+        "shard files not in the reference: extra.npy",
+    ]
 
 
 def test_vector_sums_move_by_noise_only_a_little(tmp_path):
@@ -111,6 +122,11 @@ def test_vector_sums_move_by_noise_only_a_little(tmp_path):
 
 
 def test_the_refresh_command_explains_itself():
-    out = subprocess.run([sys.executable, "-m", "tests.smoke_reference", "--help"], capture_output=True, text=True,
-                         check=True, cwd=ref.REFERENCE.parents[1]).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.smoke_reference", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ref.REFERENCE.parents[1],
+    ).stdout
     assert "--refresh" in out and "tests/smoke_reference.json" in out and "relative 1e-05" in out

@@ -1,4 +1,5 @@
 """assign_splits: proportions, independence from order and other rows, salt, grouping keys."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,9 +17,9 @@ FRACTIONS = {"train": 0.8, "val": 0.1, "test": 0.1}
 
 def frame(n: int, n_targets: int | None = None) -> pd.DataFrame:
     targets = [f"target {i % n_targets if n_targets else i}" for i in range(n)]
-    return pd.DataFrame({"id": [str(i) for i in range(n)],
-                         "input_text": [f"input {i}" for i in range(n)],
-                         "target_text": targets})
+    return pd.DataFrame(
+        {"id": [str(i) for i in range(n)], "input_text": [f"input {i}" for i in range(n)], "target_text": targets}
+    )
 
 
 def test_proportions_within_3_percent():
@@ -90,12 +91,15 @@ def test_zero_fraction_split_gets_nothing_and_order_is_mapping_order():
     assert set(only) == {"all"}
 
 
-@pytest.mark.parametrize("fractions,fragment", [
-    ({"train": 0.8, "test": 0.1}, "sum to 0.9"),
-    ({"train": 1.1, "test": -0.1}, "test=-0.1"),
-    ({"train": float("nan"), "test": 1.0}, "train=nan"),
-    ({}, "empty"),
-])
+@pytest.mark.parametrize(
+    "fractions,fragment",
+    [
+        ({"train": 0.8, "test": 0.1}, "sum to 0.9"),
+        ({"train": 1.1, "test": -0.1}, "test=-0.1"),
+        ({"train": float("nan"), "test": 1.0}, "train=nan"),
+        ({}, "empty"),
+    ],
+)
 def test_bad_fractions(fractions, fragment):
     with pytest.raises(ValueError) as exc:
         assign_splits(frame(5), fractions)
@@ -110,6 +114,5 @@ def test_sum_within_tolerance_is_accepted():
 
 
 def test_bad_key():
-    with pytest.raises(ValueError, match="split key 'question' is unknown; expected one of "
-                                         "pair, input, target"):
+    with pytest.raises(ValueError, match="split key 'question' is unknown; expected one of pair, input, target"):
         assign_splits(frame(5), FRACTIONS, key="question")

@@ -1,5 +1,6 @@
 """A file an earlier stage wrote, damaged (edited by hand, cut short, a merge conflict left in it):
 the stage that reads it names the file and the stage that writes it, never a parser traceback."""
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,16 @@ from stages import report
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("content, fragment", [
-    (None, "not found"),
-    ('{"train/loss": 0.1,', "not valid JSON (line 1, column 20"),
-    ("<<<<<<< HEAD\n{}\n", "not valid JSON (line 1, column 1"),
-    ("[1, 2]", "holds a JSON list, expected an object"),
-    (b"\xff\xfe{}", "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "not found"),
+        ('{"train/loss": 0.1,', "not valid JSON (line 1, column 20"),
+        ("<<<<<<< HEAD\n{}\n", "not valid JSON (line 1, column 1"),
+        ("[1, 2]", "holds a JSON list, expected an object"),
+        (b"\xff\xfe{}", "cannot be read"),
+    ],
+)
 def test_a_damaged_json_output_is_named_with_its_stage(tmp_path, content, fragment):
     path = tmp_path / "train.json"
     if isinstance(content, bytes):
@@ -57,4 +61,3 @@ def test_the_report_stage_names_a_damaged_metrics_file(tmp_path, monkeypatch, ca
     assert report.main([f"train.out_dir={models}", "run.allow_external_paths=true", "run.tracking=disabled"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"[report] error: {metrics / 'train.json'}: not valid JSON") and "Traceback" not in err, err
-

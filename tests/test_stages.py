@@ -1,4 +1,5 @@
 """Stage entry points refuse bad input before any work, say why, and write nothing."""
+
 import pytest
 
 from stages import embed, evaluate, report, train
@@ -10,7 +11,15 @@ def run_embed(tmp_path, capsys, content: str, name="pairs.csv", *extra):
     data = tmp_path / name
     data.write_text(content)
     out = tmp_path / "shards"
-    code = embed.main([f"embed.dataset={data}", "embed.group_field=null", f"embed.out_dir={out}", "run.allow_external_paths=true", *extra])
+    code = embed.main(
+        [
+            f"embed.dataset={data}",
+            "embed.group_field=null",
+            f"embed.out_dir={out}",
+            "run.allow_external_paths=true",
+            *extra,
+        ]
+    )
     return code, capsys.readouterr().err, out
 
 
@@ -43,4 +52,5 @@ def test_train_without_shards_says_to_run_embed(tmp_path, capsys):
     assert train.main([f"embed.out_dir={tmp_path / 'none'}", "run.allow_external_paths=true"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"[train] error: {tmp_path / 'none' / 'manifest.json'}: shard manifest not found; run the embed stage to "
-        "(re)create the shards")
+        "(re)create the shards"
+    )

@@ -1,4 +1,5 @@
 """Signals held until the training step in flight is done (pipeline/train/stop_signals.py)."""
+
 import os
 import signal
 

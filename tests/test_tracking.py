@@ -19,7 +19,7 @@ def test_store_resolves_out_of_a_dvc_temp_experiment_copy(tmp_path):
 def test_default_uri_is_sqlite_at_the_repo_root_and_env_overrides(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = tracking.tracking_uri()
-    assert uri.startswith("sqlite:///") and Path(uri[len("sqlite:///"):]) == tracking.project_root() / "mlflow.db"
+    assert uri.startswith("sqlite:///") and Path(uri[len("sqlite:///") :]) == tracking.project_root() / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
     assert tracking.tracking_uri() == "http://127.0.0.1:5999"
 
@@ -183,7 +183,7 @@ def test_project_root_follows_dvc_root(monkeypatch, tmp_path):
     assert tracking.project_root() == tracking.REPO_ROOT.resolve()
 
 
-SIGTERM_WORKER = '''
+SIGTERM_WORKER = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground (a background job ignores it)
 from pathlib import Path
@@ -204,7 +204,7 @@ def body(cfg):
             time.sleep(120)
 
 sys.exit(run_stage("worker", "a test worker", "run", body, []))
-'''
+"""
 
 
 @pytest.mark.parametrize("signum", [15, pytest.param(2, marks=pytest.mark.slow)], ids=["SIGTERM", "Ctrl-C"])
@@ -220,8 +220,13 @@ def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path, sign
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     ready = tmp_path / "ready"
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "PYTHONPATH": str(tracking.REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_WORKER, str(ready)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_WORKER, str(ready)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -234,12 +239,13 @@ def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path, sign
     run_id = ready.read_text()
     run = client.get_run(run_id)
     assert run.info.status == "KILLED"
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == \
-        [(s, 1.0 / s) for s in range(1, 6)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == [
+        (s, 1.0 / s) for s in range(1, 6)
+    ]
     assert run.data.metrics["direct/async"] == 1.0
 
 
-QUIET_WORKER = '''
+QUIET_WORKER = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from pathlib import Path
@@ -250,7 +256,7 @@ def body(cfg):
     time.sleep(120)
 
 sys.exit(run_stage("worker", "a test worker", "run", body, ["run.tracking=disabled"]))
-'''
+"""
 
 
 def test_a_stop_with_tracking_disabled_claims_no_mlflow_run(tmp_path):
@@ -263,16 +269,19 @@ def test_a_stop_with_tracking_disabled_claims_no_mlflow_run(tmp_path):
 
     ready = tmp_path / "ready"
     env = {**os.environ, "PYTHONPATH": str(tracking.REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", QUIET_WORKER, str(ready)], env=env, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", QUIET_WORKER, str(ready)], env=env, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 120
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert err.strip().splitlines()[-1] == \
-        "[worker] stopped by SIGTERM: tracking is off (run.tracking), so nothing was sent to MLflow", err
+    assert (
+        err.strip().splitlines()[-1]
+        == "[worker] stopped by SIGTERM: tracking is off (run.tracking), so nothing was sent to MLflow"
+    ), err
     assert "KILLED" not in err and "metrics" not in err
 
 
@@ -285,9 +294,14 @@ def test_ctrl_c_while_a_stage_starts_ends_with_one_line(tmp_path):
     import sys
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "stages.train", "run.tracking=disabled"], cwd=tracking.REPO_ROOT,
-                            env={**os.environ, "PYTHONPATH": str(tracking.REPO_ROOT)}, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stages.train", "run.tracking=disabled"],
+        cwd=tracking.REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(tracking.REPO_ROOT)},
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     time.sleep(0.5)  # torch alone takes longer than this to import
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -303,9 +317,11 @@ def test_device_tags_name_the_cpu():
 def test_stage_lock_tags_digest_what_dvc_lock_records_for_the_stage(tmp_path, monkeypatch):
     lock = tmp_path / "dvc.lock"
     monkeypatch.setattr(tracking, "REPO_ROOT", tmp_path)
-    entry = ("schema: '2.0'\nstages:\n  train:\n    cmd: python -m stages.train\n    deps:\n    - path: a.py\n"
-             "      md5: {md5}\n      size: 3\n    params:\n      params.yaml:\n        train.lr: 0.003\n"
-             "    outs:\n    - path: models\n      md5: {out}\n")
+    entry = (
+        "schema: '2.0'\nstages:\n  train:\n    cmd: python -m stages.train\n    deps:\n    - path: a.py\n"
+        "      md5: {md5}\n      size: 3\n    params:\n      params.yaml:\n        train.lr: 0.003\n"
+        "    outs:\n    - path: models\n      md5: {out}\n"
+    )
     lock.write_text(entry.format(md5="aaa", out="x"))
     monkeypatch.delenv("DVC_STAGE", raising=False)
     assert tracking.stage_lock_tags("train") == {}  # not under DVC: dvc.lock may be stale
@@ -325,9 +341,17 @@ def test_secrets_are_never_logged_as_params_nor_written_to_the_run_file(tmp_path
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    params = {"run.hf_token": "hf_abcdef", "db.password": "hunter2", "x.api_key": "k-123", "x.AWS_SECRET": "s",
-              "embed.teacher": "https://alice:pa55word@models.example/minilm", "train.lr": 0.003,
-              "train.tokenizer_threads": 2, "x.HFTOKEN": "t", "x.author": "me"}
+    params = {
+        "run.hf_token": "hf_abcdef",
+        "db.password": "hunter2",
+        "x.api_key": "k-123",
+        "x.AWS_SECRET": "s",
+        "embed.teacher": "https://alice:pa55word@models.example/minilm",
+        "train.lr": 0.003,
+        "train.tokenizer_threads": 2,
+        "x.HFTOKEN": "t",
+        "x.author": "me",
+    }
     with tracking.mlflow_run("secrets", "smoke", experiment="t") as run:
         tracking.log_params(params)
     logged = MlflowClient(uri).get_run(run.info.run_id).data.params
@@ -373,8 +397,9 @@ def test_without_a_run_file_the_run_is_found_by_the_outputs_digest(tmp_path, mon
     monkeypatch.setattr(tracking, "RUNS_DIR", tmp_path / "runs")
     manifest = tmp_path / "manifest.json"
     manifest.write_text('{"rows": 3}')
-    with tracking.mlflow_run("embed", "smoke", experiment="t",
-                             tags={"embed.manifest_sha256": sha256_file(manifest)}) as run:
+    with tracking.mlflow_run(
+        "embed", "smoke", experiment="t", tags={"embed.manifest_sha256": sha256_file(manifest)}
+    ) as run:
         pass
     # As in a new process, before any run: MLflow's own default store is not the project's.
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'elsewhere.db'}")

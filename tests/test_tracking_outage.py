@@ -2,6 +2,7 @@
 loopback that is stopped and started again on the same port: training's metrics are kept (in
 memory and in the pending file) while it is away, stored when it is back, and what is still
 pending when the run ends is replayed by `python -m pipeline.tracking.replay`. Nothing is lost."""
+
 from __future__ import annotations
 
 import logging
@@ -17,7 +18,10 @@ from pipeline.tracking import store as tracking
 
 from .helpers.mlflow_server import free_port, start_mlflow_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]  # real server starts and a real train stage, ~75 s: `./dev test -m slow` (CI runs it)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.integration,
+]  # real server starts and a real train stage, ~75 s: `./dev test -m slow` (CI runs it)
 
 
 def rows(buffer, steps) -> None:
@@ -55,9 +59,14 @@ def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path
     buffer.__exit__(None, None, None)
     assert len(pending.read_text().splitlines()) == 5
     with start_mlflow_server(store, artifacts, port=port):
-        replay = subprocess.run([sys.executable, "-m", "pipeline.tracking.replay", str(pending)], cwd=REPO_ROOT,
-                                env={**os.environ, "MLFLOW_TRACKING_URI": url}, capture_output=True,
-                                text=True, timeout=120)
+        replay = subprocess.run(
+            [sys.executable, "-m", "pipeline.tracking.replay", str(pending)],
+            cwd=REPO_ROOT,
+            env={**os.environ, "MLFLOW_TRACKING_URI": url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert replay.returncode == 0, replay.stderr
         assert f"5 values stored in run {run_id}" in replay.stdout and not pending.exists()
         history = MlflowClient(url).get_metric_history(run_id, "train/loss")
@@ -73,16 +82,27 @@ def test_the_train_stage_trains_through_a_server_restart_and_its_run_is_whole(tm
 
     root = project_copy(tmp_path_factory.mktemp("outage-project"))
     env = clean_env()
-    embed = subprocess.run([sys.executable, "-m", "stages.embed", "preset=smoke", "run.tracking=disabled"], cwd=root,
-                           env=env, capture_output=True, text=True, timeout=300)
+    embed = subprocess.run(
+        [sys.executable, "-m", "stages.embed", "preset=smoke", "run.tracking=disabled"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert embed.returncode == 0, embed.stderr[-3000:]
     store, artifacts, port = f"sqlite:///{root / 'server.db'}", root / "server-artifacts", free_port()
     url = f"http://127.0.0.1:{port}"
     ckpt = root / "checkpoints/train/last.pt"
     with start_mlflow_server(store, artifacts, port=port):
-        train = subprocess.Popen([sys.executable, "-m", "stages.train", "preset=smoke", "train.epochs=150",
-                                  "train.checkpoint_every=20"], cwd=root, env={**env, "MLFLOW_TRACKING_URI": url},
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        train = subprocess.Popen(
+            [sys.executable, "-m", "stages.train", "preset=smoke", "train.epochs=150", "train.checkpoint_every=20"],
+            cwd=root,
+            env={**env, "MLFLOW_TRACKING_URI": url},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 300
         while not ckpt.exists() and train.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -1,6 +1,7 @@
 """A tracking server that is not there: with run.tracking=required (the default) the
 stage stops at its start, within seconds, naming the server, before any work; with
 run.tracking=optional it goes on with tracking off and says so; =disabled never asks."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,16 @@ def test_an_unreachable_server_stops_the_stage_at_once_naming_it(dead_server, mo
 
 def test_optional_tracking_goes_on_without_the_server_and_says_so(dead_server, tmp_path, caplog):
     out = tmp_path / "shards"
-    code = embed.main(["preset=smoke", "embed.max_rows=60", "embed.cache_dir=", f"embed.out_dir={out}",
-                       "run.tracking=optional", "run.allow_external_paths=true"])
+    code = embed.main(
+        [
+            "preset=smoke",
+            "embed.max_rows=60",
+            "embed.cache_dir=",
+            f"embed.out_dir={out}",
+            "run.tracking=optional",
+            "run.allow_external_paths=true",
+        ]
+    )
     assert code == 0
     assert "tracking is OFF for this stage (run.tracking=optional)" in caplog.text
     assert (out / "manifest.json").is_file()
@@ -72,9 +81,16 @@ def test_a_uri_mlflow_cannot_store_runs_in_stops_the_stage_before_any_work(monke
     monkeypatch.setattr(evaluate, "run", lambda cfg: ran.append(cfg))
     assert evaluate.main([]) == 1 and not ran
     err = capsys.readouterr().err
-    assert err.startswith("[evaluate] error: MLFLOW_TRACKING_URI = mlfow://typo:5000: MLflow cannot store runs under "
-                          "the scheme 'mlfow'"), err
+    assert err.startswith(
+        "[evaluate] error: MLFLOW_TRACKING_URI = mlfow://typo:5000: MLflow cannot store runs under the scheme 'mlfow'"
+    ), err
     assert "Traceback" not in err
-    for ok in ("sqlite:////tmp/m.db", "/tmp/mlruns", "file:///tmp/mlruns", "postgresql+psycopg2://u@h/db",
-               "https://mlflow.example", "databricks"):
+    for ok in (
+        "sqlite:////tmp/m.db",
+        "/tmp/mlruns",
+        "file:///tmp/mlruns",
+        "postgresql+psycopg2://u@h/db",
+        "https://mlflow.example",
+        "databricks",
+    ):
         assert tracking.bad_scheme(ok) is None, ok

@@ -1,5 +1,6 @@
 """Steps that go wrong: injected faults are skipped or flagged exactly, the schedule and the
 scaler react as they should, and persistent trouble stops the run with a clear error."""
+
 import math
 import time
 
@@ -19,8 +20,14 @@ STEPS = 3 * (192 // 16)  # tiny_cfg: 3 epochs of 12 steps
 
 
 def trainer(*overrides, data=None):
-    base = ["preset=smoke", "train.epochs=3", "train.log_every=2", "train.device=cpu", "train.batch_size=16",
-            "train.checkpoint_every=0"]
+    base = [
+        "preset=smoke",
+        "train.epochs=3",
+        "train.log_every=2",
+        "train.device=cpu",
+        "train.batch_size=16",
+        "train.checkpoint_every=0",
+    ]
     x, y = data or linear_task()
     return Trainer(load_config(base + list(overrides)), x, y, x[:32], y[:32], progress=False)
 
@@ -30,8 +37,9 @@ def assert_weights_finite(model):
         assert torch.isfinite(p).all(), name
 
 
-@pytest.mark.parametrize("fault, kind, module", [("nan_loss", "nan_loss", "output_mapper"),
-                                                ("inf_grad", "inf_grad", "neuron")])
+@pytest.mark.parametrize(
+    "fault, kind, module", [("nan_loss", "nan_loss", "output_mapper"), ("inf_grad", "inf_grad", "neuron")]
+)
 def test_nonfinite_step_is_skipped_counted_and_named(fault, kind, module):
     tr = trainer(f"fault={fault}", f"fault.step={K}", "fault.module=neuron")
     res = tr.run()
@@ -67,9 +75,14 @@ def test_skipped_step_leaves_weights_and_optimizer_untouched():
 
 
 class _NoBar:
-    def update(self, n): pass
-    def set_postfix(self, **kw): pass
-    def close(self): pass
+    def update(self, n):
+        pass
+
+    def set_postfix(self, **kw):
+        pass
+
+    def close(self):
+        pass
 
 
 def test_persistent_nonfinite_steps_stop_the_run():
@@ -108,12 +121,16 @@ def test_leak_keeps_every_step_graph_alive_and_its_activations():
     [block] = [k for k in tr.faults._kept if not isinstance(k, torch.Tensor)]  # one block of 64 steps
     assert len(losses) == 12 and all(t.grad_fn is not None for t in losses)
     n = 2**20 // 4  # float32 elements in 1 MB
-    assert block.size == 64 * n and (block[:12 * n] == 1.0).all()  # 12 steps written, 1 MB each
+    assert block.size == 64 * n and (block[: 12 * n] == 1.0).all()  # 12 steps written, 1 MB each
 
 
 def test_fp16_scaler_backs_off_from_an_overflowing_scale_then_trains():
-    tr = trainer("train.precision=fp16", "train.scaler.init_scale=1099511627776.0",
-                 "train.scaler.backoff_factor=0.25", "train.max_consecutive_skips=30")
+    tr = trainer(
+        "train.precision=fp16",
+        "train.scaler.init_scale=1099511627776.0",
+        "train.scaler.backoff_factor=0.25",
+        "train.max_consecutive_skips=30",
+    )
     res = tr.run()
     skipped = [e for e in res.events if e["action"].startswith("skipped")]
     assert skipped and [e["step"] for e in skipped] == list(range(1, len(skipped) + 1))  # leading overflows
@@ -124,8 +141,13 @@ def test_fp16_scaler_backs_off_from_an_overflowing_scale_then_trains():
 
 
 def test_fp16_scaler_grows_a_tiny_scale_every_growth_interval():
-    res = trainer("train.precision=fp16", "train.scaler.init_scale=0.0009765625", "train.scaler.growth_factor=2.0",
-                  "train.scaler.growth_interval=3", "train.log_every=1").run()
+    res = trainer(
+        "train.precision=fp16",
+        "train.scaler.init_scale=0.0009765625",
+        "train.scaler.growth_factor=2.0",
+        "train.scaler.growth_interval=3",
+        "train.log_every=1",
+    ).run()
     assert res.events == []
     scale = {r["step"]: r["amp/scale"] for r in res.rows}  # the scale each step used
     assert [scale[s] for s in (1, 3, 4, 6, 7)] == [2.0**-10, 2.0**-10, 2.0**-9, 2.0**-9, 2.0**-8]
@@ -207,7 +229,6 @@ def test_too_few_rows_for_one_step_is_a_clear_error():
     x, y = linear_task(n=20)
     with pytest.raises(PipelineError, match="20 rows.*batch_size \\* train.grad_accum = 32"):
         trainer("train.grad_accum=2", data=(x, y))
-
 
 
 def test_validation_time_is_not_counted_as_step_time(monkeypatch):

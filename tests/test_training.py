@@ -17,8 +17,6 @@ def tiny_cfg(**overrides):
     return load_config(base + [f"{k}={v}" for k, v in overrides.items()])
 
 
-
-
 def test_training_learns_and_writes_telemetry():
     x, y = linear_task()
     cfg = tiny_cfg(**{"train.epochs": 6, "train.lr": 0.01})
@@ -40,6 +38,7 @@ def test_same_seed_same_weights_and_metrics_bitwise():
     b = train_model(tiny_cfg(), x, y, x[:32], y[:32], progress=False)
     for k, v in a.model.state_dict().items():
         assert torch.equal(v, b.model.state_dict()[k]), k
+
     def metrics(row):  # everything but timings and memory; NaN as None so that NaN == NaN
         return {k: None if v != v else v for k, v in row.items() if not k.startswith(("perf/", "mem/"))}
 

@@ -1,5 +1,6 @@
 """The "untrained" baseline: the saved model's starting point rebuilt from its config and seed
 (checkpoint.untrained_model), and scored beside the trained model (evaluation.evaluate_split)."""
+
 import numpy as np
 import pytest
 import torch
@@ -109,10 +110,15 @@ def make_shard(n: int = 40, dim: int = 16, seed: int = 0) -> SplitShard:
     which = np.arange(n) % 10
     texts = np.array([f"target {i}" for i in which], dtype=object)
     return SplitShard(
-        split="test", ids=np.array([f"id{i}" for i in range(n)], dtype=object),
-        input_texts=np.array([f"input {i}" for i in range(n)], dtype=object), target_texts=texts, groups=texts,
-        inputs=(bank[which] + rng.normal(0, 0.5, size=(n, dim))).astype(np.float32), targets=bank[which],
-        dim=dim, count=n,
+        split="test",
+        ids=np.array([f"id{i}" for i in range(n)], dtype=object),
+        input_texts=np.array([f"input {i}" for i in range(n)], dtype=object),
+        target_texts=texts,
+        groups=texts,
+        inputs=(bank[which] + rng.normal(0, 0.5, size=(n, dim))).astype(np.float32),
+        targets=bank[which],
+        dim=dim,
+        count=n,
     )
 
 
@@ -126,14 +132,17 @@ def test_evaluate_split_adds_untrained_keys_only_when_given():
 
     without, _, _ = evaluate_split("test", predictions(model_pred, shard, w), shard, bank)
     with_untrained, _, items = evaluate_split("test", predictions(model_pred, shard, w, untrained_pred), shard, bank)
-    untrained_keys = {k for k in with_untrained if k.startswith(("eval/test/untrained/", "eval/test/model_vs_untrained/"))}
+    untrained_keys = {
+        k for k in with_untrained if k.startswith(("eval/test/untrained/", "eval/test/model_vs_untrained/"))
+    }
     assert {f"eval/test/untrained/{m}" for m in METRICS} <= untrained_keys
     assert not untrained_keys & set(without)
     assert set(with_untrained) == set(without) | untrained_keys
     assert {k: with_untrained[k] for k in without} == without  # the rest is unchanged (same resamples)
     expected = item_metrics(score_items(untrained_pred, shard, bank))
-    assert {m: with_untrained[f"eval/test/untrained/{m}"] for m in METRICS} == \
-        {m: round(float(expected[m].mean()), 6) for m in METRICS}
+    assert {m: with_untrained[f"eval/test/untrained/{m}"] for m in METRICS} == {
+        m: round(float(expected[m].mean()), 6) for m in METRICS
+    }
     assert "untrained_rank" in items.columns
     assert with_untrained["eval/test/model/cosine"] > 0.9 > 0.3 > abs(with_untrained["eval/test/untrained/cosine"])
 
@@ -141,8 +150,13 @@ def test_evaluate_split_adds_untrained_keys_only_when_given():
 def test_evaluate_split_untrained_perfect_prediction_scores_perfectly():
     shard = make_shard(seed=2)
     w = ridge_fit(shard.inputs, shard.targets, alpha=1.0)
-    out, _, _ = evaluate_split("val", predictions(np.asarray(shard.inputs), shard, w, np.array(shard.targets)), shard,
-                               build_bank([shard]), with_ci=False)
+    out, _, _ = evaluate_split(
+        "val",
+        predictions(np.asarray(shard.inputs), shard, w, np.array(shard.targets)),
+        shard,
+        build_bank([shard]),
+        with_ci=False,
+    )
     assert out["eval/val/untrained/cosine"] == pytest.approx(1.0, abs=1e-6)
     assert out["eval/val/untrained/mse"] == pytest.approx(0.0, abs=1e-9)
     assert out["eval/val/untrained/top1"] == 1.0 and out["eval/val/untrained/top5"] == 1.0

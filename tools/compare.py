@@ -47,6 +47,7 @@ Example, two smoke experiments:
     ./dev compare lr-low lr-high
     ./dev compare lr-low lr-high --json --show 50 > diff.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,7 +76,7 @@ from pipeline.evaluate.stats import (
     resample_means,
 )
 
-ITEMS_PATH = "reports/eval_items.parquet"      # in the repository (a DVC output of evaluate)
+ITEMS_PATH = "reports/eval_items.parquet"  # in the repository (a DVC output of evaluate)
 MLFLOW_ARTIFACT = "evaluate/eval_items.parquet"  # in the model's MLflow run
 WORKSPACE = "workspace"
 MIN_RESAMPLES = 1000
@@ -91,9 +92,9 @@ class CompareError(PipelineError):
 
 @dataclass
 class Source:
-    name: str         # what the user typed
-    label: str        # what the output calls it
-    kind: str         # workspace | file | mlflow-run | git-revision | dvc-experiment
+    name: str  # what the user typed
+    label: str  # what the output calls it
+    kind: str  # workspace | file | mlflow-run | git-revision | dvc-experiment
     description: str  # where the table came from, in words
     table: pd.DataFrame
     predictor: str = "model"
@@ -109,6 +110,7 @@ class _Tried:
 
 # --------------------------------------------------------------------------- finding a table
 
+
 def load(name: str, root: Path = REPO_ROOT) -> Source:
     """The item table `name` stands for (see the module doc for the order), or CompareError."""
     root = Path(root)
@@ -116,8 +118,10 @@ def load(name: str, root: Path = REPO_ROOT) -> Source:
     if name == WORKSPACE:
         path = root / ITEMS_PATH
         if not path.is_file():
-            raise CompareError(f"workspace: {path} does not exist; it is written by the evaluate stage "
-                               f"(dvc repro evaluate, or dvc exp apply NAME for an experiment's)")
+            raise CompareError(
+                f"workspace: {path} does not exist; it is written by the evaluate stage "
+                f"(dvc repro evaluate, or dvc exp apply NAME for an experiment's)"
+            )
         return Source(name, name, "workspace", f"the working copy's {ITEMS_PATH}", _read_parquet(path, name))
     tried.add(f"not `{WORKSPACE}`")
 
@@ -151,7 +155,7 @@ def _from_mlflow(run_id: str, tried: _Tried) -> Source | None:
 
     uri = tracking.tracking_uri()
     shown = tracking.redact_text(uri)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
         tried.add(f"no MLflow store at {shown} to look up run {run_id} in")  # (and none is created)
         return None
     _quiet_mlflow()
@@ -173,13 +177,20 @@ def _from_mlflow(run_id: str, tried: _Tried) -> Source | None:
         try:
             local = client.download_artifacts(run_id, MLFLOW_ARTIFACT, tmp)
         except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
-            raise CompareError(f"MLflow run {run_id} ({run_name or 'unnamed'}) has no artifact {MLFLOW_ARTIFACT}: "
-                               "it is logged to the model's run by the evaluate stage (an embed run, or a run "
-                               "evaluated before the item table existed, has none)") from None
+            raise CompareError(
+                f"MLflow run {run_id} ({run_name or 'unnamed'}) has no artifact {MLFLOW_ARTIFACT}: "
+                "it is logged to the model's run by the evaluate stage (an embed run, or a run "
+                "evaluated before the item table existed, has none)"
+            ) from None
         table = _read_parquet(local, run_id)
     label = f"{run_name} (run {run_id[:8]})" if run_name else f"run {run_id[:8]}"
-    return Source(run_id, label, "mlflow-run", f"MLflow run {run_id} ({run_name or 'unnamed'}) in {shown}, "
-                  f"artifact {MLFLOW_ARTIFACT}", table)
+    return Source(
+        run_id,
+        label,
+        "mlflow-run",
+        f"MLflow run {run_id} ({run_name or 'unnamed'}) in {shown}, artifact {MLFLOW_ARTIFACT}",
+        table,
+    )
 
 
 def _from_dvc(name: str, root: Path, tried: _Tried) -> Source | None:
@@ -205,8 +216,10 @@ def _from_dvc(name: str, root: Path, tried: _Tried) -> Source | None:
             try:
                 ref = resolve_name(scm, name).get(name)
             except AmbiguousExpRefInfo:
-                raise CompareError(f"{name!r}: several DVC experiments have this name (on different baseline "
-                                   "commits); name one by its commit (dvc exp show --sha)") from None
+                raise CompareError(
+                    f"{name!r}: several DVC experiments have this name (on different baseline "
+                    "commits); name one by its commit (dvc exp show --sha)"
+                ) from None
             if ref is None:
                 tried.add("not a DVC experiment there (dvc exp show lists them)")
                 return None
@@ -225,10 +238,13 @@ def _read_at_rev(root: Path, sha: str, what: str) -> pd.DataFrame:
             raw = f.read()
     except (FileNotFoundError, DvcException) as e:
         missing = isinstance(e, FileNotFoundError) or type(e).__name__ in ("PathMissingError", "OutputNotFoundError")
-        why = (f"{ITEMS_PATH} is not there (neither in git nor a DVC output: the evaluate stage of that commit "
-               "predates the item table, or it never ran)" if missing else
-               f"{ITEMS_PATH} could not be read from DVC's cache ({type(e).__name__}: {e}; `dvc pull` fetches a "
-               "missing one from the remote)")
+        why = (
+            f"{ITEMS_PATH} is not there (neither in git nor a DVC output: the evaluate stage of that commit "
+            "predates the item table, or it never ran)"
+            if missing
+            else f"{ITEMS_PATH} could not be read from DVC's cache ({type(e).__name__}: {e}; `dvc pull` fetches a "
+            "missing one from the remote)"
+        )
         raise CompareError(f"{what}: {why}") from None
     return _read_parquet(io.BytesIO(raw), what)
 
@@ -241,6 +257,7 @@ def _quiet_mlflow() -> None:
 
 # --------------------------------------------------------------------------- comparing
 
+
 def predictor_table(source: Source, predictor: str = "model") -> pd.DataFrame:
     """id, input, target and the four score columns of one predictor (the model, or a baseline's
     <name>_rank... columns) of the source's table, checked."""
@@ -250,19 +267,31 @@ def predictor_table(source: Source, predictor: str = "model") -> pd.DataFrame:
     if missing:
         extra = ""
         if predictor != "model":
-            have = sorted({c[:-len("_rank")] for c in df.columns if c.endswith("_rank") and c != "group_rank"
-                           and not c.endswith("_group_rank")})
+            have = sorted(
+                {
+                    c[: -len("_rank")]
+                    for c in df.columns
+                    if c.endswith("_rank") and c != "group_rank" and not c.endswith("_group_rank")
+                }
+            )
             extra = f" (baselines in it: {', '.join(have) or 'none'})"
-        raise CompareError(f"{source.label}: the item table has no column {', '.join(missing)}{extra}; expected the "
-                           f"evaluate stage's {ITEMS_PATH}")
-    out = pd.DataFrame({"id": df["id"].astype(str),
-                        "input": df["input"].astype(str) if "input" in df else "",
-                        "target": df["target"].astype(str) if "target" in df else ""})
+        raise CompareError(
+            f"{source.label}: the item table has no column {', '.join(missing)}{extra}; expected the "
+            f"evaluate stage's {ITEMS_PATH}"
+        )
+    out = pd.DataFrame(
+        {
+            "id": df["id"].astype(str),
+            "input": df["input"].astype(str) if "input" in df else "",
+            "target": df["target"].astype(str) if "target" in df else "",
+        }
+    )
     for c, col in wanted.items():
         values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)
         if not np.isfinite(values).all():
-            raise CompareError(f"{source.label}: column {col} holds {int((~np.isfinite(values)).sum())} missing or "
-                               "non-finite values")
+            raise CompareError(
+                f"{source.label}: column {col} holds {int((~np.isfinite(values)).sum())} missing or non-finite values"
+            )
         out[c] = values
     dup = out["id"][out["id"].duplicated()]
     if len(dup):
@@ -276,8 +305,9 @@ def _per_item(t: pd.DataFrame) -> dict[str, np.ndarray]:
     return item_metrics({c: t[c].to_numpy() for c in SCORE_COLUMNS})
 
 
-def compare(a: Source, b: Source, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED,
-            show: int = DEFAULT_SHOW) -> dict:
+def compare(
+    a: Source, b: Source, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, show: int = DEFAULT_SHOW
+) -> dict:
     """Everything the command prints, as one JSON-able dict."""
     from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
 
@@ -286,12 +316,16 @@ def compare(a: Source, b: Source, resamples: int = DEFAULT_RESAMPLES, seed: int 
     n = len(shared)
     warnings_ = []
     if n == 0:
-        raise CompareError(f"{a.label} ({len(ta)} items) and {b.label} ({len(tb)} items) share no item id: they were "
-                           "evaluated on different test splits (dataset, split seed or fractions), so there is "
-                           "nothing to pair")
+        raise CompareError(
+            f"{a.label} ({len(ta)} items) and {b.label} ({len(tb)} items) share no item id: they were "
+            "evaluated on different test splits (dataset, split seed or fractions), so there is "
+            "nothing to pair"
+        )
     if n < len(ta) or n < len(tb):
-        warnings_.append(f"{a.label} has {len(ta)} items and {b.label} {len(tb)}, of which {n} are shared (different "
-                         f"test splits?): the comparison is over the {n} shared items only")
+        warnings_.append(
+            f"{a.label} has {len(ta)} items and {b.label} {len(tb)}, of which {n} are shared (different "
+            f"test splits?): the comparison is over the {n} shared items only"
+        )
     ma = _per_item(shared.rename(columns={f"{c}_a": c for c in SCORE_COLUMNS}))
     mb = _per_item(shared.rename(columns={f"{c}_b": c for c in SCORE_COLUMNS}))
     columns = [ma[m] for m in METRICS] + [mb[m] for m in METRICS] + [mb[m] - ma[m] for m in METRICS]
@@ -301,27 +335,51 @@ def compare(a: Source, b: Source, resamples: int = DEFAULT_RESAMPLES, seed: int 
     k = len(METRICS)
     metrics = {}
     for i, m in enumerate(METRICS):
+
         def est(j: int) -> dict:
             return {"value": _r(values[:, j].mean()), "ci95_low": _r(lows[j]), "ci95_high": _r(highs[j])}
+
         d = 2 * k + i
         diff = {**est(d), "p_value": _r(p_value(values[:, d], means[:, d]))}
         higher = m not in LOWER_IS_BETTER
         significant = diff["ci95_low"] > 0 or diff["ci95_high"] < 0
         better = None if not significant else ("b" if (diff["value"] > 0) == higher else "a")
-        metrics[m] = {"higher_is_better": higher, "a": est(i), "b": est(k + i), "difference": diff,
-                      "significant": significant, "better": better,
-                      "verdict": verdict_line(diff, a.label, b.label, m, higher)}
+        metrics[m] = {
+            "higher_is_better": higher,
+            "a": est(i),
+            "b": est(k + i),
+            "difference": diff,
+            "significant": significant,
+            "better": better,
+            "verdict": verdict_line(diff, a.label, b.label, m, higher),
+        }
     hit_a, hit_b = shared["group_rank_a"].to_numpy() <= 1, shared["group_rank_b"].to_numpy() <= 1
     flipped = {"metric": FLIP_METRIC}
     for key, mask in (("a_only", hit_a & ~hit_b), ("b_only", ~hit_a & hit_b)):
         rows = shared[mask]
         flipped[key] = int(mask.sum())
         flipped[f"{key}_items"] = [
-            {"id": r.id, "input": r.input_a, "target": r.target_a, "a_group_rank": int(r.group_rank_a),
-             "b_group_rank": int(r.group_rank_b)} for r in rows.head(max(show, 0)).itertuples(index=False)]
-    return {"a": _describe(a, len(ta)), "b": _describe(b, len(tb)), "shared_items": n, "resamples": resamples,
-            "seed": seed, "confidence": CONFIDENCE, "difference": "b - a", "warnings": warnings_,
-            "metrics": metrics, "flipped": flipped}
+            {
+                "id": r.id,
+                "input": r.input_a,
+                "target": r.target_a,
+                "a_group_rank": int(r.group_rank_a),
+                "b_group_rank": int(r.group_rank_b),
+            }
+            for r in rows.head(max(show, 0)).itertuples(index=False)
+        ]
+    return {
+        "a": _describe(a, len(ta)),
+        "b": _describe(b, len(tb)),
+        "shared_items": n,
+        "resamples": resamples,
+        "seed": seed,
+        "confidence": CONFIDENCE,
+        "difference": "b - a",
+        "warnings": warnings_,
+        "metrics": metrics,
+        "flipped": flipped,
+    }
 
 
 def _r(x) -> float:
@@ -329,8 +387,14 @@ def _r(x) -> float:
 
 
 def _describe(s: Source, items: int) -> dict:
-    return {"name": s.name, "label": s.label, "kind": s.kind, "source": s.description, "predictor": s.predictor,
-            "items": items}
+    return {
+        "name": s.name,
+        "label": s.label,
+        "kind": s.kind,
+        "source": s.description,
+        "predictor": s.predictor,
+        "items": items,
+    }
 
 
 def _fmt(x: float, metric: str, sign: bool = False) -> str:
@@ -339,10 +403,12 @@ def _fmt(x: float, metric: str, sign: bool = False) -> str:
 
 
 def verdict_line(diff: dict, name_a: str, name_b: str, metric: str, higher_is_better: bool) -> str:
-    """"B is better than A on group_top1: +0.031 [0.012, 0.049] (p=0.002)", "... is worse than
+    """ "B is better than A on group_top1: +0.031 [0.012, 0.049] (p=0.002)", "... is worse than
     ...", or "no significant difference between A and B on ...": the interval of B - A decides."""
-    numbers = (f"{_fmt(diff['value'], metric, sign=True)} [{_fmt(diff['ci95_low'], metric)}, "
-               f"{_fmt(diff['ci95_high'], metric)}] (p={diff['p_value']:.3g})")
+    numbers = (
+        f"{_fmt(diff['value'], metric, sign=True)} [{_fmt(diff['ci95_low'], metric)}, "
+        f"{_fmt(diff['ci95_high'], metric)}] (p={diff['p_value']:.3g})"
+    )
     what = metric if higher_is_better else f"{metric} (lower is better)"
     if not (diff["ci95_low"] > 0 or diff["ci95_high"] < 0):
         return f"no significant difference between {name_a} and {name_b} on {what}: {numbers}"
@@ -352,31 +418,40 @@ def verdict_line(diff: dict, name_a: str, name_b: str, metric: str, higher_is_be
 
 def _short(text: str, width: int = 60) -> str:
     text = " ".join(str(text).split())
-    return text if len(text) <= width else text[:width - 3] + "..."
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def render(result: dict, show: int = DEFAULT_SHOW) -> str:
     a, b = result["a"], result["b"]
-    lines = [f"A = {a['label']}: {a['source']}" + ("" if a["predictor"] == "model" else f", baseline {a['predictor']}")
-             + f"; {a['items']} items",
-             f"B = {b['label']}: {b['source']}" + ("" if b["predictor"] == "model" else f", baseline {b['predictor']}")
-             + f"; {b['items']} items",
-             f"{result['shared_items']} shared items (matched by id). B - A is paired over them: "
-             f"{round(result['confidence'] * 100)} % bootstrap CI ({result['resamples']} resamples, seed {result['seed']}), "
-             "two-sided p.", ""]
+    lines = [
+        f"A = {a['label']}: {a['source']}"
+        + ("" if a["predictor"] == "model" else f", baseline {a['predictor']}")
+        + f"; {a['items']} items",
+        f"B = {b['label']}: {b['source']}"
+        + ("" if b["predictor"] == "model" else f", baseline {b['predictor']}")
+        + f"; {b['items']} items",
+        f"{result['shared_items']} shared items (matched by id). B - A is paired over them: "
+        f"{round(result['confidence'] * 100)} % bootstrap CI ({result['resamples']} resamples, seed {result['seed']}), "
+        "two-sided p.",
+        "",
+    ]
     head = f"{'metric':<12} {'A':>10} {'B':>10} {'B - A':>11}   {'95 % CI':<25} {'p':>7}"
     lines += [head, "-" * len(head)]
     for m, r in result["metrics"].items():
         d = r["difference"]
         ci = f"[{_fmt(d['ci95_low'], m, True)}, {_fmt(d['ci95_high'], m, True)}]"
         mark = " *" if r["significant"] else ""
-        lines.append(f"{m:<12} {_fmt(r['a']['value'], m):>10} {_fmt(r['b']['value'], m):>10} "
-                     f"{_fmt(d['value'], m, True):>11}   {ci:<25} {d['p_value']:>7.3g}{mark}")
+        lines.append(
+            f"{m:<12} {_fmt(r['a']['value'], m):>10} {_fmt(r['b']['value'], m):>10} "
+            f"{_fmt(d['value'], m, True):>11}   {ci:<25} {d['p_value']:>7.3g}{mark}"
+        )
     lines += ["(* the 95 % interval excludes 0; mse: lower is better, every other metric higher)", ""]
     lines += [r["verdict"] for r in result["metrics"].values()]
     f = result["flipped"]
-    lines += ["", f"Items whose {f['metric']} outcome flipped ({f['a_only'] + f['b_only']} of "
-              f"{result['shared_items']}):"]
+    lines += [
+        "",
+        f"Items whose {f['metric']} outcome flipped ({f['a_only'] + f['b_only']} of {result['shared_items']}):",
+    ]
     for key, hit, miss in (("a_only", a["label"], b["label"]), ("b_only", b["label"], a["label"])):
         items = f[f"{key}_items"]
         more = f", the first {len(items)}" if 0 < len(items) < f[key] else ""
@@ -390,19 +465,37 @@ def render(result: dict, show: int = DEFAULT_SHOW) -> str:
 
 # --------------------------------------------------------------------------- command line
 
+
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="./dev compare", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("a", metavar="A", help="the reference: workspace, a file, an MLflow run id, a git revision or a "
-                    "DVC experiment name")
+    ap = argparse.ArgumentParser(
+        prog="./dev compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "a",
+        metavar="A",
+        help="the reference: workspace, a file, an MLflow run id, a git revision or a DVC experiment name",
+    )
     ap.add_argument("b", metavar="B", nargs="?", help="the one compared with it (same kinds); differences are B - A")
-    ap.add_argument("--baseline", metavar="NAME", help="with A alone: compare a baseline scored in A's own evaluate "
-                    "stage (identity, ridge, untrained) as A with A's model as B")
-    ap.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES,
-                    help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least {MIN_RESAMPLES})")
+    ap.add_argument(
+        "--baseline",
+        metavar="NAME",
+        help="with A alone: compare a baseline scored in A's own evaluate "
+        "stage (identity, ridge, untrained) as A with A's model as B",
+    )
+    ap.add_argument(
+        "--resamples",
+        type=int,
+        default=DEFAULT_RESAMPLES,
+        help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least {MIN_RESAMPLES})",
+    )
     ap.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"bootstrap seed (default {DEFAULT_SEED})")
-    ap.add_argument("--show", type=int, default=DEFAULT_SHOW, metavar="N",
-                    help=f"flipped items listed each way (default {DEFAULT_SHOW}; 0: counts only)")
+    ap.add_argument(
+        "--show",
+        type=int,
+        default=DEFAULT_SHOW,
+        metavar="N",
+        help=f"flipped items listed each way (default {DEFAULT_SHOW}; 0: counts only)",
+    )
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return ap
 

@@ -28,6 +28,7 @@ left out (None) or the question is not asked, rather than guessed.
 
     python -m tools.demo_data [--out data/raw/qa_pairs.csv]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -187,24 +188,77 @@ COUNTRIES: tuple[tuple[str, str | None, str | None, str | None, str | None], ...
 # 1 to 56 plus the sixth-period run 72-83 and a few well-known heavy ones, so that neighbours on the
 # periodic table (facts that differ only in one number) are both present.
 ELEMENTS: tuple[tuple[int, str, str], ...] = (
-    (1, "H", "hydrogen"), (2, "He", "helium"), (3, "Li", "lithium"), (4, "Be", "beryllium"),
-    (5, "B", "boron"), (6, "C", "carbon"), (7, "N", "nitrogen"), (8, "O", "oxygen"),
-    (9, "F", "fluorine"), (10, "Ne", "neon"), (11, "Na", "sodium"), (12, "Mg", "magnesium"),
-    (13, "Al", "aluminium"), (14, "Si", "silicon"), (15, "P", "phosphorus"), (16, "S", "sulfur"),
-    (17, "Cl", "chlorine"), (18, "Ar", "argon"), (19, "K", "potassium"), (20, "Ca", "calcium"),
-    (21, "Sc", "scandium"), (22, "Ti", "titanium"), (23, "V", "vanadium"), (24, "Cr", "chromium"),
-    (25, "Mn", "manganese"), (26, "Fe", "iron"), (27, "Co", "cobalt"), (28, "Ni", "nickel"),
-    (29, "Cu", "copper"), (30, "Zn", "zinc"), (31, "Ga", "gallium"), (32, "Ge", "germanium"),
-    (33, "As", "arsenic"), (34, "Se", "selenium"), (35, "Br", "bromine"), (36, "Kr", "krypton"),
-    (37, "Rb", "rubidium"), (38, "Sr", "strontium"), (39, "Y", "yttrium"), (40, "Zr", "zirconium"),
-    (41, "Nb", "niobium"), (42, "Mo", "molybdenum"), (43, "Tc", "technetium"),
-    (44, "Ru", "ruthenium"), (45, "Rh", "rhodium"), (46, "Pd", "palladium"), (47, "Ag", "silver"),
-    (48, "Cd", "cadmium"), (49, "In", "indium"), (50, "Sn", "tin"), (51, "Sb", "antimony"),
-    (52, "Te", "tellurium"), (53, "I", "iodine"), (54, "Xe", "xenon"), (55, "Cs", "caesium"),
-    (56, "Ba", "barium"), (72, "Hf", "hafnium"), (73, "Ta", "tantalum"), (74, "W", "tungsten"),
-    (75, "Re", "rhenium"), (76, "Os", "osmium"), (77, "Ir", "iridium"), (78, "Pt", "platinum"),
-    (79, "Au", "gold"), (80, "Hg", "mercury"), (81, "Tl", "thallium"), (82, "Pb", "lead"),
-    (83, "Bi", "bismuth"), (86, "Rn", "radon"), (88, "Ra", "radium"), (92, "U", "uranium"),
+    (1, "H", "hydrogen"),
+    (2, "He", "helium"),
+    (3, "Li", "lithium"),
+    (4, "Be", "beryllium"),
+    (5, "B", "boron"),
+    (6, "C", "carbon"),
+    (7, "N", "nitrogen"),
+    (8, "O", "oxygen"),
+    (9, "F", "fluorine"),
+    (10, "Ne", "neon"),
+    (11, "Na", "sodium"),
+    (12, "Mg", "magnesium"),
+    (13, "Al", "aluminium"),
+    (14, "Si", "silicon"),
+    (15, "P", "phosphorus"),
+    (16, "S", "sulfur"),
+    (17, "Cl", "chlorine"),
+    (18, "Ar", "argon"),
+    (19, "K", "potassium"),
+    (20, "Ca", "calcium"),
+    (21, "Sc", "scandium"),
+    (22, "Ti", "titanium"),
+    (23, "V", "vanadium"),
+    (24, "Cr", "chromium"),
+    (25, "Mn", "manganese"),
+    (26, "Fe", "iron"),
+    (27, "Co", "cobalt"),
+    (28, "Ni", "nickel"),
+    (29, "Cu", "copper"),
+    (30, "Zn", "zinc"),
+    (31, "Ga", "gallium"),
+    (32, "Ge", "germanium"),
+    (33, "As", "arsenic"),
+    (34, "Se", "selenium"),
+    (35, "Br", "bromine"),
+    (36, "Kr", "krypton"),
+    (37, "Rb", "rubidium"),
+    (38, "Sr", "strontium"),
+    (39, "Y", "yttrium"),
+    (40, "Zr", "zirconium"),
+    (41, "Nb", "niobium"),
+    (42, "Mo", "molybdenum"),
+    (43, "Tc", "technetium"),
+    (44, "Ru", "ruthenium"),
+    (45, "Rh", "rhodium"),
+    (46, "Pd", "palladium"),
+    (47, "Ag", "silver"),
+    (48, "Cd", "cadmium"),
+    (49, "In", "indium"),
+    (50, "Sn", "tin"),
+    (51, "Sb", "antimony"),
+    (52, "Te", "tellurium"),
+    (53, "I", "iodine"),
+    (54, "Xe", "xenon"),
+    (55, "Cs", "caesium"),
+    (56, "Ba", "barium"),
+    (72, "Hf", "hafnium"),
+    (73, "Ta", "tantalum"),
+    (74, "W", "tungsten"),
+    (75, "Re", "rhenium"),
+    (76, "Os", "osmium"),
+    (77, "Ir", "iridium"),
+    (78, "Pt", "platinum"),
+    (79, "Au", "gold"),
+    (80, "Hg", "mercury"),
+    (81, "Tl", "thallium"),
+    (82, "Pb", "lead"),
+    (83, "Bi", "bismuth"),
+    (86, "Rn", "radon"),
+    (88, "Ra", "radium"),
+    (92, "U", "uranium"),
     (94, "Pu", "plutonium"),
 )
 
@@ -218,43 +272,75 @@ PERIOD_ENDS = (2, 10, 18, 36, 54, 86, 118)
 # left out where the host country no longer exists under that name (West Germany, the Soviet
 # Union, Yugoslavia).
 OLYMPICS: tuple[tuple[int, str, str, str | None], ...] = (
-    (1896, "Summer", "Athens", "Greece"), (1900, "Summer", "Paris", "France"),
-    (1904, "Summer", "St. Louis", "the United States"), (1908, "Summer", "London", "the United Kingdom"),
-    (1912, "Summer", "Stockholm", "Sweden"), (1920, "Summer", "Antwerp", "Belgium"),
-    (1924, "Summer", "Paris", "France"), (1928, "Summer", "Amsterdam", "the Netherlands"),
-    (1932, "Summer", "Los Angeles", "the United States"), (1936, "Summer", "Berlin", "Germany"),
-    (1948, "Summer", "London", "the United Kingdom"), (1952, "Summer", "Helsinki", "Finland"),
-    (1960, "Summer", "Rome", "Italy"), (1964, "Summer", "Tokyo", "Japan"),
-    (1968, "Summer", "Mexico City", "Mexico"), (1972, "Summer", "Munich", None),
-    (1976, "Summer", "Montreal", "Canada"), (1980, "Summer", "Moscow", None),
-    (1984, "Summer", "Los Angeles", "the United States"), (1988, "Summer", "Seoul", "South Korea"),
-    (1992, "Summer", "Barcelona", "Spain"), (1996, "Summer", "Atlanta", "the United States"),
-    (2000, "Summer", "Sydney", "Australia"), (2004, "Summer", "Athens", "Greece"),
-    (2008, "Summer", "Beijing", "China"), (2012, "Summer", "London", "the United Kingdom"),
-    (2016, "Summer", "Rio de Janeiro", "Brazil"), (2024, "Summer", "Paris", "France"),
-    (1924, "Winter", "Chamonix", "France"), (1928, "Winter", "St. Moritz", "Switzerland"),
+    (1896, "Summer", "Athens", "Greece"),
+    (1900, "Summer", "Paris", "France"),
+    (1904, "Summer", "St. Louis", "the United States"),
+    (1908, "Summer", "London", "the United Kingdom"),
+    (1912, "Summer", "Stockholm", "Sweden"),
+    (1920, "Summer", "Antwerp", "Belgium"),
+    (1924, "Summer", "Paris", "France"),
+    (1928, "Summer", "Amsterdam", "the Netherlands"),
+    (1932, "Summer", "Los Angeles", "the United States"),
+    (1936, "Summer", "Berlin", "Germany"),
+    (1948, "Summer", "London", "the United Kingdom"),
+    (1952, "Summer", "Helsinki", "Finland"),
+    (1960, "Summer", "Rome", "Italy"),
+    (1964, "Summer", "Tokyo", "Japan"),
+    (1968, "Summer", "Mexico City", "Mexico"),
+    (1972, "Summer", "Munich", None),
+    (1976, "Summer", "Montreal", "Canada"),
+    (1980, "Summer", "Moscow", None),
+    (1984, "Summer", "Los Angeles", "the United States"),
+    (1988, "Summer", "Seoul", "South Korea"),
+    (1992, "Summer", "Barcelona", "Spain"),
+    (1996, "Summer", "Atlanta", "the United States"),
+    (2000, "Summer", "Sydney", "Australia"),
+    (2004, "Summer", "Athens", "Greece"),
+    (2008, "Summer", "Beijing", "China"),
+    (2012, "Summer", "London", "the United Kingdom"),
+    (2016, "Summer", "Rio de Janeiro", "Brazil"),
+    (2024, "Summer", "Paris", "France"),
+    (1924, "Winter", "Chamonix", "France"),
+    (1928, "Winter", "St. Moritz", "Switzerland"),
     (1932, "Winter", "Lake Placid", "the United States"),
     (1936, "Winter", "Garmisch-Partenkirchen", "Germany"),
-    (1948, "Winter", "St. Moritz", "Switzerland"), (1952, "Winter", "Oslo", "Norway"),
-    (1956, "Winter", "Cortina d'Ampezzo", "Italy"), (1964, "Winter", "Innsbruck", "Austria"),
-    (1968, "Winter", "Grenoble", "France"), (1972, "Winter", "Sapporo", "Japan"),
-    (1976, "Winter", "Innsbruck", "Austria"), (1980, "Winter", "Lake Placid", "the United States"),
-    (1984, "Winter", "Sarajevo", None), (1988, "Winter", "Calgary", "Canada"),
-    (1992, "Winter", "Albertville", "France"), (1994, "Winter", "Lillehammer", "Norway"),
-    (1998, "Winter", "Nagano", "Japan"), (2002, "Winter", "Salt Lake City", "the United States"),
-    (2006, "Winter", "Turin", "Italy"), (2010, "Winter", "Vancouver", "Canada"),
-    (2014, "Winter", "Sochi", "Russia"), (2018, "Winter", "Pyeongchang", "South Korea"),
+    (1948, "Winter", "St. Moritz", "Switzerland"),
+    (1952, "Winter", "Oslo", "Norway"),
+    (1956, "Winter", "Cortina d'Ampezzo", "Italy"),
+    (1964, "Winter", "Innsbruck", "Austria"),
+    (1968, "Winter", "Grenoble", "France"),
+    (1972, "Winter", "Sapporo", "Japan"),
+    (1976, "Winter", "Innsbruck", "Austria"),
+    (1980, "Winter", "Lake Placid", "the United States"),
+    (1984, "Winter", "Sarajevo", None),
+    (1988, "Winter", "Calgary", "Canada"),
+    (1992, "Winter", "Albertville", "France"),
+    (1994, "Winter", "Lillehammer", "Norway"),
+    (1998, "Winter", "Nagano", "Japan"),
+    (2002, "Winter", "Salt Lake City", "the United States"),
+    (2006, "Winter", "Turin", "Italy"),
+    (2010, "Winter", "Vancouver", "Canada"),
+    (2014, "Winter", "Sochi", "Russia"),
+    (2018, "Winter", "Pyeongchang", "South Korea"),
     (2022, "Winter", "Beijing", "China"),
 )
 # Cities asked "In which year did <city> host the <season> Olympics?" only where that has one answer
 # for good: not a city that hosted that season twice (in this table or outside it: Tokyo 2020,
 # Stockholm's 1956 equestrian events) or is due to host it again (Cortina d'Ampezzo 2026, Salt
 # Lake City 2034, Los Angeles 2028).
-OLYMPICS_NO_REVERSE = frozenset({("Tokyo", "Summer"), ("Stockholm", "Summer"),
-                                 ("Cortina d'Ampezzo", "Winter"), ("Salt Lake City", "Winter")})
+OLYMPICS_NO_REVERSE = frozenset(
+    {("Tokyo", "Summer"), ("Stockholm", "Summer"), ("Cortina d'Ampezzo", "Winter"), ("Salt Lake City", "Winter")}
+)
 
 PLANETS: tuple[str, ...] = (
-    "Mercury", "Venus", "Earth", "Mars", "Jupiter", "Saturn", "Uranus", "Neptune",
+    "Mercury",
+    "Venus",
+    "Earth",
+    "Mars",
+    "Jupiter",
+    "Saturn",
+    "Uranus",
+    "Neptune",
 )  # in order from the Sun
 
 ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
@@ -262,138 +348,292 @@ NUMBER_WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight")
 
 # (planet, predicate used in questions "Which planet ...?", two answer sentences).
 PLANET_FEATURES: tuple[tuple[str, str, str, str], ...] = (
-    ("Mercury", "is closest to the Sun",
-     "Mercury is the planet closest to the Sun.",
-     "The closest planet to the Sun is Mercury."),
-    ("Mercury", "is the smallest in the Solar System",
-     "Mercury is the smallest planet in the Solar System.",
-     "The smallest planet in the Solar System is Mercury."),
-    ("Venus", "is the hottest in the Solar System",
-     "Venus is the hottest planet in the Solar System.",
-     "The hottest planet in the Solar System is Venus."),
-    ("Venus", "is the brightest in the night sky",
-     "Venus is the brightest planet in the night sky.",
-     "The brightest planet seen in the night sky is Venus."),
-    ("Earth", "is the only one known to support life",
-     "Earth is the only planet known to support life.",
-     "The only planet known to support life is Earth."),
-    ("Earth", "is the only one known to have liquid water on its surface",
-     "Earth is the only planet known to have liquid water on its surface.",
-     "The only planet known to have liquid water on its surface is Earth."),
-    ("Mars", "is known as the Red Planet",
-     "Mars is known as the Red Planet.",
-     "The planet called the Red Planet is Mars."),
-    ("Mars", "has the volcano Olympus Mons",
-     "Mars is the planet where the volcano Olympus Mons is found.",
-     "The volcano Olympus Mons is on Mars."),
-    ("Jupiter", "is the largest in the Solar System",
-     "Jupiter is the largest planet in the Solar System.",
-     "The largest planet in the Solar System is Jupiter."),
-    ("Jupiter", "has the Great Red Spot",
-     "Jupiter is the planet with the Great Red Spot.",
-     "The Great Red Spot is a giant storm on Jupiter."),
-    ("Saturn", "is best known for its bright ring system",
-     "Saturn is the planet best known for its bright rings.",
-     "The planet famous for its bright ring system is Saturn."),
-    ("Saturn", "is the least dense in the Solar System",
-     "Saturn is the least dense planet in the Solar System.",
-     "The least dense planet in the Solar System is Saturn."),
-    ("Uranus", "rotates on its side",
-     "Uranus is the planet that rotates on its side.",
-     "The planet whose axis is tipped so far that it spins on its side is Uranus."),
-    ("Uranus", "was the first to be discovered with a telescope",
-     "Uranus was the first planet discovered with a telescope.",
-     "The first planet found with a telescope was Uranus."),
-    ("Neptune", "is farthest from the Sun",
-     "Neptune is the planet farthest from the Sun.",
-     "The farthest planet from the Sun is Neptune."),
-    ("Neptune", "has the strongest winds in the Solar System",
-     "Neptune has the strongest winds of any planet in the Solar System.",
-     "The planet with the strongest winds in the Solar System is Neptune."),
+    (
+        "Mercury",
+        "is closest to the Sun",
+        "Mercury is the planet closest to the Sun.",
+        "The closest planet to the Sun is Mercury.",
+    ),
+    (
+        "Mercury",
+        "is the smallest in the Solar System",
+        "Mercury is the smallest planet in the Solar System.",
+        "The smallest planet in the Solar System is Mercury.",
+    ),
+    (
+        "Venus",
+        "is the hottest in the Solar System",
+        "Venus is the hottest planet in the Solar System.",
+        "The hottest planet in the Solar System is Venus.",
+    ),
+    (
+        "Venus",
+        "is the brightest in the night sky",
+        "Venus is the brightest planet in the night sky.",
+        "The brightest planet seen in the night sky is Venus.",
+    ),
+    (
+        "Earth",
+        "is the only one known to support life",
+        "Earth is the only planet known to support life.",
+        "The only planet known to support life is Earth.",
+    ),
+    (
+        "Earth",
+        "is the only one known to have liquid water on its surface",
+        "Earth is the only planet known to have liquid water on its surface.",
+        "The only planet known to have liquid water on its surface is Earth.",
+    ),
+    (
+        "Mars",
+        "is known as the Red Planet",
+        "Mars is known as the Red Planet.",
+        "The planet called the Red Planet is Mars.",
+    ),
+    (
+        "Mars",
+        "has the volcano Olympus Mons",
+        "Mars is the planet where the volcano Olympus Mons is found.",
+        "The volcano Olympus Mons is on Mars.",
+    ),
+    (
+        "Jupiter",
+        "is the largest in the Solar System",
+        "Jupiter is the largest planet in the Solar System.",
+        "The largest planet in the Solar System is Jupiter.",
+    ),
+    (
+        "Jupiter",
+        "has the Great Red Spot",
+        "Jupiter is the planet with the Great Red Spot.",
+        "The Great Red Spot is a giant storm on Jupiter.",
+    ),
+    (
+        "Saturn",
+        "is best known for its bright ring system",
+        "Saturn is the planet best known for its bright rings.",
+        "The planet famous for its bright ring system is Saturn.",
+    ),
+    (
+        "Saturn",
+        "is the least dense in the Solar System",
+        "Saturn is the least dense planet in the Solar System.",
+        "The least dense planet in the Solar System is Saturn.",
+    ),
+    (
+        "Uranus",
+        "rotates on its side",
+        "Uranus is the planet that rotates on its side.",
+        "The planet whose axis is tipped so far that it spins on its side is Uranus.",
+    ),
+    (
+        "Uranus",
+        "was the first to be discovered with a telescope",
+        "Uranus was the first planet discovered with a telescope.",
+        "The first planet found with a telescope was Uranus.",
+    ),
+    (
+        "Neptune",
+        "is farthest from the Sun",
+        "Neptune is the planet farthest from the Sun.",
+        "The farthest planet from the Sun is Neptune.",
+    ),
+    (
+        "Neptune",
+        "has the strongest winds in the Solar System",
+        "Neptune has the strongest winds of any planet in the Solar System.",
+        "The planet with the strongest winds in the Solar System is Neptune.",
+    ),
 )
 
 # (animal, name of its young).
 ANIMAL_YOUNG: tuple[tuple[str, str], ...] = (
-    ("cat", "kitten"), ("dog", "puppy"), ("cow", "calf"), ("horse", "foal"), ("sheep", "lamb"),
-    ("goat", "kid"), ("pig", "piglet"), ("kangaroo", "joey"), ("koala", "joey"),
-    ("frog", "tadpole"), ("swan", "cygnet"), ("goose", "gosling"), ("duck", "duckling"),
-    ("owl", "owlet"), ("eagle", "eaglet"), ("bear", "cub"), ("lion", "cub"), ("tiger", "cub"),
-    ("leopard", "cub"), ("wolf", "pup"), ("deer", "fawn"), ("chicken", "chick"),
-    ("butterfly", "caterpillar"), ("elephant", "calf"), ("whale", "calf"), ("dolphin", "calf"),
-    ("giraffe", "calf"), ("camel", "calf"), ("seal", "pup"), ("hare", "leveret"),
-    ("eel", "elver"), ("turkey", "poult"), ("pigeon", "squab"), ("zebra", "foal"),
-    ("donkey", "foal"), ("llama", "cria"), ("hedgehog", "hoglet"), ("porcupine", "porcupette"),
-    ("spider", "spiderling"), ("beaver", "kit"), ("ferret", "kit"), ("mouse", "pup"),
+    ("cat", "kitten"),
+    ("dog", "puppy"),
+    ("cow", "calf"),
+    ("horse", "foal"),
+    ("sheep", "lamb"),
+    ("goat", "kid"),
+    ("pig", "piglet"),
+    ("kangaroo", "joey"),
+    ("koala", "joey"),
+    ("frog", "tadpole"),
+    ("swan", "cygnet"),
+    ("goose", "gosling"),
+    ("duck", "duckling"),
+    ("owl", "owlet"),
+    ("eagle", "eaglet"),
+    ("bear", "cub"),
+    ("lion", "cub"),
+    ("tiger", "cub"),
+    ("leopard", "cub"),
+    ("wolf", "pup"),
+    ("deer", "fawn"),
+    ("chicken", "chick"),
+    ("butterfly", "caterpillar"),
+    ("elephant", "calf"),
+    ("whale", "calf"),
+    ("dolphin", "calf"),
+    ("giraffe", "calf"),
+    ("camel", "calf"),
+    ("seal", "pup"),
+    ("hare", "leveret"),
+    ("eel", "elver"),
+    ("turkey", "poult"),
+    ("pigeon", "squab"),
+    ("zebra", "foal"),
+    ("donkey", "foal"),
+    ("llama", "cria"),
+    ("hedgehog", "hoglet"),
+    ("porcupine", "porcupette"),
+    ("spider", "spiderling"),
+    ("beaver", "kit"),
+    ("ferret", "kit"),
+    ("mouse", "pup"),
     ("fly", "maggot"),
 )
 
 # (animals, plural as in "a group of ...", collective noun).
 ANIMAL_GROUPS: tuple[tuple[str, str], ...] = (
-    ("lions", "pride"), ("wolves", "pack"), ("fish", "school"), ("bees", "swarm"),
-    ("crows", "murder"), ("geese", "gaggle"), ("owls", "parliament"), ("elephants", "herd"),
-    ("dolphins", "pod"), ("whales", "pod"), ("ants", "colony"), ("sheep", "flock"),
-    ("kangaroos", "mob"), ("monkeys", "troop"), ("starlings", "murmuration"),
-    ("puppies", "litter"), ("cats", "clowder"), ("rhinoceroses", "crash"), ("giraffes", "tower"),
-    ("flamingos", "flamboyance"), ("ferrets", "business"), ("ravens", "unkindness"),
-    ("hyenas", "cackle"), ("zebras", "dazzle"), ("bats", "colony"), ("camels", "caravan"),
-    ("cattle", "herd"), ("oysters", "bed"), ("jellyfish", "smack"), ("larks", "exaltation"),
-    ("quail", "covey"), ("foxes", "skulk"), ("penguins", "colony"),
+    ("lions", "pride"),
+    ("wolves", "pack"),
+    ("fish", "school"),
+    ("bees", "swarm"),
+    ("crows", "murder"),
+    ("geese", "gaggle"),
+    ("owls", "parliament"),
+    ("elephants", "herd"),
+    ("dolphins", "pod"),
+    ("whales", "pod"),
+    ("ants", "colony"),
+    ("sheep", "flock"),
+    ("kangaroos", "mob"),
+    ("monkeys", "troop"),
+    ("starlings", "murmuration"),
+    ("puppies", "litter"),
+    ("cats", "clowder"),
+    ("rhinoceroses", "crash"),
+    ("giraffes", "tower"),
+    ("flamingos", "flamboyance"),
+    ("ferrets", "business"),
+    ("ravens", "unkindness"),
+    ("hyenas", "cackle"),
+    ("zebras", "dazzle"),
+    ("bats", "colony"),
+    ("camels", "caravan"),
+    ("cattle", "herd"),
+    ("oysters", "bed"),
+    ("jellyfish", "smack"),
+    ("larks", "exaltation"),
+    ("quail", "covey"),
+    ("foxes", "skulk"),
+    ("penguins", "colony"),
 )
 
 # (animal, verb in the third person, noun for the sound).
 ANIMAL_SOUNDS: tuple[tuple[str, str, str], ...] = (
-    ("dog", "barks", "bark"), ("cat", "meows", "meow"), ("cow", "moos", "moo"),
-    ("lion", "roars", "roar"), ("duck", "quacks", "quack"), ("horse", "neighs", "neigh"),
-    ("sheep", "bleats", "bleat"), ("pig", "oinks", "oink"), ("snake", "hisses", "hiss"),
-    ("owl", "hoots", "hoot"), ("frog", "croaks", "croak"), ("bee", "buzzes", "buzz"),
-    ("wolf", "howls", "howl"), ("donkey", "brays", "bray"), ("rooster", "crows", "crow"),
-    ("mouse", "squeaks", "squeak"), ("elephant", "trumpets", "trumpet"),
-    ("turkey", "gobbles", "gobble"), ("dove", "coos", "coo"), ("crow", "caws", "caw"),
+    ("dog", "barks", "bark"),
+    ("cat", "meows", "meow"),
+    ("cow", "moos", "moo"),
+    ("lion", "roars", "roar"),
+    ("duck", "quacks", "quack"),
+    ("horse", "neighs", "neigh"),
+    ("sheep", "bleats", "bleat"),
+    ("pig", "oinks", "oink"),
+    ("snake", "hisses", "hiss"),
+    ("owl", "hoots", "hoot"),
+    ("frog", "croaks", "croak"),
+    ("bee", "buzzes", "buzz"),
+    ("wolf", "howls", "howl"),
+    ("donkey", "brays", "bray"),
+    ("rooster", "crows", "crow"),
+    ("mouse", "squeaks", "squeak"),
+    ("elephant", "trumpets", "trumpet"),
+    ("turkey", "gobbles", "gobble"),
+    ("dove", "coos", "coo"),
+    ("crow", "caws", "caw"),
     ("goose", "honks", "honk"),
 )
 
 # (title, author).
 BOOKS: tuple[tuple[str, str], ...] = (
-    ("Pride and Prejudice", "Jane Austen"), ("Emma", "Jane Austen"),
-    ("Sense and Sensibility", "Jane Austen"), ("Persuasion", "Jane Austen"),
-    ("Nineteen Eighty-Four", "George Orwell"), ("Animal Farm", "George Orwell"),
-    ("To Kill a Mockingbird", "Harper Lee"), ("The Great Gatsby", "F. Scott Fitzgerald"),
-    ("Moby-Dick", "Herman Melville"), ("War and Peace", "Leo Tolstoy"),
-    ("Anna Karenina", "Leo Tolstoy"), ("Crime and Punishment", "Fyodor Dostoevsky"),
-    ("The Brothers Karamazov", "Fyodor Dostoevsky"), ("Don Quixote", "Miguel de Cervantes"),
-    ("Hamlet", "William Shakespeare"), ("Macbeth", "William Shakespeare"),
-    ("Romeo and Juliet", "William Shakespeare"), ("Othello", "William Shakespeare"),
-    ("Frankenstein", "Mary Shelley"), ("Dracula", "Bram Stoker"),
-    ("Jane Eyre", "Charlotte Brontë"), ("Wuthering Heights", "Emily Brontë"),
-    ("Great Expectations", "Charles Dickens"), ("Oliver Twist", "Charles Dickens"),
-    ("A Tale of Two Cities", "Charles Dickens"), ("David Copperfield", "Charles Dickens"),
-    ("A Christmas Carol", "Charles Dickens"), ("The Adventures of Tom Sawyer", "Mark Twain"),
-    ("Adventures of Huckleberry Finn", "Mark Twain"), ("The Catcher in the Rye", "J. D. Salinger"),
-    ("Brave New World", "Aldous Huxley"), ("Fahrenheit 451", "Ray Bradbury"),
-    ("The Hobbit", "J. R. R. Tolkien"), ("The Lord of the Rings", "J. R. R. Tolkien"),
+    ("Pride and Prejudice", "Jane Austen"),
+    ("Emma", "Jane Austen"),
+    ("Sense and Sensibility", "Jane Austen"),
+    ("Persuasion", "Jane Austen"),
+    ("Nineteen Eighty-Four", "George Orwell"),
+    ("Animal Farm", "George Orwell"),
+    ("To Kill a Mockingbird", "Harper Lee"),
+    ("The Great Gatsby", "F. Scott Fitzgerald"),
+    ("Moby-Dick", "Herman Melville"),
+    ("War and Peace", "Leo Tolstoy"),
+    ("Anna Karenina", "Leo Tolstoy"),
+    ("Crime and Punishment", "Fyodor Dostoevsky"),
+    ("The Brothers Karamazov", "Fyodor Dostoevsky"),
+    ("Don Quixote", "Miguel de Cervantes"),
+    ("Hamlet", "William Shakespeare"),
+    ("Macbeth", "William Shakespeare"),
+    ("Romeo and Juliet", "William Shakespeare"),
+    ("Othello", "William Shakespeare"),
+    ("Frankenstein", "Mary Shelley"),
+    ("Dracula", "Bram Stoker"),
+    ("Jane Eyre", "Charlotte Brontë"),
+    ("Wuthering Heights", "Emily Brontë"),
+    ("Great Expectations", "Charles Dickens"),
+    ("Oliver Twist", "Charles Dickens"),
+    ("A Tale of Two Cities", "Charles Dickens"),
+    ("David Copperfield", "Charles Dickens"),
+    ("A Christmas Carol", "Charles Dickens"),
+    ("The Adventures of Tom Sawyer", "Mark Twain"),
+    ("Adventures of Huckleberry Finn", "Mark Twain"),
+    ("The Catcher in the Rye", "J. D. Salinger"),
+    ("Brave New World", "Aldous Huxley"),
+    ("Fahrenheit 451", "Ray Bradbury"),
+    ("The Hobbit", "J. R. R. Tolkien"),
+    ("The Lord of the Rings", "J. R. R. Tolkien"),
     ("Harry Potter and the Philosopher's Stone", "J. K. Rowling"),
-    ("The Old Man and the Sea", "Ernest Hemingway"), ("A Farewell to Arms", "Ernest Hemingway"),
-    ("The Sun Also Rises", "Ernest Hemingway"), ("Of Mice and Men", "John Steinbeck"),
+    ("The Old Man and the Sea", "Ernest Hemingway"),
+    ("A Farewell to Arms", "Ernest Hemingway"),
+    ("The Sun Also Rises", "Ernest Hemingway"),
+    ("Of Mice and Men", "John Steinbeck"),
     ("The Grapes of Wrath", "John Steinbeck"),
     ("One Hundred Years of Solitude", "Gabriel García Márquez"),
-    ("Les Misérables", "Victor Hugo"), ("The Hunchback of Notre-Dame", "Victor Hugo"),
-    ("The Count of Monte Cristo", "Alexandre Dumas"), ("The Three Musketeers", "Alexandre Dumas"),
-    ("Madame Bovary", "Gustave Flaubert"), ("The Metamorphosis", "Franz Kafka"),
-    ("The Trial", "Franz Kafka"), ("Ulysses", "James Joyce"), ("Mrs Dalloway", "Virginia Woolf"),
-    ("Lord of the Flies", "William Golding"), ("The Picture of Dorian Gray", "Oscar Wilde"),
+    ("Les Misérables", "Victor Hugo"),
+    ("The Hunchback of Notre-Dame", "Victor Hugo"),
+    ("The Count of Monte Cristo", "Alexandre Dumas"),
+    ("The Three Musketeers", "Alexandre Dumas"),
+    ("Madame Bovary", "Gustave Flaubert"),
+    ("The Metamorphosis", "Franz Kafka"),
+    ("The Trial", "Franz Kafka"),
+    ("Ulysses", "James Joyce"),
+    ("Mrs Dalloway", "Virginia Woolf"),
+    ("Lord of the Flies", "William Golding"),
+    ("The Picture of Dorian Gray", "Oscar Wilde"),
     ("Alice's Adventures in Wonderland", "Lewis Carroll"),
-    ("Treasure Island", "Robert Louis Stevenson"), ("The Time Machine", "H. G. Wells"),
-    ("The War of the Worlds", "H. G. Wells"), ("Around the World in Eighty Days", "Jules Verne"),
-    ("Gulliver's Travels", "Jonathan Swift"), ("Robinson Crusoe", "Daniel Defoe"),
-    ("The Divine Comedy", "Dante Alighieri"), ("Little Women", "Louisa May Alcott"),
-    ("The Jungle Book", "Rudyard Kipling"), ("The Little Prince", "Antoine de Saint-Exupéry"),
-    ("Things Fall Apart", "Chinua Achebe"), ("Beloved", "Toni Morrison"),
-    ("The Handmaid's Tale", "Margaret Atwood"), ("Slaughterhouse-Five", "Kurt Vonnegut"),
-    ("Catch-22", "Joseph Heller"), ("Heart of Darkness", "Joseph Conrad"),
-    ("The Scarlet Letter", "Nathaniel Hawthorne"), ("The Call of the Wild", "Jack London"),
-    ("Uncle Tom's Cabin", "Harriet Beecher Stowe"), ("Lolita", "Vladimir Nabokov"),
-    ("On the Origin of Species", "Charles Darwin"), ("The Prince", "Niccolò Machiavelli"),
-    ("Doctor Zhivago", "Boris Pasternak"), ("The Canterbury Tales", "Geoffrey Chaucer"),
+    ("Treasure Island", "Robert Louis Stevenson"),
+    ("The Time Machine", "H. G. Wells"),
+    ("The War of the Worlds", "H. G. Wells"),
+    ("Around the World in Eighty Days", "Jules Verne"),
+    ("Gulliver's Travels", "Jonathan Swift"),
+    ("Robinson Crusoe", "Daniel Defoe"),
+    ("The Divine Comedy", "Dante Alighieri"),
+    ("Little Women", "Louisa May Alcott"),
+    ("The Jungle Book", "Rudyard Kipling"),
+    ("The Little Prince", "Antoine de Saint-Exupéry"),
+    ("Things Fall Apart", "Chinua Achebe"),
+    ("Beloved", "Toni Morrison"),
+    ("The Handmaid's Tale", "Margaret Atwood"),
+    ("Slaughterhouse-Five", "Kurt Vonnegut"),
+    ("Catch-22", "Joseph Heller"),
+    ("Heart of Darkness", "Joseph Conrad"),
+    ("The Scarlet Letter", "Nathaniel Hawthorne"),
+    ("The Call of the Wild", "Jack London"),
+    ("Uncle Tom's Cabin", "Harriet Beecher Stowe"),
+    ("Lolita", "Vladimir Nabokov"),
+    ("On the Origin of Species", "Charles Darwin"),
+    ("The Prince", "Niccolò Machiavelli"),
+    ("Doctor Zhivago", "Boris Pasternak"),
+    ("The Canterbury Tales", "Geoffrey Chaucer"),
     ("Paradise Lost", "John Milton"),
 )
 
@@ -706,13 +946,16 @@ def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
     for name, capital, currency, continent, language in COUNTRIES:
         # The continent is context in the answers (", a country in Europe"), never asked: an
         # answer must not state the fact of another group.
-        base = {"c": name, "c_pos": _pos(name),
-                "cont_mid": f", a country in {continent}," if continent else "",
-                "cont_end": f", a country in {continent}" if continent else "",
-                "cap_mid": f", whose capital is {capital}," if capital else "",
-                "cap_end": f", whose capital is {capital}" if capital else "",
-                "cur_end": f", and its currency is {currency}" if currency else "",
-                "also": _also(currency, language)}
+        base = {
+            "c": name,
+            "c_pos": _pos(name),
+            "cont_mid": f", a country in {continent}," if continent else "",
+            "cont_end": f", a country in {continent}" if continent else "",
+            "cap_mid": f", whose capital is {capital}," if capital else "",
+            "cap_end": f", whose capital is {capital}" if capital else "",
+            "cur_end": f", and its currency is {currency}" if currency else "",
+            "also": _also(currency, language),
+        }
         slug = _slug(name.removeprefix("the "))
         if capital:
             yield "capital", slug, {**base, "cap": capital}
@@ -721,42 +964,49 @@ def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
         if language:
             yield "official_language", slug, {**base, "lang": language}
     for number, symbol, name in ELEMENTS:
-        yield "element_symbol", _slug(name), {"el": name, "sym": symbol, "n": str(number),
-                                              "per": _period(number)}
+        yield "element_symbol", _slug(name), {"el": name, "sym": symbol, "n": str(number), "per": _period(number)}
     for number, symbol, name in ELEMENTS:
-        yield "atomic_number", _slug(name), {"el": name, "sym": symbol, "n": str(number),
-                                             "per": _period(number),
-                                             "protons": "proton" if number == 1 else "protons"}
+        yield (
+            "atomic_number",
+            _slug(name),
+            {
+                "el": name,
+                "sym": symbol,
+                "n": str(number),
+                "per": _period(number),
+                "protons": "proton" if number == 1 else "protons",
+            },
+        )
     for i, planet in enumerate(PLANETS):
-        yield "planet_order", _slug(planet), {"p": planet, "ord": ORDINALS[i],
-                                              "num": NUMBER_WORDS[i]}
+        yield "planet_order", _slug(planet), {"p": planet, "ord": ORDINALS[i], "num": NUMBER_WORDS[i]}
     for planet, pred, ans1, ans2 in PLANET_FEATURES:
-        yield "planet_feature", _slug(f"{planet} {pred}"), {"pred": pred, "ans1": ans1,
-                                                             "ans2": ans2}
+        yield "planet_feature", _slug(f"{planet} {pred}"), {"pred": pred, "ans1": ans1, "ans2": ans2}
     for animal, young in ANIMAL_YOUNG:
-        yield "animal_young", _slug(animal), {"a": animal, "a_art": _art(animal),
-                                              "y_art": _art(young)}
+        yield "animal_young", _slug(animal), {"a": animal, "a_art": _art(animal), "y_art": _art(young)}
     for plural, group in ANIMAL_GROUPS:
         yield "animal_group", _slug(plural), {"pl": plural, "g_art": _art(group)}
     for animal, verb, noun in ANIMAL_SOUNDS:
-        yield "animal_sound", _slug(animal), {"a_art": _art(animal), "verb": verb,
-                                              "noun_art": _art(noun)}
+        yield "animal_sound", _slug(animal), {"a_art": _art(animal), "verb": verb, "noun_art": _art(noun)}
     for i, (title, author) in enumerate(BOOKS):
         # Another book of the same author in the table (the next one, cyclically), if any.
-        same = [t for t, a in BOOKS[i + 1:] + BOOKS[:i] if a == author]
-        yield "book_author", _slug(title), {
-            "t": title, "au": author,
-            "also": f", who also wrote {same[0]}" if same else "",
-            "also_mid": f", who also wrote {same[0]}," if same else ""}
+        same = [t for t, a in BOOKS[i + 1 :] + BOOKS[:i] if a == author]
+        yield (
+            "book_author",
+            _slug(title),
+            {
+                "t": title,
+                "au": author,
+                "also": f", who also wrote {same[0]}" if same else "",
+                "also_mid": f", who also wrote {same[0]}," if same else "",
+            },
+        )
     for invention, inventor in INVENTIONS:
-        yield "inventor", _slug(invention.removeprefix("the ")), {"inv": invention,
-                                                                  "who": inventor}
+        yield "inventor", _slug(invention.removeprefix("the ")), {"inv": invention, "who": inventor}
     hosted: dict[tuple[str, str], int] = {}
     for _, season, city, _ in OLYMPICS:
         hosted[city, season] = hosted.get((city, season), 0) + 1
     for year, season, city, country in OLYMPICS:
-        fields = {"y": str(year), "s": season, "city": city,
-                  "where": f"{city}, {country}" if country else city}
+        fields = {"y": str(year), "s": season, "city": city, "where": f"{city}, {country}" if country else city}
         if hosted[city, season] == 1 and (city, season) not in OLYMPICS_NO_REVERSE:
             fields["rcity"] = city
         yield "olympics", f"{year}-{season.lower()}", fields
@@ -796,8 +1046,7 @@ def generate() -> list[dict]:
                 raise ValueError(f"duplicate id {row_id!r} in the demo fact tables")
             seen_pairs.add((question, answer))
             seen_ids.add(row_id)
-            rows.append({"id": row_id, "fact": fact, "question": question, "answer": answer,
-                         "topic": topic})
+            rows.append({"id": row_id, "fact": fact, "question": question, "answer": answer, "topic": topic})
     return rows
 
 
@@ -807,8 +1056,7 @@ def write_csv(path: str | Path) -> int:
     Returns the number of pairs written."""
     rows = generate()
     with atomic_open(path, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n",
-                                quoting=csv.QUOTE_MINIMAL)
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
         writer.writeheader()
         writer.writerows(rows)
     return len(rows)
@@ -837,10 +1085,11 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument(
-        "--out", default=DEFAULT_OUT,
+        "--out",
+        default=DEFAULT_OUT,
         help=f"CSV file to write; a relative path is taken from the repository root "
-             f"(default: {DEFAULT_OUT}). Parent directories are created; the file is replaced "
-             f"atomically.",
+        f"(default: {DEFAULT_OUT}). Parent directories are created; the file is replaced "
+        f"atomically.",
     )
     args = parser.parse_args(argv)
     out = repo_path(args.out)

@@ -11,6 +11,7 @@ writes each run's stability.md/.html and a summary.json under --out, and exits 1
 report disagrees with its expectation. The user's workspace, its outputs and MLflow store are not
 touched: the runs happen in the copy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,57 +71,114 @@ def _near(value, target: float, rel: float) -> bool:
 
 CASES: tuple[Case, ...] = (
     Case("smoke", "none", (), "stable"),
-    Case("smoke", "nan_loss", ("nonfinite",), "unstable", (
-        (f"nonfinite.first_step == {FAULT_STEP}", lambda m: m["nonfinite"]["first_step"] == FAULT_STEP),
-        ("nonfinite.count == 1", lambda m: m["nonfinite"]["count"] == 1),
-    )),
-    Case("smoke", "inf_grad", ("nonfinite",), "unstable", (
-        (f"nonfinite.first_step == {FAULT_STEP}", lambda m: m["nonfinite"]["first_step"] == FAULT_STEP),
-        ("nonfinite.count == 1", lambda m: m["nonfinite"]["count"] == 1),
-    )),
-    Case("smoke", "loss_spike", ("loss_spikes",), "unstable", (
-        (f"loss_spikes.first_step == {FAULT_STEP}", lambda m: m["loss_spikes"]["first_step"] == FAULT_STEP),
-        (f"loss_spikes.max_ratio_step == {FAULT_STEP}", lambda m: m["loss_spikes"]["max_ratio_step"] == FAULT_STEP),
-        ("loss_spikes.max_ratio >= fail factor",
-         lambda m: m["loss_spikes"]["max_ratio"] >= m["loss_spikes"]["fail_factor"]),
-    )),
+    Case(
+        "smoke",
+        "nan_loss",
+        ("nonfinite",),
+        "unstable",
+        (
+            (f"nonfinite.first_step == {FAULT_STEP}", lambda m: m["nonfinite"]["first_step"] == FAULT_STEP),
+            ("nonfinite.count == 1", lambda m: m["nonfinite"]["count"] == 1),
+        ),
+    ),
+    Case(
+        "smoke",
+        "inf_grad",
+        ("nonfinite",),
+        "unstable",
+        (
+            (f"nonfinite.first_step == {FAULT_STEP}", lambda m: m["nonfinite"]["first_step"] == FAULT_STEP),
+            ("nonfinite.count == 1", lambda m: m["nonfinite"]["count"] == 1),
+        ),
+    ),
+    Case(
+        "smoke",
+        "loss_spike",
+        ("loss_spikes",),
+        "unstable",
+        (
+            (f"loss_spikes.first_step == {FAULT_STEP}", lambda m: m["loss_spikes"]["first_step"] == FAULT_STEP),
+            (f"loss_spikes.max_ratio_step == {FAULT_STEP}", lambda m: m["loss_spikes"]["max_ratio_step"] == FAULT_STEP),
+            (
+                "loss_spikes.max_ratio >= fail factor",
+                lambda m: m["loss_spikes"]["max_ratio"] >= m["loss_spikes"]["fail_factor"],
+            ),
+        ),
+    ),
     # The LR is x100 for steps 15-19; the loss jumps on the steps after the first bad update. The
     # updates of those steps can also trip grad_norm and leave a model worse than the baselines
     # (learning): consequences, allowed but not required.
-    Case("smoke", "lr_spike", ("loss_spikes",), "unstable", (
-        (f"{FAULT_STEP} < loss_spikes.first_step <= {FAULT_STEP + 6}",
-         lambda m: FAULT_STEP < m["loss_spikes"]["first_step"] <= FAULT_STEP + 6),
-        ("loss_spikes.max_ratio >= fail factor",
-         lambda m: m["loss_spikes"]["max_ratio"] >= m["loss_spikes"]["fail_factor"]),
-    ), may_fail=("grad_norm", "learning")),
-    Case("smoke", "leak", ("memory_growth",), "unstable", (
-        (f"memory slope within 25 % of {LEAK_MB:g} MB per step",
-         lambda m: _near(m["memory_growth"]["slope_mb_per_1k_steps"], 1000 * LEAK_MB, 0.25)),
-    )),
+    Case(
+        "smoke",
+        "lr_spike",
+        ("loss_spikes",),
+        "unstable",
+        (
+            (
+                f"{FAULT_STEP} < loss_spikes.first_step <= {FAULT_STEP + 6}",
+                lambda m: FAULT_STEP < m["loss_spikes"]["first_step"] <= FAULT_STEP + 6,
+            ),
+            (
+                "loss_spikes.max_ratio >= fail factor",
+                lambda m: m["loss_spikes"]["max_ratio"] >= m["loss_spikes"]["fail_factor"],
+            ),
+        ),
+        may_fail=("grad_norm", "learning"),
+    ),
+    Case(
+        "smoke",
+        "leak",
+        ("memory_growth",),
+        "unstable",
+        (
+            (
+                f"memory slope within 25 % of {LEAK_MB:g} MB per step",
+                lambda m: _near(m["memory_growth"]["slope_mb_per_1k_steps"], 1000 * LEAK_MB, 0.25),
+            ),
+        ),
+    ),
     # The prototype's settings: fp16, GradScaler 2**16 / 2.0 / 100, LR 0.3, no clipping (blows up)...
-    Case("fp16_unstable", "none", None, "unstable", (
-        ("scaler fails", lambda m: m["scaler"]["status"] == "fail"),
-        ("scaler.backoffs >= 3", lambda m: m["scaler"]["backoffs"] >= 3),
-    )),
+    Case(
+        "fp16_unstable",
+        "none",
+        None,
+        "unstable",
+        (
+            ("scaler fails", lambda m: m["scaler"]["status"] == "fail"),
+            ("scaler.backoffs >= 3", lambda m: m["scaler"]["backoffs"] >= 3),
+        ),
+    ),
     # ...and the prototype's fix: 2**10 / 1.5 / 200, LR 3e-3, clipping at 1.0.
-    Case("fp16_fixed", "none", (), "stable", (
-        ("scaler.backoffs == 0", lambda m: m["scaler"]["backoffs"] == 0),
-    )),
+    Case("fp16_fixed", "none", (), "stable", (("scaler.backoffs == 0", lambda m: m["scaler"]["backoffs"] == 0),)),
     # NaN on every step from 15: the run stops after 5 skips in a row; the train stage fails but
     # the report is written from the partial run (no evaluation: learning is skipped).
-    Case("smoke", "nan_loss", ("nonfinite",), "unstable", (
-        (f"nonfinite.first_step == {FAULT_STEP}", lambda m: m["nonfinite"]["first_step"] == FAULT_STEP),
-        ("nonfinite.count == 5", lambda m: m["nonfinite"]["count"] == 5),
-        ("learning skipped", lambda m: m["learning"]["status"] == "skip"),
-    ), overrides=("fault.steps=100", "train.max_consecutive_skips=5"), diverges=True, label="diverged"),
+    Case(
+        "smoke",
+        "nan_loss",
+        ("nonfinite",),
+        "unstable",
+        (
+            (f"nonfinite.first_step == {FAULT_STEP}", lambda m: m["nonfinite"]["first_step"] == FAULT_STEP),
+            ("nonfinite.count == 5", lambda m: m["nonfinite"]["count"] == 5),
+            ("learning skipped", lambda m: m["learning"]["status"] == "skip"),
+        ),
+        overrides=("fault.steps=100", "train.max_consecutive_skips=5"),
+        diverges=True,
+        label="diverged",
+    ),
 )
 
 
 def project_copy(dest: Path, src: Path = REPO_ROOT) -> Path:
     """What `git clone` would give, plus uncommitted work, as a fresh one-commit repository:
     tracked and untracked-but-not-ignored files, no outputs, no store."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=src,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     for rel in filter(None, files):
         if (src / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -135,10 +193,16 @@ def clean_env() -> dict[str, str]:
     """The environment a stage needs, without the caller's MLflow/DVC settings (the copy keeps
     its own store): this interpreter's bin first (DVC runs `python -m stages...`), offline."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "DVC_"))}
-    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", MPLBACKEND="Agg", GIT_AUTHOR_NAME="fault-matrix",
-               GIT_AUTHOR_EMAIL="fault-matrix@localhost", GIT_COMMITTER_NAME="fault-matrix",
-               GIT_COMMITTER_EMAIL="fault-matrix@localhost")
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        MPLBACKEND="Agg",
+        GIT_AUTHOR_NAME="fault-matrix",
+        GIT_AUTHOR_EMAIL="fault-matrix@localhost",
+        GIT_COMMITTER_NAME="fault-matrix",
+        GIT_COMMITTER_EMAIL="fault-matrix@localhost",
+    )
     return env
 
 
@@ -173,8 +237,14 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
     sets = [f"preset={case.preset}", f"fault={case.fault}", *case.overrides]
     for stale in ("metrics/stability.json", EVIDENCE, "reports/stability.md", "reports/stability.html"):
         (project / stale).unlink(missing_ok=True)  # a failed run must not be judged on the last one's report
-    proc = subprocess.run([sys.executable, "-m", "dvc", "exp", "run", *(a for s in sets for a in ("-S", s))],
-                          cwd=project, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dvc", "exp", "run", *(a for s in sets for a in ("-S", s))],
+        cwd=project,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     seconds = time.perf_counter() - t0
     log = (proc.stdout + proc.stderr)[-4000:]
     problems = []
@@ -193,25 +263,43 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
         dest.mkdir(parents=True, exist_ok=True)
         for rel in ("reports/stability.md", "reports/stability.html", "metrics/stability.json", EVIDENCE):
             shutil.copy2(project / rel, dest / Path(rel).name)
-    verdict_line = next((line for line in (project / "reports/stability.md").read_text().splitlines()
-                         if line.startswith("**Verdict")), "")
-    return {"case": case.name, "seconds": seconds, "verdict": verdict, "failed": failed, "noise": noise,
-            "expected_fails": None if case.fails is None else list(case.fails), "verdict_line": verdict_line,
-            "problems": problems, "metrics": metrics, "log": log if problems else ""}
+    verdict_line = next(
+        (line for line in (project / "reports/stability.md").read_text().splitlines() if line.startswith("**Verdict")),
+        "",
+    )
+    return {
+        "case": case.name,
+        "seconds": seconds,
+        "verdict": verdict,
+        "failed": failed,
+        "noise": noise,
+        "expected_fails": None if case.fails is None else list(case.fails),
+        "verdict_line": verdict_line,
+        "problems": problems,
+        "metrics": metrics,
+        "log": log if problems else "",
+    }
 
 
-def run_matrix(project: Path, cases: Sequence[Case] = CASES, out_dir: Path | None = None,
-               echo: Callable[[str], None] | None = None) -> list[dict]:
+def run_matrix(
+    project: Path, cases: Sequence[Case] = CASES, out_dir: Path | None = None, echo: Callable[[str], None] | None = None
+) -> list[dict]:
     results = []
     for case in cases:
         res = run_case(project, case, out_dir)
         results.append(res)
         if echo:
             status = "ok  " if not res["problems"] else "FAIL"
-            noise = (f"\n       ~ failed {', '.join(res['noise'])} on this machine's timing (not judged)"
-                     if res.get("noise") else "")
-            echo(f"{status} {case.name:<22} {res['seconds']:5.0f} s  {res.get('verdict_line', '')}" + noise
-                 + "".join(f"\n       ! {p}" for p in res["problems"]))
+            noise = (
+                f"\n       ~ failed {', '.join(res['noise'])} on this machine's timing (not judged)"
+                if res.get("noise")
+                else ""
+            )
+            echo(
+                f"{status} {case.name:<22} {res['seconds']:5.0f} s  {res.get('verdict_line', '')}"
+                + noise
+                + "".join(f"\n       ! {p}" for p in res["problems"])
+            )
     return results
 
 
@@ -219,13 +307,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.fault_matrix",
         description="Run the smoke pipeline clean, with each injected fault and with the prototype's fp16 settings, "
-                    "in a scratch copy of this project, and check that each stability report fails exactly the "
-                    "check its fault must trip, with evidence at the injected step. About 20-40 s per run.")
-    parser.add_argument("--out", type=Path, default=REPORTS_DIR / "fault_matrix",
-                        help="where each run's stability.md/.html/.json and summary.json go (default: %(default)s)")
-    parser.add_argument("--case", action="append", metavar="PRESET:FAULT",
-                        help="run only these cases (repeatable), e.g. smoke:leak; default: all of "
-                             + ", ".join(c.name for c in CASES))
+        "in a scratch copy of this project, and check that each stability report fails exactly the "
+        "check its fault must trip, with evidence at the injected step. About 20-40 s per run.",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPORTS_DIR / "fault_matrix",
+        help="where each run's stability.md/.html/.json and summary.json go (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--case",
+        action="append",
+        metavar="PRESET:FAULT",
+        help="run only these cases (repeatable), e.g. smoke:leak; default: all of " + ", ".join(c.name for c in CASES),
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch project and print its path")
     args = parser.parse_args(argv)
     known = {c.name: c for c in CASES}
@@ -247,8 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = [{k: v for k, v in r.items() if k != "metrics"} for r in results]
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     bad = [r["case"] for r in results if r["problems"]]
-    print(f"{len(results) - len(bad)}/{len(results)} runs as expected; reports in {args.out}"
-          + (f"; wrong: {', '.join(bad)}" if bad else ""))
+    print(
+        f"{len(results) - len(bad)}/{len(results)} runs as expected; reports in {args.out}"
+        + (f"; wrong: {', '.join(bad)}" if bad else "")
+    )
     return 1 if bad else 0
 
 

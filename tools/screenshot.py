@@ -7,6 +7,7 @@ Chromium is driven by Playwright, but it is the system's Chromium, not one Playw
 Debian's `chromium` (`./dev test` installs it when run as root on Debian), or any Chrome/Chromium
 named by the CHROMIUM environment variable. tests/helpers/browser.py opens pages the same way.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,7 +56,8 @@ def find_chromium() -> str:
         "headless Chromium not found (looked for $CHROMIUM, /usr/bin/chromium and "
         f"{', '.join(CANDIDATES)} on PATH). Install Debian's package: "
         "`apt-get install --no-install-recommends chromium` (`./dev test` does this when run as root "
-        "on Debian), or set CHROMIUM=/path/to/chrome.")
+        "on Debian), or set CHROMIUM=/path/to/chrome."
+    )
 
 
 @contextlib.contextmanager
@@ -94,13 +96,20 @@ def _launch_error(message: str, executable: str, timeout: float) -> PipelineErro
         what = f"could not be started ({message.splitlines()[0]})"
     output = [ln for ln in _OUTPUT.findall(message) if not _NOISE.search(ln)][-15:]
     said = "Its output (last lines):\n" + "\n".join(output) if output else "It printed nothing."
-    return PipelineError(f"Chromium ({executable}) {what}. {said}\n"
-                         f"Check that `{executable} --headless --version` runs, or set "
-                         "CHROMIUM=/path/to/chrome to use another Chrome/Chromium.")
+    return PipelineError(
+        f"Chromium ({executable}) {what}. {said}\n"
+        f"Check that `{executable} --headless --version` runs, or set "
+        "CHROMIUM=/path/to/chrome to use another Chrome/Chromium."
+    )
 
 
-def screenshot(html_path: str | os.PathLike, png_path: str | os.PathLike, width: int = 1280,
-               height: int | None = None, timeout: float = 90) -> Path:
+def screenshot(
+    html_path: str | os.PathLike,
+    png_path: str | os.PathLike,
+    width: int = 1280,
+    height: int | None = None,
+    timeout: float = 90,
+) -> Path:
     """Render the local HTML file `html_path` in headless Chromium, `width` px wide, to the PNG
     `png_path` (written atomically) once the page's `load` event has fired (embedded plots
     decoded). `height=None`: the whole page (at most MAX_HEIGHT px); otherwise the first `height`
@@ -135,20 +144,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.screenshot",
         description="Screenshot an HTML report in headless Chromium, as a reader would see it. "
-                    "Default: the whole page of reports/stability.html, 1280 px wide, to "
-                    "reports/stability.png.",
+        "Default: the whole page of reports/stability.html, 1280 px wide, to "
+        "reports/stability.png.",
         epilog="Needs Chromium: Debian's `chromium` package (`./dev test` installs it as root on "
-               "Debian) or CHROMIUM=/path/to/chrome. Playwright drives it; it downloads no browser.")
-    parser.add_argument("html", nargs="?", type=Path, default=REPORTS_DIR / "stability.html",
-                        help="the HTML file (default: %(default)s)")
-    parser.add_argument("-o", "--output", type=Path, default=None,
-                        help="the PNG to write (default: HTML with .png instead of .html)")
+        "Debian) or CHROMIUM=/path/to/chrome. Playwright drives it; it downloads no browser.",
+    )
+    parser.add_argument(
+        "html",
+        nargs="?",
+        type=Path,
+        default=REPORTS_DIR / "stability.html",
+        help="the HTML file (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-o", "--output", type=Path, default=None, help="the PNG to write (default: HTML with .png instead of .html)"
+    )
     parser.add_argument("--width", type=int, default=1280, help="window width in px (default: %(default)s)")
-    parser.add_argument("--height", type=int, default=None,
-                        help=f"window height in px, e.g. 900 for the first screen "
-                             f"(default: the whole page, at most {MAX_HEIGHT})")
-    parser.add_argument("--timeout", type=float, default=90,
-                        help="seconds Chromium may take to start, and the page to load (default: %(default)s)")
+    parser.add_argument(
+        "--height",
+        type=int,
+        default=None,
+        help=f"window height in px, e.g. 900 for the first screen (default: the whole page, at most {MAX_HEIGHT})",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=90,
+        help="seconds Chromium may take to start, and the page to load (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     out = args.output or args.html.with_suffix(".png")
     try:

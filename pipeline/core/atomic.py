@@ -4,6 +4,7 @@ A stage killed mid-write leaves either the old file or no file, never a half-wri
 DVC would cache. A write that fails because the disk is full (ENOSPC, or EDQUOT: the quota) is
 reported as DiskFull, naming the file and saying the previous one was kept, instead of an OSError
 traceback from deep inside torch.save or numpy."""
+
 from __future__ import annotations
 
 import contextlib
@@ -71,8 +72,12 @@ def disk_full_error(dest: str | os.PathLike, e: BaseException, kept: str, hint: 
     code = disk_full_errno(e) or errno.ENOSPC
     what = "the disk quota is used up" if code == errno.EDQUOT else "the disk is full"
     advice = f"free some space there{f' or {hint}' if hint else ''}, then run the stage again"
-    return DiskFull(f"{dest}: {what} ({os.strerror(code)}) while writing to it, {_free_space(dest.parent)} free "
-                    f"on that filesystem now; {kept}; {advice}", dest, code)
+    return DiskFull(
+        f"{dest}: {what} ({os.strerror(code)}) while writing to it, {_free_space(dest.parent)} free "
+        f"on that filesystem now; {kept}; {advice}",
+        dest,
+        code,
+    )
 
 
 @contextlib.contextmanager
@@ -95,7 +100,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
         if is_disk_full(e) and not isinstance(e, DiskFull):
-            kept = (f"the previous {dest.name} is left as it was" if dest.exists() else f"{dest.name} was not written")
+            kept = f"the previous {dest.name} is left as it was" if dest.exists() else f"{dest.name} was not written"
             raise disk_full_error(dest, e, kept + " and the partial file removed") from e
         raise
 

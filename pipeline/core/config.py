@@ -8,6 +8,7 @@ wrong type or an impossible value stops the stage before any work, naming the ke
 `preset=NAME` or `fault=NAME` on a stage's command line composes `conf/` with that preset / fault
 instead, exactly as `dvc exp run -S preset=NAME` does (a fault alone keeps params.yaml's preset).
 """
+
 from __future__ import annotations
 
 import difflib
@@ -154,20 +155,29 @@ class EmbedConfig:
         _require(e.max_rows >= 0, "embed.max_rows", ">= 0 (0 = all rows)", e.max_rows)
         _require(e.nproc >= 1, "embed.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", e.nproc)
         _require(_DEVICE.fullmatch(e.device) is not None, "embed.device", "auto, cpu, cuda or cuda:N", e.device)
-        _require(e.delimiter in ("", "tab", "\\t") or (len(e.delimiter) == 1 and e.delimiter not in '"\r\n'
-                                                          and not e.delimiter.isalnum()),
-                 "embed.delimiter", "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
-                 "'tab', or '' for the format's own (',' for csv, tab for tsv)", e.delimiter)
+        _require(
+            e.delimiter in ("", "tab", "\\t")
+            or (len(e.delimiter) == 1 and e.delimiter not in '"\r\n' and not e.delimiter.isalnum()),
+            "embed.delimiter",
+            "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
+            "'tab', or '' for the format's own (',' for csv, tab for tsv)",
+            e.delimiter,
+        )
         _require(isinstance(e.splits, DictConfig), "embed.splits", "a mapping of split names to fractions", e.splits)
         splits = dict(e.splits)
         _require(set(splits) >= {"train", "val", "test"}, "embed.splits", "fractions for train, val and test", splits)
         for name, frac in splits.items():
-            _require(isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}",
-                     "a fraction in [0, 1]", frac)
+            _require(
+                isinstance(frac, (int, float)) and 0 <= frac <= 1, f"embed.splits.{name}", "a fraction in [0, 1]", frac
+            )
         _require(abs(sum(splits.values()) - 1) < 1e-6, "embed.splits", "fractions summing to 1", splits)
         for name in ("train", "val", "test"):
-            _require(splits[name] > 0, f"embed.splits.{name}", "> 0: train learns from train, is guided by val, and "
-                     "evaluate scores test", splits[name])
+            _require(
+                splits[name] > 0,
+                f"embed.splits.{name}",
+                "> 0: train learns from train, is guided by val, and evaluate scores test",
+                splits[name],
+            )
 
 
 @dataclass
@@ -193,21 +203,40 @@ class ModelConfig:
 
     @staticmethod
     def check(m: DictConfig) -> None:
-        _positive_ints(m, "model", ("lattice_width", "lattice_height", "lattice_depth", "max_active_flows",
-                                    "cell_state_dim", "neuron_hidden", "carrier_layers", "carrier_hidden", "max_steps",
-                                    "output_hidden", "patience"))
-        _require(0 < m.min_forward <= m.max_forward, "model.min_forward",
-                 f"0 < min_forward <= max_forward ({m.max_forward})", m.min_forward)
+        _positive_ints(
+            m,
+            "model",
+            (
+                "lattice_width",
+                "lattice_height",
+                "lattice_depth",
+                "max_active_flows",
+                "cell_state_dim",
+                "neuron_hidden",
+                "carrier_layers",
+                "carrier_hidden",
+                "max_steps",
+                "output_hidden",
+                "patience",
+            ),
+        )
+        _require(
+            0 < m.min_forward <= m.max_forward,
+            "model.min_forward",
+            f"0 < min_forward <= max_forward ({m.max_forward})",
+            m.min_forward,
+        )
         _require(m.max_lateral >= 0, "model.max_lateral", ">= 0", m.max_lateral)
         _require(0 <= m.energy_min < 1, "model.energy_min", "in [0, 1) (energies are tanh-bounded)", m.energy_min)
-        _require(0 < m.convergence_threshold <= 1, "model.convergence_threshold", "in (0, 1]",
-                 m.convergence_threshold)
+        _require(0 < m.convergence_threshold <= 1, "model.convergence_threshold", "in (0, 1]", m.convergence_threshold)
 
 
 @dataclass
 class GradScalerConfig:
-    """torch.amp.GradScaler settings (fp16 only). Defaults are the fix for the prototype's failure (docs/prototype.md); their failing
-    settings were 2**16, 2.0, 0.5, 100 (the `fp16_unstable` preset)."""
+    """torch.amp.GradScaler settings (fp16 only). Defaults are the fix for the prototype's failure
+    (docs/prototype.md); their failing settings were 2**16, 2.0, 0.5, 100 (the `fp16_unstable`
+    preset)."""
+
     init_scale: float = 1024.0
     growth_factor: float = 1.5
     backoff_factor: float = 0.5
@@ -286,25 +315,40 @@ class TrainConfig:
         _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
         GradScalerConfig.check(t.scaler)
         _require(t.spike_k > 0, "train.spike_k", "> 0", t.spike_k)
-        _require(t.spike_window >= MIN_SPIKE_WINDOW, "train.spike_window",
-                 f"an integer >= {MIN_SPIKE_WINDOW} (the mean and std of fewer losses flag ordinary noise as spikes)",
-                 t.spike_window)
-        _require(0 < t.grad_warning < t.grad_critical, "train.grad_warning",
-                 f"0 < grad_warning < grad_critical ({t.grad_critical})", t.grad_warning)
+        _require(
+            t.spike_window >= MIN_SPIKE_WINDOW,
+            "train.spike_window",
+            f"an integer >= {MIN_SPIKE_WINDOW} (the mean and std of fewer losses flag ordinary noise as spikes)",
+            t.spike_window,
+        )
+        _require(
+            0 < t.grad_warning < t.grad_critical,
+            "train.grad_warning",
+            f"0 < grad_warning < grad_critical ({t.grad_critical})",
+            t.grad_warning,
+        )
         _require(t.detect_anomaly_steps >= 0, "train.detect_anomaly_steps", ">= 0", t.detect_anomaly_steps)
-        _require(t.checkpoint_every >= 0 and t.checkpoint_every % t.log_every == 0, "train.checkpoint_every",
-                 f"0 (off) or a multiple of train.log_every ({t.log_every}), so a checkpoint closes a telemetry row",
-                 t.checkpoint_every)
+        _require(
+            t.checkpoint_every >= 0 and t.checkpoint_every % t.log_every == 0,
+            "train.checkpoint_every",
+            f"0 (off) or a multiple of train.log_every ({t.log_every}), so a checkpoint closes a telemetry row",
+            t.checkpoint_every,
+        )
         _require(_DEVICE.fullmatch(t.device) is not None, "train.device", "auto, cpu, cuda or cuda:N", t.device)
         _require(t.threads >= 0, "train.threads", ">= 0", t.threads)
-        _require(t.system_metrics_every_s >= 0, "train.system_metrics_every_s", ">= 0 seconds (0 = off)",
-                 t.system_metrics_every_s)
+        _require(
+            t.system_metrics_every_s >= 0,
+            "train.system_metrics_every_s",
+            ">= 0 seconds (0 = off)",
+            t.system_metrics_every_s,
+        )
         _require(t.nproc >= 1, "train.nproc", "an integer >= 1 (processes; 1 = no torch.distributed)", t.nproc)
 
 
 @dataclass
 class FaultConfig:
     """Deliberate faults that prove the detectors (conf/fault/*.yaml; `fault=nan_loss`)."""
+
     kind: FaultKind = FaultKind.none
     # First optimizer step hit (1-based). 15: the spike detector needs 10 losses of history, and
     # the smoke preset's 28 steps leave 13 to show recovery.
@@ -340,8 +384,12 @@ class EvaluateConfig:
     @staticmethod
     def check(ev: DictConfig) -> None:
         _require(ev.ridge_alpha >= 0, "evaluate.ridge_alpha", ">= 0", ev.ridge_alpha)
-        _require(ev.bootstrap_resamples >= 1000, "evaluate.bootstrap_resamples",
-                 ">= 1000 (fewer make the 95 % interval's ends noisy)", ev.bootstrap_resamples)
+        _require(
+            ev.bootstrap_resamples >= 1000,
+            "evaluate.bootstrap_resamples",
+            ">= 1000 (fewer make the 95 % interval's ends noisy)",
+            ev.bootstrap_resamples,
+        )
         _require(ev.bootstrap_seed >= 0, "evaluate.bootstrap_seed", ">= 0", ev.bootstrap_seed)
 
 
@@ -349,6 +397,7 @@ class EvaluateConfig:
 class ReportConfig:
     """The report's thresholds (pipeline/report/checks.py). It also judges by train.grad_warning,
     train.grad_critical, train.spike_k and train.spike_window: the trainer flags with them."""
+
     warmup_steps: int = 10  # the first steps pay for allocator growth / autotuning: not steady state
     memory_alpha: float = 0.01  # significance level of the memory slope test
     memory_min_mb_per_1k: float = 20.0  # below this a leak needs 50k steps to cost 1 GB: not urgent
@@ -377,12 +426,20 @@ class ReportConfig:
         _require(r.warmup_steps >= 0, "report.warmup_steps", ">= 0", r.warmup_steps)
         _require(0 < r.memory_alpha < 1, "report.memory_alpha", "in (0, 1)", r.memory_alpha)
         _require(r.step_time_max_ratio > 0, "report.step_time_max_ratio", "> 0", r.step_time_max_ratio)
-        _require(0 < r.grad_healthy_min < t.grad_warning, "report.grad_healthy_min",
-                 f"0 < grad_healthy_min < train.grad_warning ({t.grad_warning})", r.grad_healthy_min)
+        _require(
+            0 < r.grad_healthy_min < t.grad_warning,
+            "report.grad_healthy_min",
+            f"0 < grad_healthy_min < train.grad_warning ({t.grad_warning})",
+            r.grad_healthy_min,
+        )
         for k in ("grad_max_critical_fraction", "nonfinite_warn_fraction", "scaler_max_backoff_fraction"):
             _require(0 <= r[k] <= 1, f"report.{k}", "a fraction in [0, 1]", r[k])
-        _require(r.spike_fail_factor > 1, "report.spike_fail_factor",
-                 "> 1 (a spike this many times the trailing mean loss fails)", r.spike_fail_factor)
+        _require(
+            r.spike_fail_factor > 1,
+            "report.spike_fail_factor",
+            "> 1 (a spike this many times the trailing mean loss fails)",
+            r.spike_fail_factor,
+        )
         _require(r.scaler_min_scale > 0, "report.scaler_min_scale", "> 0", r.scaler_min_scale)
         _require(r.learning_min_gain >= 0, "report.learning_min_gain", ">= 0", r.learning_min_gain)
 
@@ -457,20 +514,29 @@ def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) 
         unknown = re.match(r"Could not override '([^']+)'", str(e))
         if unknown:
             raise ConfigError(unknown_key_message(unknown.group(1))) from None
-        if any(m in str(e) for m in ("LexerNoViableAltException", "mismatched input", "token recognition",
-                                     "no viable alternative")):
-            bad = (next((o for o in overrides if o in str(e)), None)
-                   or next((o for o in overrides if "=" in o and o.split("=", 1)[1] and o.split("=", 1)[1] in str(e)),
-                           None) or str(e).splitlines()[0])
-            raise ConfigError(f"cannot parse the override {bad!r}: Hydra reads the value as an expression, and "
-                              "characters such as ; , [ ] { } ( ) = need quotes around it, e.g. "
-                              "embed.delimiter=';' (in a shell: \"embed.delimiter=';'\")") from None
+        if any(
+            m in str(e)
+            for m in ("LexerNoViableAltException", "mismatched input", "token recognition", "no viable alternative")
+        ):
+            bad = (
+                next((o for o in overrides if o in str(e)), None)
+                or next(
+                    (o for o in overrides if "=" in o and o.split("=", 1)[1] and o.split("=", 1)[1] in str(e)), None
+                )
+                or str(e).splitlines()[0]
+            )
+            raise ConfigError(
+                f"cannot parse the override {bad!r}: Hydra reads the value as an expression, and "
+                "characters such as ; , [ ] { } ( ) = need quotes around it, e.g. "
+                "embed.delimiter=';' (in a shell: \"embed.delimiter=';'\")"
+            ) from None
         raise ConfigError(f"bad override in {overrides}: {str(e).splitlines()[0]}") from None
     except (ValueError, TypeError, AssertionError, KeyError) as e:
         # Hydra's internals on an override its grammar let through (preset=${oc.decode:'[1]'}):
         # still the command line's fault, named as such.
-        raise ConfigError(f"bad override in {overrides}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                          ) from None
+        raise ConfigError(
+            f"bad override in {overrides}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        ) from None
     finally:
         GlobalHydra.instance().clear()
     return raw, str(params_file if not use_conf else config_dir)
@@ -487,8 +553,9 @@ def _check_group_choices(overrides: Sequence[str]) -> None:
         if value not in known:
             close = [k for k in known if value and k.startswith(value)] or difflib.get_close_matches(value, known, n=1)
             hint = f" (did you mean {key}={close[0]}?)" if close else ""
-            raise ConfigError(f"{key}={value}: there is no conf/{key}/{value}.yaml{hint}; expected one of: "
-                              f"{', '.join(known)}")
+            raise ConfigError(
+                f"{key}={value}: there is no conf/{key}/{value}.yaml{hint}; expected one of: {', '.join(known)}"
+            )
 
 
 def _check_yaml(path: Path) -> None:
@@ -502,16 +569,20 @@ def _check_yaml(path: Path) -> None:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}: not valid YAML{where} ({problem}); expected the sections run, embed, model, train, "
-                          f"... as in conf/config.yaml (`git diff {path.name}` shows what changed)") from None
+        raise ConfigError(
+            f"{path}: not valid YAML{where} ({problem}); expected the sections run, embed, model, train, "
+            f"... as in conf/config.yaml (`git diff {path.name}` shows what changed)"
+        ) from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot be read ({e})") from None
     if doc is not None and not isinstance(doc, dict):
         raise ConfigError(f"{path}: holds a {type(doc).__name__}, expected a mapping of sections (run, embed, ...)")
     for section, value in (doc or {}).items():
         if section in Config.__dataclass_fields__ and value is not None and not isinstance(value, dict):
-            raise ConfigError(f"{path}: section '{section}' is {value!r}, expected a mapping of its keys "
-                              f"({', '.join(sorted(OmegaConf.structured(Config)[section].keys())[:6])}, ...)")
+            raise ConfigError(
+                f"{path}: section '{section}' is {value!r}, expected a mapping of its keys "
+                f"({', '.join(sorted(OmegaConf.structured(Config)[section].keys())[:6])}, ...)"
+            )
 
 
 def validate(raw: Any, source: str = "config") -> DictConfig:
@@ -548,7 +619,7 @@ def _choices(schema: DictConfig, key: str) -> type[Enum] | None:
 
 
 def choice_message(key: str, value: Any, choices: type[Enum]) -> str:
-    """"parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 (did you mean
+    """ "parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 (did you mean
     train.precision=fp16?)": OmegaConf's own message names neither the parameter nor what to write."""
     names = [c.name for c in choices]
     close = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []
@@ -572,15 +643,17 @@ def _check_paths(cfg: DictConfig) -> None:
         if not value:
             continue  # "" = off (embed.cache_dir)
         parts = Path(value).parts
-        fixed = Path(*parts[:next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))] or ["."])
+        fixed = Path(*parts[: next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))] or ["."])
         resolved = (root / fixed).resolve()  # an absolute path replaces root
         if not resolved.is_relative_to(root):
-            raise ConfigError(f"parameter '{key}' = {value!r} resolves to {resolved}, outside the project ({root}); "
-                              "expected a path inside it, or set run.allow_external_paths=true to allow it")
+            raise ConfigError(
+                f"parameter '{key}' = {value!r} resolves to {resolved}, outside the project ({root}); "
+                "expected a path inside it, or set run.allow_external_paths=true to allow it"
+            )
 
 
 def unknown_key_message(key: str) -> str:
-    """"unknown key 'embed.foo'; expected one of the keys of 'embed': ..." with the nearest
+    """ "unknown key 'embed.foo'; expected one of the keys of 'embed': ..." with the nearest
     spelling when there is one (train.batchsize -> train.batch_size)."""
     section, _, name = key.rpartition(".")
     node = OmegaConf.select(OmegaConf.structured(Config), section) if section else OmegaConf.structured(Config)

@@ -12,6 +12,7 @@ The backend follows the device: nccl on CUDA, gloo on CPU. Only rank 0 talks: th
 log warnings and errors only, each line prefixed with its rank (`[train rank 1] ...`), and show
 no progress bar.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,6 +38,7 @@ TIMEOUT = datetime.timedelta(minutes=10)
 @dataclass(frozen=True)
 class Dist:
     """This process's place in the job; Dist() is the single-process case."""
+
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -58,8 +60,11 @@ class Dist:
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place across ranks (sum, max or min); a no-op for one process. Returns the tensor."""
         if self.enabled:
-            ops = {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX,
-                   "min": torch.distributed.ReduceOp.MIN}
+            ops = {
+                "sum": torch.distributed.ReduceOp.SUM,
+                "max": torch.distributed.ReduceOp.MAX,
+                "min": torch.distributed.ReduceOp.MIN,
+            }
             torch.distributed.all_reduce(tensor, op=ops[op])
         return tensor
 
@@ -79,9 +84,12 @@ class Dist:
 def from_env() -> Dist:
     """The place torchrun gave this process (RANK, WORLD_SIZE, ...), without joining a group."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    return Dist(rank=int(os.environ.get("RANK", "0")), world_size=world,
-                local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-                local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
+    return Dist(
+        rank=int(os.environ.get("RANK", "0")),
+        world_size=world,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", str(world))),
+    )
 
 
 def under_launcher() -> bool:
@@ -102,13 +110,17 @@ def available_device(key: str, name: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ConfigError(f"parameter '{key}' = {name!r}, but this machine has no CUDA device (torch "
-                              f"{torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA); "
-                              f"expected {key}=cpu or auto")
+            raise ConfigError(
+                f"parameter '{key}' = {name!r}, but this machine has no CUDA device (torch "
+                f"{torch.__version__}, built {'with' if torch.version.cuda else 'without'} CUDA); "
+                f"expected {key}=cpu or auto"
+            )
         index = torch.device(name).index
         if index is not None and index >= torch.cuda.device_count():
-            raise ConfigError(f"parameter '{key}' = {name!r}, but this machine has {torch.cuda.device_count()} CUDA "
-                              f"device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1}); expected one of them")
+            raise ConfigError(
+                f"parameter '{key}' = {name!r}, but this machine has {torch.cuda.device_count()} CUDA "
+                f"device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1}); expected one of them"
+            )
     return name
 
 
@@ -135,8 +147,9 @@ def process_group(device: torch.device) -> Iterator[Dist]:
         gpu = torch.device("cuda", place.local_rank)
         torch.cuda.set_device(gpu)
     # With nccl, small host-side exchanges (broadcast_text) still go over gloo: one group, both.
-    torch.distributed.init_process_group("cpu:gloo,cuda:nccl" if backend == "nccl" else backend, timeout=TIMEOUT,
-                                         device_id=gpu)
+    torch.distributed.init_process_group(
+        "cpu:gloo,cuda:nccl" if backend == "nccl" else backend, timeout=TIMEOUT, device_id=gpu
+    )
     try:
         yield Dist(place.rank, place.world_size, place.local_rank, place.local_world_size, backend)
     finally:
@@ -177,9 +190,17 @@ def launch(nproc: int, module: str, args: Sequence[str], stage: str) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, start_method="spawn",
-                          monitor_interval=0.1)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        start_method="spawn",
+        monitor_interval=0.1,
+    )
     # torchrun's own loggers set their level at import (WARNING): quiet them, as the failure and
     # the signal are reported below in one line each (they add "Received 15 death signal" and an
     # "E ... failed (exitcode: 1)" line with a pointer to torchrun's error-file docs).
@@ -192,8 +213,11 @@ def launch(nproc: int, module: str, args: Sequence[str], stage: str) -> int:
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode  # -15: killed by SIGTERM
-        print(f"[{stage}] rank {rank} of {nproc} failed first (exit code {failure.exitcode}); its message is "
-              "above. The other ranks were stopped.", file=sys.stderr)
+        print(
+            f"[{stage}] rank {rank} of {nproc} failed first (exit code {failure.exitcode}); its message is "
+            "above. The other ranks were stopped.",
+            file=sys.stderr,
+        )
         return code
     except SignalException as e:
         print(f"[{stage}] stopped by {e.sigval.name}: the {nproc} ranks were stopped", file=sys.stderr)

@@ -25,6 +25,7 @@ reproducible on this machine only. `stages/__init__.py` calls `pin()` before any
 torch, so every stage, DVC's and torchrun's processes included, gets it (the environment is
 inherited by child processes too).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,7 +51,7 @@ _pinned: dict = {}  # what pin() found and set in this process
 
 
 def mode(environ: MutableMapping[str, str] | None = None) -> str:
-    """"portable" or "native" as asked by ENERGY_FLOW_NUMERICS (unset: portable)."""
+    """ "portable" or "native" as asked by ENERGY_FLOW_NUMERICS (unset: portable)."""
     env = os.environ if environ is None else environ
     value = env.get(MODE_VAR, "").strip().lower() or "portable"
     if value not in MODES:

@@ -23,6 +23,7 @@ object. So dvc.yaml declares the DVC outputs at fixed paths (DVC_OUTPUTS), and u
 DVC_STAGE) a stage refuses embed.out_dir / train.out_dir anywhere else; run by hand, a stage may
 write wherever these rules allow.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,8 +43,21 @@ from pipeline.core.paths import REPO_ROOT
 
 MARK = ".energy-flow-output.json"
 # Parts of the project no output may be, contain or lie inside (besides the root itself).
-PROJECT_PARTS = (".git", ".dvc", ".ci", ".venv", "conf", "pipeline", "stages", "tools", "tests", "bench", "docs",
-                 "mlruns", ".mlflow-pending")
+PROJECT_PARTS = (
+    ".git",
+    ".dvc",
+    ".ci",
+    ".venv",
+    "conf",
+    "pipeline",
+    "stages",
+    "tools",
+    "tests",
+    "bench",
+    "docs",
+    "mlruns",
+    ".mlflow-pending",
+)
 # Where stages write fixed files (dvc.yaml): a configured output directory must not overlap them.
 FIXED_OUTPUT_DIRS = ("metrics", "telemetry", "reports")
 _SHOWN = 3  # files named in a message when a directory holds more
@@ -60,6 +74,7 @@ class Kind:
     """What a stage keeps in a directory of its own. A directory made before marks existed is
     recognised by what it holds: the `files` named here, or (shards, the embedding cache, which
     have no fixed names) their own layout (see _foreign_files)."""
+
     name: str
     stage: str
     what: str  # for messages: "embedding shards"
@@ -83,8 +98,12 @@ class Output:
 # to each other).
 DVC_OUTPUTS = {"embed.out_dir": "data/shards", "train.out_dir": "models"}
 
-OUTPUTS = (Output("embed.out_dir", SHARDS), Output("embed.cache_dir", EMBEDDING_CACHE),
-           Output("train.out_dir", MODEL), Output("train.checkpoint_dir", CHECKPOINTS))
+OUTPUTS = (
+    Output("embed.out_dir", SHARDS),
+    Output("embed.cache_dir", EMBEDDING_CACHE),
+    Output("train.out_dir", MODEL),
+    Output("train.checkpoint_dir", CHECKPOINTS),
+)
 KIND_OF_KEY = {o.key: o.kind for o in OUTPUTS}
 
 
@@ -93,11 +112,21 @@ KIND_OF_KEY = {o.key: o.kind for o in OUTPUTS}
 
 def mark_text(kind: Kind) -> str:
     """The mark's content: fixed per kind, so identical runs give identical DVC outputs."""
-    return json.dumps({"kind": kind.name, "made_by": f"the energy-flow {kind.stage} stage",
-                       "note": f"this directory holds {kind.what}; the {kind.stage} stage made it, writes into it"
-                               f"{' and replaces it as a whole' if kind.replaces else ''}. A stage writes only "
-                               "into a directory it made (this file says so), an empty one, or one holding only "
-                               "its own files."}, indent=2, sort_keys=True) + "\n"
+    return (
+        json.dumps(
+            {
+                "kind": kind.name,
+                "made_by": f"the energy-flow {kind.stage} stage",
+                "note": f"this directory holds {kind.what}; the {kind.stage} stage made it, writes into it"
+                f"{' and replaces it as a whole' if kind.replaces else ''}. A stage writes only "
+                "into a directory it made (this file says so), an empty one, or one holding only "
+                "its own files.",
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
 
 
 def write_mark(directory: Path, kind: Kind) -> None:
@@ -174,15 +203,18 @@ def ownership_problem(directory: Path, kind: Kind) -> str | None:
     if found is None:
         foreign = _foreign_files(directory, kind, names)
         if foreign:
-            return (f"is an existing directory the {kind.stage} stage did not create: it holds {_listing(foreign)}"
-                    + (", which replacing it would delete" if kind.replaces else ""))
+            return f"is an existing directory the {kind.stage} stage did not create: it holds {_listing(foreign)}" + (
+                ", which replacing it would delete" if kind.replaces else ""
+            )
         return None
     if kind is SHARDS and names:
         # Marked: the stage made it; but it is replaced as a whole, so nothing else may be in it.
         foreign = _not_shards(directory, names)
         if foreign:
-            return (f"holds {_listing(foreign)}, which the embed stage did not write (its manifest does not list "
-                    "them) and replacing the directory would delete")
+            return (
+                f"holds {_listing(foreign)}, which the embed stage did not write (its manifest does not list "
+                "them) and replacing the directory would delete"
+            )
     return None
 
 
@@ -192,8 +224,11 @@ def claim(directory: str | os.PathLike, kind: Kind, key: str | None = None) -> P
     directory = Path(directory)
     problem = ownership_problem(directory, kind)
     if problem:
-        raise ConfigError(_message(key or "output directory", str(directory), directory.resolve(), problem,
-                                   _ownership_advice(kind, key)))
+        raise ConfigError(
+            _message(
+                key or "output directory", str(directory), directory.resolve(), problem, _ownership_advice(kind, key)
+            )
+        )
     directory.mkdir(parents=True, exist_ok=True)
     if read_mark(directory) != kind.name:
         write_mark(directory, kind)
@@ -213,8 +248,12 @@ def remove_stale_siblings(directory: Path, kind: Kind) -> None:
     if not directory.parent.is_dir():
         return
     for sibling in directory.parent.glob(f".{glob.escape(directory.name)}.*"):
-        if sibling.suffix in (".tmp", ".old") and sibling.is_dir() and not sibling.is_symlink() \
-                and read_mark(sibling) == kind.name:
+        if (
+            sibling.suffix in (".tmp", ".old")
+            and sibling.is_dir()
+            and not sibling.is_symlink()
+            and read_mark(sibling) == kind.name
+        ):
             shutil.rmtree(sibling, ignore_errors=True)
 
 
@@ -268,8 +307,10 @@ def _layout_advice(kind: Kind, key: str) -> str:
 
 def _ownership_advice(kind: Kind, key: str | None) -> str:
     what = "replaces" if kind.replaces else "writes into"
-    return (f"the {kind.stage} stage {what} only a new or empty directory, or one it made (marked by the file {MARK}): "
-            f"move those files elsewhere, or set {key or 'the output directory'} to another directory{_default(key)}")
+    return (
+        f"the {kind.stage} stage {what} only a new or empty directory, or one it made (marked by the file {MARK}): "
+        f"move those files elsewhere, or set {key or 'the output directory'} to another directory{_default(key)}"
+    )
 
 
 def layout_problems(cfg) -> list[tuple[str, str, Path, str]]:
@@ -297,8 +338,10 @@ def layout_problems(cfg) -> list[tuple[str, str, Path, str]]:
             for data in inputs:
                 how = _related(path, data)
                 if how:
-                    problem = (f"{how} the dataset (embed.dataset = {str(cfg.embed.dataset)!r}"
-                               f"{'' if data == _resolve(str(cfg.embed.dataset)) else f', which reads {data}'})")
+                    problem = (
+                        f"{how} the dataset (embed.dataset = {str(cfg.embed.dataset)!r}"
+                        f"{'' if data == _resolve(str(cfg.embed.dataset)) else f', which reads {data}'})"
+                    )
                     break
         if problem:
             problems[key] = (key, value, path, problem)
@@ -314,8 +357,12 @@ def layout_problems(cfg) -> list[tuple[str, str, Path, str]]:
                 continue
             if other_key in changed and key not in changed:  # blame the other one, from its side
                 other_value = next(v for k, v, _ in placed if k == other_key)
-                problems[other_key] = (other_key, other_value, other,
-                                       f"{_related(other, path)} another output: {key} ({path})")
+                problems[other_key] = (
+                    other_key,
+                    other_value,
+                    other,
+                    f"{_related(other, path)} another output: {key} ({path})",
+                )
             else:
                 shown = other_key if other_key.endswith(")") else f"{other_key} ({other})"
                 problems[key] = (key, value, path, f"{how} another output: {shown}")
@@ -335,9 +382,12 @@ def check_outputs(cfg, stage: str) -> None:
                     f"parameter '{key}' = {value!r}: under DVC (dvc repro, dvc exp run) the {stage_of} stage's output "
                     f"is {declared}, as dvc.yaml declares it; DVC would neither track nor restore {value}. Set "
                     f"{key}={declared}, or run the stage by hand to write elsewhere "
-                    f"(python -m stages.{stage_of} {key}={value})")
-    problems = [_message(key, value, path, problem, _layout_advice(KIND_OF_KEY[key], key))
-                for key, value, path, problem in layout_problems(cfg)]
+                    f"(python -m stages.{stage_of} {key}={value})"
+                )
+    problems = [
+        _message(key, value, path, problem, _layout_advice(KIND_OF_KEY[key], key))
+        for key, value, path, problem in layout_problems(cfg)
+    ]
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:

@@ -1,5 +1,6 @@
 """Where things are. Everything resolves from the repository root, not the working directory,
 so `dvc exp run --temp/--queue` (which run in a copy elsewhere) still find the project's store."""
+
 from __future__ import annotations
 
 import os

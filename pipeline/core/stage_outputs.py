@@ -1,6 +1,7 @@
 """Reading the files an earlier stage wrote (metrics, telemetry, the run file): one that is
 missing or damaged (edited by hand, cut short by a full disk, a merge conflict) is named, with the
 stage that writes it and how to write it again, instead of a JSON or CSV parser's traceback."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ def read_json(path: str | Path, stage: str, expect: type = dict) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise PipelineError(f"{path}: cannot be read ({e}); {_again(stage)}") from None
     except json.JSONDecodeError as e:
-        raise PipelineError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); {_again(stage)}") \
-            from None
+        raise PipelineError(
+            f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); {_again(stage)}"
+        ) from None
     if not isinstance(value, expect):
         wanted = "an object" if expect is dict else f"a {expect.__name__}"
         raise PipelineError(f"{path}: holds a JSON {type(value).__name__}, expected {wanted}; {_again(stage)}")

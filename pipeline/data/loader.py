@@ -20,6 +20,7 @@ number of batches (DDP needs that: a rank with one batch more would wait forever
 its gradient all-reduce), and the up to world_size - 1 batches left over are dropped, as drop_last
 drops a partial batch; with even=False (evaluation) nothing is dropped.
 """
+
 from __future__ import annotations
 
 import queue
@@ -38,15 +39,25 @@ class BatchLoader:
     The order depends only on (seed, epoch): call set_epoch(e) before iterating epoch e, and a
     run resumed at epoch e sees exactly the batches the original run would have."""
 
-    def __init__(self, inputs: Any, targets: Any, batch_size: int,
-                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
-                 pin_memory: bool = False, prefetch: int = 0, rank: int = 0, world_size: int = 1,
-                 even: bool = True):
+    def __init__(
+        self,
+        inputs: Any,
+        targets: Any,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        prefetch: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        even: bool = True,
+    ):
         if len(inputs) != len(targets):
-            raise ValueError(f"inputs have {len(inputs)} rows but targets have {len(targets)}; "
-                             "expected the same number")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
+            raise ValueError(
+                f"inputs have {len(inputs)} rows but targets have {len(targets)}; expected the same number"
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}; expected a positive integer")
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"prefetch={prefetch!r}; expected an integer >= 0 (batches prepared ahead)")
@@ -101,7 +112,7 @@ class BatchLoader:
             start = (local * self.world_size + self.rank) * self.batch_size
             # Sorting keeps the batch's members but turns random reads of a memory map into
             # forward ones; the order inside a batch does not matter to the loss.
-            yield np.sort(order[start:start + self.batch_size])
+            yield np.sort(order[start : start + self.batch_size])
 
     @staticmethod
     def _gather(arr: Any, idx: np.ndarray) -> np.ndarray:

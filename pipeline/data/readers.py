@@ -6,6 +6,7 @@ file, the 1-based data row and the field, and says what was expected: the user s
 fix the file from the message alone. Whatever a parser raises on a user's file becomes a
 DatasetError naming the file (no traceback reaches the user, MemoryError aside).
 """
+
 from __future__ import annotations
 
 import csv
@@ -103,8 +104,9 @@ def read_pairs(
     try:
         exists, is_file, is_dir = path.exists(), path.is_file(), path.is_dir()
     except (OSError, ValueError) as e:
-        raise DatasetError(f"{str(path)!r}: cannot be read ({getattr(e, 'strerror', None) or e}); expected a "
-                           "readable dataset file") from e
+        raise DatasetError(
+            f"{str(path)!r}: cannot be read ({getattr(e, 'strerror', None) or e}); expected a readable dataset file"
+        ) from e
     if not exists:
         raise _not_found(path)
     fmt = _resolve_format(path, fmt)
@@ -117,8 +119,12 @@ def read_pairs(
             raise DatasetError(f"{path}: empty file (0 bytes); expected a {fmt} dataset")
         roles = {}
         group_field = group_field or None
-        for field, key in ((input_field, "embed.input_field"), (target_field, "embed.target_field"),
-                           (id_field, "embed.id_field"), (group_field, "embed.group_field")):
+        for field, key in (
+            (input_field, "embed.input_field"),
+            (target_field, "embed.target_field"),
+            (id_field, "embed.id_field"),
+            (group_field, "embed.group_field"),
+        ):
             if field is not None:
                 roles.setdefault(field, key)
         fields = list(roles)
@@ -136,14 +142,16 @@ def read_pairs(
     except (PipelineError, MemoryError):
         raise
     except RecursionError:
-        raise DatasetError(f"{path}: nested too deeply to read (more levels of arrays/objects than Python's "
-                           f"recursion limit); expected {_EXPECTED[fmt]} with a few levels of nesting") from None
+        raise DatasetError(
+            f"{path}: nested too deeply to read (more levels of arrays/objects than Python's "
+            f"recursion limit); expected {_EXPECTED[fmt]} with a few levels of nesting"
+        ) from None
     except OSError as e:
-        raise DatasetError(f"{path}: cannot be read ({e.strerror or e}); expected a readable {fmt} dataset "
-                           "file") from e
+        raise DatasetError(f"{path}: cannot be read ({e.strerror or e}); expected a readable {fmt} dataset file") from e
     except Exception as e:  # last resort: whatever a parser raised on this file's content
-        raise DatasetError(f"{path}: could not be read as {fmt.upper()} ({type(e).__name__}: {_detail(e)}); "
-                           f"expected {_EXPECTED[fmt]}") from e
+        raise DatasetError(
+            f"{path}: could not be read as {fmt.upper()} ({type(e).__name__}: {_detail(e)}); expected {_EXPECTED[fmt]}"
+        ) from e
 
 
 def _detail(e: BaseException) -> str:
@@ -160,8 +168,9 @@ def dataset_files(spec: str | os.PathLike, *, allowed_root: Path | None = None) 
     return dataset_listing(spec, allowed_root=allowed_root)[0]
 
 
-def dataset_listing(spec: str | os.PathLike, *, allowed_root: Path | None = None
-                    ) -> tuple[list[Path], list[tuple[Path, str]]]:
+def dataset_listing(
+    spec: str | os.PathLike, *, allowed_root: Path | None = None
+) -> tuple[list[Path], list[tuple[Path, str]]]:
     """(files to read, [(path, reason) for every directory entry or glob match not read])."""
     text = str(spec)
     path = Path(text)
@@ -183,13 +192,17 @@ def dataset_listing(spec: str | os.PathLike, *, allowed_root: Path | None = None
                 if not real.is_relative_to(root):
                     raise ConfigError(
                         f"embed.dataset = {text!r}: {where} {f}, which resolves to {real}, outside the project "
-                        f"({root}); expected files inside it, or set run.allow_external_paths=true to allow it")
+                        f"({root}); expected files inside it, or set run.allow_external_paths=true to allow it"
+                    )
     except OSError as e:
-        raise DatasetError(f"{text}: cannot be listed ({e.strerror or e}: {e.filename or text}); expected a "
-                           "readable dataset file, directory or glob pattern") from e
+        raise DatasetError(
+            f"{text}: cannot be listed ({e.strerror or e}: {e.filename or text}); expected a "
+            "readable dataset file, directory or glob pattern"
+        ) from e
     except ValueError as e:  # a NUL in the path
-        raise DatasetError(f"{text!r}: not a usable path ({e}); expected a dataset file, directory or glob "
-                           "pattern") from None
+        raise DatasetError(
+            f"{text!r}: not a usable path ({e}); expected a dataset file, directory or glob pattern"
+        ) from None
     return files, skipped
 
 
@@ -199,15 +212,17 @@ def _glob_files(text: str, path: Path) -> tuple[list[Path], list[tuple[Path, str
     try:
         matches = sorted(root.glob(pattern))
     except (ValueError, NotImplementedError) as e:
-        raise DatasetError(f"{text}: invalid glob pattern ({e}); expected a pattern such as "
-                           "'data/raw/part-*.jsonl'") from None
+        raise DatasetError(
+            f"{text}: invalid glob pattern ({e}); expected a pattern such as 'data/raw/part-*.jsonl'"
+        ) from None
     # A pattern whose last part does not start with '.' does not mean hidden files (.DS_Store,
     # macOS's ._name.csv resource forks), though pathlib's glob matches them.
     files, skipped = _partition(matches, hidden_ok=path.name.startswith("."), need_extension=False)
     if not files:
         held = f" (it matches only: {_describe(skipped)})" if skipped else ""
-        fixed = Path(*[p for p in path.parts[:next(i for i, p in enumerate(path.parts) if any(c in p for c in "*?["))]]
-                     or ["."])
+        fixed = Path(
+            *[p for p in path.parts[: next(i for i, p in enumerate(path.parts) if any(c in p for c in "*?["))]] or ["."]
+        )
         near = "" if fixed.is_dir() else f"; {fixed} does not exist (nearest existing parent: {_nearest_parent(fixed)})"
         raise DatasetError(f"{text}: no file matches this pattern{held}{near}; expected one or more dataset files")
     return files, skipped, "the glob matches"
@@ -229,8 +244,10 @@ def _directory_files(path: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     files, skipped = _partition(sorted(path.iterdir()), hidden_ok=False, need_extension=True)
     if not files:
         held = f"it holds: {_describe(skipped)}" if skipped else "it is empty"
-        raise DatasetError(f"{path}: directory holds no dataset file ({held}); expected files ending in "
-                           f"{', '.join(sorted(EXTENSIONS))}")
+        raise DatasetError(
+            f"{path}: directory holds no dataset file ({held}); expected files ending in "
+            f"{', '.join(sorted(EXTENSIONS))}"
+        )
     return files, skipped
 
 
@@ -265,8 +282,10 @@ def _nearest_parent(path: Path) -> str:
 def _not_found(path: Path, directory: bool = False) -> DatasetError:
     """'not found' for a path that does not exist: the nearest existing parent, a close name."""
     if path.is_symlink():
-        return DatasetError(f"{path}: broken symbolic link (it points to {os.readlink(path)}, which does not "
-                            "exist); expected a dataset file")
+        return DatasetError(
+            f"{path}: broken symbolic link (it points to {os.readlink(path)}, which does not "
+            "exist); expected a dataset file"
+        )
     near = _nearest_parent(path)
     close = ""
     if path.parent.is_dir():
@@ -283,13 +302,24 @@ def _not_found(path: Path, directory: bool = False) -> DatasetError:
         fmt = EXTENSIONS.get(ext)
         what = f"a {fmt} dataset" if fmt else "a dataset file"
         return DatasetError(f"{path}: file not found (nearest existing parent: {near}{close}); expected {what}")
-    return DatasetError(f"{path}: does not exist (no such file or directory; nearest existing parent: {near}"
-                        f"{close}); expected a dataset file, a directory of dataset files or a glob pattern")
+    return DatasetError(
+        f"{path}: does not exist (no such file or directory; nearest existing parent: {near}"
+        f"{close}); expected a dataset file, a directory of dataset files or a glob pattern"
+    )
 
 
-def read_dataset(spec: str | os.PathLike, input_field: str, target_field: str, id_field: str | None = None,
-                 fmt: str = "auto", skip_empty: bool = False, delimiter: str = "", *,
-                 allowed_root: Path | None = None, group_field: str | None = None) -> pd.DataFrame:
+def read_dataset(
+    spec: str | os.PathLike,
+    input_field: str,
+    target_field: str,
+    id_field: str | None = None,
+    fmt: str = "auto",
+    skip_empty: bool = False,
+    delimiter: str = "",
+    *,
+    allowed_root: Path | None = None,
+    group_field: str | None = None,
+) -> pd.DataFrame:
     """read_pairs over every file of a dataset spec (see dataset_files), concatenated in file
     order. Ids must be unique across files too; the error names both files.
 
@@ -304,16 +334,20 @@ def read_dataset(spec: str | os.PathLike, input_field: str, target_field: str, i
         if id_field is not None:
             for i in df["id"]:
                 if i in seen:  # within one file read_pairs has already refused repeats
-                    raise DatasetError(f"duplicate id {i!r} in field {id_field!r}: in {seen[i]} and in {f}; "
-                                       "expected every id to be unique across the dataset's files")
+                    raise DatasetError(
+                        f"duplicate id {i!r} in field {id_field!r}: in {seen[i]} and in {f}; "
+                        "expected every id to be unique across the dataset's files"
+                    )
                 seen.setdefault(i, f)
         frames.append(df)
     out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
     if len(out) == 0:
         where = str(files[0]) if len(files) == 1 else f"{spec} ({len(files)} files)"
-        raise DatasetError(f"{where}: no rows left: every one of the {skipped} rows read has an empty or null input or "
-                           "target text and was skipped (embed.empty_text=skip); expected at least one row with "
-                           "both texts")
+        raise DatasetError(
+            f"{where}: no rows left: every one of the {skipped} rows read has an empty or null input or "
+            "target text and was skipped (embed.empty_text=skip); expected at least one row with "
+            "both texts"
+        )
     out.attrs["rows_skipped_empty"] = skipped
     out.attrs["files"] = files
     out.attrs["files_skipped"] = files_skipped
@@ -359,9 +393,11 @@ def resolve_delimiter(delimiter: str | None, fmt: str) -> str:
         return "\t"
     if len(delimiter) == 1 and delimiter not in '"\r\n' and not delimiter.isalnum():
         return delimiter
-    raise ConfigError(f"embed.delimiter = {delimiter!r}: expected one character that is not a letter, digit, "
-                      "quote or newline (e.g. ';' or '|'), 'tab', or '' for the format's own (',' for csv, "
-                      "tab for tsv)")
+    raise ConfigError(
+        f"embed.delimiter = {delimiter!r}: expected one character that is not a letter, digit, "
+        "quote or newline (e.g. ';' or '|'), 'tab', or '' for the format's own (',' for csv, "
+        "tab for tsv)"
+    )
 
 
 def _sep_name(sep: str) -> str:
@@ -375,8 +411,9 @@ def _binary_kind(head: bytes) -> str | None:
             return name
     # UTF-8 text never contains NUL; UTF-16 text and most binary formats do.
     if b"\x00" in head:
-        if len(head) >= 4 and (head[1::2].count(0) > 0.9 * (len(head) // 2)
-                               or head[0::2].count(0) > 0.9 * ((len(head) + 1) // 2)):
+        if len(head) >= 4 and (
+            head[1::2].count(0) > 0.9 * (len(head) // 2) or head[0::2].count(0) > 0.9 * ((len(head) + 1) // 2)
+        ):
             return "UTF-16 text without a byte-order mark (every other byte is NUL)"
         # A stray NUL in otherwise valid UTF-8 text (a bad export, a "\u0000" pasted in) is left to
         # the per-field check, which names its row and field; many NULs, or bytes that are not
@@ -407,7 +444,7 @@ def _read_text(path: Path, fmt: str) -> str:
         column = start - (data.rfind(b"\n", 0, start) + 1) + 1
         raise DatasetError(
             f"{path}: not valid UTF-8 at line {line} (byte offset {start}, column {column}: "
-            f"{data[start:start + 4]!r}); expected UTF-8 {fmt.upper()} text — "
+            f"{data[start : start + 4]!r}); expected UTF-8 {fmt.upper()} text — "
             "re-save the file as UTF-8 (it may be Latin-1 or Windows-1252)"
         ) from None
 
@@ -419,9 +456,14 @@ def _read_text(path: Path, fmt: str) -> str:
 
 
 class _Table:
-    def __init__(self, columns: dict[str, list[Any]], n_rows: int,
-                 label: Callable[[int], str] | None = None, type_note: dict[str, str] | None = None,
-                 empty_note: Callable[[int, str], str] | None = None):
+    def __init__(
+        self,
+        columns: dict[str, list[Any]],
+        n_rows: int,
+        label: Callable[[int], str] | None = None,
+        type_note: dict[str, str] | None = None,
+        empty_note: Callable[[int, str], str] | None = None,
+    ):
         self.columns = columns
         self.n_rows = n_rows
         self.label = label or (lambda i: f"row {i + 1}")
@@ -435,8 +477,10 @@ def _role(field: str, roles: dict[str, str]) -> str:
     return f" ({key})" if key else ""
 
 
-_GROUP_HINT = (" (no group column? set embed.group_field=null: each answer text is then its own group and "
-               "evaluate scores exact texts)")
+_GROUP_HINT = (
+    " (no group column? set embed.group_field=null: each answer text is then its own group and "
+    "evaluate scores exact texts)"
+)
 
 
 def _id_hint(field: str, roles: dict[str, str]) -> str:
@@ -488,8 +532,9 @@ def _delimiter_hint(text: str, fmt: str, sep: str, explicit: bool) -> str:
     return f". {seen}: it looks {_sep_name(best)}-separated, not {_sep_name(sep)}-separated; {how}"
 
 
-def _read_delimited(path: Path, text: str, fmt: str, sep: str, fields: list[str], roles: dict[str, str],
-                    explicit: bool = False) -> _Table:
+def _read_delimited(
+    path: Path, text: str, fmt: str, sep: str, fields: list[str], roles: dict[str, str], explicit: bool = False
+) -> _Table:
     sep_name = _sep_name(sep)
     try:
         # header=None: the header is read as row 0, so that duplicate names can be refused (pandas
@@ -497,11 +542,11 @@ def _read_delimited(path: Path, text: str, fmt: str, sep: str, fields: list[str]
         # error (with header=0 pandas would silently take the first column as the index).
         # dtype=str + keep_default_na=False: "NA", "null", "nan" stay text; empty cells become ""
         # and are then rejected as empty text with their row number.
-        raw = pd.read_csv(io.StringIO(text), sep=sep, header=None, dtype=str, keep_default_na=False,
-                          engine="c")
+        raw = pd.read_csv(io.StringIO(text), sep=sep, header=None, dtype=str, keep_default_na=False, engine="c")
     except pd.errors.EmptyDataError:
-        raise DatasetError(f"{path}: empty dataset (no header and no rows); "
-                           f"expected a header line and at least one data row") from None
+        raise DatasetError(
+            f"{path}: empty dataset (no header and no rows); expected a header line and at least one data row"
+        ) from None
     except (pd.errors.ParserError, ValueError, OverflowError) as e:
         # The parser's own line numbers count file lines including the header.
         detail = _detail(e).replace("Error tokenizing data. C error: ", "")
@@ -516,8 +561,7 @@ def _read_delimited(path: Path, text: str, fmt: str, sep: str, fields: list[str]
             f"{_delimiter_hint(text, fmt, sep, explicit)}"
         ) from None
     if len(raw) < 2:
-        raise DatasetError(f"{path}: empty dataset (header only, no data rows); "
-                           f"expected at least one data row")
+        raise DatasetError(f"{path}: empty dataset (header only, no data rows); expected at least one data row")
     header = ["" if not isinstance(h, str) else h for h in raw.iloc[0].tolist()]
     positions: dict[str, list[int]] = {}
     for i, name in enumerate(header):
@@ -528,7 +572,8 @@ def _read_delimited(path: Path, text: str, fmt: str, sep: str, fields: list[str]
             raise DatasetError(
                 f"{path}: column {name!r} appears {'twice' if len(where) == 2 else f'{len(where)} times'} in "
                 f"the header (columns {cols}); expected each column name once — rename or remove the repeats "
-                "(only one of them could be read)")
+                "(only one of them could be read)"
+            )
     for field in fields:
         if field not in positions:
             raise DatasetError(
@@ -607,8 +652,9 @@ def _lookup(obj: dict, field: str) -> tuple[bool, Any, str, list[str]]:
     return True, cur, "", []
 
 
-def _extract_objects(path: Path, objs: list[Any], fields: list[str], roles: dict[str, str],
-                     label: Callable[[int], str]) -> _Table:
+def _extract_objects(
+    path: Path, objs: list[Any], fields: list[str], roles: dict[str, str], label: Callable[[int], str]
+) -> _Table:
     columns: dict[str, list[Any]] = {f: [] for f in fields}
     for i, obj in enumerate(objs):
         if not isinstance(obj, dict):
@@ -668,8 +714,10 @@ def _find_dup(obj: Any) -> tuple[str, str] | None:
 
 
 def _dup_error(path: Path, where: str, key: str, inside: str) -> DatasetError:
-    return DatasetError(f"{path}: {where}: key {key!r} appears twice in one object ({inside}); expected each key "
-                        "once — JSON keeps only the last value, so the other would be silently lost")
+    return DatasetError(
+        f"{path}: {where}: key {key!r} appears twice in one object ({inside}); expected each key "
+        "once — JSON keeps only the last value, so the other would be silently lost"
+    )
 
 
 _ARRAY_HINT = "name the file .json or set embed.format=json"
@@ -702,14 +750,19 @@ def _read_jsonl(path: Path, text: str, fields: list[str], roles: dict[str, str])
                 "expected one JSON object per line (JSON Lines)"
             ) from None
         except RecursionError:
-            raise DatasetError(f"{path}: line {lineno}: JSON nested too deeply to read; expected one JSON object "
-                               "per line with a few levels of nesting") from None
+            raise DatasetError(
+                f"{path}: line {lineno}: JSON nested too deeply to read; expected one JSON object "
+                "per line with a few levels of nesting"
+            ) from None
         except ValueError as e:  # an integer of more than 4300 digits
-            raise DatasetError(f"{path}: line {lineno}: {_number_note(e)}; expected one JSON object per line "
-                               "with numbers of ordinary size") from None
+            raise DatasetError(
+                f"{path}: line {lineno}: {_number_note(e)}; expected one JSON object per line "
+                "with numbers of ordinary size"
+            ) from None
         if not isinstance(obj, dict):
-            hint = " (a JSON array file should be named .json, or set embed.format=json)" \
-                if isinstance(obj, list) else ""
+            hint = (
+                " (a JSON array file should be named .json, or set embed.format=json)" if isinstance(obj, list) else ""
+            )
             found = "null" if obj is None else type(obj).__name__
             raise DatasetError(f"{path}: line {lineno}: expected a JSON object, found {found}{hint}")
         if loader.found_dup:
@@ -718,8 +771,9 @@ def _read_jsonl(path: Path, text: str, fields: list[str], roles: dict[str, str])
         objs.append(obj)
         lines.append(lineno)
     if not objs:
-        raise DatasetError(f"{path}: empty dataset (no JSON objects, only blank lines); "
-                           "expected at least one JSON object per line")
+        raise DatasetError(
+            f"{path}: empty dataset (no JSON objects, only blank lines); expected at least one JSON object per line"
+        )
     return _extract_objects(path, objs, fields, roles, lambda i: f"row {i + 1} (line {lines[i]})")
 
 
@@ -730,11 +784,15 @@ def _jsonl_array_error(path: Path, text: str, lineno: int, e: json.JSONDecodeErr
     except (ValueError, RecursionError):
         whole = None
     if isinstance(whole, list):
-        return DatasetError(f"{path}: this is a JSON array (line {lineno} opens it with '['), not JSON Lines "
-                            f"(one object per line); {_ARRAY_HINT}")
-    return DatasetError(f"{path}: invalid JSON on line {lineno}, column {e.colno}: {e.msg}; expected one JSON "
-                        f"object per line (JSON Lines). Line {lineno} starts with '[': if the file is one JSON "
-                        f"array, {_ARRAY_HINT}")
+        return DatasetError(
+            f"{path}: this is a JSON array (line {lineno} opens it with '['), not JSON Lines "
+            f"(one object per line); {_ARRAY_HINT}"
+        )
+    return DatasetError(
+        f"{path}: invalid JSON on line {lineno}, column {e.colno}: {e.msg}; expected one JSON "
+        f"object per line (JSON Lines). Line {lineno} starts with '[': if the file is one JSON "
+        f"array, {_ARRAY_HINT}"
+    )
 
 
 def _read_json(path: Path, text: str, fields: list[str], roles: dict[str, str]) -> _Table:
@@ -744,25 +802,27 @@ def _read_json(path: Path, text: str, fields: list[str], roles: dict[str, str]) 
     except json.JSONDecodeError as e:
         hint = ""
         if e.msg == "Extra data":
-            hint = (" (several top-level values: if this is one object per line, name it .jsonl or set "
-                    "embed.format=jsonl)")
+            hint = (
+                " (several top-level values: if this is one object per line, name it .jsonl or set embed.format=jsonl)"
+            )
         raise DatasetError(
             f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}{hint}; "
             "expected a top-level array of objects"
         ) from None
     except RecursionError:
-        raise DatasetError(f"{path}: JSON nested too deeply to read; expected a top-level array of objects with "
-                           "a few levels of nesting") from None
+        raise DatasetError(
+            f"{path}: JSON nested too deeply to read; expected a top-level array of objects with "
+            "a few levels of nesting"
+        ) from None
     except ValueError as e:  # an integer of more than 4300 digits
-        raise DatasetError(f"{path}: {_number_note(e)}; expected a top-level array of objects holding numbers "
-                           "of ordinary size") from None
+        raise DatasetError(
+            f"{path}: {_number_note(e)}; expected a top-level array of objects holding numbers of ordinary size"
+        ) from None
     if not isinstance(data, list):
-        found = "null" if data is None else ("an object" if isinstance(data, dict)
-                                             else type(data).__name__)
+        found = "null" if data is None else ("an object" if isinstance(data, dict) else type(data).__name__)
         raise DatasetError(f"{path}: expected a top-level JSON array of objects, found {found}")
     if not data:
-        raise DatasetError(f"{path}: empty dataset (empty JSON array); "
-                           "expected at least one object")
+        raise DatasetError(f"{path}: empty dataset (empty JSON array); expected at least one object")
     if loader.found_dup:
         for i, obj in enumerate(data):
             dup = _find_dup(obj)
@@ -784,21 +844,20 @@ def _read_parquet(path: Path, fields: list[str], roles: dict[str, str]) -> _Tabl
         f.seek(max(size - 4, 0))
         tail = f.read(4)
     if head != b"PAR1":
-        raise DatasetError(f"{path}: not a Parquet file (expected the 'PAR1' magic at the start, "
-                           f"found {head!r})")
+        raise DatasetError(f"{path}: not a Parquet file (expected the 'PAR1' magic at the start, found {head!r})")
     if size < 12 or tail != b"PAR1":
-        raise DatasetError(f"{path}: truncated or corrupt Parquet file (expected the 'PAR1' "
-                           f"magic at the end, found {tail!r}); re-export or re-download it")
+        raise DatasetError(
+            f"{path}: truncated or corrupt Parquet file (expected the 'PAR1' "
+            f"magic at the end, found {tail!r}); re-export or re-download it"
+        )
     try:
         pfile = pq.ParquetFile(path)
         schema = pfile.schema_arrow
         n_rows = pfile.metadata.num_rows
     except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, KeyError) as e:
-        raise DatasetError(f"{path}: corrupt Parquet file ({_detail(e)}); expected a readable Parquet "
-                           "file") from None
+        raise DatasetError(f"{path}: corrupt Parquet file ({_detail(e)}); expected a readable Parquet file") from None
     if n_rows == 0:
-        raise DatasetError(f"{path}: empty dataset (Parquet file has 0 rows); "
-                           "expected at least one row")
+        raise DatasetError(f"{path}: empty dataset (Parquet file has 0 rows); expected at least one row")
     _check_parquet_names(path, schema)
 
     # Resolve each field to (top-level column, struct path below it) before reading data, so
@@ -829,11 +888,12 @@ def _read_parquet(path: Path, fields: list[str], roles: dict[str, str]) -> _Tabl
     try:
         table = pfile.read(columns=sorted({top for top, _ in plans.values()}))
     except (pa.ArrowException, OSError, ValueError, TypeError, IndexError, KeyError) as e:
-        raise DatasetError(f"{path}: corrupt Parquet file ({_detail(e)}); expected a readable Parquet "
-                           "file") from None
+        raise DatasetError(f"{path}: corrupt Parquet file ({_detail(e)}); expected a readable Parquet file") from None
     if table.num_rows != n_rows:
-        raise DatasetError(f"{path}: corrupt Parquet file (the footer says {n_rows} rows, the data holds "
-                           f"{table.num_rows}); expected a readable Parquet file")
+        raise DatasetError(
+            f"{path}: corrupt Parquet file (the footer says {n_rows} rows, the data holds "
+            f"{table.num_rows}); expected a readable Parquet file"
+        )
     columns: dict[str, list[Any]] = {}
     type_note: dict[str, str] = {}
     for field, (top, sub) in plans.items():
@@ -861,8 +921,10 @@ def _check_parquet_names(path: Path, schema) -> None:
         for n, at in positions.items():
             if len(at) > 1:
                 cols = ", ".join(map(str, at[:-1])) + f" and {at[-1]}"
-                raise DatasetError(f"{path}: column {n!r} appears {'twice' if len(at) == 2 else f'{len(at)} times'}"
-                                   f" {where} (positions {cols}); expected each column name once")
+                raise DatasetError(
+                    f"{path}: column {n!r} appears {'twice' if len(at) == 2 else f'{len(at)} times'}"
+                    f" {where} (positions {cols}); expected each column name once"
+                )
 
     def walk(prefix: str, typ) -> None:
         check([typ.field(i).name for i in range(typ.num_fields)], f"in struct column {prefix!r}")
@@ -888,8 +950,10 @@ def _parquet_utf8_error(path: Path, arr, field: str) -> DatasetError:
         try:
             b.decode("utf-8")
         except UnicodeDecodeError as e:
-            return DatasetError(f"{path}: row {i + 1}, field {field!r}: not valid UTF-8 at byte {e.start} of the "
-                                f"text ({b[e.start:e.start + 4]!r}); expected UTF-8 text in a Parquet string column")
+            return DatasetError(
+                f"{path}: row {i + 1}, field {field!r}: not valid UTF-8 at byte {e.start} of the "
+                f"text ({b[e.start : e.start + 4]!r}); expected UTF-8 text in a Parquet string column"
+            )
     return DatasetError(f"{path}: field {field!r}: not valid UTF-8; expected UTF-8 text in a Parquet string column")
 
 
@@ -922,15 +986,17 @@ def _bad_char(path: Path, where: str, text: str) -> DatasetError | None:
     if m is None:
         return None
     pos, ch = m.start(), m.group()
-    before = f", after {text[max(0, pos - 20):pos]!r}" if pos else ""
+    before = f", after {text[max(0, pos - 20) : pos]!r}" if pos else ""
     if ch == "\x00":
         return DatasetError(
             f"{path}: {where}: NUL character (U+0000) at character {pos + 1} of the text{before}; expected text "
-            "without NUL characters (a JSON \"\\u0000\" escape, or binary data in the file?)")
+            'without NUL characters (a JSON "\\u0000" escape, or binary data in the file?)'
+        )
     return DatasetError(
         f"{path}: {where}: lone surrogate U+{ord(ch):04X} at character {pos + 1} of the text{before}; expected "
-        "valid Unicode text (a JSON \"\\ud800\"-style escape is only valid as half of a surrogate pair, and "
-        "UTF-8 cannot encode it alone)")
+        'valid Unicode text (a JSON "\\ud800"-style escape is only valid as half of a surrogate pair, and '
+        "UTF-8 cannot encode it alone)"
+    )
 
 
 def _check_text(path: Path, table: _Table, field: str, skip: set[int] | None = None) -> list[str]:
@@ -946,15 +1012,18 @@ def _check_text(path: Path, table: _Table, field: str, skip: set[int] | None = N
                     skip.add(i)
                     continue
                 what = "empty" if v == "" else "whitespace-only"
-                raise DatasetError(f"{path}: {table.label(i)}, field {field!r}: text is {what}"
-                                   f"{table.empty_note(i, field)}; expected non-empty text{hint}")
+                raise DatasetError(
+                    f"{path}: {table.label(i)}, field {field!r}: text is {what}"
+                    f"{table.empty_note(i, field)}; expected non-empty text{hint}"
+                )
             continue
         if v is None:
             if skip is not None:
                 skip.add(i)
                 continue
-            raise DatasetError(f"{path}: {table.label(i)}, field {field!r}: value is null; "
-                               f"expected non-empty text{hint}")
+            raise DatasetError(
+                f"{path}: {table.label(i)}, field {field!r}: value is null; expected non-empty text{hint}"
+            )
         raise DatasetError(
             f"{path}: {table.label(i)}, field {field!r}: found {type(v).__name__}"
             f"{table.type_note.get(field, '')}, expected a string"
@@ -984,16 +1053,20 @@ def _check_ids(path: Path, table: _Table, field: str) -> list[str]:
         if isinstance(v, int) and not isinstance(v, bool):
             v = str(v)
         if v is None:
-            raise DatasetError(f"{path}: {table.label(i)}, id field {field!r}: value is null; "
-                               "expected a non-empty string or integer id")
+            raise DatasetError(
+                f"{path}: {table.label(i)}, id field {field!r}: value is null; "
+                "expected a non-empty string or integer id"
+            )
         if not isinstance(v, str):
             raise DatasetError(
                 f"{path}: {table.label(i)}, id field {field!r}: found {type(v).__name__}"
                 f"{table.type_note.get(field, '')}, expected a string or integer id"
             )
         if not v.strip():
-            raise DatasetError(f"{path}: {table.label(i)}, id field {field!r}: id is empty"
-                               f"{table.empty_note(i, field)}; expected a non-empty id")
+            raise DatasetError(
+                f"{path}: {table.label(i)}, id field {field!r}: id is empty"
+                f"{table.empty_note(i, field)}; expected a non-empty id"
+            )
         if v in first_row:
             raise DatasetError(
                 f"{path}: duplicate id {v!r} in field {field!r}: {table.label(first_row[v])} "
@@ -1013,27 +1086,37 @@ def _check_groups(path: Path, table: _Table, field: str) -> list[str]:
             v = str(v)
         if v is None or not isinstance(v, str):
             found = "null" if v is None else f"{type(v).__name__}{table.type_note.get(field, '')}"
-            raise DatasetError(f"{path}: {table.label(i)}, group field {field!r} (embed.group_field): found {found}; "
-                               "expected a string or integer naming the row's group (or set embed.group_field=null "
-                               "to score exact answer texts only)")
+            raise DatasetError(
+                f"{path}: {table.label(i)}, group field {field!r} (embed.group_field): found {found}; "
+                "expected a string or integer naming the row's group (or set embed.group_field=null "
+                "to score exact answer texts only)"
+            )
         if not v.strip():
-            raise DatasetError(f"{path}: {table.label(i)}, group field {field!r} (embed.group_field): empty"
-                               f"{table.empty_note(i, field)}; expected a non-empty group label")
+            raise DatasetError(
+                f"{path}: {table.label(i)}, group field {field!r} (embed.group_field): empty"
+                f"{table.empty_note(i, field)}; expected a non-empty group label"
+            )
         groups.append(v)
     _check_chars(path, table, field, groups, "group field")
     return groups
 
 
-def _build_frame(path: Path, table: _Table, input_field: str, target_field: str,
-                 id_field: str | None, skip_empty: bool = False, group_field: str | None = None) -> pd.DataFrame:
+def _build_frame(
+    path: Path,
+    table: _Table,
+    input_field: str,
+    target_field: str,
+    id_field: str | None,
+    skip_empty: bool = False,
+    group_field: str | None = None,
+) -> pd.DataFrame:
     skipped: set[int] | None = set() if skip_empty else None
     inputs = _check_text(path, table, input_field, skipped)
     targets = _check_text(path, table, target_field, skipped)
     if id_field is not None:
         ids = _check_ids(path, table, id_field)
     else:
-        ids = [content_id(a, b) if isinstance(a, str) and isinstance(b, str) else ""
-               for a, b in zip(inputs, targets)]
+        ids = [content_id(a, b) if isinstance(a, str) and isinstance(b, str) else "" for a, b in zip(inputs, targets)]
     # No group column: each target text is its own group (group metrics equal exact-text ones).
     groups = _check_groups(path, table, group_field) if group_field is not None else list(targets)
     df = pd.DataFrame({"id": ids, "input_text": inputs, "target_text": targets, "group": groups}, dtype=object)

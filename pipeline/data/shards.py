@@ -15,6 +15,7 @@ records checksums so a truncated copy or a stale file from another run is caught
 silently trains on the wrong data. Format 1 directories (one {split}_inputs.npy /
 {split}_targets.npy pair per split, float32) are still read.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -79,11 +80,10 @@ def shard_names(split: str, index: int) -> tuple[str, str]:
 def _check_finite(name: str, arr: np.ndarray, first_row: int = 0, why: str = "") -> None:
     # Chunked so a large array does not need a same-sized boolean temporary.
     for start in range(0, arr.shape[0], _FINITE_ROWS):
-        block = arr[start:start + _FINITE_ROWS]
+        block = arr[start : start + _FINITE_ROWS]
         if not np.isfinite(block).all():
             row = first_row + start + int(np.argmin(np.isfinite(block).all(axis=1)))
-            raise ValueError(f"{name}: row {row + 1} contains NaN or inf{why}; expected finite "
-                             "embeddings")
+            raise ValueError(f"{name}: row {row + 1} contains NaN or inf{why}; expected finite embeddings")
 
 
 def _as_rows(arr: Any) -> Any:
@@ -121,44 +121,42 @@ def _prepare(splits: dict[str, tuple[pd.DataFrame, Any, Any]]):
     prepared = {}
     for split, value in splits.items():
         if not isinstance(split, str) or not _SPLIT_NAME.match(split):
-            raise ValueError(f"split name {split!r} is not usable in a file name; expected "
-                             "letters, digits, '_' or '-'")
+            raise ValueError(f"split name {split!r} is not usable in a file name; expected letters, digits, '_' or '-'")
         frame, inputs, targets = value
         missing = [c for c in TEXT_COLUMNS if c not in frame.columns]
         if missing:
-            raise ValueError(f"split {split!r}: frame lacks column(s) {missing}; "
-                             f"expected {list(TEXT_COLUMNS)}")
+            raise ValueError(f"split {split!r}: frame lacks column(s) {missing}; expected {list(TEXT_COLUMNS)}")
         n = len(frame)
         arrays = {}
         for kind, arr in (("inputs", inputs), ("targets", targets)):
             arr = _as_rows(arr)
             shape = tuple(arr.shape)
             if len(shape) != 2 or shape[0] != n:
-                raise ValueError(f"split {split!r}: {kind} have shape {shape}; expected "
-                                 f"({n}, dim) to match the frame's {n} rows")
+                raise ValueError(
+                    f"split {split!r}: {kind} have shape {shape}; expected ({n}, dim) to match the frame's {n} rows"
+                )
             if not np.issubdtype(np.dtype(arr.dtype), np.floating):
-                raise ValueError(f"split {split!r}: {kind} have dtype {arr.dtype}; expected "
-                                 "floating point (stored as float32 or float16)")
+                raise ValueError(
+                    f"split {split!r}: {kind} have dtype {arr.dtype}; expected "
+                    "floating point (stored as float32 or float16)"
+                )
             if dim is None:
                 dim = shape[1]
             if shape[1] != dim:
-                raise ValueError(f"split {split!r}: {kind} have dim {shape[1]}; expected "
-                                 f"{dim} like the other arrays")
+                raise ValueError(f"split {split!r}: {kind} have dim {shape[1]}; expected {dim} like the other arrays")
             arrays[kind] = arr
         prepared[split] = (frame, arrays["inputs"], arrays["targets"])
     return prepared, int(dim)
 
 
-def _shard_block(split: str, kind: str, arr: Any, start: int, stop: int,
-                 dtype: np.dtype) -> np.ndarray:
+def _shard_block(split: str, kind: str, arr: Any, start: int, stop: int, dtype: np.dtype) -> np.ndarray:
     """Rows [start, stop) as a C-ordered array of `dtype`: only one shard is in memory at once."""
     block = np.asarray(arr[start:stop])
     _check_finite(f"split {split!r} {kind}", block, start)
     with np.errstate(over="ignore"):  # an overflow becomes inf, reported just below
         out = np.ascontiguousarray(block, dtype=dtype)
     if out.dtype != block.dtype:
-        _check_finite(f"split {split!r} {kind}", out, start,
-                      f" once stored as {dtype.name} (a value beyond its range)")
+        _check_finite(f"split {split!r} {kind}", out, start, f" once stored as {dtype.name} (a value beyond its range)")
     return out
 
 
@@ -169,8 +167,12 @@ def _write_texts(path: Path, frame: pd.DataFrame) -> None:
     # The group column (which targets are one answer in other words) is optional in the frame:
     # without it each target text is its own group.
     groups = frame["group"] if "group" in frame.columns else frame["target_text"]
-    table = pa.table({**{c: pa.array([str(v) for v in frame[c]], type=pa.string()) for c in TEXT_COLUMNS},
-                      GROUP_COLUMN: pa.array([str(v) for v in groups], type=pa.string())})
+    table = pa.table(
+        {
+            **{c: pa.array([str(v) for v in frame[c]], type=pa.string()) for c in TEXT_COLUMNS},
+            GROUP_COLUMN: pa.array([str(v) for v in groups], type=pa.string()),
+        }
+    )
     pq.write_table(table, path)
 
 
@@ -184,11 +186,16 @@ def shard_ranges(count: int, rows_per_shard: int) -> list[tuple[int, int]]:
     return [(start, min(start + rows_per_shard, count)) for start in range(0, count, rows_per_shard)]
 
 
-def write_shards(out_dir: str | os.PathLike,
-                 splits: dict[str, tuple[pd.DataFrame, Any, Any]],
-                 teacher: dict, extra: dict | None = None, *,
-                 rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, dtype: str = "float32",
-                 place: Any = None) -> dict:
+def write_shards(
+    out_dir: str | os.PathLike,
+    splits: dict[str, tuple[pd.DataFrame, Any, Any]],
+    teacher: dict,
+    extra: dict | None = None,
+    *,
+    rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
+    dtype: str = "float32",
+    place: Any = None,
+) -> dict:
     """Write all splits and the manifest, replacing `out_dir` as a whole; return the manifest.
 
     Each split's (count, dim) inputs and targets are written as consecutive shard files of at
@@ -220,14 +227,17 @@ def write_shards(out_dir: str | os.PathLike,
     extra = dict(extra or {})
     clash = sorted(_RESERVED & set(extra))
     if clash:
-        raise ValueError(f"extra manifest keys {clash} would overwrite reserved keys; "
-                         f"expected none of {sorted(_RESERVED)}")
+        raise ValueError(
+            f"extra manifest keys {clash} would overwrite reserved keys; expected none of {sorted(_RESERVED)}"
+        )
     prepared, dim = _prepare(splits)
     if rank == 0:
         problem = ownership_problem(out_dir, SHARDS)
         if problem:
-            raise ConfigError(f"{out_dir} {problem}; expected a new or empty directory, or shards the embed stage "
-                              "wrote (it replaces them as a whole)")
+            raise ConfigError(
+                f"{out_dir} {problem}; expected a new or empty directory, or shards the embed stage "
+                "wrote (it replaces them as a whole)"
+            )
 
     tmp: Path | None = None
     files: dict[str, Any] = {}
@@ -269,9 +279,16 @@ def write_shards(out_dir: str | os.PathLike,
             writing = _rank_file(rank)
             files = _gather_records(place, tmp, files, split_entries)
         if main:
-            manifest = {"format_version": FORMAT_VERSION, "dim": dim, "dtype": dtype_name,
-                        "rows_per_shard": rows_per_shard, "teacher": teacher,
-                        "splits": split_entries, "files": files, **extra}
+            manifest = {
+                "format_version": FORMAT_VERSION,
+                "dim": dim,
+                "dtype": dtype_name,
+                "rows_per_shard": rows_per_shard,
+                "teacher": teacher,
+                "splits": split_entries,
+                "files": files,
+                **extra,
+            }
             writing = MANIFEST
             write_json(tmp / MANIFEST, manifest)
             _swap_in(tmp, out_dir)
@@ -289,8 +306,11 @@ def write_shards(out_dir: str | os.PathLike,
         if is_disk_full(e) and not (isinstance(e, DiskFull) and tmp is not None and tmp not in e.path.parents):
             # Named as the file it would have become: the temporary directory is gone by now. (A DiskFull
             # from elsewhere, the embedding cache, already names its own place.)
-            kept = (f"the previous shards in {out_dir} are left as they were" if out_dir.is_dir()
-                    else f"{out_dir} was not created") + " and the partly written ones removed"
+            kept = (
+                f"the previous shards in {out_dir} are left as they were"
+                if out_dir.is_dir()
+                else f"{out_dir} was not created"
+            ) + " and the partly written ones removed"
             raise disk_full_error(out_dir / writing, e, kept, "set embed.out_dir to another disk") from e
         raise
     # Round-trip through JSON so the caller sees exactly what a reader will (tuples -> lists).
@@ -315,8 +335,10 @@ def _shared_dir(place: Any, tmp: Path | None) -> Path:
     filesystem) fails with the reason."""
     path = Path(place.broadcast_text(str(tmp) if tmp is not None else ""))
     if not path.is_dir():
-        raise ShardError(f"{path}: rank 0's directory is not visible to rank {place.rank}; every rank must write "
-                         "to the same filesystem (one machine, or a shared one)")
+        raise ShardError(
+            f"{path}: rank 0's directory is not visible to rank {place.rank}; every rank must write "
+            "to the same filesystem (one machine, or a shared one)"
+        )
     return path
 
 
@@ -336,8 +358,11 @@ def _gather_records(place: Any, tmp: Path, files: dict, split_entries: dict) -> 
         files = {**files, **json.loads(path.read_text(encoding="utf-8"))}
         path.unlink()
     (tmp / _rank_file(0)).unlink()
-    order = [name for entry in split_entries.values()
-             for name in (entry["texts"], *(s[k] for s in entry["shards"] for k in KINDS))]
+    order = [
+        name
+        for entry in split_entries.values()
+        for name in (entry["texts"], *(s[k] for s in entry["shards"] for k in KINDS))
+    ]
     missing = [n for n in order if n not in files]
     if missing:
         raise ShardError(f"{tmp}: no rank recorded {missing[:3]}; expected every shard file written")
@@ -377,8 +402,7 @@ class ShardedArray:
 
     ndim = 2
 
-    def __init__(self, parts: Sequence[np.ndarray], dim: int, dtype: Any,
-                 names: Sequence[str] = ()):
+    def __init__(self, parts: Sequence[np.ndarray], dim: int, dtype: Any, names: Sequence[str] = ()):
         self._parts = [np.asarray(p) for p in parts]  # ndarray views of the memmaps
         self._dim = int(dim)
         self._dtype = np.dtype(dtype)
@@ -389,8 +413,9 @@ class ShardedArray:
         self.names = tuple(names)
         for p in self._parts:
             if p.ndim != 2 or p.shape[1] != self._dim or p.dtype != self._dtype:
-                raise ValueError(f"shard of shape {p.shape} and dtype {p.dtype}; expected "
-                                 f"(rows, {self._dim}) {self._dtype}")
+                raise ValueError(
+                    f"shard of shape {p.shape} and dtype {p.dtype}; expected (rows, {self._dim}) {self._dtype}"
+                )
 
     # array-like attributes
     @property
@@ -422,8 +447,7 @@ class ShardedArray:
         return self._count
 
     def __repr__(self) -> str:
-        return (f"ShardedArray(shape={self.shape}, dtype={self._dtype.name}, "
-                f"shards={self.num_shards})")
+        return f"ShardedArray(shape={self.shape}, dtype={self._dtype.name}, shards={self.num_shards})"
 
     # reading
     def _normalise(self, idx: Any) -> np.ndarray:
@@ -467,7 +491,7 @@ class ShardedArray:
         counts = np.bincount(shard, minlength=len(self._parts))
         pos = 0
         for s in np.flatnonzero(counts):
-            sel = order[pos:pos + counts[s]]
+            sel = order[pos : pos + counts[s]]
             pos += int(counts[s])
             out[sel] = self._parts[s][idx[sel] - self._starts[s]]
         return out
@@ -477,7 +501,7 @@ class ShardedArray:
         for s, part in enumerate(self._parts):
             a, b = max(start, int(self._starts[s])), min(stop, int(self._ends[s]))
             if a < b:
-                out[a - start:b - start] = part[a - self._starts[s]:b - self._starts[s]]
+                out[a - start : b - start] = part[a - self._starts[s] : b - self._starts[s]]
         return out
 
     def __getitem__(self, key: Any) -> np.ndarray:
@@ -506,8 +530,7 @@ class ShardedArray:
         arr = np.asarray(key)
         if arr.dtype == np.bool_:
             if arr.shape != (self._count,):
-                raise IndexError(f"boolean index of shape {arr.shape}; expected "
-                                 f"({self._count},)")
+                raise IndexError(f"boolean index of shape {arr.shape}; expected ({self._count},)")
             return self.take(np.flatnonzero(arr))
         return self.take(arr)
 
@@ -533,33 +556,36 @@ def load_manifest(shard_dir: str | os.PathLike) -> dict:
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ShardError(f"{path}: shard manifest is not valid JSON (line {e.lineno}, column "
-                         f"{e.colno}: {e.msg}); {_HINT}") from None
+        raise ShardError(
+            f"{path}: shard manifest is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); {_HINT}"
+        ) from None
     if not isinstance(manifest, dict):
         raise ShardError(f"{path}: shard manifest is not a JSON object; {_HINT}")
     version = manifest.get("format_version")
     if version not in READABLE_VERSIONS:
-        raise ShardError(f"{path}: shard format_version is {version!r}, expected "
-                         f"{FORMAT_VERSION} (or the older {READABLE_VERSIONS[0]}); {_HINT}")
+        raise ShardError(
+            f"{path}: shard format_version is {version!r}, expected "
+            f"{FORMAT_VERSION} (or the older {READABLE_VERSIONS[0]}); {_HINT}"
+        )
     missing = [k for k in ("dim", "dtype", "splits", "files") if k not in manifest]
     if missing:
         raise ShardError(f"{path}: shard manifest lacks {missing}; {_HINT}")
     if manifest["dtype"] not in DTYPES:
-        raise ShardError(f"{path}: shard dtype is {manifest['dtype']!r}, expected one of "
-                         f"{list(DTYPES)}; {_HINT}")
+        raise ShardError(f"{path}: shard dtype is {manifest['dtype']!r}, expected one of {list(DTYPES)}; {_HINT}")
     return manifest
 
 
 @dataclass(frozen=True)
 class SplitShard:
     """One split: texts in memory, embeddings as read-only memory-mapped ShardedArrays."""
+
     split: str
-    ids: np.ndarray           # object array of str
-    input_texts: np.ndarray   # object array of str
+    ids: np.ndarray  # object array of str
+    input_texts: np.ndarray  # object array of str
     target_texts: np.ndarray  # object array of str
-    groups: np.ndarray        # object array of str: rows of one group have one answer (else = target_texts)
-    inputs: ShardedArray      # (count, dim); reads come back float32
-    targets: ShardedArray     # (count, dim)
+    groups: np.ndarray  # object array of str: rows of one group have one answer (else = target_texts)
+    inputs: ShardedArray  # (count, dim); reads come back float32
+    targets: ShardedArray  # (count, dim)
     dim: int
     count: int
 
@@ -568,30 +594,32 @@ def _verify_file(shard_dir: Path, name: str, manifest: dict) -> None:
     path = shard_dir / name
     entry = manifest["files"].get(name)
     if entry is None:
-        raise ShardError(f"{path}: not listed in the manifest's files; expected an entry with "
-                         "its sha256 — run the embed stage again")
+        raise ShardError(
+            f"{path}: not listed in the manifest's files; expected an entry with its sha256 — run the embed stage again"
+        )
     size = path.stat().st_size
     if size != entry["bytes"]:
-        raise ShardError(f"{path}: size differs from the manifest: expected {entry['bytes']} "
-                         f"bytes, found {size} (changed or cut short since the embed stage wrote it); {_HINT}")
+        raise ShardError(
+            f"{path}: size differs from the manifest: expected {entry['bytes']} "
+            f"bytes, found {size} (changed or cut short since the embed stage wrote it); {_HINT}"
+        )
     digest = sha256_file(path)
     if digest != entry["sha256"]:
-        raise ShardError(f"{path}: sha256 differs from the manifest: expected {entry['sha256']}, "
-                         f"found {digest} (changed since the embed stage wrote it); {_HINT}")
+        raise ShardError(
+            f"{path}: sha256 differs from the manifest: expected {entry['sha256']}, "
+            f"found {digest} (changed since the embed stage wrote it); {_HINT}"
+        )
 
 
 def _load_array(path: Path, rows: int, dim: int, dtype: np.dtype) -> np.ndarray:
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError) as e:
-        raise ShardError(f"{path}: not a readable .npy array ({e}); expected ({rows}, {dim}) "
-                         f"{dtype.name}") from None
+        raise ShardError(f"{path}: not a readable .npy array ({e}); expected ({rows}, {dim}) {dtype.name}") from None
     if arr.shape != (rows, dim):
-        raise ShardError(f"{path}: shape differs from the manifest: expected {(rows, dim)}, "
-                         f"found {arr.shape}")
+        raise ShardError(f"{path}: shape differs from the manifest: expected {(rows, dim)}, found {arr.shape}")
     if arr.dtype != dtype:
-        raise ShardError(f"{path}: dtype differs from the manifest: expected {dtype.name}, "
-                         f"found {arr.dtype}")
+        raise ShardError(f"{path}: dtype differs from the manifest: expected {dtype.name}, found {arr.dtype}")
     # A plain ndarray view of the map (it keeps the map alive): gathers from it return plain
     # arrays, without np.memmap's per-result bookkeeping.
     return arr.view(np.ndarray)
@@ -605,11 +633,9 @@ def _load_texts(path: Path, count: int) -> dict[str, np.ndarray]:
         has_group = GROUP_COLUMN in pq.read_schema(path).names
         table = pq.read_table(path, columns=list(TEXT_COLUMNS) + ([GROUP_COLUMN] if has_group else []))
     except (pa.ArrowException, OSError) as e:
-        raise ShardError(f"{path}: not a readable Parquet file with columns "
-                         f"{list(TEXT_COLUMNS)} ({e})") from None
+        raise ShardError(f"{path}: not a readable Parquet file with columns {list(TEXT_COLUMNS)} ({e})") from None
     if table.num_rows != count:
-        raise ShardError(f"{path}: row count differs from the manifest: expected {count}, "
-                         f"found {table.num_rows}")
+        raise ShardError(f"{path}: row count differs from the manifest: expected {count}, found {table.num_rows}")
     out = {}
     for c in TEXT_COLUMNS + ((GROUP_COLUMN,) if has_group else ()):
         col = np.empty(count, dtype=object)
@@ -625,17 +651,14 @@ def split_layout(manifest: dict, split: str, where: Path) -> tuple[int, str, lis
     try:
         count = int(entry["count"])
         if manifest["format_version"] == 1:  # one float32 file per array
-            return count, entry["texts"], [{"inputs": entry["inputs"], "targets": entry["targets"],
-                                            "rows": count}]
-        shards = [{"inputs": s["inputs"], "targets": s["targets"], "rows": int(s["rows"])}
-                  for s in entry["shards"]]
+            return count, entry["texts"], [{"inputs": entry["inputs"], "targets": entry["targets"], "rows": count}]
+        shards = [{"inputs": s["inputs"], "targets": s["targets"], "rows": int(s["rows"])} for s in entry["shards"]]
         texts = entry["texts"]
     except (KeyError, TypeError, ValueError) as e:
         raise ShardError(f"{where}: split {split!r} entry is malformed ({e!r}); {_HINT}") from None
     total = sum(s["rows"] for s in shards)
     if total != count:
-        raise ShardError(f"{where}: split {split!r} shards hold {total} rows but its count is "
-                         f"{count}; {_HINT}")
+        raise ShardError(f"{where}: split {split!r} shards hold {total} rows but its count is {count}; {_HINT}")
     return count, texts, shards
 
 
@@ -648,18 +671,23 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
     manifest = load_manifest(shard_dir)
     splits = manifest["splits"]
     if split not in splits:
-        raise ShardError(f"{shard_dir / MANIFEST}: no split {split!r}; splits present: "
-                         f"{', '.join(sorted(splits)) or '(none)'}")
+        raise ShardError(
+            f"{shard_dir / MANIFEST}: no split {split!r}; splits present: {', '.join(sorted(splits)) or '(none)'}"
+        )
     count, texts_name, shards = split_layout(manifest, split, shard_dir / MANIFEST)
     if need_rows and count == 0:
-        raise ShardError(f"{shard_dir / MANIFEST}: split {split!r} has 0 rows; expected rows {need_rows}. Re-run "
-                         "the embed stage (it refuses a dataset that leaves a split empty and says what to change)")
+        raise ShardError(
+            f"{shard_dir / MANIFEST}: split {split!r} has 0 rows; expected rows {need_rows}. Re-run "
+            "the embed stage (it refuses a dataset that leaves a split empty and says what to change)"
+        )
     dim, dtype = int(manifest["dim"]), np.dtype(manifest["dtype"])
     names = [texts_name] + [s[k] for s in shards for k in ("inputs", "targets")]
     for name in names:
         if not (shard_dir / name).is_file():
-            raise ShardError(f"{shard_dir / name}: file missing (listed in the manifest for "
-                             f"split {split!r}); run the embed stage again")
+            raise ShardError(
+                f"{shard_dir / name}: file missing (listed in the manifest for "
+                f"split {split!r}); run the embed stage again"
+            )
     if verify:
         for name in names:
             _verify_file(shard_dir, name, manifest)

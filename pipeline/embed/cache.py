@@ -16,6 +16,7 @@ batch neighbours change BLAS blocking (bench.data: embed_max_abs_diff, the bundl
 batch sizes); with
 the cache, every later run reuses the first vector exactly.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -65,8 +66,10 @@ class EmbeddingCache:
             try:
                 keys = pq.read_table(path, columns=["key"]).column("key").to_pylist()
             except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
-                raise ShardError(f"embedding cache part {path} is unreadable ({e}): delete it (or the whole "
-                                 f"{self.dir}) and re-run; it will be rebuilt") from None
+                raise ShardError(
+                    f"embedding cache part {path} is unreadable ({e}): delete it (or the whole "
+                    f"{self.dir}) and re-run; it will be rebuilt"
+                ) from None
             for row, k in enumerate(keys):
                 index.setdefault(k, (p, row))
         self._index = index
@@ -98,12 +101,18 @@ class EmbeddingCache:
         for p, pairs in wanted.items():
             dest, rows = (np.asarray(v) for v in zip(*pairs))
             groups = np.unique(rows // ROW_GROUP)
-            col = pq.ParquetFile(self._parts[p]).read_row_groups(
-                groups.tolist(), columns=["embedding"]).column("embedding").combine_chunks()
+            col = (
+                pq.ParquetFile(self._parts[p])
+                .read_row_groups(groups.tolist(), columns=["embedding"])
+                .column("embedding")
+                .combine_chunks()
+            )
             vectors = col.values.to_numpy(zero_copy_only=False).reshape(-1, self.dim)
             if vectors.shape[0] != len(col):
-                raise ShardError(f"embedding cache part {self._parts[p]} holds vectors of another size than "
-                                 f"the teacher's {self.dim}: delete it and re-run")
+                raise ShardError(
+                    f"embedding cache part {self._parts[p]} holds vectors of another size than "
+                    f"the teacher's {self.dim}: delete it and re-run"
+                )
             # Row r of the part is row (position of its group among those read) * ROW_GROUP + r % ROW_GROUP.
             local = np.searchsorted(groups, rows // ROW_GROUP) * ROW_GROUP + rows % ROW_GROUP
             out[dest] = vectors[local]

@@ -1,4 +1,5 @@
 """The embed stage's core: read and validate the pairs, split them, embed every distinct text once."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,12 +14,12 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.atomic import DiskFull, disk_full_error, is_disk_full
+from pipeline.core.errors import DatasetError, ShardError
+from pipeline.core.paths import REPO_ROOT, repo_path
 from pipeline.data.readers import content_id, drop_duplicate_pairs, read_dataset
 from pipeline.data.shards import KINDS, shard_ranges
 from pipeline.data.split import assign_splits
 from pipeline.embed.cache import EmbeddingCache, embed_distinct, text_key
-from pipeline.core.errors import DatasetError, ShardError
-from pipeline.core.paths import REPO_ROOT, repo_path
 
 log = logging.getLogger(__name__)
 # A test split smaller than this still works, but its metrics are too noisy to compare runs by.
@@ -37,18 +38,30 @@ def prepare_pairs(embed_cfg, allow_external_paths: bool = False) -> PreparedPair
     """Read, validate, de-duplicate, optionally subsample, and split. Raises DatasetError.
     Every file read must lie inside the project (symlinks and `..` followed, each glob match
     judged) unless `allow_external_paths` (run.allow_external_paths)."""
-    df = read_dataset(dataset_spec(embed_cfg.dataset), embed_cfg.input_field, embed_cfg.target_field,
-                      embed_cfg.id_field or None, embed_cfg.format, skip_empty=embed_cfg.empty_text == "skip",
-                      delimiter=embed_cfg.delimiter, allowed_root=None if allow_external_paths else REPO_ROOT,
-                      group_field=embed_cfg.group_field or None)
+    df = read_dataset(
+        dataset_spec(embed_cfg.dataset),
+        embed_cfg.input_field,
+        embed_cfg.target_field,
+        embed_cfg.id_field or None,
+        embed_cfg.format,
+        skip_empty=embed_cfg.empty_text == "skip",
+        delimiter=embed_cfg.delimiter,
+        allowed_root=None if allow_external_paths else REPO_ROOT,
+        group_field=embed_cfg.group_field or None,
+    )
     skipped_empty = int(df.attrs.get("rows_skipped_empty", 0))
     files = list(df.attrs.get("files", []))
     skipped = list(df.attrs.get("files_skipped", []))
     if skipped:
         # Read the supported files, and say which others were there: a .txt of pairs renamed by
         # mistake must not vanish silently.
-        log.warning("read %d file(s) of %s; skipped %d: %s", len(files), embed_cfg.dataset, len(skipped),
-                    "; ".join(f"{Path(p).name} ({why})" for p, why in skipped))
+        log.warning(
+            "read %d file(s) of %s; skipped %d: %s",
+            len(files),
+            embed_cfg.dataset,
+            len(skipped),
+            "; ".join(f"{Path(p).name} ({why})" for p, why in skipped),
+        )
     n_files = len(files)
     rows_read = len(df) + skipped_empty
     n_dup = int(df.duplicated(subset=["input_text", "target_text"]).sum())
@@ -66,11 +79,16 @@ def prepare_pairs(embed_cfg, allow_external_paths: bool = False) -> PreparedPair
         df = df.iloc[keep].reset_index(drop=True)
     df = df.assign(split=assign_splits(df, dict(embed_cfg.splits), salt=embed_cfg.split_salt, key=embed_cfg.split_key))
     counts = df.split.value_counts().to_dict()
-    stats = {"files": n_files, "files_skipped": len(skipped), "rows_read": rows_read,
-             "rows_skipped_empty": skipped_empty,
-             "duplicate_pairs": n_dup, "duplicates_dropped": n_dup if embed_cfg.drop_duplicates else 0,
-             "rows_used": len(df),
-             **{f"rows_{s}": int(counts.get(s, 0)) for s in embed_cfg.splits}}
+    stats = {
+        "files": n_files,
+        "files_skipped": len(skipped),
+        "rows_read": rows_read,
+        "rows_skipped_empty": skipped_empty,
+        "duplicate_pairs": n_dup,
+        "duplicates_dropped": n_dup if embed_cfg.drop_duplicates else 0,
+        "rows_used": len(df),
+        **{f"rows_{s}": int(counts.get(s, 0)) for s in embed_cfg.splits},
+    }
     check_usable(df, stats, embed_cfg, files)
     return PreparedPairs(df, stats, files)
 
@@ -85,10 +103,15 @@ def check_usable(df: pd.DataFrame, stats: dict, embed_cfg, files: list) -> None:
     every target the same text (a constant to learn, one candidate to retrieve)."""
     source = _source(embed_cfg, files)
     used = stats["rows_used"]
-    how = (f"{used} row{'' if used == 1 else 's'} used of {stats['rows_read']} read from {source}"
-           + (f", {stats['duplicates_dropped']} repeated (input, target) pairs dropped" if stats["duplicates_dropped"]
-              else "") + (f", {stats['rows_skipped_empty']} with empty text skipped" if stats["rows_skipped_empty"]
-                          else ""))
+    how = (
+        f"{used} row{'' if used == 1 else 's'} used of {stats['rows_read']} read from {source}"
+        + (
+            f", {stats['duplicates_dropped']} repeated (input, target) pairs dropped"
+            if stats["duplicates_dropped"]
+            else ""
+        )
+        + (f", {stats['rows_skipped_empty']} with empty text skipped" if stats["rows_skipped_empty"] else "")
+    )
     for split in REQUIRED_SPLITS:
         n, frac = stats.get(f"rows_{split}", 0), float(embed_cfg.splits.get(split, 0))
         if n == 0:
@@ -96,8 +119,13 @@ def check_usable(df: pd.DataFrame, stats: dict, embed_cfg, files: list) -> None:
             raise DatasetError(
                 f"split '{split}' has 0 rows ({how}; embed.splits.{split} = {frac:g}): train and evaluate need rows in "
                 f"train, val and test. Add rows (a {frac:g} share needs about {need} or more rows to hold one), "
-                f"or raise embed.splits.{split}" + (", or set embed.drop_duplicates=false if the repeats are meant"
-                                                    if stats["duplicates_dropped"] else ""))
+                f"or raise embed.splits.{split}"
+                + (
+                    ", or set embed.drop_duplicates=false if the repeats are meant"
+                    if stats["duplicates_dropped"]
+                    else ""
+                )
+            )
     for column, key in (("target_text", "embed.target_field"), ("input_text", "embed.input_field")):
         distinct = df[column].nunique()
         if distinct < 2:
@@ -106,10 +134,14 @@ def check_usable(df: pd.DataFrame, stats: dict, embed_cfg, files: list) -> None:
             raise DatasetError(
                 f"every one of the {len(df)} rows has the same {column.split('_')[0]} text ({shown!r}; {how}): a model "
                 f"cannot learn or be scored on one text; expected at least 2 distinct texts in the column "
-                f"{key} = {embed_cfg[key.split('.')[1]]!r} names (is it the right column?)")
+                f"{key} = {embed_cfg[key.split('.')[1]]!r} names (is it the right column?)"
+            )
     if stats.get("rows_test", 0) < FEW_TEST_ROWS:
-        log.warning("the test split has only %d rows (%s): its metrics will vary a lot between datasets and seeds",
-                    stats.get("rows_test", 0), how)
+        log.warning(
+            "the test split has only %d rows (%s): its metrics will vary a lot between datasets and seeds",
+            stats.get("rows_test", 0),
+            how,
+        )
 
 
 def dataset_spec(spec: str):
@@ -118,13 +150,14 @@ def dataset_spec(spec: str):
     return spec if any(c in str(spec) for c in "*?[") else repo_path(spec)
 
 
-def embed_texts_once(encode, texts_a: list[str], texts_b: list[str],
-                     cache: EmbeddingCache | None = None) -> tuple[np.ndarray, np.ndarray, int, dict]:
+def embed_texts_once(
+    encode, texts_a: list[str], texts_b: list[str], cache: EmbeddingCache | None = None
+) -> tuple[np.ndarray, np.ndarray, int, dict]:
     """Embed the union of both lists once (inputs and targets share texts: a fact's answer is
     repeated across its question phrasings), reusing the cache's vectors where it has them; return
     rows for each list, the distinct count and {"cached": n, "embedded": m}."""
     rows, stats = embed_rows([*texts_a, *texts_b], encode, cache)
-    return rows[:len(texts_a)], rows[len(texts_a):], stats["distinct"], stats
+    return rows[: len(texts_a)], rows[len(texts_a) :], stats["distinct"], stats
 
 
 def embed_rows(texts: list[str], encode, cache: EmbeddingCache | None) -> tuple[np.ndarray, dict]:
@@ -147,8 +180,12 @@ def _writing_cache(cache):
     except Exception as e:
         if isinstance(e, DiskFull) or not is_disk_full(e) or not hasattr(cache, "dir"):
             raise
-        raise disk_full_error(cache.dir, e, "the cache keeps the parts it had (each is added whole or not at all)",
-                              'set embed.cache_dir to another disk ("" keeps it in $TMPDIR)') from e
+        raise disk_full_error(
+            cache.dir,
+            e,
+            "the cache keeps the parts it had (each is added whole or not at all)",
+            'set embed.cache_dir to another disk ("" keeps it in $TMPDIR)',
+        ) from e
 
 
 class StreamedEmbeddings:
@@ -252,8 +289,16 @@ def share_work(weights: list[int], world: int) -> list[int]:
     return owner
 
 
-def embed_share(calls: list[list[str]], chunks, encode, cache: EmbeddingCache, rank: int, world: int,
-                progress: bool = False, flush_rows: int = 65536) -> dict:
+def embed_share(
+    calls: list[list[str]],
+    chunks,
+    encode,
+    cache: EmbeddingCache,
+    rank: int,
+    world: int,
+    progress: bool = False,
+    flush_rows: int = 65536,
+) -> dict:
     """Encode this rank's share of the planned calls into the cache. The unit of work is one chunk
     of one call (`chunks(texts)` -> index arrays, `encode(texts)` -> vectors: the teacher's
     encode_chunks and encode_chunk), weighted by its characters; every text of the plan is
@@ -268,8 +313,9 @@ def embed_share(calls: list[list[str]], chunks, encode, cache: EmbeddingCache, r
     keys: list[bytes] = []
     vectors: list[np.ndarray] = []
     done = 0
-    with tqdm(total=sum(len(idx) for _, idx in mine), unit="text", desc="embed", disable=not progress,
-              mininterval=1.0) as bar:
+    with tqdm(
+        total=sum(len(idx) for _, idx in mine), unit="text", desc="embed", disable=not progress, mininterval=1.0
+    ) as bar:
         for k, idx in mine:
             texts = [calls[k][i] for i in idx]
             vectors.append(encode(texts))
@@ -289,5 +335,7 @@ def embed_share(calls: list[list[str]], chunks, encode, cache: EmbeddingCache, r
 def cache_only(texts: list[str]) -> np.ndarray:
     """The encode of a rank writing shards after embed_share: every text is in the cache by then,
     so a call means the plan missed one."""
-    raise ShardError(f"{len(texts)} texts (e.g. {texts[0][:60]!r}) were not in the embedding cache after the ranks "
-                     "embedded their share: the ranks' plan differs from the shards read")
+    raise ShardError(
+        f"{len(texts)} texts (e.g. {texts[0][:60]!r}) were not in the embedding cache after the ranks "
+        "embedded their share: the ranks' plan differs from the shards read"
+    )

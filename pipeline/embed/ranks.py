@@ -8,6 +8,7 @@ embed.cache_dir=""); after a barrier each rank writes its share of the shard fil
 cache, and rank 0 writes the texts and the manifest and swaps the directory in. With one process
 the vectors are made shard by shard as the shards are written. Every rank must see the same
 filesystem (one machine, or a shared one)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -44,19 +45,25 @@ log = logging.getLogger(__name__)
 STRICT_GEMM = ("MKL_CBWR", "AUTO,STRICT")
 
 
-
 def pin_rank_threads(place: distributed.Dist, device: str) -> None:
     """Each rank gets the portable numerics' fixed thread count, or natively its share of the
     cores: the vectors do not depend on it (see STRICT_GEMM)."""
     torch.set_num_threads(distributed.threads_per_process(0, place))
-    if (place.is_main and torch.device(device).type == "cpu" and not torch.backends.mkl.is_available()
-            and not numerics.pinned()):
-        log.warning("this torch has no MKL (whose strict mode makes products independent of the thread "
-                    "count): a few vectors may differ from one process's by ~1e-7")
+    if (
+        place.is_main
+        and torch.device(device).type == "cpu"
+        and not torch.backends.mkl.is_available()
+        and not numerics.pinned()
+    ):
+        log.warning(
+            "this torch has no MKL (whose strict mode makes products independent of the thread "
+            "count): a few vectors may differ from one process's by ~1e-7"
+        )
 
 
-def embed_splits(e, splits: dict, teacher, ident: dict, extra: dict | None,
-                 place: distributed.Dist) -> tuple[dict, dict]:
+def embed_splits(
+    e, splits: dict, teacher, ident: dict, extra: dict | None, place: distributed.Dist
+) -> tuple[dict, dict]:
     """Embed every split's inputs and targets and write the shards under e.out_dir (rank 0's
     manifest and the cache's counts: cached, embedded), in one process or shared by the ranks."""
     with shared_cache(e.cache_dir, ident, place) as cache:
@@ -82,8 +89,10 @@ def shared_cache(cache_dir: str, ident: dict, place: distributed.Dist) -> Iterat
     try:
         root = place.broadcast_text(scratch)
         if not Path(root).is_dir():
-            raise PipelineError(f"{root}: rank 0's temporary embedding cache is not visible to rank {place.rank}; "
-                                "set embed.cache_dir to a directory every rank shares")
+            raise PipelineError(
+                f"{root}: rank 0's temporary embedding cache is not visible to rank {place.rank}; "
+                "set embed.cache_dir to a directory every rank shares"
+            )
         yield EmbeddingCache(root, ident)
     finally:
         if scratch:
@@ -95,16 +104,25 @@ def embed_streamed(e, splits: dict, teacher, cache: EmbeddingCache, ident: dict,
     the cache dedups texts across shards and runs."""
     encode = lambda texts: encode_texts(teacher, texts, e.batch_size)  # noqa: E731
     stats: dict = {}
-    arrays = {name: (part, *(StreamedEmbeddings(part[col].tolist(), encode, cache, ident["dim"], stats)
-                             for col in ("input_text", "target_text")))
-              for name, part in splits.items()}
-    manifest = write_shards(repo_path(e.out_dir), arrays, ident, rows_per_shard=e.rows_per_shard, dtype=e.dtype,
-                            extra=extra)
+    arrays = {
+        name: (
+            part,
+            *(
+                StreamedEmbeddings(part[col].tolist(), encode, cache, ident["dim"], stats)
+                for col in ("input_text", "target_text")
+            ),
+        )
+        for name, part in splits.items()
+    }
+    manifest = write_shards(
+        repo_path(e.out_dir), arrays, ident, rows_per_shard=e.rows_per_shard, dtype=e.dtype, extra=extra
+    )
     return manifest, stats
 
 
-def embed_across_ranks(e, splits: dict, teacher, cache: EmbeddingCache, ident: dict, extra: dict | None,
-                        place: distributed.Dist) -> tuple[dict, dict]:
+def embed_across_ranks(
+    e, splits: dict, teacher, cache: EmbeddingCache, ident: dict, extra: dict | None, place: distributed.Dist
+) -> tuple[dict, dict]:
     """One rank of several: plan one process's encode calls, encode this rank's share of them into
     the cache, then write this rank's share of the shards from the cache (see the module doc)."""
     columns = {name: (part.input_text.tolist(), part.target_text.tolist()) for name, part in splits.items()}
@@ -114,17 +132,33 @@ def embed_across_ranks(e, splits: dict, teacher, cache: EmbeddingCache, ident: d
     digest = plan_digest(calls)
     spread = place.all_reduce(torch.tensor([digest, -digest], dtype=torch.int64, device=teacher.device), "max")
     if int(spread[0]) != -int(spread[1]):
-        raise PipelineError("the ranks planned different encode calls: they read different data or embedding "
-                            f"caches (embed.dataset={e.dataset}, embed.cache_dir={e.cache_dir!r})")
-    done = embed_share(calls, lambda texts: encode_chunks(texts, e.batch_size),
-                       lambda texts: encode_chunk(teacher, texts, e.batch_size), cache, place.rank, place.world_size,
-                       progress=place.is_main)
-    log.info("%d encode calls shared by %d processes: this one embedded %d texts in %d chunks",
-             len(calls), place.world_size, done["texts"], done["chunks"])
+        raise PipelineError(
+            "the ranks planned different encode calls: they read different data or embedding "
+            f"caches (embed.dataset={e.dataset}, embed.cache_dir={e.cache_dir!r})"
+        )
+    done = embed_share(
+        calls,
+        lambda texts: encode_chunks(texts, e.batch_size),
+        lambda texts: encode_chunk(teacher, texts, e.batch_size),
+        cache,
+        place.rank,
+        place.world_size,
+        progress=place.is_main,
+    )
+    log.info(
+        "%d encode calls shared by %d processes: this one embedded %d texts in %d chunks",
+        len(calls),
+        place.world_size,
+        done["texts"],
+        done["chunks"],
+    )
     place.barrier()  # every vector is in the cache
     cache.reload()  # the parts the other ranks added
-    arrays = {name: (part, *(StreamedEmbeddings(texts, cache_only, cache, ident["dim"], {}) for texts in columns[name]))
-              for name, part in splits.items()}
-    manifest = write_shards(repo_path(e.out_dir), arrays, ident, rows_per_shard=e.rows_per_shard, dtype=e.dtype,
-                            extra=extra, place=place)
+    arrays = {
+        name: (part, *(StreamedEmbeddings(texts, cache_only, cache, ident["dim"], {}) for texts in columns[name]))
+        for name, part in splits.items()
+    }
+    manifest = write_shards(
+        repo_path(e.out_dir), arrays, ident, rows_per_shard=e.rows_per_shard, dtype=e.dtype, extra=extra, place=place
+    )
     return manifest, stats

@@ -4,6 +4,7 @@
 its package path with HF_HUB_OFFLINE=1, so nothing is fetched at run time. Any other value is
 passed to SentenceTransformer as a local path or a model name.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +38,8 @@ def load_teacher(name: str, device: str = "cpu"):
     except Exception as e:  # the library raises OSError/ValueError/HF errors for a bad path or name
         raise ConfigError(
             f"embed.teacher = {name!r}: could not load a sentence-transformers model from {path!r} ({e}). "
-            "Use 'bundled', a local model directory, or a model name available offline.") from None
+            "Use 'bundled', a local model directory, or a model name available offline."
+        ) from None
 
 
 def embedding_dim(model) -> int:
@@ -92,7 +94,7 @@ def count_truncated(model, texts: list[str]) -> int:
     limit = int(model.max_seq_length)
     n = 0
     for start in range(0, len(texts), 4096):
-        ids = model.tokenizer(texts[start:start + 4096], add_special_tokens=True, truncation=False)["input_ids"]
+        ids = model.tokenizer(texts[start : start + 4096], add_special_tokens=True, truncation=False)["input_ids"]
         n += sum(len(i) > limit for i in ids)
     return n
 
@@ -105,7 +107,7 @@ def encode_chunks(texts: list[str], batch_size: int) -> list[np.ndarray]:
     chunk, never on the other chunks: the chunks of one call can be encoded in other processes."""
     order = np.argsort([-len(t) for t in texts], kind="stable")
     chunk = batch_size * 16
-    return [order[start:start + chunk] for start in range(0, len(texts), chunk)]
+    return [order[start : start + chunk] for start in range(0, len(texts), chunk)]
 
 
 def encode_chunk(model, texts: list[str], batch_size: int) -> np.ndarray:
@@ -113,8 +115,9 @@ def encode_chunk(model, texts: list[str], batch_size: int) -> np.ndarray:
     import torch
 
     with torch.inference_mode():
-        return model.encode(texts, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True,
-                            normalize_embeddings=False)
+        return model.encode(
+            texts, batch_size=batch_size, show_progress_bar=False, convert_to_numpy=True, normalize_embeddings=False
+        )
 
 
 def encode_texts(model, texts: list[str], batch_size: int, progress: bool = True) -> np.ndarray:

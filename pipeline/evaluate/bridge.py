@@ -3,6 +3,7 @@
 `decode_surface_batch` finds the nearest texts of a candidate bank for a whole batch with one
 matrix product; the prototype looped per sample and re-ran the forward pass per text (O(B^2)).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -30,8 +31,9 @@ class TextBridge:
         return torch.from_numpy(encode_texts(self.teacher, list(texts), self.batch_size, progress=False))
 
     @staticmethod
-    def decode_surface_batch(pred: torch.Tensor, bank: torch.Tensor, bank_texts: Sequence[str],
-                             k: int = 1) -> list[list[str]]:
+    def decode_surface_batch(
+        pred: torch.Tensor, bank: torch.Tensor, bank_texts: Sequence[str], k: int = 1
+    ) -> list[list[str]]:
         """The k nearest bank texts for every prediction of the batch."""
         idx = nearest(pred, bank, k).cpu().numpy()
         texts = np.asarray(bank_texts, dtype=object)

@@ -19,6 +19,7 @@ Baselines, computed in the same stage so the comparison is like for like:
 - untrained: the same model at its initial weights (same config and seed), so "did training
   teach it anything" is a measured difference, not a guess.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,10 +45,11 @@ _SCORE_CELLS = 8_000_000  # items x bank scores held at once: 32 MB of float32
 @dataclass
 class Bank:
     """Every distinct target text of the dataset, with the groups it answers."""
+
     texts: list[str]
-    ids: list[str]             # the id of the first row (train, then val, then test) with that text
-    vectors: torch.Tensor      # (size, dim), unit length
-    index: dict[str, int]      # text -> bank position
+    ids: list[str]  # the id of the first row (train, then val, then test) with that text
+    vectors: torch.Tensor  # (size, dim), unit length
+    index: dict[str, int]  # text -> bank position
     group_members: dict[str, np.ndarray]  # group -> bank positions of its texts
 
     @property
@@ -72,8 +74,13 @@ def build_bank(shards: Sequence) -> Bank:
         if firsts:
             rows.append(np.asarray(shard.targets[np.asarray(firsts, dtype=np.int64)], dtype=np.float32))
     vectors = F.normalize(torch.from_numpy(np.concatenate(rows)), dim=1)
-    return Bank(list(index), ids, vectors, index,
-                {g: np.fromiter(sorted(m), dtype=np.int64, count=len(m)) for g, m in members.items()})
+    return Bank(
+        list(index),
+        ids,
+        vectors,
+        index,
+        {g: np.fromiter(sorted(m), dtype=np.int64, count=len(m)) for g, m in members.items()},
+    )
 
 
 def score_items(pred: np.ndarray, shard, bank: Bank) -> dict[str, np.ndarray]:
@@ -82,15 +89,17 @@ def score_items(pred: np.ndarray, shard, bank: Bank) -> dict[str, np.ndarray]:
     n = len(pred)
     targets = np.asarray(shard.targets, dtype=np.float32)
     p, t = torch.from_numpy(np.asarray(pred, dtype=np.float32)), torch.from_numpy(targets)
-    out = {"cosine": F.cosine_similarity(p, t, dim=1).double().numpy(),
-           "mse": ((p - t) ** 2).mean(dim=1).double().numpy()}
+    out = {
+        "cosine": F.cosine_similarity(p, t, dim=1).double().numpy(),
+        "mse": ((p - t) ** 2).mean(dim=1).double().numpy(),
+    }
     own = np.fromiter((bank.index[x] for x in shard.target_texts), dtype=np.int64, count=n)
     groups = [str(g) for g in shard.groups]
     width = max(len(bank.group_members[g]) for g in set(groups)) if n else 1
     padded = np.full((n, width), -1, dtype=np.int64)  # each item's group's bank positions
     for i, g in enumerate(groups):
         m = bank.group_members[g]
-        padded[i, :len(m)] = m
+        padded[i, : len(m)] = m
     rank, group_rank = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     top = np.empty((n, min(TOP_K, bank.size)), dtype=np.int64)
     block = max(1, _SCORE_CELLS // bank.size)
@@ -110,10 +119,15 @@ def score_items(pred: np.ndarray, shard, bank: Bank) -> dict[str, np.ndarray]:
 def item_metrics(scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The per-item values whose means are the headline metrics."""
     rank, group_rank = scores["rank"], scores["group_rank"]
-    return {"cosine": scores["cosine"], "mse": scores["mse"],
-            "top1": (rank <= 1).astype(np.float64), "top5": (rank <= 5).astype(np.float64),
-            "group_top1": (group_rank <= 1).astype(np.float64), "group_top5": (group_rank <= 5).astype(np.float64),
-            "mrr": 1.0 / group_rank}
+    return {
+        "cosine": scores["cosine"],
+        "mse": scores["mse"],
+        "top1": (rank <= 1).astype(np.float64),
+        "top5": (rank <= 5).astype(np.float64),
+        "group_top1": (group_rank <= 1).astype(np.float64),
+        "group_top5": (group_rank <= 5).astype(np.float64),
+        "mrr": 1.0 / group_rank,
+    }
 
 
 def metric_key(split: str, who: str, metric: str, part: str = "") -> str:
@@ -122,15 +136,23 @@ def metric_key(split: str, who: str, metric: str, part: str = "") -> str:
     return f"eval/{split}/{who}/{metric}" + (f"/{part}" if part else "")
 
 
-def summarise(split: str, per_item: dict[str, dict[str, np.ndarray]], resamples: int = DEFAULT_RESAMPLES,
-              seed: int = DEFAULT_SEED, with_ci: bool = True) -> tuple[dict[str, float], dict[str, Estimate]]:
+def summarise(
+    split: str,
+    per_item: dict[str, dict[str, np.ndarray]],
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    with_ci: bool = True,
+) -> tuple[dict[str, float], dict[str, Estimate]]:
     """Means with 95 % CIs for every predictor and metric, and model - baseline paired differences
     with CI and p-value, all from one set of bootstrap resamples of the items (so all are paired).
     Returns (flat metrics for eval.json and MLflow, {who/metric: Estimate}). with_ci=False: the
     means alone (val: the split training was guided by, not the one decisions rest on)."""
     if not with_ci:
-        flat = {metric_key(split, who, m): round(float(np.mean(vals[m])), 6)
-                for who, vals in per_item.items() for m in METRICS}
+        flat = {
+            metric_key(split, who, m): round(float(np.mean(vals[m])), 6)
+            for who, vals in per_item.items()
+            for m in METRICS
+        }
         return {**flat, f"eval/{split}/items": len(next(iter(per_item.values()))["cosine"])}, {}
     columns, names = [], []
     for who, vals in per_item.items():
@@ -162,10 +184,17 @@ def item_table(shard, bank: Bank, scores: dict[str, dict[str, np.ndarray]]) -> p
     top bank ids; each baseline's rank, group rank, cosine and mse (columns <baseline>_...)."""
     model = scores["model"]
     bank_ids = np.asarray(bank.ids, dtype=object)
-    table = {"id": [str(x) for x in shard.ids], "group": [str(g) for g in shard.groups],
-             "input": [str(x) for x in shard.input_texts], "target": [str(x) for x in shard.target_texts],
-             "rank": model["rank"], "group_rank": model["group_rank"], "cosine": model["cosine"], "mse": model["mse"],
-             "top5": [list(bank_ids[row]) for row in model["top"]]}
+    table = {
+        "id": [str(x) for x in shard.ids],
+        "group": [str(g) for g in shard.groups],
+        "input": [str(x) for x in shard.input_texts],
+        "target": [str(x) for x in shard.target_texts],
+        "rank": model["rank"],
+        "group_rank": model["group_rank"],
+        "cosine": model["cosine"],
+        "mse": model["mse"],
+        "top5": [list(bank_ids[row]) for row in model["top"]],
+    }
     for b, sc in scores.items():
         if b != "model":
             for c in ("rank", "group_rank", "cosine", "mse"):
@@ -194,10 +223,10 @@ def ridge_fit(x: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
     xtx = np.zeros((dim + 1, dim + 1))
     xty = np.zeros((dim + 1, y.shape[1]))
     for start in range(0, n, RIDGE_CHUNK):
-        xb = np.asarray(x[start:start + RIDGE_CHUNK], dtype=np.float64)
+        xb = np.asarray(x[start : start + RIDGE_CHUNK], dtype=np.float64)
         xb = np.hstack([xb, np.ones((len(xb), 1))])
         xtx += xb.T @ xb
-        xty += xb.T @ np.asarray(y[start:start + RIDGE_CHUNK], dtype=np.float64)
+        xty += xb.T @ np.asarray(y[start : start + RIDGE_CHUNK], dtype=np.float64)
     reg = alpha * np.eye(dim + 1)
     reg[-1, -1] = 0.0
     return np.linalg.solve(xtx + reg, xty)
@@ -207,8 +236,9 @@ def ridge_predict(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (np.hstack([np.asarray(x, dtype=np.float64), np.ones((len(x), 1))]) @ w).astype(np.float32)
 
 
-def predictions(model_pred: np.ndarray, shard, ridge_w: np.ndarray,
-                untrained_pred: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def predictions(
+    model_pred: np.ndarray, shard, ridge_w: np.ndarray, untrained_pred: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Each predictor's outputs for the split's rows, model first."""
     inputs = np.asarray(shard.inputs)
     preds = {"model": model_pred, "identity": inputs, "ridge": ridge_predict(ridge_w, inputs)}
@@ -217,13 +247,18 @@ def predictions(model_pred: np.ndarray, shard, ridge_w: np.ndarray,
     return preds
 
 
-def evaluate_split(name: str, preds: dict[str, np.ndarray], shard, bank: Bank, resamples: int = DEFAULT_RESAMPLES,
-                   seed: int = DEFAULT_SEED, with_ci: bool = True
-                   ) -> tuple[dict[str, float], dict[str, Estimate], pd.DataFrame]:
+def evaluate_split(
+    name: str,
+    preds: dict[str, np.ndarray],
+    shard,
+    bank: Bank,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    with_ci: bool = True,
+) -> tuple[dict[str, float], dict[str, Estimate], pd.DataFrame]:
     """(flat metrics with CIs, estimates by who/metric, item table) for one split."""
     scores = {who: score_items(pred, shard, bank) for who, pred in preds.items()}
-    flat, estimates = summarise(name, {who: item_metrics(sc) for who, sc in scores.items()}, resamples, seed,
-                                with_ci)
+    flat, estimates = summarise(name, {who: item_metrics(sc) for who, sc in scores.items()}, resamples, seed, with_ci)
     return flat, estimates, item_table(shard, bank, scores)
 
 
@@ -232,6 +267,14 @@ def sample_table(items: pd.DataFrame, bank: Bank, n: int) -> list[dict]:
     rows = []
     for r in items.head(n).itertuples():
         decoded = bank.texts[bank.ids.index(r.top5[0])] if len(r.top5) else ""
-        rows.append({"id": r.id, "input": r.input, "target": r.target, "decoded": decoded,
-                     "correct": bool(r.rank == 1), "group_correct": bool(r.group_rank == 1)})
+        rows.append(
+            {
+                "id": r.id,
+                "input": r.input,
+                "target": r.target,
+                "decoded": decoded,
+                "correct": bool(r.rank == 1),
+                "group_correct": bool(r.group_rank == 1),
+            }
+        )
     return rows

@@ -10,6 +10,7 @@ Deterministic on every machine: the resamples are drawn by numpy's PCG64 from a 
 means are sums of per-item values weighted by integer resample counts, taken in one fixed order
 (no BLAS, whose summation order depends on the CPU). Values are rounded to 6 decimals when written.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ def resample_means(values: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed:
         # Row by row with np.dot on float64 1-D vectors would go through BLAS; an elementwise
         # product and a pairwise sum along one axis is the same on every CPU.
         for j in range(values.shape[1]):
-            out[start:start + c, j] = (counts * values[:, j]).sum(axis=1) / n
+            out[start : start + c, j] = (counts * values[:, j]).sum(axis=1) / n
     return out
 
 
@@ -81,8 +82,9 @@ def mean_ci(values: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 
     return Estimate(float(values.mean()), *_interval(means))
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = DEFAULT_RESAMPLES,
-                      seed: int = DEFAULT_SEED) -> Estimate:
+def paired_difference(
+    a: np.ndarray, b: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
+) -> Estimate:
     """mean(a) - mean(b) over the same items, its 95 % CI and its p-value (`p_value`)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
@@ -102,8 +104,9 @@ def p_value(diff: np.ndarray, resampled_means: np.ndarray) -> float:
     return min(1.0, 2 * (min(below, above) + 1) / (len(resampled_means) + 1))
 
 
-def verdict(diff: Estimate, name_a: str, name_b: str, metric: str, higher_is_better: bool = True,
-            fmt: str = "{:+.3f}") -> str:
+def verdict(
+    diff: Estimate, name_a: str, name_b: str, metric: str, higher_is_better: bool = True, fmt: str = "{:+.3f}"
+) -> str:
     """One line a reader can act on: "model beats ridge on group top-1 by +0.031 [0.012, 0.049]
     (p=0.002)", or "no significant difference ..." when the interval holds 0."""
     ci = f"{fmt.format(diff.value)} [{fmt.format(diff.low)}, {fmt.format(diff.high)}] (p={diff.p_value:.3g})"

@@ -1,5 +1,6 @@
-"""The energy-flow model's parts (docs/prototype.md says what the prototype did instead). Each is a plain nn.Module that works on
-whole tensors of flows; none keeps a tensor between calls."""
+"""The energy-flow model's parts (docs/prototype.md says what the prototype did instead). Each
+is a plain nn.Module that works on whole tensors of flows; none keeps a tensor between calls."""
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,9 @@ class SimpleNeuron(nn.Module):
 class EnergyCarrier(nn.Module):
     """Stacked GRU cells (one call per layer per step over all live flows) and the three heads."""
 
-    def __init__(self, in_dim: int, hidden: int, layers: int, min_forward: float, max_forward: float,
-                 max_lateral: float):
+    def __init__(
+        self, in_dim: int, hidden: int, layers: int, min_forward: float, max_forward: float, max_lateral: float
+    ):
         super().__init__()
         self.cells = nn.ModuleList(nn.GRUCell(in_dim if i == 0 else hidden, hidden) for i in range(layers))
         self.lateral = nn.Linear(hidden, 2)
@@ -70,7 +72,9 @@ class EnergyCarrier(nn.Module):
             new_hidden.append(inp)
         lateral = self.max_lateral * torch.tanh(self.lateral(inp))
         # min_forward > 0 bounds the trip: every flow reaches z = D within ceil(D / min_forward) steps.
-        fwd = self.min_forward + (self.max_forward - self.min_forward) * torch.sigmoid(self.forward_head(inp)).squeeze(1)
+        fwd = self.min_forward + (self.max_forward - self.min_forward) * torch.sigmoid(self.forward_head(inp)).squeeze(
+            1
+        )
         # Residual: the carried energy is updated, not replaced, so what the input put into a flow
         # survives the trip (replacing it made every prediction collapse to the targets mean).
         energy = torch.tanh(energy + self.energy(inp).squeeze(1))

@@ -3,8 +3,10 @@
 The only Python loop is over flow steps. Each step costs one host read: the size of the compacted
 live set (boolean-mask indexing must know it to allocate). The adaptive-stop check reuses that
 number, so it adds no sync of its own. Finished flows are compacted out, so a step costs what its
-live flows cost (the prototype ran up to 50 steps with every flow although 99 % had arrived within 6; docs/prototype.md).
+live flows cost (the prototype ran up to 50 steps with every flow, although it reports 99 % of
+them arrived within 6; docs/prototype.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -29,11 +31,29 @@ class FlowOutput:
 
 
 class EnergyFlowModel(nn.Module):
-    def __init__(self, dim: int, *, lattice_width: int, lattice_height: int, lattice_depth: int,
-                 max_active_flows: int, cell_state_dim: int, neuron_hidden: int, carrier_layers: int,
-                 carrier_hidden: int, min_forward: float, max_forward: float, max_lateral: float,
-                 energy_min: float, convergence_threshold: float, patience: int, max_steps: int,
-                 adaptive_stop: bool = True, output_hidden: int = 256, checkpoint_steps: bool = False):
+    def __init__(
+        self,
+        dim: int,
+        *,
+        lattice_width: int,
+        lattice_height: int,
+        lattice_depth: int,
+        max_active_flows: int,
+        cell_state_dim: int,
+        neuron_hidden: int,
+        carrier_layers: int,
+        carrier_hidden: int,
+        min_forward: float,
+        max_forward: float,
+        max_lateral: float,
+        energy_min: float,
+        convergence_threshold: float,
+        patience: int,
+        max_steps: int,
+        adaptive_stop: bool = True,
+        output_hidden: int = 256,
+        checkpoint_steps: bool = False,
+    ):
         super().__init__()
         self.dim = dim
         self.W, self.H, self.D = lattice_width, lattice_height, lattice_depth
@@ -47,7 +67,9 @@ class EnergyFlowModel(nn.Module):
         self.input_mapper = EmbeddingMapper(dim, self.n_cells)
         self.lattice = EnergyLattice(self.W, self.H, self.D, cell_state_dim)
         self.neuron = SimpleNeuron(cell_state_dim, neuron_hidden)
-        self.carrier = EnergyCarrier(neuron_hidden, carrier_hidden, carrier_layers, min_forward, max_forward, max_lateral)
+        self.carrier = EnergyCarrier(
+            neuron_hidden, carrier_hidden, carrier_layers, min_forward, max_forward, max_lateral
+        )
         self.output_mapper = OutputMapper(self.n_cells, output_hidden, dim)
 
     @classmethod
@@ -89,7 +111,9 @@ class EnergyFlowModel(nn.Module):
         i0, j0 = i0.long(), j0.long()
         i1, j1 = (i0 + 1).clamp(max=self.W - 1), (j0 + 1).clamp(max=self.H - 1)
         base = sample * self.n_cells
-        idx = torch.cat([base + j0 * self.W + i0, base + j0 * self.W + i1, base + j1 * self.W + i0, base + j1 * self.W + i1])
+        idx = torch.cat(
+            [base + j0 * self.W + i0, base + j0 * self.W + i1, base + j1 * self.W + i0, base + j1 * self.W + i1]
+        )
         w = torch.cat([(1 - fu) * (1 - fv), fu * (1 - fv), (1 - fu) * fv, fu * fv])
         return surface.index_add(0, idx, w * value.repeat(4))
 

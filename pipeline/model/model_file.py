@@ -5,6 +5,7 @@ A file that does not fit is an error naming what does not fit, never a RuntimeEr
 inside torch: weights of another model config or of another version of the code (the tensors
 that differ), a model_config with keys the model does not take, or an embedding dim other than
 the shards' (check_input_dim)."""
+
 from __future__ import annotations
 
 import inspect
@@ -47,6 +48,7 @@ def model_shapes(model_cfg, dim: int) -> dict[str, tuple[int, ...]]:
 def tensor_mismatch(found: dict, expected: dict[str, tuple[int, ...]]) -> str:
     """'' when the state dict `found` has exactly the tensors `expected` (name -> shape), else
     what differs: tensors of another shape (both shapes), missing and unexpected ones."""
+
     def names(items: list[str]) -> str:
         more = f" and {len(items) - _SHOWN} more" if len(items) > _SHOWN else ""
         return ", ".join(items[:_SHOWN]) + more
@@ -57,8 +59,10 @@ def tensor_mismatch(found: dict, expected: dict[str, tuple[int, ...]]) -> str:
     unexpected = sorted(k for k in found if k not in expected)
     parts = []
     if wrong:
-        parts.append(f"{len(wrong)} tensor(s) of another shape: "
-                     + names([f"{k} (file {shape[k]}, model {tuple(expected[k])})" for k in wrong]))
+        parts.append(
+            f"{len(wrong)} tensor(s) of another shape: "
+            + names([f"{k} (file {shape[k]}, model {tuple(expected[k])})" for k in wrong])
+        )
     if missing:
         parts.append(f"{len(missing)} missing from the file: {names(missing)}")
     if unexpected:
@@ -68,8 +72,10 @@ def tensor_mismatch(found: dict, expected: dict[str, tuple[int, ...]]) -> str:
 
 def _describe(model_cfg: dict, dim: int) -> str:
     get = model_cfg.get
-    return (f"{dim}-d embeddings, lattice {get('lattice_width')}x{get('lattice_height')}x{get('lattice_depth')}, "
-            f"carrier {get('carrier_layers')}x{get('carrier_hidden')}")
+    return (
+        f"{dim}-d embeddings, lattice {get('lattice_width')}x{get('lattice_height')}x{get('lattice_depth')}, "
+        f"carrier {get('carrier_layers')}x{get('carrier_hidden')}"
+    )
 
 
 def _check_config_keys(path: Path, model_cfg) -> None:
@@ -78,15 +84,25 @@ def _check_config_keys(path: Path, model_cfg) -> None:
     takes = {n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     required = {n for n in takes if params[n].default is inspect.Parameter.empty}
     if not isinstance(model_cfg, dict):
-        raise PipelineError(f"{path}: model_config is {type(model_cfg).__name__}, expected a mapping of the model "
-                            f"section's keys; {_RETRAIN}")
+        raise PipelineError(
+            f"{path}: model_config is {type(model_cfg).__name__}, expected a mapping of the model "
+            f"section's keys; {_RETRAIN}"
+        )
     unknown, lacking = sorted(set(model_cfg) - takes), sorted(required - set(model_cfg))
     if unknown or lacking:
-        what = "; ".join(s for s in (f"keys the model does not take: {unknown}" if unknown else "",
-                                     f"lacks required keys: {lacking}" if lacking else "") if s)
-        raise PipelineError(f"{path}: its model_config does not fit this version's model ({what}); expected the "
-                            f"keys of the model section ({', '.join(sorted(takes))}): it was written by another "
-                            f"version of the code; {_RETRAIN}")
+        what = "; ".join(
+            s
+            for s in (
+                f"keys the model does not take: {unknown}" if unknown else "",
+                f"lacks required keys: {lacking}" if lacking else "",
+            )
+            if s
+        )
+        raise PipelineError(
+            f"{path}: its model_config does not fit this version's model ({what}); expected the "
+            f"keys of the model section ({', '.join(sorted(takes))}): it was written by another "
+            f"version of the code; {_RETRAIN}"
+        )
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[EnergyFlowModel, dict]:
@@ -97,20 +113,24 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[En
         payload = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError... for a bad file
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise PipelineError(f"{path}: not a readable model file ({first}); expected the model.pt the train stage "
-                            f"writes; {_RETRAIN}") from None
+        raise PipelineError(
+            f"{path}: not a readable model file ({first}); expected the model.pt the train stage writes; {_RETRAIN}"
+        ) from None
     lacks = [k for k in ("state_dict", "model_config", "dim") if not isinstance(payload, dict) or k not in payload]
     if lacks:
-        raise PipelineError(f"{path}: the model file lacks {lacks}; expected the model.pt the train stage writes; "
-                            f"{_RETRAIN}")
+        raise PipelineError(
+            f"{path}: the model file lacks {lacks}; expected the model.pt the train stage writes; {_RETRAIN}"
+        )
     _check_config_keys(path, payload["model_config"])
     dim = int(payload["dim"])
     mismatch = tensor_mismatch(payload["state_dict"], model_shapes(payload["model_config"], dim))
     if mismatch:
-        raise PipelineError(f"{path}: its weights do not fit the model its own model_config builds "
-                            f"({_describe(payload['model_config'], dim)}): {mismatch}; expected the weights of "
-                            f"that config (these come from another model config or another version of the code); "
-                            f"{_RETRAIN}")
+        raise PipelineError(
+            f"{path}: its weights do not fit the model its own model_config builds "
+            f"({_describe(payload['model_config'], dim)}): {mismatch}; expected the weights of "
+            f"that config (these come from another model config or another version of the code); "
+            f"{_RETRAIN}"
+        )
     model = EnergyFlowModel.from_config(payload["model_config"], dim).to(device)
     model.load_state_dict(payload["state_dict"])
     model.eval()
@@ -125,7 +145,8 @@ def check_input_dim(path: str | Path, payload: dict, manifest: dict, shard_dir: 
         raise PipelineError(
             f"{path}: the model takes {want}-d embeddings but the shards in {shard_dir} hold {found}-d ones "
             f"(teacher {teacher}); expected the shards it was trained on: re-run train on these shards "
-            f"(dvc repro train), or point embed.out_dir at shards of the model's teacher")
+            f"(dvc repro train), or point embed.out_dir at shards of the model's teacher"
+        )
 
 
 def untrained_model(payload: dict, device: torch.device | str = "cpu") -> EnergyFlowModel:
@@ -134,8 +155,10 @@ def untrained_model(payload: dict, device: torch.device | str = "cpu") -> Energy
     as it was."""
     seed = (payload.get("extra") or {}).get("seed")
     if seed is None:
-        raise PipelineError("the model file records no seed, so its untrained starting point cannot be rebuilt: "
-                            "re-run the train stage (dvc repro train)")
+        raise PipelineError(
+            "the model file records no seed, so its untrained starting point cannot be rebuilt: "
+            "re-run the train stage (dvc repro train)"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = EnergyFlowModel.from_config(payload["model_config"], payload["dim"])

@@ -3,6 +3,7 @@
 Used by the report stage (after evaluate) and by the train stage when training diverges: a run
 that blew up is the one that most needs a diagnosis, and it never reaches the report stage.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,12 +11,12 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from pipeline.tracking import store as tracking
 from pipeline.core.atomic import write_json, write_text
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR
 from pipeline.report.checks import TRAIN_KEYS, run_checks, stability_metrics
 from pipeline.report.plots import make_plots
 from pipeline.report.render import render_html, render_markdown
+from pipeline.tracking import store as tracking
 
 STABILITY_JSON = METRICS_DIR / "stability.json"
 REPORT_FILES = (REPORTS_DIR / "stability.md", REPORTS_DIR / "stability.html")
@@ -27,15 +28,25 @@ def report_params(cfg, train_metrics: Mapping, n_rows: int) -> dict:
     and what the train stage measured about the run and the model (planned steps, resume
     point, the flow-step bounds)."""
     planned = train_metrics.get("train/planned_steps", train_metrics.get("train/steps", n_rows))
-    return {**dict(cfg.report), **{k: cfg.train[k] for k in TRAIN_KEYS},
-            "planned_steps": int(planned) if planned else None,
-            "resumed_from_step": int(train_metrics.get("train/resumed_from_step", 0)),
-            "step_cap": train_metrics.get("flow/step_cap"),
-            "min_steps_to_arrive": train_metrics.get("flow/min_steps_to_arrive")}
+    return {
+        **dict(cfg.report),
+        **{k: cfg.train[k] for k in TRAIN_KEYS},
+        "planned_steps": int(planned) if planned else None,
+        "resumed_from_step": int(train_metrics.get("train/resumed_from_step", 0)),
+        "step_cap": train_metrics.get("flow/step_cap"),
+        "min_steps_to_arrive": train_metrics.get("flow/min_steps_to_arrive"),
+    }
 
 
-def build_report(cfg, run_id: str, steps: pd.DataFrame, events: Sequence[Mapping], train_metrics: Mapping,
-                 eval_metrics: Mapping | None, unmeasured: str = "") -> dict:
+def build_report(
+    cfg,
+    run_id: str,
+    steps: pd.DataFrame,
+    events: Sequence[Mapping],
+    train_metrics: Mapping,
+    eval_metrics: Mapping | None,
+    unmeasured: str = "",
+) -> dict:
     """Checks, plots, reports/stability.md and .html, metrics/stability.json (the DVC metrics:
     no time or memory figures) and reports/stability_evidence.json (every check's evidence, time
     and memory included), each written atomically. `unmeasured`: why there are no time and
@@ -61,11 +72,19 @@ def log_report(result: Mapping) -> None:
 
     mlflow.set_tags({"stability.verdict": result["verdict"], "stability.failed": ",".join(result["failed"]) or "none"})
     flat = stability_metrics(result, measured=True)
-    tracking.log_metrics({
-        "stability/stable": float(result["verdict"] == "stable"),
-        **{f"stability/{name}/pass": float(c["pass"]) for name, c in result["checks"].items()},
-        **{f"stability/{name}/{k}": v for name, c in flat.items() if isinstance(c, dict)
-           for k, v in c.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}})
+    tracking.log_metrics(
+        {
+            "stability/stable": float(result["verdict"] == "stable"),
+            **{f"stability/{name}/pass": float(c["pass"]) for name, c in result["checks"].items()},
+            **{
+                f"stability/{name}/{k}": v
+                for name, c in flat.items()
+                if isinstance(c, dict)
+                for k, v in c.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
+        }
+    )
     for path in REPORT_FILES:
         tracking.log_artifact_file(path, "report")
     for path in result["plots"].values():

@@ -16,6 +16,7 @@ The failure modes, and the check that catches each:
 - flows that die before arriving / adaptive stop doing nothing    -> convergence
 - a run that "finishes" without learning anything                 -> learning (needs eval metrics)
 """
+
 from __future__ import annotations
 
 import math
@@ -36,13 +37,26 @@ from pipeline.core.errors import ConfigError
 # flags with them, and the report must judge by the same numbers.
 TRAIN_KEYS = ("grad_warning", "grad_critical", "spike_k", "spike_window")
 # step_cap and min_steps_to_arrive are the model's flow-step bounds, also from the train metrics.
-DEFAULTS: dict[str, Any] = {**asdict(ReportConfig()), **{k: getattr(TrainConfig(), k) for k in TRAIN_KEYS},
-                            "planned_steps": None, "resumed_from_step": 0, "step_cap": None,
-                            "min_steps_to_arrive": None}
+DEFAULTS: dict[str, Any] = {
+    **asdict(ReportConfig()),
+    **{k: getattr(TrainConfig(), k) for k in TRAIN_KEYS},
+    "planned_steps": None,
+    "resumed_from_step": 0,
+    "step_cap": None,
+    "min_steps_to_arrive": None,
+}
 _INT_KEYS = {"warmup_steps", "spike_window", "planned_steps", "resumed_from_step", "step_cap", "min_steps_to_arrive"}
 
-CHECK_ORDER = ("memory_growth", "step_time_degradation", "nonfinite", "grad_norm", "loss_spikes", "scaler",
-               "convergence", "learning")
+CHECK_ORDER = (
+    "memory_growth",
+    "step_time_degradation",
+    "nonfinite",
+    "grad_norm",
+    "loss_spikes",
+    "scaler",
+    "convergence",
+    "learning",
+)
 NONFINITE_KINDS = ("nan_loss", "inf_loss", "nan_grad", "inf_grad")
 MEMORY_SERIES = {"rss": "mem/rss_mb", "device": "mem/device_allocated_mb"}
 MEMORY_LABELS = {"rss": "host RSS", "device": "device allocated"}
@@ -140,7 +154,7 @@ def fit_memory(df: pd.DataFrame, col: str, p: Mapping) -> dict | str:
         # plateaus (a clean default run's RSS climbs over its first part, then stays flat), which
         # a whole-run fit calls a steep, significant leak. A leak that keeps a
         # graph per step keeps climbing in the second half too.
-        d = d.iloc[len(d) // 2:]
+        d = d.iloc[len(d) // 2 :]
     mb = d[col].to_numpy()
     if np.ptp(mb) == 0:  # device memory is 0 throughout on CPU
         return f"constant at {mb[0]:.1f} MB"
@@ -165,8 +179,11 @@ def fit_memory(df: pd.DataFrame, col: str, p: Mapping) -> dict | str:
 def _grows(fit: dict, p: Mapping) -> bool:
     # All three: significant (not noise), steep enough to matter (20 MB/1k = 1 GB per 50k steps),
     # and a growth over the planned run that costs something.
-    return (fit["p_value"] < p["memory_alpha"] and fit["slope_mb_per_1k_steps"] > p["memory_min_mb_per_1k"]
-            and fit["projected_growth_mb"] > p["memory_min_growth_mb"])
+    return (
+        fit["p_value"] < p["memory_alpha"]
+        and fit["slope_mb_per_1k_steps"] > p["memory_min_mb_per_1k"]
+        and fit["projected_growth_mb"] > p["memory_min_growth_mb"]
+    )
 
 
 def check_memory_growth(df: pd.DataFrame, p: Mapping) -> dict:
@@ -201,8 +218,7 @@ def check_memory_growth(df: pd.DataFrame, p: Mapping) -> dict:
         evidence["not_tested"] = "; ".join(not_tested)
 
     parts = [
-        f"{MEMORY_LABELS[n]} {f['slope_mb_per_1k_steps']:+.1f} MB per 1k steps "
-        f"(p={f['p_value']:.2g}, R²={f['r2']:.2f})"
+        f"{MEMORY_LABELS[n]} {f['slope_mb_per_1k_steps']:+.1f} MB per 1k steps (p={f['p_value']:.2g}, R²={f['r2']:.2f})"
         for n, f in fits.items()
     ]
     span = f"over steps {fits[worst]['first_step']}-{fits[worst]['last_step']}"
@@ -244,7 +260,8 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
     fix = (
         "Step time grows: look for per-step host syncs (.item()/.cpu()/printing a tensor every step "
         "— accumulate on device, sync every log_every steps), torch.cuda.empty_cache() in the loop "
-        "(measured 15-20 % slower in the prototype, docs/prototype.md), a logging cadence whose cost grows with history, "
+        "(measured 15-20 % slower in the prototype, docs/prototype.md), "
+        "a logging cadence whose cost grows with history, "
         "and data loading (compare data-wait time; use workers, pin_memory, prefetch)."
     )
     if "perf/step_ms" not in df.columns:
@@ -252,7 +269,9 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
     split = step_time_split(df, p)
     if isinstance(split, str):
         return _result(
-            "skip", f"Too little timing data: {split}.", {"reason": split},
+            "skip",
+            f"Too little timing data: {split}.",
+            {"reason": split},
             f"Run more than warmup_steps + {_MIN_TIME_ROWS} logged steps to enable this check.",
         )
     early, steady = split
@@ -289,10 +308,14 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
         evidence["flow_steps_ratio"] = flow_ratio
         if status == "fail" and ratio <= p["step_time_max_ratio"] * flow_ratio:
             status = "warn"
-            summary += (f" The model takes {flow_ratio:.2f}x the flow steps per training step it took early "
-                        "(flow/steps_used), which accounts for it: more work per step, not a slower loop.")
-            fix = ("More flow steps per step: see the convergence check (flows that arrive later, or not at "
-                   "all, after a bad update or a too-high learning rate).")
+            summary += (
+                f" The model takes {flow_ratio:.2f}x the flow steps per training step it took early "
+                "(flow/steps_used), which accounts for it: more work per step, not a slower loop."
+            )
+            fix = (
+                "More flow steps per step: see the convergence check (flows that arrive later, or not at "
+                "all, after a bad update or a too-high learning rate)."
+            )
     return _result(status, summary, evidence, fix)
 
 
@@ -316,10 +339,15 @@ def nonfinite_steps(df: pd.DataFrame, events: Sequence[Mapping] | None) -> list[
     records: dict[int, dict] = {}
     for e in events or ():
         if e.get("kind") in NONFINITE_KINDS and e.get("step") is not None:
-            records.setdefault(int(e["step"]), {
-                "step": int(e["step"]), "kind": e["kind"], "module": e.get("module"),
-                "action": e.get("action") or "-",
-            })
+            records.setdefault(
+                int(e["step"]),
+                {
+                    "step": int(e["step"]),
+                    "kind": e["kind"],
+                    "module": e.get("module"),
+                    "action": e.get("action") or "-",
+                },
+            )
     if "train/loss" in df.columns:
         loss = df["train/loss"].to_numpy()
         for step, value in zip(df["step"].to_numpy()[~np.isfinite(loss)], loss[~np.isfinite(loss)]):
@@ -339,8 +367,12 @@ def _finite_after(df: pd.DataFrame, step: float) -> bool | None:
 
 def check_nonfinite(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping) -> dict:
     if events is None and "train/loss" not in df.columns:
-        return _result("skip", "No event list and no train/loss column.", {},
-                       "Pass the train stage's events and log train/loss to enable this check.")
+        return _result(
+            "skip",
+            "No event list and no train/loss column.",
+            {},
+            "Pass the train stage's events and log train/loss to enable this check.",
+        )
     recs = nonfinite_steps(df, events)
     skipped_total = int(np.nansum(df["train/skipped"].to_numpy())) if "train/skipped" in df.columns else 0
     # Non-finite gradients the rows saw: the trainer's per-step count, else rows whose norm is
@@ -360,8 +392,9 @@ def check_nonfinite(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mappi
     last_step = int(df["step"].max()) if len(df) else 0
     total = max([last_step, *known]) if known or last_step else 0
     if count == 0:
-        return _result("pass", f"No non-finite loss or gradient in {total:,} steps.",
-                       {"count": 0, "total_steps": total}, None)
+        return _result(
+            "pass", f"No non-finite loss or gradient in {total:,} steps.", {"count": 0, "total_steps": total}, None
+        )
     fraction = count / total if total else 1.0
     recovered = _finite_after(df, max(known)) if known else None
     modules = [r["module"] for r in recs if r["module"]]
@@ -378,7 +411,8 @@ def check_nonfinite(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mappi
         "skipped_total": skipped_total,
         "event_list": "; ".join(
             f"step {r['step']} {r['kind']} in {r['module'] or '?'} ({r['action']})" for r in recs[:_LIST_MAX]
-        ) + (f"; ... ({len(recs) - _LIST_MAX} more)" if len(recs) > _LIST_MAX else ""),
+        )
+        + (f"; ... ({len(recs) - _LIST_MAX} more)" if len(recs) > _LIST_MAX else ""),
     }
     rare = fraction <= p["nonfinite_warn_fraction"]
     status = "warn" if rare and recovered is True else "fail"
@@ -431,9 +465,16 @@ def zone_step_fractions(df: pd.DataFrame, p: Mapping) -> tuple[dict[str, float],
             return {z: n / total for z, n in counts.items()}, int(total), "per-step zone counts"
     zones = grad_zones(df["grad/global_norm"].to_numpy(), p)
     n = len(df)
-    return ({"healthy": float((zones["healthy"] | zones["low"]).mean()), "warning": float(zones["warning"].mean()),
-             "critical": float(zones["critical"].mean()), "exploded": float(zones["exploded"].mean())},
-            n, "logged rows (window means)")
+    return (
+        {
+            "healthy": float((zones["healthy"] | zones["low"]).mean()),
+            "warning": float(zones["warning"].mean()),
+            "critical": float(zones["critical"].mean()),
+            "exploded": float(zones["exploded"].mean()),
+        },
+        n,
+        "logged rows (window means)",
+    )
 
 
 def check_grad_norm(df: pd.DataFrame, p: Mapping) -> dict:
@@ -479,8 +520,7 @@ def check_grad_norm(df: pd.DataFrame, p: Mapping) -> dict:
         status = "warn"
     else:
         status = "pass"
-    exploded = (f"; exploded (non-finite, see nonfinite) {100 * frac['exploded']:.1f} %"
-                if frac["exploded"] else "")
+    exploded = f"; exploded (non-finite, see nonfinite) {100 * frac['exploded']:.1f} %" if frac["exploded"] else ""
     summary = (
         f"Norm critical (> {p['grad_critical']:g}) in {100 * critical:.1f} % of the finite steps "
         f"(limit {100 * p['grad_max_critical_fraction']:g} %) of {n_steps:,}; healthy {100 * frac['healthy']:.1f} %, "
@@ -518,11 +558,16 @@ def spike_scan(df: pd.DataFrame, p: Mapping) -> pd.DataFrame:
     window = d["step"].diff().fillna(d["step"].iloc[0]).clip(lower=1)
     std = std * np.sqrt(np.maximum(window.median() / window, 1.0))
     threshold = mean + p["spike_k"] * std
-    return pd.DataFrame({
-        "step": d["step"], "loss": loss, "threshold": threshold,
-        "sigma": (loss - mean) / std, "ratio": loss / mean,
-        "spike": (loss > threshold).fillna(False).astype(bool),
-    })
+    return pd.DataFrame(
+        {
+            "step": d["step"],
+            "loss": loss,
+            "threshold": threshold,
+            "sigma": (loss - mean) / std,
+            "ratio": loss / mean,
+            "spike": (loss > threshold).fillna(False).astype(bool),
+        }
+    )
 
 
 def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping) -> dict:
@@ -534,12 +579,15 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
     )
     if "train/loss" not in df.columns:
         if not event_steps:
-            return _result("skip", "train/loss not logged and no loss_spike events.", {},
-                           "Log train/loss to enable this check.")
+            return _result(
+                "skip", "train/loss not logged and no loss_spike events.", {}, "Log train/loss to enable this check."
+            )
         return _result(
-            "warn", f"{len(event_steps)} loss_spike event(s) (steps {_steps_text(event_steps)}); "
+            "warn",
+            f"{len(event_steps)} loss_spike event(s) (steps {_steps_text(event_steps)}); "
             "recovery cannot be checked without train/loss.",
-            {"count": len(event_steps), "steps": _steps_text(event_steps), "from_events": len(event_steps)}, fix,
+            {"count": len(event_steps), "steps": _steps_text(event_steps), "from_events": len(event_steps)},
+            fix,
         )
     scan = spike_scan(df, p)
     if scan.empty:
@@ -547,9 +595,13 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
     rows = scan[scan["spike"]]
     spike_steps = sorted(set(rows["step"].astype(int)) | set(event_steps))
     if not spike_steps:
-        return _result("pass", f"No loss spike in {len(scan):,} logged steps "
-                       f"(loss > mean + {p['spike_k']:g}·std of the trailing {p['spike_window']} losses).",
-                       {"count": 0, "rows": len(scan)}, None)
+        return _result(
+            "pass",
+            f"No loss spike in {len(scan):,} logged steps "
+            f"(loss > mean + {p['spike_k']:g}·std of the trailing {p['spike_window']} losses).",
+            {"count": 0, "rows": len(scan)},
+            None,
+        )
 
     # Recovered: the median of the last 10 % of rows (those after the spike) is back under the
     # detection threshold in force at the spike, i.e. inside the loss's normal range of that time.
@@ -569,8 +621,11 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
     # dilutes one bad step; an event holds the step's own loss against its threshold (mean +
     # k·std >= mean, so loss / threshold understates the ratio): take the larger.
     ratios = [(float(r["ratio"]), int(r["step"])) for _, r in rows.iterrows() if np.isfinite(r["ratio"])]
-    ratios += [(float(e["loss"]) / float(e["threshold"]), int(e["step"])) for e in spike_events
-               if _positive(e.get("threshold")) and _finite_number(e.get("loss"))]
+    ratios += [
+        (float(e["loss"]) / float(e["threshold"]), int(e["step"]))
+        for e in spike_events
+        if _positive(e.get("threshold")) and _finite_number(e.get("loss"))
+    ]
     worst_ratio, worst_step = max(ratios) if ratios else (float("nan"), spike_steps[0])
     severe = sorted({st for r, st in ratios if r >= p["spike_fail_factor"]})
     largest = rows.loc[rows["loss"].idxmax()] if len(rows) else None
@@ -594,8 +649,11 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
         evidence["largest_spike_sigma"] = float(largest["sigma"])
     status = "fail" if unrecovered or severe else "warn"
     top = f" (worst at step {worst_step}: {worst_ratio:.3g}x the trailing mean loss)" if ratios else ""
-    outcome = ("loss recovered" if not unrecovered
-               else f"{len(unrecovered)} not recovered (last-10 % median {evidence['tail_median_loss']:.4g})")
+    outcome = (
+        "loss recovered"
+        if not unrecovered
+        else f"{len(unrecovered)} not recovered (last-10 % median {evidence['tail_median_loss']:.4g})"
+    )
     why = f"; {len(severe)} at >= {p['spike_fail_factor']:g}x (fails)" if severe else ""
     at = "step" if len(spike_steps) == 1 else "steps"
     summary = f"{len(spike_steps)} loss spike(s) at {at} {_steps_text(spike_steps)}{top}; {outcome}{why}."
@@ -620,8 +678,11 @@ def scaler_history(df: pd.DataFrame, events: Sequence[Mapping] | None) -> pd.Dat
     if "amp/scale" in df.columns:
         d = _finite(df, "amp/scale").rename(columns={"amp/scale": "scale"})
         parts.append(d.assign(backoff=False))
-    ev = [(int(e["step"]), float(e["scale"])) for e in events or ()
-          if e.get("kind") in NONFINITE_KINDS and e.get("step") is not None and _finite_number(e.get("scale"))]
+    ev = [
+        (int(e["step"]), float(e["scale"]))
+        for e in events or ()
+        if e.get("kind") in NONFINITE_KINDS and e.get("step") is not None and _finite_number(e.get("scale"))
+    ]
     if ev:
         parts.append(pd.DataFrame(ev, columns=["step", "scale"]).assign(backoff=True))
     if not parts:
@@ -632,8 +693,9 @@ def scaler_history(df: pd.DataFrame, events: Sequence[Mapping] | None) -> pd.Dat
 def check_scaler(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping) -> dict:
     hist = scaler_history(df, events)
     if hist.empty:
-        return _result("n/a", "No GradScaler in this run (fp32 or bf16 train in full range: nothing to scale).",
-                       {}, None)
+        return _result(
+            "n/a", "No GradScaler in this run (fp32 or bf16 train in full range: nothing to scale).", {}, None
+        )
     scale = hist["scale"].to_numpy(dtype=float)
     backoff_steps = sorted(set(hist.loc[hist["backoff"], "step"].astype(int)))
     rows = hist[~hist["backoff"]]
@@ -673,8 +735,11 @@ def check_scaler(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping)
         "growth_factor=1.5, growth_interval=200 (the prototype's 65536 / 2.0 / 100 overflows from step 1) — "
         "clip gradients at 1.0 after unscale_, and lower the LR; or use bf16 (train.precision=bf16), "
         "which has fp32's range and needs no scaler."
-        + (" A scale below 1 means the gradients themselves are inf/NaN: see nonfinite and grad_norm."
-           if collapsed else "")
+        + (
+            " A scale below 1 means the gradients themselves are inf/NaN: see nonfinite and grad_norm."
+            if collapsed
+            else ""
+        )
     )
     return _result(status, summary, evidence, fix)
 
@@ -694,7 +759,7 @@ def check_convergence(df: pd.DataFrame, p: Mapping) -> dict:
     if len(d) == 0:
         return _result("skip", f"{col} has no finite values.", {}, f"Log {col} to enable this check.")
     n = len(d)
-    early, steady = d.iloc[: max(1, math.ceil(0.2 * n))], d.iloc[n - max(1, math.ceil(0.5 * n)):]
+    early, steady = d.iloc[: max(1, math.ceil(0.2 * n))], d.iloc[n - max(1, math.ceil(0.5 * n)) :]
     early_med, steady_med = float(early[col].median()), float(steady[col].median())
     cap, arrive = p["step_cap"], p["min_steps_to_arrive"]
     evidence: dict[str, Any] = {
@@ -719,22 +784,29 @@ def check_convergence(df: pd.DataFrame, p: Mapping) -> dict:
             evidence["median_samples_per_s"] = float(sps.median())
             m = len(sps)
             evidence["early_samples_per_s"] = float(sps.iloc[: max(1, math.ceil(0.2 * m))].median())
-            evidence["steady_samples_per_s"] = float(sps.iloc[m - max(1, math.ceil(0.5 * m)):].median())
-    throughput = (f"; throughput {evidence['median_samples_per_s']:,.0f} samples/s"
-                  if "median_samples_per_s" in evidence else "")
+            evidence["steady_samples_per_s"] = float(sps.iloc[m - max(1, math.ceil(0.5 * m)) :].median())
+    throughput = (
+        f"; throughput {evidence['median_samples_per_s']:,.0f} samples/s" if "median_samples_per_s" in evidence else ""
+    )
     bounds = (f" (arrival needs >= {arrive}" if arrive else "") + (f", cap {cap})" if cap else (")" if arrive else ""))
-    summary = f"Adaptive flow steps per batch: median {early_med:.3g} early -> {steady_med:.3g} steady{bounds}{throughput}"
+    summary = (
+        f"Adaptive flow steps per batch: median {early_med:.3g} early -> {steady_med:.3g} steady{bounds}{throughput}"
+    )
     if arrive and steady_med < arrive:
         status = "fail"
         summary += "; batches stop before any flow can arrive: energy collapses and every flow dies."
-        fix = ("Flows die (energy < model.energy_min) before reaching the output surface, so the lattice "
-               "contributes nothing: lower model.energy_min, lower the LR, or check the carrier's energy "
-               "update for a sign or scale error.")
+        fix = (
+            "Flows die (energy < model.energy_min) before reaching the output surface, so the lattice "
+            "contributes nothing: lower model.energy_min, lower the LR, or check the carrier's energy "
+            "update for a sign or scale error."
+        )
     elif cap and evidence.get("frac_at_cap", 0) >= 0.9:
         status = "warn"
         summary += f"; {100 * evidence['frac_at_cap']:.0f} % of steady rows at the cap: adaptive stopping never fires."
-        fix = ("Every batch runs the full step cap: lower model.convergence_threshold or model.patience, or "
-               "raise model.min_forward so flows arrive sooner.")
+        fix = (
+            "Every batch runs the full step cap: lower model.convergence_threshold or model.patience, or "
+            "raise model.min_forward so flows arrive sooner."
+        )
     elif early_med > 0 and steady_med / early_med > 1.5:
         status = "warn"
         summary += f"; steps per batch grew {steady_med / early_med:.2f}x, and step cost grows with them."
@@ -755,22 +827,34 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
     evaluate stage's paired ones with their 95 % CIs: "beats ridge by +0.031 [0.012, 0.049]" only
     when the interval excludes 0, else "no significant difference from ridge"."""
     if not eval_metrics:
-        return _result("skip", "No evaluate metrics given.", {},
-                       "Run the evaluate stage (metrics/eval.json) to enable this check.")
+        return _result(
+            "skip", "No evaluate metrics given.", {}, "Run the evaluate stage (metrics/eval.json) to enable this check."
+        )
     split = next((s for s in ("test", "val") if f"eval/{s}/model/cosine" in eval_metrics), None)
     if split is None:
-        return _result("skip", "The evaluate metrics hold no eval/test/model/cosine or eval/val/model/cosine.", {},
-                       "Re-run the evaluate stage.")
+        return _result(
+            "skip",
+            "The evaluate metrics hold no eval/test/model/cosine or eval/val/model/cosine.",
+            {},
+            "Re-run the evaluate stage.",
+        )
 
     def get(who: str, metric: str = "cosine", part: str = "") -> float:
         v = eval_metrics.get(f"eval/{split}/{who}/{metric}" + (f"/{part}" if part else ""))
         return float(v) if _finite_number(v) else float("nan")
 
     model, untrained, identity, ridge = (get(n) for n in ("model", "untrained", "identity", "ridge"))
-    evidence: dict[str, Any] = {"split": split, "model_cosine": model, "untrained_cosine": untrained,
-                                "identity_cosine": identity, "ridge_cosine": ridge,
-                                "gain_vs_untrained": model - untrained, "min_gain": p["learning_min_gain"],
-                                "vs_identity": model - identity, "vs_ridge": model - ridge}
+    evidence: dict[str, Any] = {
+        "split": split,
+        "model_cosine": model,
+        "untrained_cosine": untrained,
+        "identity_cosine": identity,
+        "ridge_cosine": ridge,
+        "gain_vs_untrained": model - untrained,
+        "min_gain": p["learning_min_gain"],
+        "vs_identity": model - identity,
+        "vs_ridge": model - ridge,
+    }
     for metric in ("group_top1", "group_top5", "mrr", "top1", "top5"):
         for name in ("model", "untrained", "identity", "ridge"):
             if math.isfinite(get(name, metric)):
@@ -781,16 +865,27 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
             d = [get(f"model_vs_{b}", metric, part) for part in ("", "ci95_low", "ci95_high", "p_value")]
             if not all(math.isfinite(x) for x in d):
                 continue
-            evidence.update({f"vs_{b}_{metric}": d[0], f"vs_{b}_{metric}_ci95_low": d[1],
-                             f"vs_{b}_{metric}_ci95_high": d[2], f"vs_{b}_{metric}_p_value": d[3]})
+            evidence.update(
+                {
+                    f"vs_{b}_{metric}": d[0],
+                    f"vs_{b}_{metric}_ci95_low": d[1],
+                    f"vs_{b}_{metric}_ci95_high": d[2],
+                    f"vs_{b}_{metric}_p_value": d[3],
+                }
+            )
             name = metric.replace("group_top1", "group top-1")
             if d[1] > 0 or d[2] < 0:
-                said.append(f"{'beats' if d[0] > 0 else 'trails'} {b} on {name} by {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]")
+                said.append(
+                    f"{'beats' if d[0] > 0 else 'trails'} {b} on {name} by {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
+                )
             else:
                 said.append(f"no significant difference from {b} on {name} ({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}])")
     below_identity = evidence.get("vs_identity_cosine_ci95_high", model - identity) < 0
-    against = ", ".join(f"{n} {v:.3f}" for n, v in (("untrained", untrained), ("identity", identity),
-                                                      ("ridge", ridge)) if math.isfinite(v))
+    against = ", ".join(
+        f"{n} {v:.3f}"
+        for n, v in (("untrained", untrained), ("identity", identity), ("ridge", ridge))
+        if math.isfinite(v)
+    )
     summary = f"{split} cosine {model:.3f} ({against or 'no baselines'})"
     fix = None
     if not math.isfinite(model):
@@ -802,14 +897,22 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
         fix = "Re-run the evaluate stage: it measures the untrained model too."
     elif model - untrained < p["learning_min_gain"]:
         status = "fail"
-        summary += f": {model - untrained:+.3f} over its untrained self (needs >= +{p['learning_min_gain']:g}), it learned nothing."
-        fix = ("Training did not improve the model: check the LR (too high diverges, too low does nothing), "
-               "the number of epochs, and that skipped steps (nonfinite) did not eat the run.")
+        need = f"needs >= +{p['learning_min_gain']:g}"
+        summary += f": {model - untrained:+.3f} over its untrained self ({need}), it learned nothing."
+        fix = (
+            "Training did not improve the model: check the LR (too high diverges, too low does nothing), "
+            "the number of epochs, and that skipped steps (nonfinite) did not eat the run."
+        )
     elif math.isfinite(identity) and below_identity:
         status = "warn"
-        summary += f": learned ({model - untrained:+.3f} over untrained) but below the identity baseline ({model - identity:+.3f})."
-        fix = ("The model is worse than copying its input embedding: train longer (train.epochs), or widen the "
-               "model (model.output_hidden, lattice size); the smoke preset is expected to stop here.")
+        summary += (
+            f": learned ({model - untrained:+.3f} over untrained) "
+            f"but below the identity baseline ({model - identity:+.3f})."
+        )
+        fix = (
+            "The model is worse than copying its input embedding: train longer (train.epochs), or widen the "
+            "model (model.output_hidden, lattice size); the smoke preset is expected to stop here."
+        )
     else:
         status = "pass"
         summary += f": {model - untrained:+.3f} over untrained."
@@ -821,8 +924,13 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping) -> dict:
 # ---------------------------------------------------------------- entry points
 
 
-def run_checks(steps: pd.DataFrame | None, events: Sequence[Mapping] | None, params: Mapping | None,
-               eval_metrics: Mapping | None = None, unmeasured: str = "") -> dict:
+def run_checks(
+    steps: pd.DataFrame | None,
+    events: Sequence[Mapping] | None,
+    params: Mapping | None,
+    eval_metrics: Mapping | None = None,
+    unmeasured: str = "",
+) -> dict:
     """All checks. `checks` is ordered fail, warn, skip, pass, n/a (canonical order within a
     status); `failed` lists the failed check names in canonical order. `unmeasured`: why this
     run has no time and memory measurements; the checks of MEASURED_CHECKS are then skipped
@@ -831,8 +939,9 @@ def run_checks(steps: pd.DataFrame | None, events: Sequence[Mapping] | None, par
     df = prepare_steps(steps)
     events = list(events) if events is not None else None
     if unmeasured:
-        memory = step_time = _result("skip", f"No time or memory measurements of this run: {unmeasured}.",
-                                     {}, REMEASURE)
+        memory = step_time = _result(
+            "skip", f"No time or memory measurements of this run: {unmeasured}.", {}, REMEASURE
+        )
     else:
         memory, step_time = check_memory_growth(df, p), check_step_time(df, p)
     checks = {

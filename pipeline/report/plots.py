@@ -4,6 +4,7 @@ Figures are built with the object API on an Agg canvas (no pyplot, no global bac
 display needed), so plotting is safe inside a stage, a test or a worker thread. A plot whose
 column is missing is left out of the returned mapping rather than drawn empty.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,8 +45,17 @@ def _mark_top(ax, xs: Sequence[float], label: str) -> None:
     """Red x at the top edge: x in data coordinates, y in axes coordinates (these rows have no
     finite value to place them at)."""
     if len(xs):
-        ax.scatter(xs, np.full(len(xs), 0.97), marker="x", color="#d62728", s=30, zorder=5,
-                   transform=ax.get_xaxis_transform(), clip_on=False, label=label)
+        ax.scatter(
+            xs,
+            np.full(len(xs), 0.97),
+            marker="x",
+            color="#d62728",
+            s=30,
+            zorder=5,
+            transform=ax.get_xaxis_transform(),
+            clip_on=False,
+            label=label,
+        )
 
 
 def plot_loss(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
@@ -62,8 +72,16 @@ def plot_loss(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     _mark_top(ax, sorted(bad), "skipped / non-finite")
     spikes = scan[scan["spike"]]
     if len(spikes):
-        ax.scatter(spikes["step"], spikes["loss"], s=70, facecolors="none", edgecolors="#ff7f0e",
-                   linewidths=1.5, zorder=4, label="spike")
+        ax.scatter(
+            spikes["step"],
+            spikes["loss"],
+            s=70,
+            facecolors="none",
+            edgecolors="#ff7f0e",
+            linewidths=1.5,
+            zorder=4,
+            label="spike",
+        )
     for s in sorted({e["step"] for e in events or () if e.get("kind") == "loss_spike"} - set(spikes["step"])):
         ax.axvline(s, color="#ff7f0e", ls=":", lw=1)
     positive = scan["loss"][scan["loss"] > 0]
@@ -88,12 +106,24 @@ def plot_grad_norm(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.axhspan(p["grad_healthy_min"], p["grad_warning"], color=ZONE_COLOURS["healthy"], alpha=0.12, lw=0, label="healthy")
+    ax.axhspan(
+        p["grad_healthy_min"], p["grad_warning"], color=ZONE_COLOURS["healthy"], alpha=0.12, lw=0, label="healthy"
+    )
     ax.axhspan(p["grad_warning"], p["grad_critical"], color=ZONE_COLOURS["warning"], alpha=0.18, lw=0, label="warning")
     ax.axhspan(p["grad_critical"], hi, color=ZONE_COLOURS["critical"], alpha=0.18, lw=0, label="critical")
     # The exploded zone has no y value: a red band along the top edge holds the non-finite rows.
-    ax.add_patch(Rectangle((0, 0.94), 1, 0.06, transform=ax.transAxes, color=ZONE_COLOURS["exploded"],
-                           alpha=0.15, lw=0, label="exploded"))
+    ax.add_patch(
+        Rectangle(
+            (0, 0.94),
+            1,
+            0.06,
+            transform=ax.transAxes,
+            color=ZONE_COLOURS["exploded"],
+            alpha=0.15,
+            lw=0,
+            label="exploded",
+        )
+    )
     steps = df["step"].to_numpy()
     ax.plot(steps[ok], norms[ok], lw=1, color="#1f77b4", label="global norm")
     if "grad/clipped_norm" in df.columns:
@@ -126,13 +156,19 @@ def plot_memory(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
         mid = (hi + lo) / 2
         ax.set_ylim(mid - 25, mid + 25)
     for col, d in drawn:
-        line, = ax.plot(d["step"], d[col], lw=1, label=col)
+        (line,) = ax.plot(d["step"], d[col], lw=1, label=col)
         fit = fits[col]
         if isinstance(fit, dict):
             x = np.array([fit["first_step"], fit["last_step"]], dtype=float)
             y = fit["intercept"] + fit["slope_mb_per_1k_steps"] / 1000 * x
-            ax.plot(x, y, ls="--", lw=1.5, color=line.get_color(),
-                    label=f"fit {fit['slope_mb_per_1k_steps']:+.1f} MB/1k steps (p={fit['p_value']:.2g})")
+            ax.plot(
+                x,
+                y,
+                ls="--",
+                lw=1.5,
+                color=line.get_color(),
+                label=f"fit {fit['slope_mb_per_1k_steps']:+.1f} MB/1k steps (p={fit['p_value']:.2g})",
+            )
     if "mem/device_peak_mb" in df.columns and np.nanmax(np.abs(df["mem/device_peak_mb"].to_numpy()), initial=0) > 0:
         ax.plot(df["step"], df["mem/device_peak_mb"], lw=0.8, alpha=0.5, color="grey", label="mem/device_peak_mb")
     ax.legend(loc="best", fontsize=8)
@@ -150,8 +186,14 @@ def plot_step_time(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     if not isinstance(split, str):
         for part, name, colour in ((split[0], "early", "#2ca02c"), (split[1], "steady", "#d62728")):
             med = part["perf/step_ms"].median()
-            ax.hlines(med, part["step"].iloc[0], part["step"].iloc[-1], colors=colour, lw=2,
-                      label=f"{name} median {med:.1f} ms")
+            ax.hlines(
+                med,
+                part["step"].iloc[0],
+                part["step"].iloc[-1],
+                colors=colour,
+                lw=2,
+                label=f"{name} median {med:.1f} ms",
+            )
         # A 900 ms first step (compile, autotune) would flatten the steady state to a line:
         # scale to the post-warm-up rows the check uses.
         post = d.loc[d["step"] > p["warmup_steps"], "perf/step_ms"]
@@ -167,8 +209,13 @@ def plot_adaptive_steps(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     d = df[["step", "flow/steps_used"]][np.isfinite(df["flow/steps_used"].to_numpy())]
     ax.plot(d["step"], d["flow/steps_used"], lw=0.8, alpha=0.6, color="#1f77b4", label="flow/steps_used")
     if len(d) >= 20:  # a rolling median shows the trend through per-batch jitter
-        ax.plot(d["step"], d["flow/steps_used"].rolling(20, min_periods=1).median(), lw=1.5,
-                color="#ff7f0e", label="rolling median (20 rows)")
+        ax.plot(
+            d["step"],
+            d["flow/steps_used"].rolling(20, min_periods=1).median(),
+            lw=1.5,
+            color="#ff7f0e",
+            label="rolling median (20 rows)",
+        )
     ax.legend(loc="best", fontsize=8)
     return fig
 
@@ -185,8 +232,15 @@ def plot_scaler(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
         ax.plot(rows["step"], rows["scale"], ".", ms=3, color="#1f77b4")
     backoffs = hist[hist["backoff"]]
     if len(backoffs):
-        ax.scatter(backoffs["step"], backoffs["scale"], marker="v", color="#d62728", s=30, zorder=5,
-                   label=f"overflow backoff ({len(backoffs)})")
+        ax.scatter(
+            backoffs["step"],
+            backoffs["scale"],
+            marker="v",
+            color="#d62728",
+            s=30,
+            zorder=5,
+            label=f"overflow backoff ({len(backoffs)})",
+        )
     ax.axhline(p["scaler_min_scale"], color="#d62728", ls=":", lw=1, label=f"collapse (< {p['scaler_min_scale']:g})")
     ax.legend(loc="best", fontsize=8)
     return fig
@@ -203,8 +257,9 @@ def plot_learning(eval_metrics: Mapping | None, p: Mapping) -> Figure | None:
         return None
     names = ("model", "untrained", "identity", "ridge")
     colours = ("#1f77b4", "#9e9e9e", "#bcbd22", "#2ca02c")
-    metrics = [m for m in ("group_top1", "group_top5", "mrr", "cosine", "top1")
-               if f"eval/{split}/model/{m}" in eval_metrics]
+    metrics = [
+        m for m in ("group_top1", "group_top5", "mrr", "cosine", "top1") if f"eval/{split}/model/{m}" in eval_metrics
+    ]
     fig, ax = _figure(f"Learning: trained model vs baselines ({split} split, 95 % CIs)", "score (higher is better)")
     ax.set_xlabel("")
     width = 0.8 / len(names)
@@ -219,14 +274,24 @@ def plot_learning(eval_metrics: Mapping | None, p: Mapping) -> Figure | None:
         highs = [num(f"eval/{split}/{name}/{m}/ci95_high") for m in metrics]
         xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(metrics))]
         ys = [v if v is not None else 0.0 for v in vals]
-        err = [[max(0.0, y - lo) if lo is not None else 0.0 for y, lo in zip(ys, lows)],
-               [max(0.0, hi - y) if hi is not None else 0.0 for y, hi in zip(ys, highs)]]
-        bars = ax.bar(xs, ys, width=width * 0.95, color=colour, label=name, yerr=err, capsize=2,
-                      error_kw={"elinewidth": 0.8})
+        err = [
+            [max(0.0, y - lo) if lo is not None else 0.0 for y, lo in zip(ys, lows)],
+            [max(0.0, hi - y) if hi is not None else 0.0 for y, hi in zip(ys, highs)],
+        ]
+        bars = ax.bar(
+            xs, ys, width=width * 0.95, color=colour, label=name, yerr=err, capsize=2, error_kw={"elinewidth": 0.8}
+        )
         for bar, v in zip(bars, vals):
             if v is not None:
-                ax.annotate(f"{v:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                            va="bottom", fontsize=7, xytext=(0, 4), textcoords="offset points")
+                ax.annotate(
+                    f"{v:.2f}",
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    xytext=(0, 4),
+                    textcoords="offset points",
+                )
     ax.set_xticks(range(len(metrics)), [m.replace("group_top", "group top-").replace("top1", "top-1") for m in metrics])
     finite = [v for m in metrics for n in names if (v := num(f"eval/{split}/{n}/{m}")) is not None]
     lower = min([0.0] + [v - 0.05 for v in finite if v < 0])

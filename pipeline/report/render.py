@@ -4,6 +4,7 @@ Both formats are built from the same pieces (verdict line, check table, evidence
 evaluation table) so they always say the same thing. Reading order is the researcher's: verdict,
 what failed, the run it is about, then per check the evidence, the fix and the plot.
 """
+
 from __future__ import annotations
 
 import base64
@@ -62,8 +63,21 @@ _UNITS: tuple[tuple[str, str, float], ...] = (
     ("rows", "logged rows", 1.0),
 )
 _STEP_NUMBER = ("_step", "first_step", "last_step")  # a step number: "step 15"
-_STEP_COUNTS = {"count", "events", "total_steps", "skipped_total", "backoffs", "growths", "severe",
-                "unrecovered", "from_events", "steps", "planned_steps", "skipped_steps", "spikes"}
+_STEP_COUNTS = {
+    "count",
+    "events",
+    "total_steps",
+    "skipped_total",
+    "backoffs",
+    "growths",
+    "severe",
+    "unrecovered",
+    "from_events",
+    "steps",
+    "planned_steps",
+    "skipped_steps",
+    "spikes",
+}
 
 
 def _matches(key: str, pattern: str) -> bool:
@@ -169,7 +183,11 @@ def eval_table(eval_metrics: Mapping) -> tuple[list[str], list[list[str]]]:
         _, split, model, metric = parts
         if split in EVAL_SPLITS and isinstance(value, (int, float)) and not isinstance(value, bool):
             low, high = flat.get(f"{key}/ci95_low"), flat.get(f"{key}/ci95_high")
-            ci = f" [{fmt(low)}, {fmt(high)}]" if isinstance(low, (int, float)) and isinstance(high, (int, float)) else ""
+            ci = (
+                f" [{fmt(low)}, {fmt(high)}]"
+                if isinstance(low, (int, float)) and isinstance(high, (int, float))
+                else ""
+            )
             cells[(split, model, metric)] = fmt(float(value)) + ci
     models = [m for m in EVAL_MODELS] + sorted({m for _, m, _ in cells} - set(EVAL_MODELS))
     metrics = [m for m in EVAL_METRICS] + sorted({m for _, _, m in cells} - set(EVAL_METRICS))
@@ -194,8 +212,13 @@ def _md_cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(result: Mapping, plots: Mapping[str, Path], run_info: Mapping,
-                    eval_metrics: Mapping | None = None, plots_rel: str = "plots/") -> str:
+def render_markdown(
+    result: Mapping,
+    plots: Mapping[str, Path],
+    run_info: Mapping,
+    eval_metrics: Mapping | None = None,
+    plots_rel: str = "plots/",
+) -> str:
     """The report as Markdown; images link to `plots_rel + <file name>` (relative to the report)."""
     verdict, rest = verdict_parts(result)
     per_check, others = _plot_sections(plots)
@@ -208,8 +231,10 @@ def render_markdown(result: Mapping, plots: Mapping[str, Path], run_info: Mappin
     if run_info:
         # run_info comes from outside (tags, config): escape it, Markdown viewers render raw HTML.
         out += ["## Run", ""]
-        out += [f"- **{_md_cell(html.escape(str(k)))}**: {_md_cell(html.escape(fmt_value(k, v)))}"
-                for k, v in run_info.items()]
+        out += [
+            f"- **{_md_cell(html.escape(str(k)))}**: {_md_cell(html.escape(fmt_value(k, v)))}"
+            for k, v in run_info.items()
+        ]
         out.append("")
     for name, c in _ordered_checks(result):
         out += [f"## {name}: {c['status'].upper()}", "", c["summary"], ""]
@@ -244,7 +269,8 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;p
 text-align:left;vertical-align:top}th{background:#f3f3f3}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;color:#fff;font-size:.85em;
 font-weight:600}
-.verdict{font-size:1.25em;color:#fff;padding:.6em 1em;border-radius:6px;margin:.5em 0 1em}.fix{background:#fff4e5;border-left:4px solid #b26a00;padding:.5em .8em}
+.verdict{font-size:1.25em;color:#fff;padding:.6em 1em;border-radius:6px;margin:.5em 0 1em}
+.fix{background:#fff4e5;border-left:4px solid #b26a00;padding:.5em .8em}
 img{max-width:100%;border:1px solid #eee}section{margin-bottom:2em}
 """
 
@@ -263,8 +289,9 @@ def _img(path: Path, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def render_html(result: Mapping, plots: Mapping[str, Path], run_info: Mapping,
-                eval_metrics: Mapping | None = None) -> str:
+def render_html(
+    result: Mapping, plots: Mapping[str, Path], run_info: Mapping, eval_metrics: Mapping | None = None
+) -> str:
     """The same report as one self-contained HTML page: inline CSS, embedded PNGs, no links out."""
     e = html.escape
     verdict, rest = verdict_parts(result)
@@ -272,8 +299,10 @@ def render_html(result: Mapping, plots: Mapping[str, Path], run_info: Mapping,
     shown: dict[Path, str] = {}  # a plot shared by two checks (loss) is drawn once, under the first
     colour = STATUS_COLOURS["pass" if result["verdict"] == "stable" else "fail"]
     out = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        "<title>Stability report</title>", f"<style>{_CSS}</style></head><body>",
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>Stability report</title>",
+        f"<style>{_CSS}</style></head><body>",
         "<h1>Stability report</h1>",
         # The verdict first, as a coloured banner (green stable, red unstable): the one line a
         # reader needs before anything else.
@@ -290,8 +319,11 @@ def render_html(result: Mapping, plots: Mapping[str, Path], run_info: Mapping,
     for name, c in _ordered_checks(result):
         out.append(f"<section><h2>{e(name)} {_badge(c['status'])}</h2><p>{e(c['summary'])}</p>")
         if c["evidence"]:
-            out.append("<ul>" + "".join(f"<li>{e(str(k))}: {e(fmt_value(k, v))}</li>"
-                                        for k, v in c["evidence"].items()) + "</ul>")
+            out.append(
+                "<ul>"
+                + "".join(f"<li>{e(str(k))}: {e(fmt_value(k, v))}</li>" for k, v in c["evidence"].items())
+                + "</ul>"
+            )
         if c["status"] != "pass" and c.get("fix"):
             out.append(f'<p class="fix"><strong>Fix:</strong> {e(c["fix"])}</p>')
         if name in per_check and per_check[name] not in shown:

@@ -6,6 +6,7 @@ module mapping a float32 (n, dim) batch of sentence embeddings to (n, dim) predi
 Pickled, not torch.export'ed ("pt2", MLflow's default): the flow loop stops adaptively on
 data-dependent conditions, which export cannot trace. The pickle refers to our classes, so the
 `pipeline` package travels with the model (code_paths) and loads without this repository."""
+
 from __future__ import annotations
 
 import logging
@@ -64,8 +65,13 @@ def log_trained_model(model: EnergyFlowModel):
     level = pytorch_log.level
     pytorch_log.setLevel(logging.ERROR)  # its warning that pickle is unsafe: a choice made above
     try:
-        return mlflow.pytorch.log_model(predictor, name=ARTIFACT, signature=signature(model.dim),
-                                        serialization_format="pickle", code_paths=[str(PACKAGE_DIR)],
-                                        pip_requirements=requirements())
+        return mlflow.pytorch.log_model(
+            predictor,
+            name=ARTIFACT,
+            signature=signature(model.dim),
+            serialization_format="pickle",
+            code_paths=[str(PACKAGE_DIR)],
+            pip_requirements=requirements(),
+        )
     finally:
         pytorch_log.setLevel(level)

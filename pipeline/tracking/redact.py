@@ -4,6 +4,7 @@ A parameter whose key looks like a secret (token, password, api_key, secret, cre
 is logged as "[redacted]", and a password inside a URL (https://user:PASSWORD@host, as in an
 MLFLOW_TRACKING_URI or a teacher URL) is replaced wherever a value is logged or written.
 """
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,10 @@ REDACTED = "[redacted]"
 # Searched in the last part of a dotted key (embed.hf_token -> hf_token), anywhere in it (HFTOKEN,
 # db_password_file): a false alarm costs a hidden value, a miss a leaked one. Not "tokenizer" or
 # "author", which are common and never secret.
-SECRET_KEY = re.compile(r"(?i)(secret|token(?!iz)|passw(or)?d|passwd|pwd|api[_-]?key|access[_-]?key|credential|"
-                        r"private[_-]?key|auth(?!or))")
+SECRET_KEY = re.compile(
+    r"(?i)(secret|token(?!iz)|passw(or)?d|passwd|pwd|api[_-]?key|access[_-]?key|credential|"
+    r"private[_-]?key|auth(?!or))"
+)
 _URL_PASSWORD = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/@:\s]*):(?P<password>[^/@\s]+)@")
 
 

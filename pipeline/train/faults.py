@@ -4,6 +4,7 @@ Each fault hits optimizer steps [step, step + steps) (1-based), except `leak`, w
 `step` and never stops, as the prototype's bug did. In distributed training `fault.rank` picks the one
 rank it hits (-1: all of them), which is how a NaN on one rank is shown to skip the step on all.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,10 @@ class FaultInjector:
         if self.kind == "inf_grad":
             children = dict(model.named_children())
             if self.module not in children:
-                raise ConfigError(f"parameter 'fault.module' = {self.module!r}: expected one of the model's "
-                                  f"top-level modules: {', '.join(children)}")
+                raise ConfigError(
+                    f"parameter 'fault.module' = {self.module!r}: expected one of the model's "
+                    f"top-level modules: {', '.join(children)}"
+                )
             params = [p for p in children[self.module].parameters() if p.requires_grad]
             self._target = params[0]
 
@@ -86,7 +89,7 @@ class FaultInjector:
             self._leak_block = np.empty(n * 64, dtype=np.float32)
             self._kept.append(self._leak_block)
             self._leak_pos = 0
-        self._leak_block[self._leak_pos:self._leak_pos + n] = 1.0
+        self._leak_block[self._leak_pos : self._leak_pos + n] = 1.0
         self._leak_pos += n
 
     def on_grads(self, step: int) -> None:

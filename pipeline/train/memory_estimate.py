@@ -57,6 +57,7 @@ the peak is one micro-batch's (train.batch_size rows). Evaluation runs under no_
 same batch size: less than a training step. fault=leak's kept graphs grow without bound by
 design and are not counted.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -70,10 +71,10 @@ import psutil
 import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from pipeline.tracking import store as tracking
 from pipeline.core.distributed import Dist, device_for
 from pipeline.core.errors import ResourceError
 from pipeline.model import EnergyFlowModel
+from pipeline.tracking import store as tracking
 from pipeline.train.telemetry import rss_mb
 
 MB = 2**20
@@ -145,8 +146,9 @@ def _saved_bytes(model: EnergyFlowModel, n: int, amp_dtype: Optional[torch.dtype
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), amp:
         for _ in range(_PROBE_STEPS):
             if model.checkpoint_steps:
-                x, y, z, energy, *hidden = torch_checkpoint(model._advance, x, y, z, energy, *hidden,
-                                                            use_reentrant=False)
+                x, y, z, energy, *hidden = torch_checkpoint(
+                    model._advance, x, y, z, energy, *hidden, use_reentrant=False
+                )
             else:
                 x, y, z, energy, *hidden = model._advance(x, y, z, energy, *hidden)
             arrived = z >= model.D
@@ -210,6 +212,7 @@ def _fmt(mb: float) -> str:
 @dataclass(frozen=True)
 class MemoryEstimate:
     """One training process's memory, by part, in MB (module docstring: what each part is)."""
+
     device: str  # where the model lives: "cpu" or "cuda:N"
     processes: int  # training processes on this node (each holds all of this)
     parameters: int  # exact count
@@ -266,47 +269,77 @@ class MemoryEstimate:
 
     def metrics(self) -> dict[str, float]:
         """MLflow metrics, `split/name` as every other metric of the run."""
-        parts = {"baseline": self.baseline_mb, "params": self.params_mb, "grads": self.grads_mb,
-                 "optimizer": self.optimizer_mb, "update": self.update_mb, "activations": self.activations_mb,
-                 "activations_worst": self.activations_worst_mb, "temporaries": self.temporaries_mb,
-                 "ddp": self.ddp_mb, "resume": self.resume_mb, "data": self.data_mb, "tracking": self.tracking_mb,
-                 "peak": self.peak_mb, "peak_worst": self.peak_worst_mb, "host_peak": self.host_peak_mb,
-                 "device_peak": self.device_peak_mb, "checkpoint": self.checkpoint_mb}
+        parts = {
+            "baseline": self.baseline_mb,
+            "params": self.params_mb,
+            "grads": self.grads_mb,
+            "optimizer": self.optimizer_mb,
+            "update": self.update_mb,
+            "activations": self.activations_mb,
+            "activations_worst": self.activations_worst_mb,
+            "temporaries": self.temporaries_mb,
+            "ddp": self.ddp_mb,
+            "resume": self.resume_mb,
+            "data": self.data_mb,
+            "tracking": self.tracking_mb,
+            "peak": self.peak_mb,
+            "peak_worst": self.peak_worst_mb,
+            "host_peak": self.host_peak_mb,
+            "device_peak": self.device_peak_mb,
+            "checkpoint": self.checkpoint_mb,
+        }
         out = {f"mem/estimate_{k}_mb": float(v) for k, v in parts.items()}
-        out.update({"mem/estimate_parameters": float(self.parameters),
-                    "mem/estimate_flow_steps": float(self.flows * self.steps_expected),
-                    "mem/estimate_flow_steps_worst": float(self.flows * self.step_bound),
-                    "mem/estimate_bytes_per_flow_step": float(self.bytes_per_flow_step),
-                    "mem/estimate_processes": float(self.processes)})
+        out.update(
+            {
+                "mem/estimate_parameters": float(self.parameters),
+                "mem/estimate_flow_steps": float(self.flows * self.steps_expected),
+                "mem/estimate_flow_steps_worst": float(self.flows * self.step_bound),
+                "mem/estimate_bytes_per_flow_step": float(self.bytes_per_flow_step),
+                "mem/estimate_processes": float(self.processes),
+            }
+        )
         return out
 
     def parts(self, where: str = "all") -> str:
         """The peak's sum, part by part (what the log line and the refusal show). `where`: "host"
         (baseline, MLflow, data, a resumed checkpoint), "model" (what lives with the model: on the
         GPU on CUDA) or "all"."""
-        host = [("baseline", self.baseline_mb), ("MLflow", self.tracking_mb), ("data", self.data_mb),
-                ("resumed checkpoint", self.resume_mb)]
-        model = [("DDP buckets", self.ddp_mb), ("parameters", self.params_mb), ("gradients", self.grads_mb),
-                 ("AdamW state", self.optimizer_mb)]
+        host = [
+            ("baseline", self.baseline_mb),
+            ("MLflow", self.tracking_mb),
+            ("data", self.data_mb),
+            ("resumed checkpoint", self.resume_mb),
+        ]
+        model = [
+            ("DDP buckets", self.ddp_mb),
+            ("parameters", self.params_mb),
+            ("gradients", self.grads_mb),
+            ("AdamW state", self.optimizer_mb),
+        ]
         always = ("baseline", "parameters", "gradients", "AdamW state")
         items = {"host": host, "model": model, "all": host + model}[where]
         terms = [f"{name} {_fmt(mb)}" for name, mb in items if mb >= 0.5 or name in always]
         if where != "host":
-            terms.append(f"max(activations {_fmt(self.activations_mb)} + temporaries {_fmt(self.temporaries_mb)}, "
-                         f"update copies {_fmt(self.update_mb)})")
+            terms.append(
+                f"max(activations {_fmt(self.activations_mb)} + temporaries {_fmt(self.temporaries_mb)}, "
+                f"update copies {_fmt(self.update_mb)})"
+            )
         return " + ".join(terms)
 
     def describe(self) -> str:
         where = f" on {self.device}" if self.on_device else ""
-        return (f"peak {_fmt(self.peak_mb)} per process{where} = {self.parts()}; activations for "
-                f"{self.flows:,} flows x {self.steps_expected} steps at {self.bytes_per_flow_step:,.0f} bytes a flow "
-                f"step (worst case {self.step_bound} steps: peak {_fmt(self.peak_worst_mb)}); "
-                f"{self.parameters:,} parameters; checkpoint {_fmt(self.checkpoint_mb)}")
+        return (
+            f"peak {_fmt(self.peak_mb)} per process{where} = {self.parts()}; activations for "
+            f"{self.flows:,} flows x {self.steps_expected} steps at {self.bytes_per_flow_step:,.0f} bytes a flow "
+            f"step (worst case {self.step_bound} steps: peak {_fmt(self.peak_worst_mb)}); "
+            f"{self.parameters:,} parameters; checkpoint {_fmt(self.checkpoint_mb)}"
+        )
 
 
 @dataclass(frozen=True)
 class Available:
     """Memory this node's training processes can still have."""
+
     host_free_mb: float  # min(MemAvailable, cgroup headroom): what can still be allocated
     held_mb: float  # what this process holds now (its RSS): part of the budget it already has
     processes: int
@@ -350,9 +383,10 @@ def cgroup_headroom() -> Optional[tuple[int, str]]:
     """(bytes the cgroup lets its processes still allocate, which file said so), or None when no
     limit is set. Usage less the inactive page cache (reclaimable: the kernel drops it before
     the OOM killer acts), as `docker stats` counts it."""
-    for limit_file, usage_file, stat_key in ((CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current", "inactive_file"),
-                                             (CGROUP_V1 / "memory.limit_in_bytes", CGROUP_V1 / "memory.usage_in_bytes",
-                                              "total_inactive_file")):
+    for limit_file, usage_file, stat_key in (
+        (CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current", "inactive_file"),
+        (CGROUP_V1 / "memory.limit_in_bytes", CGROUP_V1 / "memory.usage_in_bytes", "total_inactive_file"),
+    ):
         limit = _read_int(limit_file)
         if limit is None or limit >= _NO_LIMIT:
             continue
@@ -383,8 +417,9 @@ def _amp_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
     return select_precision(precision, device)
 
 
-def estimate(cfg, dim: int, place: Dist = Dist(), device: Optional[torch.device] = None,
-             resume_path: Optional[Path] = None) -> MemoryEstimate:
+def estimate(
+    cfg, dim: int, place: Dist = Dist(), device: Optional[torch.device] = None, resume_path: Optional[Path] = None
+) -> MemoryEstimate:
     """The memory of one training process of `cfg` on `dim`-d embeddings (nothing is built but a
     probe of one flow step).
 
@@ -445,16 +480,30 @@ def estimate(cfg, dim: int, place: Dist = Dist(), device: Optional[torch.device]
     data = (int(t.prefetch) + 2) * 2 * batch * dim * FP32
     precision = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp_dtype]
     return MemoryEstimate(
-        device=str(device), processes=max(1, int(place.local_world_size)), parameters=n_params, biggest=biggest,
-        baseline_mb=rss_mb(), params_mb=_mb(param_bytes), grads_mb=_mb(param_bytes),
-        optimizer_mb=_mb(ADAMW_STATES * param_bytes), update_mb=_mb(update),
-        activations_mb=_mb(act_expected), activations_worst_mb=_mb(act_worst), temporaries_mb=_mb(temporaries),
-        ddp_mb=_mb(param_bytes) if place.world_size > 1 else 0.0, resume_mb=_mb(resume), data_mb=_mb(data),
+        device=str(device),
+        processes=max(1, int(place.local_world_size)),
+        parameters=n_params,
+        biggest=biggest,
+        baseline_mb=rss_mb(),
+        params_mb=_mb(param_bytes),
+        grads_mb=_mb(param_bytes),
+        optimizer_mb=_mb(ADAMW_STATES * param_bytes),
+        update_mb=_mb(update),
+        activations_mb=_mb(act_expected),
+        activations_worst_mb=_mb(act_worst),
+        temporaries_mb=_mb(temporaries),
+        ddp_mb=_mb(param_bytes) if place.world_size > 1 else 0.0,
+        resume_mb=_mb(resume),
+        data_mb=_mb(data),
         tracking_mb=TRACKING_MB if place.is_main and tracking.enabled() else 0.0,
         # Model + AdamW moments; step counters, schedule, RNG states and telemetry rows are KBs.
         checkpoint_mb=_mb((1 + ADAMW_STATES) * param_bytes),
-        flows=n_flows, steps_expected=expected_steps, step_bound=cap, bytes_per_flow_step=per_flow_step,
-        probe=f"{where} {precision if where == 'cpu' else 'fp32'}{', checkpointed' if m.checkpoint_steps else ''}")
+        flows=n_flows,
+        steps_expected=expected_steps,
+        step_bound=cap,
+        bytes_per_flow_step=per_flow_step,
+        probe=f"{where} {precision if where == 'cpu' else 'fp32'}{', checkpointed' if m.checkpoint_steps else ''}",
+    )
 
 
 # --------------------------------------------------------------------------- the check
@@ -463,15 +512,17 @@ def estimate(cfg, dim: int, place: Dist = Dist(), device: Optional[torch.device]
 _PARAM_KEYS = {
     "input_mapper": "model.lattice_width x model.lattice_height (the input map is embedding dim x cells)",
     "output_mapper": "model.lattice_width x model.lattice_height or model.output_hidden (the output map is "
-                     "cells x output_hidden)",
+    "cells x output_hidden)",
     "lattice": "model.lattice_width x lattice_height x lattice_depth or model.cell_state_dim (the lattice "
-               "holds cells x depth x cell_state_dim)",
+    "holds cells x depth x cell_state_dim)",
     "carrier": "model.carrier_hidden or model.carrier_layers",
     "neuron": "model.neuron_hidden",
 }
-_ACTIVATION_KEYS = ("train.batch_size, model.max_active_flows (flows per step), model.lattice_depth (steps), "
-                    "or set model.checkpoint_steps=true (a flow step then saves ~1/8 as much: 647 of 5,095 bytes at the "
-                    "default sizes)")
+_ACTIVATION_KEYS = (
+    "train.batch_size, model.max_active_flows (flows per step), model.lattice_depth (steps), "
+    "or set model.checkpoint_steps=true (a flow step then saves ~1/8 as much: 647 of 5,095 bytes at the "
+    "default sizes)"
+)
 
 
 @dataclass(frozen=True)
@@ -497,8 +548,10 @@ class MemoryCheck:
         e, a = self.estimate, self.available
         n = f"{e.processes} processes x " if e.processes > 1 else ""
         if e.on_device:
-            room = (f"{_fmt(e.device_peak_mb)} on {a.device_name} of {_fmt(a.device_free_mb or 0)} free there, "
-                    f"host {n}{_fmt(e.host_peak_mb)} of {_fmt(a.host_mb)} available")
+            room = (
+                f"{_fmt(e.device_peak_mb)} on {a.device_name} of {_fmt(a.device_free_mb or 0)} free there, "
+                f"host {n}{_fmt(e.host_peak_mb)} of {_fmt(a.host_mb)} available"
+            )
         else:
             room = f"{n}{_fmt(e.peak_mb)} of {_fmt(a.host_mb)} available ({a.host_source})"
         verdict = "fits" if self.fits else "does not fit"
@@ -516,15 +569,18 @@ def _free_disk(path: Path) -> tuple[Path, int]:
 
 
 def _what_to_change(e: MemoryEstimate) -> str:
-    params = (f"the parameters ({e.parameters:,}, {e.biggest[1]:,} of them in {e.biggest[0]}) through "
-              f"{_PARAM_KEYS.get(e.biggest[0], 'the model section')}")
+    params = (
+        f"the parameters ({e.parameters:,}, {e.biggest[1]:,} of them in {e.biggest[0]}) through "
+        f"{_PARAM_KEYS.get(e.biggest[0], 'the model section')}"
+    )
     acts = f"the activations through {_ACTIVATION_KEYS}"
     first, second = (acts, params) if e.activations_drive else (params, acts)
     return f"lower {first}; or {second}; or set train.memory_check=false to run anyway"
 
 
-def check(cfg, dim: int, place: Dist = Dist(), checkpoint_path: Optional[Path] = None,
-          available: Optional[Available] = None) -> MemoryCheck:
+def check(
+    cfg, dim: int, place: Dist = Dist(), checkpoint_path: Optional[Path] = None, available: Optional[Available] = None
+) -> MemoryCheck:
     """Estimate, compare with what is available, and raise ResourceError when it cannot fit
     (unless train.memory_check=false). `checkpoint_path`: the resumable checkpoint's file (its
     size if it exists is a resume's; its disk must hold one more). `available`: what to compare
@@ -540,29 +596,37 @@ def check(cfg, dim: int, place: Dist = Dist(), checkpoint_path: Optional[Path] =
     total = f" per process x {n} processes on this node = {_fmt(n * e.host_peak_mb)}" if n > 1 else ""
     if n * e.host_peak_mb > a.host_mb:
         held = f"{_fmt(a.held_mb)} this process holds" + (f", x {n} processes" if n > 1 else "")
-        problems.append(f"the estimated {'host ' if e.on_device else ''}peak is {_fmt(e.host_peak_mb)} "
-                        f"({host_what}){total}, but {_fmt(a.host_mb)} host memory is available "
-                        f"({_fmt(a.host_free_mb)} from {a.host_source} + {held})")
+        problems.append(
+            f"the estimated {'host ' if e.on_device else ''}peak is {_fmt(e.host_peak_mb)} "
+            f"({host_what}){total}, but {_fmt(a.host_mb)} host memory is available "
+            f"({_fmt(a.host_free_mb)} from {a.host_source} + {held})"
+        )
     worst_fits = n * (e.peak_worst_mb if not e.on_device else e.host_peak_mb) <= a.host_mb
     if e.on_device and a.device_free_mb is not None:
         if e.device_peak_mb > a.device_free_mb:
-            problems.append(f"the estimated peak on {a.device_name} is {_fmt(e.device_peak_mb)} ({e.parts('model')}), "
-                            f"but it has {_fmt(a.device_free_mb)} free (torch.cuda.mem_get_info)")
+            problems.append(
+                f"the estimated peak on {a.device_name} is {_fmt(e.device_peak_mb)} ({e.parts('model')}), "
+                f"but it has {_fmt(a.device_free_mb)} free (torch.cuda.mem_get_info)"
+            )
         worst_fits = worst_fits and e.device_peak_mb + e.peak_worst_mb - e.peak_mb <= a.device_free_mb
     disk_free = None
     if checkpoint_path is not None and cfg.train.checkpoint_every > 0:
         where, free = _free_disk(Path(checkpoint_path).parent)
         disk_free = _mb(free)
         if disk_free < e.checkpoint_mb:
-            problems.append(f"one resumable checkpoint ({e.parameters:,} parameters + AdamW state = "
-                            f"{_fmt(e.checkpoint_mb)}) does not fit the {_fmt(disk_free)} free on the disk of "
-                            f"train.checkpoint_dir ({where}); point train.checkpoint_dir at a disk with room, or set "
-                            f"train.checkpoint_every=0 (no resuming)")
+            problems.append(
+                f"one resumable checkpoint ({e.parameters:,} parameters + AdamW state = "
+                f"{_fmt(e.checkpoint_mb)}) does not fit the {_fmt(disk_free)} free on the disk of "
+                f"train.checkpoint_dir ({where}); point train.checkpoint_dir at a disk with room, or set "
+                f"train.checkpoint_every=0 (no resuming)"
+            )
     result = MemoryCheck(e, a, tuple(problems), worst_fits, disk_free)
     if problems and cfg.train.memory_check:
         memory = [p for p in problems if not p.startswith("one resumable checkpoint")]
         advice = f"; {_what_to_change(e)}" if memory else "; or set train.memory_check=false to run anyway"
-        raise ResourceError(f"this config cannot train here: {'; and '.join(problems)}{advice} "
-                            f"(estimate: {e.flows:,} flows x {e.steps_expected} steps at "
-                            f"{e.bytes_per_flow_step:,.0f} bytes a flow step; nothing was built)")
+        raise ResourceError(
+            f"this config cannot train here: {'; and '.join(problems)}{advice} "
+            f"(estimate: {e.flows:,} flows x {e.steps_expected} steps at "
+            f"{e.bytes_per_flow_step:,.0f} bytes a flow step; nothing was built)"
+        )
     return result

@@ -9,6 +9,7 @@ settings (a `fault=leak` run, say). So the JSON names the settings it was measur
 (settings_digest), and `read_perf` hands the report the measurements only when they
 match its own config.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,9 +20,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 from omegaconf import OmegaConf
 
-from pipeline.data.shards import load_manifest
 from pipeline.core.paths import TELEMETRY_DIR, repo_path
 from pipeline.core.stage_outputs import read_csv, read_json
+from pipeline.data.shards import load_manifest
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,11 @@ def settings_digest(cfg, data_digest: str) -> str:
     and memory (telemetry/train_perf.json), so the report can tell when they belong to another run: DVC
     restores a cached train stage's outputs without running it, and leaves the last real run's
     measurements in place."""
-    doc = {"run": {"seed": OmegaConf.select(cfg, "run.seed")},  # (preset and experiment only label the run)
-           **{k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "train", "fault")},
-           "data": data_digest}
+    doc = {
+        "run": {"seed": OmegaConf.select(cfg, "run.seed")},  # (preset and experiment only label the run)
+        **{k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "train", "fault")},
+        "data": data_digest,
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -75,17 +78,22 @@ def current_settings(cfg) -> str | None:
 def read_perf(cfg) -> Perf:
     """The measurements, if they exist and were taken under this config's settings."""
     if not (PERF_CSV.is_file() and PERF_JSON.is_file()):
-        return Perf(missing=f"{PERF_CSV.name} or {PERF_JSON.name} is missing from {TELEMETRY_DIR} (the train stage "
-                            "writes them beside the DVC outputs, so `dvc checkout` of another experiment does not "
-                            "bring them)")
+        return Perf(
+            missing=f"{PERF_CSV.name} or {PERF_JSON.name} is missing from {TELEMETRY_DIR} (the train stage "
+            "writes them beside the DVC outputs, so `dvc checkout` of another experiment does not "
+            "bring them)"
+        )
     totals = read_json(PERF_JSON, "train")
     measured_under = totals.pop(SETTINGS_KEY, None)
     expected = current_settings(cfg)
     if expected is not None and measured_under is None:
-        return Perf(missing=f"{PERF_JSON} does not say which settings it was measured under (an older version "
-                            "wrote it)")
+        return Perf(
+            missing=f"{PERF_JSON} does not say which settings it was measured under (an older version wrote it)"
+        )
     if expected is not None and measured_under != expected:
-        return Perf(missing=f"{PERF_JSON} was measured under other settings (digest {measured_under}) than this "
-                            f"config's ({expected}): DVC restored the train stage from its cache without running "
-                            "it, and the file is the last real run's")
+        return Perf(
+            missing=f"{PERF_JSON} was measured under other settings (digest {measured_under}) than this "
+            f"config's ({expected}): DVC restored the train stage from its cache without running "
+            "it, and the file is the last real run's"
+        )
     return Perf(steps=read_csv(PERF_CSV, "train", required=("step",)), totals=totals)

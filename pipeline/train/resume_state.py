@@ -13,6 +13,7 @@ is one whose model tensors do not fit the model this config builds (same fingerp
 by another version of the code): the message names the tensors, and the run starts afresh rather
 than stopping on every attempt until someone deletes the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,25 +26,38 @@ import torch
 from omegaconf import OmegaConf
 
 from pipeline.core.atomic import atomic_path
-from pipeline.model.model_file import tensor_mismatch
 from pipeline.core.output_dirs import CHECKPOINTS
+from pipeline.model.model_file import tensor_mismatch
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = CHECKPOINTS.files[0]  # last.pt, in train.checkpoint_dir
 # Settings that change what is logged or where, never the weights: a run resumed with a new
 # value of these is still the same run.
-_NEUTRAL_TRAIN_KEYS = ("log_every", "checkpoint_every", "checkpoint_dir", "resume", "threads", "out_dir",
-                       "detect_anomaly_steps", "system_metrics_every_s", "nproc")
+_NEUTRAL_TRAIN_KEYS = (
+    "log_every",
+    "checkpoint_every",
+    "checkpoint_dir",
+    "resume",
+    "threads",
+    "out_dir",
+    "detect_anomaly_steps",
+    "system_metrics_every_s",
+    "nproc",
+)
 
 
 def fingerprint(cfg, data_digest: str, processes: int = 1) -> str:
     """`processes` is the job's actual world size (train.nproc asks for one, a user's own torchrun
     may give another): it sets the effective batch. One process leaves the digest as it was."""
-    train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items()
-             if k not in _NEUTRAL_TRAIN_KEYS}
-    doc = {"seed": cfg.run.seed, "model": OmegaConf.to_container(cfg.model, resolve=True), "train": train,
-           "fault": OmegaConf.to_container(cfg.fault, resolve=True), "data": data_digest}
+    train = {k: v for k, v in OmegaConf.to_container(cfg.train, resolve=True).items() if k not in _NEUTRAL_TRAIN_KEYS}
+    doc = {
+        "seed": cfg.run.seed,
+        "model": OmegaConf.to_container(cfg.model, resolve=True),
+        "train": train,
+        "fault": OmegaConf.to_container(cfg.fault, resolve=True),
+        "data": data_digest,
+    }
     if processes > 1:
         doc["processes"] = processes
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
@@ -68,8 +82,12 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
         torch.save(state, f)
 
 
-def load_state(path: Path, expected_fingerprint: str, quiet: bool = False,
-               model_shapes: Optional[dict[str, tuple[int, ...]]] = None) -> Optional[dict[str, Any]]:
+def load_state(
+    path: Path,
+    expected_fingerprint: str,
+    quiet: bool = False,
+    model_shapes: Optional[dict[str, tuple[int, ...]]] = None,
+) -> Optional[dict[str, Any]]:
     """The checkpoint at `path` if it exists and belongs to this config and data, else None.
     `quiet`: say nothing of one set aside (distributed ranks other than 0: rank 0 says it).
     `model_shapes` (checkpoint.model_shapes of this run's model): also set aside a checkpoint
@@ -85,15 +103,22 @@ def load_state(path: Path, expected_fingerprint: str, quiet: bool = False,
         return None
     found = state.get("fingerprint") if isinstance(state, dict) else None
     if found != expected_fingerprint:
-        warn("checkpoint %s is from another config or dataset (fingerprint %s, this run %s): "
-             "starting from step 0", path, found, expected_fingerprint)
+        warn(
+            "checkpoint %s is from another config or dataset (fingerprint %s, this run %s): starting from step 0",
+            path,
+            found,
+            expected_fingerprint,
+        )
         return None
     if model_shapes is not None:
         model = state.get("model")
         mismatch = tensor_mismatch(model, model_shapes) if isinstance(model, dict) else "it holds no model tensors"
         if mismatch:
-            warn("checkpoint %s has this run's fingerprint but its model does not fit the one this config builds "
-                 "(written by another version of the code?): %s; starting from step 0", path, mismatch)
+            warn(
+                "checkpoint %s has this run's fingerprint but its model does not fit the one this config builds "
+                "(written by another version of the code?): %s; starting from step 0",
+                path,
+                mismatch,
+            )
             return None
     return state
-

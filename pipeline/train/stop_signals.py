@@ -6,6 +6,7 @@ state any run passes through. Held, the trainer finishes the step (60 ms on the 
 7 s on the seed preset), writes a checkpoint there and then stops with the same exception. A
 second signal while one is held stops at once: someone wants out now.
 """
+
 from __future__ import annotations
 
 import signal

@@ -13,6 +13,7 @@ screenshot for a human to look at:
 
 The browser is the system's Chromium, found and started as tools/screenshot.py does it.
 """
+
 from __future__ import annotations
 
 import json
@@ -88,17 +89,21 @@ _GRID_ROWS_JS = r"""async () => {
 
 # The page's text as a person sees it (innerText skips hidden elements, scripts and styles), and
 # with scrollGrids the virtualized grids' rows after GRID_ROWS_HEADING.
-_PAGE_TEXT_JS = """async ([scrollGrids, heading]) => {
+_PAGE_TEXT_JS = (
+    """async ([scrollGrids, heading]) => {
   const text = document.body ? document.body.innerText : '';
   const rows = scrollGrids ? await (%s)() : '';
   return rows ? `${text}\\n${heading}\\n${rows}` : text;
-}""" % _GRID_ROWS_JS
+}"""
+    % _GRID_ROWS_JS
+)
 
 # The predicate page.wait_for_function polls until every expected string is in the text. It must
 # answer at once (a pending promise would count as "found"), and scrolling the grids through takes
 # a few frames, so the text is read in the background and each poll looks at the last complete
 # reading; it returns that text when nothing is missing.
-_ALL_SHOWN_JS = """([expect, scrollGrids, heading]) => {
+_ALL_SHOWN_JS = (
+    """([expect, scrollGrids, heading]) => {
   const read = window.__openPageRead ??= {busy: false, text: null};
   if (read.text !== null && expect.every(s => read.text.includes(s))) return read.text;
   if (!read.busy) {
@@ -106,7 +111,9 @@ _ALL_SHOWN_JS = """([expect, scrollGrids, heading]) => {
     (%s)([scrollGrids, heading]).then(t => { read.text = t; }).finally(() => { read.busy = false; });
   }
   return false;
-}""" % _PAGE_TEXT_JS
+}"""
+    % _PAGE_TEXT_JS
+)
 _POLL_MS = 250
 
 
@@ -134,14 +141,23 @@ def format_metric(value: float) -> str:
         mantissa, exponent = f"{value:.3e}".split("e")
         return f"{mantissa}e{int(exponent)}"  # JS writes "1.235e-4", Python "1.235e-04"
     digits = 3 if abs(value) < 10 else 2 if abs(value) < 100 else 1
-    scale = 10 ** digits
+    scale = 10**digits
     rounded = math.floor(value * scale + 0.5) / scale  # Math.round: halves go up, not to even
     return str(int(rounded)) if rounded == int(rounded) else repr(rounded)
 
 
-def open_page(url: str, expect: Sequence[str], screenshot: Path, timeout: float = 60,
-              width: int = 1600, height: int = 1200, settle: float = 1.0,
-              full_page: bool = True, scroll_grids: bool = False, before_screenshot: str | None = None) -> str:
+def open_page(
+    url: str,
+    expect: Sequence[str],
+    screenshot: Path,
+    timeout: float = 60,
+    width: int = 1600,
+    height: int = 1200,
+    settle: float = 1.0,
+    full_page: bool = True,
+    scroll_grids: bool = False,
+    before_screenshot: str | None = None,
+) -> str:
     """Open `url` in headless Chromium (a `width` x `height` viewport), wait until every string in
     `expect` is in the page's visible text (document.body.innerText), wait `settle` seconds more
     so charts finish drawing, save a PNG screenshot at `screenshot` and return the visible text.
@@ -186,7 +202,8 @@ def open_page(url: str, expect: Sequence[str], screenshot: Path, timeout: float 
                 f"after {timeout:g} s the page {url} does not show {missing!r} "
                 f"(screenshot: {screenshot}).\n"
                 + (f"JavaScript exceptions: {errors[:5]!r}\n" if errors else "")
-                + f"Visible text (first 2000 chars):\n{text[:2000]}")
+                + f"Visible text (first 2000 chars):\n{text[:2000]}"
+            )
         return text
 
 

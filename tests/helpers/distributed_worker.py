@@ -7,6 +7,7 @@ same small synthetic task in this process group, one after the other (one launch
 starting the ranks costs more than training), and every rank saves its final weights, events and
 summary to OUT_DIR/<case>-rank<r>.pt for the test to compare.
 """
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ starts 2 copies of itself under torchrun's launcher (as embed.nproc=2 starts sta
 each, the stage runs with the overrides, and on rank RANK writing a shard file raises OSError
 after the file is half written (np.save writes it, then fails). Exits with the launcher's code.
 """
+
 from __future__ import annotations
 
 import os

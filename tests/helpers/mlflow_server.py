@@ -4,6 +4,7 @@ tracking server or its UI; and the process helpers it uses (a free port, ending 
     with start_mlflow_server("sqlite:////abs/mlflow.db", tmp_path / "artifacts") as base_url:
         ...  # http://127.0.0.1:PORT, answering /health
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,8 +75,9 @@ def _tail(log, lines: int = 30) -> str:
 
 
 @contextlib.contextmanager
-def start_mlflow_server(backend_store_uri: str, artifacts_dir: Path,
-                        timeout: float = SERVER_START_TIMEOUT, port: int | None = None) -> Iterator[str]:
+def start_mlflow_server(
+    backend_store_uri: str, artifacts_dir: Path, timeout: float = SERVER_START_TIMEOUT, port: int | None = None
+) -> Iterator[str]:
     """Run the real `mlflow server` (this venv's) on 127.0.0.1 and a free port; yield its base URL
     (http://127.0.0.1:PORT) once it answers /health; kill its whole process group on exit.
 
@@ -95,21 +97,34 @@ def start_mlflow_server(backend_store_uri: str, artifacts_dir: Path,
     artifacts_dir.mkdir(parents=True, exist_ok=True)
     mlflow_exe = Path(sys.executable).parent / "mlflow"
     if not os.access(mlflow_exe, os.X_OK):
-        raise RuntimeError(f"no mlflow executable next to this Python ({mlflow_exe}); "
-                           "run the tests with the project's venv (.venv/bin/python -m pytest)")
+        raise RuntimeError(
+            f"no mlflow executable next to this Python ({mlflow_exe}); "
+            "run the tests with the project's venv (.venv/bin/python -m pytest)"
+        )
     port = port or free_port()
     base_url = f"http://127.0.0.1:{port}"
-    args = [str(mlflow_exe), "server",
-            "--backend-store-uri", backend_store_uri,
-            "--artifacts-destination", str(artifacts_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    args = [
+        str(mlflow_exe),
+        "server",
+        "--backend-store-uri",
+        backend_store_uri,
+        "--artifacts-destination",
+        str(artifacts_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     env = {**os.environ, **SERVER_ENV}
     env.pop("MLFLOW_TRACKING_URI", None)  # the server is told its store; don't let this confuse it
     # Output goes to a temp file, not a pipe: nobody reads a pipe while the tests run, and a full
     # pipe would block the server.
     with tempfile.TemporaryFile(prefix="mlflow-server-") as log:
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
             _wait_for_server(proc, base_url, timeout, log, args)
             yield base_url
@@ -122,9 +137,11 @@ def _wait_for_server(proc: subprocess.Popen, base_url: str, timeout: float, log,
     last_error = "no answer yet"
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with status {proc.returncode} before answering "
-                               f"{base_url}/health.\nCommand: {' '.join(args)}\n"
-                               f"Its output (last lines):\n{_tail(log)}")
+            raise RuntimeError(
+                f"mlflow server exited with status {proc.returncode} before answering "
+                f"{base_url}/health.\nCommand: {' '.join(args)}\n"
+                f"Its output (last lines):\n{_tail(log)}"
+            )
         try:
             with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
                 if resp.status == 200:
@@ -133,7 +150,9 @@ def _wait_for_server(proc: subprocess.Popen, base_url: str, timeout: float, log,
         except (urllib.error.URLError, OSError) as e:
             last_error = str(e)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"mlflow server did not answer {base_url}/health within {timeout:g} s "
-                               f"(last error: {last_error}).\nCommand: {' '.join(args)}\n"
-                               f"Its output (last lines):\n{_tail(log)}")
+            raise RuntimeError(
+                f"mlflow server did not answer {base_url}/health within {timeout:g} s "
+                f"(last error: {last_error}).\nCommand: {' '.join(args)}\n"
+                f"Its output (last lines):\n{_tail(log)}"
+            )
         time.sleep(0.2)

@@ -7,6 +7,7 @@ forward in pipeline/model/energy_flow.py beyond the parameters, so agreement bet
 (tests/test_model_reference.py) says the vectorisation is right. It is also the "before" side
 of bench.model's speedup.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,12 @@ def _deposit(surface, model, flow, value):
     fv = torch.clamp(v - j0, 0, 1)
     i1, j1 = min(i0 + 1, W - 1), min(j0 + 1, H - 1)
     row = surface[flow.sample]
-    for (i, j), w in (((i0, j0), (1 - fu) * (1 - fv)), ((i1, j0), fu * (1 - fv)),
-                      ((i0, j1), (1 - fu) * fv), ((i1, j1), fu * fv)):
+    for (i, j), w in (
+        ((i0, j0), (1 - fu) * (1 - fv)),
+        ((i1, j0), fu * (1 - fv)),
+        ((i0, j1), (1 - fu) * fv),
+        ((i1, j1), fu * fv),
+    ):
         row[j * W + i] = row[j * W + i] + w * value
 
 
@@ -74,9 +79,16 @@ def reference_forward(model, x_in: torch.Tensor):
     for b in range(B):
         order = sorted(range(W * H), key=lambda c: -abs(energies0[b, c].item()))[:F_]
         for c in order:
-            flows.append(Flow(b, x_in.new_tensor((c % W) + 0.5), x_in.new_tensor((c // W) + 0.5),
-                              x_in.new_tensor(0.0), energies0[b, c],
-                              [x_in.new_zeros(1, model.carrier_hidden) for _ in carrier.cells]))
+            flows.append(
+                Flow(
+                    b,
+                    x_in.new_tensor((c % W) + 0.5),
+                    x_in.new_tensor((c // W) + 0.5),
+                    x_in.new_tensor(0.0),
+                    energies0[b, c],
+                    [x_in.new_zeros(1, model.carrier_hidden) for _ in carrier.cells],
+                )
+            )
     n_total = len(flows)
     surface = [[x_in.new_tensor(0.0) for _ in range(W * H)] for _ in range(B)]
     steps_used = flow_steps = converged_for = 0
@@ -97,8 +109,10 @@ def reference_forward(model, x_in: torch.Tensor):
                 inp = _gru_cell(cell, inp, h)
                 new_hidden.append(inp)
             lateral = carrier.max_lateral * torch.tanh(_linear(carrier.lateral, inp))[0]
-            fwd = carrier.min_forward + (carrier.max_forward - carrier.min_forward) * \
-                torch.sigmoid(_linear(carrier.forward_head, inp))[0, 0]
+            fwd = (
+                carrier.min_forward
+                + (carrier.max_forward - carrier.min_forward) * torch.sigmoid(_linear(carrier.forward_head, inp))[0, 0]
+            )
             f.energy = torch.tanh(f.energy + _linear(carrier.energy, inp)[0, 0])
             f.x = torch.clamp(f.x + lateral[0], 0.5, W - 0.5)
             f.y = torch.clamp(f.y + lateral[1], 0.5, H - 0.5)

@@ -5,6 +5,7 @@ there; with KILL_AT it SIGKILLs itself when step KILL_AT's telemetry row is logg
 checkpoint at step 8, before the one at 12), as `kill -9` would, with no chance to clean up.
 The finished model's weights and the telemetry go to DIR/final.pt.
 """
+
 import logging
 import os
 import signal
@@ -18,8 +19,14 @@ from pipeline.train.loop import Checkpointing, train_model
 from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
 from tests.helpers.synthetic import linear_task
 
-OVERRIDES = ["preset=smoke", "train.epochs=3", "train.batch_size=16", "train.log_every=2", "train.device=cpu",
-             "train.checkpoint_every=4"]  # torch's default threads (2 here): determinism must not need 1
+OVERRIDES = [
+    "preset=smoke",
+    "train.epochs=3",
+    "train.batch_size=16",
+    "train.log_every=2",
+    "train.device=cpu",
+    "train.checkpoint_every=4",
+]  # torch's default threads (2 here): determinism must not need 1
 
 
 def main(out: Path, kill_at: int | None) -> None:

@@ -1,6 +1,7 @@
 """Synthetic data the tests train and judge on, built in one place: a learnable task for the
 trainer (`linear_task`) and a healthy run's telemetry for the report's checks (`clean_run`).
 Shards on disk come from tests/helpers/shards.py (`fake_shards`)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,18 +28,20 @@ def clean_run(n: int = CLEAN_RUN_STEPS, seed: int = 0) -> pd.DataFrame:
     step = np.arange(1, n + 1)
     ms = 20 + rng.normal(0, 1, n)
     norm = rng.uniform(0.5, 3, n)
-    return pd.DataFrame({
-        "step": step,
-        "epoch": (step - 1) // 100,
-        "train/loss": 2 + 3 * np.exp(-step / 80) + rng.normal(0, 0.05, n),
-        "train/skipped": 0,
-        "grad/global_norm": norm,
-        "grad/clipped_norm": np.minimum(norm, 1.0),
-        "train/lr": 1e-3,
-        "perf/step_ms": ms,
-        "perf/samples_per_s": 32 / (ms / 1000),
-        "flow/steps_used": rng.integers(5, 9, n),
-        "mem/rss_mb": 1500 + rng.uniform(-5, 5, n),
-        "mem/device_allocated_mb": 800 + rng.uniform(-5, 5, n),
-        "mem/device_peak_mb": 1200 + rng.uniform(-5, 5, n),
-    })
+    return pd.DataFrame(
+        {
+            "step": step,
+            "epoch": (step - 1) // 100,
+            "train/loss": 2 + 3 * np.exp(-step / 80) + rng.normal(0, 0.05, n),
+            "train/skipped": 0,
+            "grad/global_norm": norm,
+            "grad/clipped_norm": np.minimum(norm, 1.0),
+            "train/lr": 1e-3,
+            "perf/step_ms": ms,
+            "perf/samples_per_s": 32 / (ms / 1000),
+            "flow/steps_used": rng.integers(5, 9, n),
+            "mem/rss_mb": 1500 + rng.uniform(-5, 5, n),
+            "mem/device_allocated_mb": 800 + rng.uniform(-5, 5, n),
+            "mem/device_peak_mb": 1200 + rng.uniform(-5, 5, n),
+        }
+    )

@@ -2,6 +2,7 @@
 verdict is "stable". The one exception is the machine's own load: a wall-clock check
 (tools.fault_matrix.WALL_CLOCK_CHECKS, the step-time ratio of a run whose steps take a few ms)
 may fail on a busy shared machine, and then the verdict is "unstable" for that reason alone."""
+
 from __future__ import annotations
 
 from tools.fault_matrix import WALL_CLOCK_CHECKS
