@@ -279,8 +279,14 @@ def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_
         yield _NO_RUN
         return
     import mlflow
+    from mlflow.environment_variables import MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS
 
     mlflow.set_tracking_uri(tracking_uri())
+    # MLflow's queue thread waits for work with a 1 s timeout unless it buffers: the flush at the
+    # end then waits out that timeout (0-1 s a run). Buffering for 1 s, the thread waits on an
+    # event the flush sets, and the flush returns as soon as the values are stored.
+    if not MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.defined:
+        MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(1)
     if not run_id:
         _set_experiment(experiment)
         # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's sidecar samples them
