@@ -4,27 +4,87 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 
+from bench import tracking as bench
+from bench.probe import Probe
 from pipeline.paths import REPO_ROOT
 
 
-@pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
+@pytest.mark.slow  # a whole quick benchmark run (~60 s on a busy 2-core machine): not in the default suite
 def test_quick_run_prints_one_json_line_with_the_figures():
     proc = subprocess.run([sys.executable, "-m", "bench.tracking", "--quick"], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["logging_overhead"] > 0 and res["metrics_logged_per_s"] > 0
-    assert res["logging_overhead_whole_run"] > 0 and math.isfinite(res["logging_fixed_cost_s_per_run"])
+    assert res["arms"] == ["off", "sidecar", "mlflow_async"] and res["reference_arm"] == "off"
+    for key in ("overhead_per_step", "overhead_per_step_raw", "fixed_cost_s", "fixed_cost_s_raw",
+                "overhead_whole_run", "overhead_whole_run_raw", "overhead_row_step_ms"):
+        assert set(res[key]) == {"sidecar", "mlflow_async"}, key
+        assert all(math.isfinite(v) for v in res[key].values()), key
+    assert all(v > 0 for v in res["overhead_per_step"].values())
+    assert all(len(v) == res["rounds"] == 1 for v in res["overhead_per_step_pairs"].values())
+    for arm in res["arms"]:
+        per = res["per_arm"][arm]
+        assert per["steady_step_ms"] > 0 and per["wall_s"] > 0 and per["probe_ms_median"] > 0
+        assert per["setup_s"] >= 0 and per["teardown_s"] >= 0 and per["cpu_self_s"] > 0
+    assert res["per_arm"]["off"]["metrics_logged_per_run"] == 0
+    assert res["per_arm"]["sidecar"]["metrics_logged_per_run"] > 0
+    assert res["per_arm"]["mlflow_async"]["metrics_logged_per_run"] > 0
     assert res["throughput_metrics"] == 200 * 35  # every value pushed was counted as sent
+    assert res["metrics_logged_per_s"] > 0 and res["metrics_logged_per_s_mlflow_async"] > 0
     assert res["arms_same_work"] is True  # tracking does not change what is trained
-    assert res["metrics_per_s_during_training"] > 0 and res["goals"]["logging_overhead"] == 1.03
-    assert set(res["goals_met"]) == {"logging_overhead"}
+    assert res["threads"] == 1  # the smoke preset's train.threads: the probes ran with it too
+    # Where it ran and how steady the machine was.
+    assert isinstance(res["cpu_model"], str) and res["cpu_model"]
+    probe = res["probe"]
+    assert probe["probe_count"] >= 6 and probe["probe_threads"] == [1]
+    assert probe["probe_ms_min"] <= probe["probe_ms_median"] <= probe["probe_ms_max"]
+    assert probe["probe_spread_max_min"] >= probe["probe_spread_p90_p10"] >= 1.0
+    assert res["goals"] == bench.GOALS and res["goals"]["overhead_per_step"] == 1.03
+    # The smoke preset is not the default run: no fraction of it, so no such goal.
+    assert set(res["goals_met"]) == {"overhead_per_step/sidecar", "overhead_per_step/mlflow_async"}
+    assert all(isinstance(v, bool) for v in res["goals_met"].values())
+
+
+def test_steady_step_time_leaves_out_the_probes():
+    def slow_probe():  # stands in for a probe that takes 50 ms
+        time.sleep(0.05)
+        return 0.05
+
+    seen = []
+    clock = bench.RowProbe(slow_probe, inner=lambda metrics, step: seen.append(step), every_s=0.0)  # every row
+    for step in (2, 4, 6, 8, 10):
+        clock({}, step)
+    assert seen == [2, 4, 6, 8, 10] and clock.probes == [0.05] * 5 and clock.probe_s >= 0.25
+    assert [s for s, _ in clock.stamps] == seen
+    # The stamps' clock has the probes taken out: 5 x 50 ms of probing, yet the rows are close.
+    assert clock.stamps[-1][1] - clock.stamps[0][1] < 0.05
+    assert clock.steady_ms(skip=0.0) == pytest.approx(1000 * (clock.stamps[-1][1] - clock.stamps[0][1]) / 8)
+    assert clock.steady_ms(skip=0.5) == pytest.approx(1000 * (clock.stamps[-1][1] - clock.stamps[2][1]) / 4)
+
+
+def test_probes_follow_the_workloads_thread_count():
+    from bench.trainer import config
+
+    assert bench.workload_threads(config("smoke", 10)[0]) == 1  # smoke sets train.threads=1
+    p = Probe(threads=bench.workload_threads(config("smoke", 10)[0]), n=32, reps=1)
+    p.take(2)
+    assert p.threads == {1}
+
+
+def test_default_run_steps_come_from_the_recorded_default_run():
+    steps, source = bench.default_run_steps()
+    assert (steps is None) == ("train/planned_steps" not in source)
+    if steps is not None:
+        assert steps > 0 and "metrics/train.json" in source
 
 
 def test_help_explains_the_figures():
     out = subprocess.run([sys.executable, "-m", "bench.tracking", "--help"], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=120).stdout
-    assert "logging_overhead" in out and "metrics_logged_per_s" in out and "--quick" in out
+    for word in ("overhead_per_step", "fixed_cost_s", "mlflow_async", "sidecar", "metrics_logged_per_s", "--quick",
+                 "--preset", "--arms"):
+        assert word in out, word
