@@ -454,12 +454,18 @@ def main(argv=None) -> dict:
                                                  *teacher()["texts"][2:], scratch, args.incremental_repeats)),
              ("wait", lambda: data_wait(wait_rows)),
              ("loader", lambda: loader_memory(big_rows, args.loader_small_rows, scratch, args.prefetch))]
+    from bench.probe import Probe, machine
+
+    probe = Probe()  # the machine's speed between the parts (bench/probe.py): its spread says how busy it was
     for name, fn in parts:
         if name in args.skip:
             continue
+        probe.take(3)
         t = time.perf_counter()
         res.update(fn())
         say(f"{name}: {time.perf_counter() - t:.1f} s")
+    probe.take(3)
+    res.update(machine(probe))
     met = {}
     if "embed_speedup_vs_sentence_transformers" in res:
         met["embed_speedup_vs_sentence_transformers"] = (
@@ -474,7 +480,7 @@ def main(argv=None) -> dict:
     res["goals_met"] = met
     res["load_avg_end"] = os.getloadavg()[0]
     res["bench_seconds"] = time.perf_counter() - t0
-    if not all(math.isfinite(v) for v in res.values() if isinstance(v, float)):
+    if not all(math.isfinite(v) for v in res.values() if isinstance(v, float)):  # (top-level figures)
         raise RuntimeError(f"a figure is not finite: {res}")
     print(json.dumps(res))
     return res

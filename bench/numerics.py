@@ -311,13 +311,22 @@ def main(argv=None) -> dict:
     overrides = ["train.threads=0", *args.overrides]
     res: dict = {"machine": numerics.numerics_info(), "portable_setting": numerics.PORTABLE,
                  "portable_threads": numerics.PORTABLE_THREADS}
+    from bench.probe import Probe, machine
+
+    # The shared matmul probe (bench/probe.py), in this process between the parts: how busy the
+    # machine was. The cost figures have their own probe, in each worker (see cost()).
+    probe = Probe()
     with tempfile.TemporaryDirectory(prefix="bench-numerics-") as tmp:
         tmp = Path(tmp)
         shim = build_shim(tmp)
         shards = args.shards or make_shards(tmp)
         res["mkl_shim"] = bool(shim)
+        probe.take(3)
         res["agreement"] = agreement(names, shards, shim, overrides, tmp, texts)
+        probe.take(3)
         res.update(cost(rounds, steps, texts, shards))
+        probe.take(3)
+    res.update(machine(probe))
     table = res["agreement"]
     for mode in ("native", "portable"):
         rows = [r for k, r in table.items() if k.startswith(mode + "/") and "skipped" not in r]

@@ -100,11 +100,22 @@ def main(argv=None) -> dict:
     if args.quick:
         args.preset, args.steps, args.repeats = "smoke", 30, 1
     t0 = time.perf_counter()
+    from bench.probe import Probe, machine, normaliser
+
+    # Probes (bench/probe.py) in this process, which waits while an arm runs: 3 before and 3 after
+    # each arm. samples_per_s_*_probe_normalised puts each arm at the machine's median speed.
+    probe = Probe()
     arms: dict[int, list[dict]] = {1: [], 2: []}
     for rep in range(args.repeats):
         for n in ((1, 2) if rep % 2 == 0 else (2, 1)):
+            around = probe.take(3)
             arms[n].append(run_arm(n, args.preset, args.steps, args.threads, args.device))
+            arms[n][-1]["probes"] = around + probe.take(3)
     med = {n: float(np.median([a["samples_per_s"] for a in runs])) for n, runs in arms.items()}
+    reference = probe.median()
+    # A run on a slow (busy) machine made fewer samples/s: bring it to the reference speed.
+    norm = {n: float(np.median([a["samples_per_s"] / normaliser(a["probes"], reference) for a in runs]))
+            for n, runs in arms.items()}
     res = {"device": args.device, "torch": torch.__version__, "preset": args.preset, "steps": args.steps,
            "repeats": args.repeats, "cores": len(os.sched_getaffinity(0)),
            "samples_per_s_1": med[1], "samples_per_s_2": med[2], "ratio": med[2] / med[1],
@@ -115,6 +126,8 @@ def main(argv=None) -> dict:
            "step_ms_2": float(np.median([a["step_ms"] for a in arms[2]])),
            "launch_to_exit_s_1": float(np.median([a["launch_to_exit_s"] for a in arms[1]])),
            "launch_to_exit_s_2": float(np.median([a["launch_to_exit_s"] for a in arms[2]])),
+           "samples_per_s_1_probe_normalised": norm[1], "samples_per_s_2_probe_normalised": norm[2],
+           "ratio_probe_normalised": norm[2] / norm[1], **machine(probe),
            "bench_seconds": time.perf_counter() - t0}
     print(json.dumps(res))
     return res
