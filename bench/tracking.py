@@ -15,23 +15,32 @@ Arms (each a full training run on the same synthetic data and seed; `--arms` pic
   a second of rows into one write (MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS=1); the run ends with
   mlflow.flush_async_logging() and end_run, so every value is stored inside the timed span.
 
-Figures, for each tracked arm against off (goal: per step <= 1.03):
-- overhead_per_step[arm]: steady wall time per step, from the telemetry row at `--skip` of
-  the run to the last (everything the loop does between steps counts: handing rows over, a
-  writer competing for the cores or the interpreter).
-- fixed_cost_s[arm]: what a run pays once: its whole span (run start to the last value
-  stored and the run ended) beyond its steps at its steady rate, minus the same for off.
+Figures, for each tracked arm against off (goals: per step <= 1.03; fixed <= 2 % of the default
+run):
+- overhead_per_step[arm]: wall time per step while rows are handed to the logger over the same
+  while they are not, inside each tracked run: the run sends its rows in alternate segments of
+  `--segment-s` seconds (on, off, on, ...), each sent segment is set against the mean of its two
+  neighbours, and the figure is the median over all such segments of all runs (from the row at
+  `--skip` of a run on; per-run medians in overhead_per_step_runs). Everything the loop does
+  between steps counts: handing rows over, a writer competing for the cores or the interpreter.
+  The sampler of system metrics runs in both halves, so its cost is in neither (it is small: a
+  sample every train.system_metrics_every_s). An A/B seconds apart sees the same machine: other
+  processes' load, which moves over seconds to minutes, hits both sides.
+  overhead_per_step_across_runs[arm]: the sent segments' step time against the off runs' (probe-
+  normalised, see below; context: runs tens of seconds apart meet different loads).
+- fixed_cost_s[arm]: what a run pays once: its whole span (run start to the last value stored
+  and the run ended) beyond its steps at its own steady rate, minus the same for off (per round
+  in fixed_cost_s_rounds). cpu_cost_s[arm]: a run's CPU seconds over off's.
 - fixed_fraction_of_default_run[arm]: fixed_cost_s over the default preset's run length
   (steps from metrics/train.json's train/planned_steps, times off's steady step time) when the
-  preset is `default`.
-- overhead_whole_run[arm]: whole spans, tracked over off.
+  preset is `default`; overhead_default_run[arm]: the whole default run's overhead the two make.
 
-Robust on a busy machine: arms run in rotating order (each round holds every arm once, ABBA
-across rounds), and a fixed matmul probe (bench/probe.py) is timed before each run and about once
-a second inside it (between telemetry rows, before the row is handed to the logger; its time is
-taken off every span). Each run's times are divided by its probes' median and multiplied by the
-median of all probes, so a run that met a busy moment is judged at the machine's usual speed;
-the `*_raw` figures are the same without that. Every run also records its CPU seconds: this
+Across runs: arms run in rotating order (each round holds every arm once, ABBA across rounds),
+and a fixed matmul probe (bench/probe.py) is timed before each run and about once a second inside
+it (between telemetry rows, before the row is handed to the logger; its time is taken off every
+span). A run's spans are divided by its probes' median and multiplied by the median of all
+probes, so a run that met a busy moment is judged at the machine's usual speed; the `*_raw`
+figures are the same without that. Every run also records its CPU seconds: this
 process's (MLflow's threads included) and its children's (the sidecar); cpu_cost_s[arm] is a
 run's CPU seconds over off's (less sensitive to other processes than wall time, but blind to
 waiting: a lock or the interpreter's GIL held by a writer thread costs wall time, not CPU).
@@ -94,15 +103,21 @@ class RowProbe:
     """The trainer's on_log in every arm: notes when each telemetry row arrives, on a clock with
     the probes taken out, takes a probe when PROBE_EVERY_S has passed since the last, then passes
     the row on (to the arm's logger, if any). The probe comes first: the logger's work for this
-    row starts after it."""
+    row starts after it.
+
+    With `segment_s`, rows go to the logger in alternate segments of that many seconds only (on,
+    off, on, ...): the run holds its own A/B, seconds apart, so a load that comes and goes over
+    seconds hits both sides alike (see segment_ratios)."""
 
     def __init__(self, probe: Probe, inner: Optional[Callable[[dict, int], None]] = None,
-                 every_s: float = PROBE_EVERY_S):
-        self.probe, self.inner, self.every_s = probe, inner, every_s
+                 every_s: float = PROBE_EVERY_S, segment_s: float = 0.0):
+        self.probe, self.inner, self.every_s, self.segment_s = probe, inner, every_s, segment_s
         self.stamps: list[tuple[int, float]] = []  # (step, clock)
+        self.sent: list[bool] = []  # per row: handed to the logger
         self.probes: list[float] = []
         self.probe_s = 0.0  # seconds spent probing, including this bookkeeping
         self.last = time.perf_counter()
+        self.on, self.switch_at = True, None
 
     def clock(self) -> float:
         return time.perf_counter() - self.probe_s
@@ -114,16 +129,54 @@ class RowProbe:
         self.probe_s += self.last - t0
 
     def __call__(self, metrics: dict, step: int) -> None:
-        self.stamps.append((step, self.clock()))
+        now = self.clock()
+        self.stamps.append((step, now))
+        if self.segment_s:
+            if self.switch_at is None:
+                self.switch_at = now + self.segment_s
+            elif now >= self.switch_at:
+                self.on, self.switch_at = not self.on, now + self.segment_s
+        self.sent.append(self.inner is not None and self.on)
         if time.perf_counter() - self.last >= self.every_s:
             self.take()
-        if self.inner is not None:
+        if self.sent[-1]:
             self.inner(metrics, step)
 
     def steady_ms(self, skip: float) -> float:
         """Wall ms per step from the row at `skip` of the run to the last."""
         (s0, t0), (s1, t1) = self.stamps[min(int(len(self.stamps) * skip), len(self.stamps) - 2)], self.stamps[-1]
         return 1000 * (t1 - t0) / (s1 - s0)
+
+    def segments(self, skip: float) -> list[tuple[bool, float]]:
+        """(sent, ms per step) of each segment from the row at `skip` of the run on. The span
+        between rows j-1 and j holds row j-1's hand-over and the training of row j's window; it
+        counts for the segment of row j-1, and only when row j-2 was in the same segment (the
+        first span after a switch is left out: the logger may still be busy with the rows before)."""
+        out: list[list] = []  # [sent, seconds, steps]
+        first = max(2, int(len(self.stamps) * skip))
+        for j in range(first, len(self.stamps)):
+            if self.sent[j - 1] != self.sent[j - 2]:
+                continue
+            dt = self.stamps[j][1] - self.stamps[j - 1][1]
+            ds = self.stamps[j][0] - self.stamps[j - 1][0]
+            if out and out[-1][0] == self.sent[j - 1] and out[-1][3] == j - 1:
+                out[-1][1] += dt
+                out[-1][2] += ds
+                out[-1][3] = j
+            else:
+                out.append([self.sent[j - 1], dt, ds, j])
+        return [(sent, 1000 * sec / steps) for sent, sec, steps, _ in out if steps]
+
+    def segment_ratios(self, skip: float) -> list[float]:
+        """ms per step of each sent segment over the mean of its two unsent neighbours."""
+        seg = self.segments(skip)
+        return [ms / ((seg[i - 1][1] + seg[i + 1][1]) / 2) for i, (sent, ms) in enumerate(seg)
+                if sent and 0 < i < len(seg) - 1 and not seg[i - 1][0] and not seg[i + 1][0]]
+
+    def sent_ms(self, skip: float) -> Optional[float]:
+        """ms per step over the sent segments alone (None: no segments)."""
+        seg = [ms for sent, ms in self.segments(skip) if sent]
+        return float(np.median(seg)) if seg else None
 
 
 def workload_threads(cfg) -> int:
@@ -181,13 +234,17 @@ def mlflow_async_run(name: str, cfg) -> Iterator[Callable[[dict, int], None]]:
             MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(buffering)
 
 
-def arm_run(arm: str, cfg, x, y, probe: Probe, name: str, skip: float, before: int = 2) -> dict:
+SEGMENT_S = 2.0  # the in-run A/B's segments: a few sidecar flushes (every 0.5 s) and MLflow batches (1 s) each
+
+
+def arm_run(arm: str, cfg, x, y, probe: Probe, name: str, skip: float, before: int = 2,
+            segment_s: float = SEGMENT_S) -> dict:
     """One training run of `arm`; its phases' wall seconds (probes taken out), its steady step
-    time, CPU seconds, probes and rows."""
+    time, its in-run A/B (rows sent in alternate `segment_s` segments), CPU seconds, probes."""
     from pipeline import tracking
 
     probes_before = probe.take(before)
-    clock = RowProbe(probe)
+    clock = RowProbe(probe, segment_s=segment_s)
     cpu0 = _cpu()
     t0 = clock.clock()
     sent = 0
@@ -214,7 +271,7 @@ def arm_run(arm: str, cfg, x, y, probe: Probe, name: str, skip: float, before: i
             t_train = clock.clock()
             tracking.log_metrics(res.summary, step=int(res.summary["train/steps"]))
         t_end = clock.clock()
-        sent = sum(len(r) for r in res.rows)
+        sent = sum(len(r) for r, s in zip(res.rows, clock.sent) if s)
     else:
         raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
     cpu1 = _cpu()
@@ -227,12 +284,13 @@ def arm_run(arm: str, cfg, x, y, probe: Probe, name: str, skip: float, before: i
             "row_ms": float(np.median([r["perf/step_ms"] for r in res.rows[2:]])),
             "cpu_self_s": cpu1[0] - cpu0[0], "cpu_children_s": cpu1[1] - cpu0[1],
             "probes": probes_before + clock.probes, "flow_steps": [r["flow/flow_steps"] for r in res.rows],
-            "metrics_logged": sent}
+            "metrics_logged": sent, "rows": len(clock.sent), "rows_sent": sum(clock.sent),
+            "segment_ratios": clock.segment_ratios(skip), "sent_ms": clock.sent_ms(skip)}
 
 
 def compare_arms(preset: str, arms: tuple[str, ...], rounds: int, steps: int, *overrides: str,
                  skip: float = 0.2, probe: Optional[Probe] = None, extra_arms: Optional[dict[str, Callable]] = None,
-                 log: Callable[[str], None] = say) -> dict:
+                 segment_s: float = SEGMENT_S, log: Callable[[str], None] = say) -> dict:
     """`rounds` rounds of every arm on the `preset` model, `steps` optimizer steps a run; every
     figure per arm, against the first arm (the reference, normally off). `extra_arms` adds arms
     of the caller's: name -> fn(cfg, x, y, probe, name, skip) returning arm_run's keys."""
@@ -241,7 +299,7 @@ def compare_arms(preset: str, arms: tuple[str, ...], rounds: int, steps: int, *o
     def one(arm: str, cfg, x, y, name: str, before: int = 2) -> dict:
         if arm in extra_arms:
             return extra_arms[arm](cfg, x, y, probe, name, skip)
-        return arm_run(arm, cfg, x, y, probe, name, skip, before)
+        return arm_run(arm, cfg, x, y, probe, name, skip, before, segment_s)
 
     cfg, n = config(preset, steps, "train.device=cpu", "train.checkpoint_every=0", *overrides)
     x, y = synthetic(n)
@@ -261,9 +319,10 @@ def compare_arms(preset: str, arms: tuple[str, ...], rounds: int, steps: int, *o
             for arm in order:
                 runs[arm].append(one(arm, cfg, x, y, f"{arm}-{i}"))
             ref = runs[arms[0]][-1]
-            log(f"{preset} round {i + 1}/{rounds}: " + ", ".join(
-                f"{a} {r[-1]['steady_ms'] / ref['steady_ms']:.3f}/step {r[-1]['fixed_s'] - ref['fixed_s']:+.2f} s"
-                for a, r in runs.items() if a != arms[0]))
+            log(f"{preset} round {i + 1}/{rounds} (raw): " + ", ".join(
+                f"{a} {np.median(r[-1]['segment_ratios']) if r[-1].get('segment_ratios') else float('nan'):.3f}/step "
+                f"in-run, {r[-1]['steady_ms'] / ref['steady_ms']:.3f} across runs, "
+                f"{r[-1]['fixed_s'] - ref['fixed_s']:+.2f} s once" for a, r in runs.items() if a != arms[0]))
     # Every run at the machine's median speed over the whole comparison.
     reference = float(np.median([p for rs in runs.values() for r in rs for p in r["probes"]]))
     for rs in runs.values():
@@ -282,9 +341,11 @@ def compare_arms(preset: str, arms: tuple[str, ...], rounds: int, steps: int, *o
                                        for rs in runs.values() for r in rs if r["flow_steps"] is not None),
                  "load_avg_before_after": [load_before, os.getloadavg()[0]],
                  "compare_seconds": time.perf_counter() - t_start,
-                 "overhead_per_step": {}, "overhead_per_step_raw": {}, "overhead_per_step_pairs": {},
-                 "fixed_cost_s": {}, "fixed_cost_s_raw": {}, "overhead_whole_run": {}, "overhead_whole_run_raw": {},
-                 "overhead_row_step_ms": {}, "cpu_cost_s": {}, "per_arm": {}}
+                 "segment_s": segment_s, "overhead_per_step": {}, "overhead_per_step_runs": {},
+                 "overhead_per_step_segments": {}, "overhead_per_step_across_runs": {},
+                 "overhead_per_step_across_runs_raw": {}, "fixed_cost_s": {}, "fixed_cost_s_raw": {},
+                 "fixed_cost_s_rounds": {}, "cpu_cost_s": {}, "per_arm": {}}
+    cpu = lambda a: float(np.median([r["cpu_self_s"] + r["cpu_children_s"] for r in runs[a]]))  # noqa: E731
     for arm in arms:
         out["per_arm"][arm] = {
             "steady_step_ms": med(arm, "steady_ms"), "steady_step_ms_raw": med(arm, "steady_ms", False),
@@ -293,19 +354,28 @@ def compare_arms(preset: str, arms: tuple[str, ...], rounds: int, steps: int, *o
             "row_step_ms": med(arm, "row_ms"), "cpu_self_s": med(arm, "cpu_self_s", False),
             "cpu_children_s": med(arm, "cpu_children_s", False),
             "probe_ms_median": 1000 * float(np.median([p for r in runs[arm] for p in r["probes"]])),
-            "metrics_logged_per_run": med(arm, "metrics_logged", False)}
+            "metrics_logged_per_run": med(arm, "metrics_logged", False), "rows_per_run": med(arm, "rows", False),
+            "rows_sent_per_run": med(arm, "rows_sent", False)}
         if arm == base:
             continue
-        out["overhead_per_step"][arm] = med(arm, "steady_ms") / med(base, "steady_ms")
-        out["overhead_per_step_raw"][arm] = med(arm, "steady_ms", False) / med(base, "steady_ms", False)
-        out["overhead_per_step_pairs"][arm] = [
-            (a["steady_ms"] * a["norm"]) / (b["steady_ms"] * b["norm"]) for a, b in zip(runs[arm], runs[base])]
+        # Per step: the runs' own A/B, every sent segment against its unsent neighbours (pooled
+        # over runs); an arm without one (an extra arm) falls back to steady rates across runs.
+        ratios = [q for r in runs[arm] for q in r.get("segment_ratios") or []]
+        sent = [r for r in runs[arm] if r.get("sent_ms")]
+        sent_ms = (lambda norm: float(np.median([r["sent_ms"] * (r["norm"] if norm else 1.0) for r in sent]))) \
+            if sent else (lambda norm: med(arm, "steady_ms", norm))
+        out["overhead_per_step_across_runs"][arm] = sent_ms(True) / med(base, "steady_ms")
+        out["overhead_per_step_across_runs_raw"][arm] = sent_ms(False) / med(base, "steady_ms", False)
+        out["overhead_per_step"][arm] = (float(np.median(ratios)) if ratios
+                                         else out["overhead_per_step_across_runs"][arm])
+        out["overhead_per_step_runs"][arm] = [float(np.median(r["segment_ratios"])) if r.get("segment_ratios")
+                                              else None for r in runs[arm]]
+        out["overhead_per_step_segments"][arm] = len(ratios)
+        # Once per run: a run's whole span beyond its steps at its own steady rate, against off's.
         out["fixed_cost_s"][arm] = med(arm, "fixed_s") - med(base, "fixed_s")
         out["fixed_cost_s_raw"][arm] = med(arm, "fixed_s", False) - med(base, "fixed_s", False)
-        out["overhead_whole_run"][arm] = med(arm, "wall_s") / med(base, "wall_s")
-        out["overhead_whole_run_raw"][arm] = med(arm, "wall_s", False) / med(base, "wall_s", False)
-        out["overhead_row_step_ms"][arm] = med(arm, "row_ms") / med(base, "row_ms")
-        cpu = lambda a: float(np.median([r["cpu_self_s"] + r["cpu_children_s"] for r in runs[a]]))  # noqa: E731
+        out["fixed_cost_s_rounds"][arm] = [a["fixed_s"] * a["norm"] - b["fixed_s"] * b["norm"]
+                                           for a, b in zip(runs[arm], runs[base])]
         out["cpu_cost_s"][arm] = cpu(arm) - cpu(base)
     # What a run pays once, against the length of the default preset's run.
     steps_default, source = default_run_steps()
@@ -315,6 +385,9 @@ def compare_arms(preset: str, arms: tuple[str, ...], rounds: int, steps: int, *o
         out["default_run_s"] = run_s
         out["default_run_s_how"] = f"default_run_steps x {base}'s steady step time (probe-normalised) in this run"
         out["fixed_fraction_of_default_run"] = {a: f / run_s for a, f in out["fixed_cost_s"].items()}
+        # The default run's whole-run overhead these two parts make: every step's, plus the fixed part.
+        out["overhead_default_run"] = {a: out["overhead_per_step"][a] + f / run_s
+                                       for a, f in out["fixed_cost_s"].items()}
     return out
 
 
@@ -359,15 +432,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=None,
                     help="optimizer steps per run (default: 1000 for smoke, ~6 s on 1 thread; 200 otherwise)")
     ap.add_argument("--skip", type=float, default=0.2, help="fraction of a run's rows before the steady part")
+    ap.add_argument("--segment-s", type=float, default=SEGMENT_S,
+                    help=f"seconds per segment of the in-run A/B (default {SEGMENT_S:g}; 0: every row sent, and "
+                         "overhead_per_step is across runs)")
     ap.add_argument("--rows", type=int, default=2000, help="rows of 35 metrics for metrics_logged_per_s")
-    ap.add_argument("--quick", action="store_true", help="a fast smoke check of the benchmark itself")
+    ap.add_argument("--quick", action="store_true",
+                    help="a fast smoke check of the benchmark itself: 1 round of 80 steps, 0.05 s segments")
     ap.add_argument("overrides", nargs="*", help="config overrides for every arm, e.g. train.log_every=5")
     args = ap.parse_args(argv)
     import mlflow  # noqa: F401 - first: on import it sets its loggers' levels, which this overrides
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial tables", "Started monitoring"
     if args.quick:
-        args.rounds, args.steps, args.rows = 1, 40, 200
+        args.rounds, args.steps, args.rows, args.segment_s = 1, 80, 200, 0.05
     steps = args.steps or (1000 if args.preset == "smoke" else 200)
     arms = tuple(a for a in args.arms.split(",") if a)
     t0 = time.perf_counter()
@@ -376,7 +453,8 @@ def main(argv=None) -> dict:
     res.update(logging_throughput(args.rows))
     say(f"throughput: {res['metrics_logged_per_s']:.0f} metrics/s (sidecar), "
         f"{res['metrics_logged_per_s_mlflow_async']:.0f} (mlflow async)")
-    res.update(compare_arms(args.preset, arms, args.rounds, steps, *args.overrides, skip=args.skip, probe=probe))
+    res.update(compare_arms(args.preset, arms, args.rounds, steps, *args.overrides, skip=args.skip, probe=probe,
+                            segment_s=args.segment_s))
     res["goals_met"] = {f"overhead_per_step/{a}": v <= GOALS["overhead_per_step"]
                         for a, v in res["overhead_per_step"].items()}
     for a, v in res.get("fixed_fraction_of_default_run", {}).items():

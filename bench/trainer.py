@@ -3,16 +3,23 @@ The last stdout line is one JSON object; progress lines go to stderr.
 
 - The train stage's logging, split in two (bench.tracking's `sidecar` arm against `off`, on the
   `default` preset: tracking.mlflow_run, the config as params, tracking.MetricBuffer with its
-  system metrics, a row every train.log_every = 5 steps, the final wait for the store included):
-  telemetry_overhead_per_step (goal <= 1.03): steady wall time per step, tracked over off.
-  telemetry_fixed_s: what a tracked run pays once (its whole span beyond its steps at the steady
+  system metrics, a row every train.log_every = 5 steps, the final wait for the store included;
+  see bench.tracking for the method):
+  telemetry_overhead_per_step (goal <= 1.03): wall time per step while rows are sent over the
+  same while they are not, inside each tracked run (alternate 2 s segments: an A/B seconds apart,
+  so other processes' load hits both sides). telemetry_overhead_per_step_across_runs: the same
+  against the off runs, probe-normalised (context: it carries the load differences of runs
+  tens of seconds apart).
+  telemetry_fixed_s: what a tracked run pays once (its whole span beyond its steps at its steady
   rate, minus the same for off), and telemetry_fixed_fraction_of_default_run (goal <= 0.02):
   that over the default run's length, default_run_steps (metrics/train.json's
   train/planned_steps, the default preset on the shipped data) x off's steady step time.
-  telemetry_overhead (context): whole spans, tracked over off, at overhead_steps_per_run steps.
-  Arms rotate within each round on the same data and seed; every span is divided by the median
-  of the reference probes (bench/probe.py) taken before and inside that run and multiplied by
-  the median of all (the `*_raw` figures are without that).
+  telemetry_overhead (context): a whole default run's overhead from the two, per step + fixed
+  over the run's length. telemetry_cpu_s_per_run: the CPU seconds a tracked run adds (the
+  sidecar's and this process's).
+  Arms rotate within each round on the same data and seed; spans across runs are divided by the
+  median of the reference probes (bench/probe.py) taken before and inside each run and
+  multiplied by the median of all (the `*_raw` figures are without that).
   gradient_health_overhead (context, no goal): the trainer with tracking off over a bare loop of
   the same model, data and optimizer (forward, backward, clip_grad_norm_, AdamW, LR schedule),
   the third arm of the same rounds.
@@ -240,42 +247,46 @@ def bare_run(cfg, x, y, probe, name: str = "", skip: float = 0.2) -> dict:
     steady = clock.steady_ms(skip)
     return {"arm": "bare", "wall_s": wall, "setup_s": 0.0, "train_s": wall, "teardown_s": 0.0, "steps": step,
             "steady_ms": steady, "fixed_s": wall - step * steady / 1000, "row_ms": steady, "cpu_self_s": 0.0,
-            "cpu_children_s": 0.0, "probes": probes_before + clock.probes, "flow_steps": None, "metrics_logged": 0}
+            "cpu_children_s": 0.0, "probes": probes_before + clock.probes, "flow_steps": None, "metrics_logged": 0,
+            "rows": len(clock.sent), "rows_sent": 0}
 
 
 def telemetry_overhead(pairs: int = 4, steps: int = 200, bare: bool = True, log_every: Optional[int] = None,
-                       probe: Optional[Probe] = None) -> dict:
+                       probe: Optional[Probe] = None, segment_s: Optional[float] = None) -> dict:
     """The train stage's logging (bench.tracking's `sidecar` arm: tracking.mlflow_run, params,
     tracking.MetricBuffer with system metrics every train.system_metrics_every_s) against tracking
     off, on the `default` preset, split into a per-step part and a per-run fixed part (see
     bench.tracking for how each is measured and normalised by the probes)."""
-    from bench.tracking import compare_arms
+    from bench.tracking import SEGMENT_S, compare_arms
 
     arms = ("off", "sidecar") + (("bare",) if bare else ())
     res = compare_arms("default", arms, pairs, steps, *([f"train.log_every={log_every}"] if log_every else []),
-                       probe=probe, extra_arms={"bare": bare_run}, log=say)
+                       probe=probe, extra_arms={"bare": bare_run}, log=say,
+                       segment_s=SEGMENT_S if segment_s is None else segment_s)
     out = {
         "telemetry_overhead_per_step": res["overhead_per_step"]["sidecar"],
-        "telemetry_overhead_per_step_raw": res["overhead_per_step_raw"]["sidecar"],
-        "telemetry_overhead_per_step_pairs": res["overhead_per_step_pairs"]["sidecar"],
+        "telemetry_overhead_per_step_runs": res["overhead_per_step_runs"]["sidecar"],
+        "telemetry_overhead_per_step_segments": res["overhead_per_step_segments"]["sidecar"],
+        "telemetry_overhead_per_step_across_runs": res["overhead_per_step_across_runs"]["sidecar"],
+        "telemetry_overhead_per_step_across_runs_raw": res["overhead_per_step_across_runs_raw"]["sidecar"],
         "telemetry_fixed_s": res["fixed_cost_s"]["sidecar"],
         "telemetry_fixed_s_raw": res["fixed_cost_s_raw"]["sidecar"],
+        "telemetry_fixed_s_rounds": res["fixed_cost_s_rounds"]["sidecar"],
+        "telemetry_cpu_s_per_run": res["cpu_cost_s"]["sidecar"],
         "telemetry_fixed_fraction_of_default_run": res.get("fixed_fraction_of_default_run", {}).get("sidecar"),
-        # The whole run's ratio (context: at overhead_steps_per_run steps the fixed part weighs more than in a
-        # default run of default_run_steps).
-        "telemetry_overhead": res["overhead_whole_run"]["sidecar"],
-        "telemetry_overhead_raw": res["overhead_whole_run_raw"]["sidecar"],
-        "telemetry_overhead_step_ms": res["overhead_row_step_ms"]["sidecar"],
+        # A whole default run's overhead as the two parts make it (context, no goal of its own).
+        "telemetry_overhead": res.get("overhead_default_run", {}).get("sidecar"),
         "default_run_steps": res["default_run_steps"], "default_run_steps_source": res["default_run_steps_source"],
         "default_run_s": res.get("default_run_s"), "default_run_s_how": res.get("default_run_s_how"),
         "overhead_pairs": pairs, "overhead_steps_per_run": steps, "overhead_log_every": res["log_every"],
+        "overhead_segment_s": res["segment_s"],
         "overhead_system_metrics_every_s": res["system_metrics_every_s"],
         "overhead_arms_same_work": res["arms_same_work"], "overhead_threads": res["threads"],
         "overhead_per_arm": res["per_arm"], "overhead_probe_reference_ms": res["probe_reference_ms"],
         # The 1-minute load average: above the core count, other processes shared the run.
         "load_avg_before_after": res["load_avg_before_after"],
     }
-    if bare:
+    if bare:  # (across runs: the bare loop has no logger to switch on and off)
         out.update({"bare_loop_step_ms": res["per_arm"]["bare"]["steady_step_ms"],
                     "gradient_health_overhead": 1 / res["overhead_per_step"]["bare"]})
     return out
@@ -305,7 +316,7 @@ def smoke_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
     trainer's own thread count: [step, seconds] each."""
     cfg, n = config("smoke", steps, *overrides)
     probes: list[list] = []
-    on_log = None
+    on_log, probe = None, None
     if probe_every:
         probe = Probe()
         seen = [0]
@@ -317,7 +328,7 @@ def smoke_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
                     probes.append([step, probe()])
 
     rows = train_model(cfg, *synthetic(n), on_log=on_log, progress=False).rows
-    return {"rows": rows, "probes": probes}
+    return {"rows": rows, "probes": probes, "probe_threads": sorted(probe.threads) if probe else []}
 
 
 ROWS_SCRIPT = ("import json, sys; from bench.trainer import smoke_run; "
@@ -361,12 +372,13 @@ def drift_and_rss(steps: int = 500, repeats: int = 3, rss_after: int = 100) -> d
     `repeats` runs, each listed; step_time_drift_raw is the same without the probes."""
     if steps < 500:
         raise ValueError(f"steps={steps}: the drift compares steps 400-500, so expected >= 500")
-    runs, all_probes = [], []
+    runs, all_probes, threads = [], [], set()
     windows = {"early": (20, 120), "late": (400, 500)}
     for i in range(repeats):
         run = fresh_run(steps, SMOKE_THREADS, probe_every=DRIFT_PROBE_EVERY)
         rows, probes = run["rows"], run["probes"]
         all_probes += [p for _, p in probes]
+        threads.update(run.get("probe_threads", []))
         ms = {w: median_between(rows, "perf/step_ms", *lh) for w, lh in windows.items()}
         probe_ms = {}
         for w, (lo, hi) in windows.items():
@@ -393,7 +405,8 @@ def drift_and_rss(steps: int = 500, repeats: int = 3, rss_after: int = 100) -> d
             "step_time_drift_raw": mid("raw"), "step_time_drift_raw_runs": [r["raw"] for r in runs],
             "drift_early_step_ms": mid("early_ms"), "drift_late_step_ms": mid("late_ms"),
             "drift_probe_early_ms": mid("probe_early_ms"), "drift_probe_late_ms": mid("probe_late_ms"),
-            "drift_probe": spread(all_probes), "drift_probe_every_rows": DRIFT_PROBE_EVERY,
+            "drift_probe": {**spread(all_probes), "probe_threads": sorted(threads)},
+            "drift_probe_every_rows": DRIFT_PROBE_EVERY,
             "drift_flow_steps_early_late": runs[0]["flow_steps"], "drift_steps": runs[0]["steps"],
             "rss_growth_mb_per_1k_steps": mid("rss"), "rss_growth_runs": [r["rss"] for r in runs],
             "rss_fit_after_step": rss_after, "rss_mb_end": runs[0]["rss_end"]}
@@ -426,10 +439,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--parts", default=",".join(PARTS),
                     help=f"which figures to measure (default all: {','.join(PARTS)}); goals_met covers those")
     ap.add_argument("--quick", action="store_true",
-                    help="a fast check of the benchmark itself: 1 round of 40 steps, 1 drift run, 150 leak steps")
+                    help="a fast check of the benchmark itself: 1 round of 60 steps (0.5 s segments), 1 drift run, "
+                         "150 leak steps")
     args = ap.parse_args(argv)
+    segment_s = None
     if args.quick:
-        args.pairs, args.steps, args.drift_repeats, args.leak_steps, args.sync_steps = 1, 40, 1, 150, 12
+        args.pairs, args.steps, args.drift_repeats, args.leak_steps, args.sync_steps = 1, 60, 1, 150, 12
+        segment_s = 0.5
     wanted = [p for p in args.parts.split(",") if p]
     if set(wanted) - set(PARTS):
         ap.error(f"--parts: unknown {sorted(set(wanted) - set(PARTS))}; expected some of {','.join(PARTS)}")
@@ -455,7 +471,7 @@ def main(argv=None) -> dict:
              "drift": lambda: drift_and_rss(args.drift_steps, args.drift_repeats),
              "leak": lambda: leak_rss(args.leak_steps),
              "overhead": lambda: telemetry_overhead(args.pairs, args.steps, bare=not args.no_bare,
-                                                    log_every=args.log_every, probe=probe)}
+                                                    log_every=args.log_every, probe=probe, segment_s=segment_s)}
     for name in wanted:
         t = time.perf_counter()
         res.update(parts[name]())

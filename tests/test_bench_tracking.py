@@ -20,19 +20,26 @@ def test_quick_run_prints_one_json_line_with_the_figures():
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["arms"] == ["off", "sidecar", "mlflow_async"] and res["reference_arm"] == "off"
-    for key in ("overhead_per_step", "overhead_per_step_raw", "fixed_cost_s", "fixed_cost_s_raw",
-                "overhead_whole_run", "overhead_whole_run_raw", "overhead_row_step_ms"):
+    for key in ("overhead_per_step", "overhead_per_step_across_runs", "overhead_per_step_across_runs_raw",
+                "fixed_cost_s", "fixed_cost_s_raw", "cpu_cost_s"):
         assert set(res[key]) == {"sidecar", "mlflow_async"}, key
         assert all(math.isfinite(v) for v in res[key].values()), key
     assert all(v > 0 for v in res["overhead_per_step"].values())
-    assert all(len(v) == res["rounds"] == 1 for v in res["overhead_per_step_pairs"].values())
+    # The in-run A/B ran: each tracked run has sent segments with unsent neighbours, 0.05 s each.
+    assert res["segment_s"] == 0.05
+    assert all(n >= 1 for n in res["overhead_per_step_segments"].values())
+    assert all(len(v) == res["rounds"] == 1 for v in res["overhead_per_step_runs"].values())
+    assert all(len(v) == 1 for v in res["fixed_cost_s_rounds"].values())
     for arm in res["arms"]:
         per = res["per_arm"][arm]
         assert per["steady_step_ms"] > 0 and per["wall_s"] > 0 and per["probe_ms_median"] > 0
         assert per["setup_s"] >= 0 and per["teardown_s"] >= 0 and per["cpu_self_s"] > 0
     assert res["per_arm"]["off"]["metrics_logged_per_run"] == 0
-    assert res["per_arm"]["sidecar"]["metrics_logged_per_run"] > 0
-    assert res["per_arm"]["mlflow_async"]["metrics_logged_per_run"] > 0
+    # Only the sent segments' rows reach the store: some, not all.
+    for arm in ("sidecar", "mlflow_async"):
+        per = res["per_arm"][arm]
+        assert per["rows_per_run"] == 40 and 0 < per["rows_sent_per_run"] < 40
+        assert per["metrics_logged_per_run"] >= 30 * per["rows_sent_per_run"]
     assert res["throughput_metrics"] == 200 * 35  # every value pushed was counted as sent
     assert res["metrics_logged_per_s"] > 0 and res["metrics_logged_per_s_mlflow_async"] > 0
     assert res["arms_same_work"] is True  # tracking does not change what is trained
@@ -66,6 +73,31 @@ def test_steady_step_time_leaves_out_the_probes():
     assert clock.steady_ms(skip=0.5) == pytest.approx(1000 * (clock.stamps[-1][1] - clock.stamps[2][1]) / 4)
 
 
+def test_the_in_run_ab_sends_alternate_segments_and_compares_each_with_its_neighbours():
+    now = [0.0]
+    sent = []
+    clock = bench.RowProbe(lambda: 0.0, inner=lambda metrics, step: sent.append(step), every_s=1e9, segment_s=1.0)
+    clock.clock = lambda: now[0]
+    # 40 rows, 2 steps each, 0.25 s apart: segments of 4 rows; a sent row costs its next span 0.05 s more.
+    for i in range(40):
+        clock({}, 2 * (i + 1))
+        now[0] += 0.25 + (0.05 if clock.sent[-1] else 0.0)
+    modes = clock.sent
+    assert modes[:4] == [True] * 4 and modes[4:8] == [False] * 4  # switches at the first row past each second
+    assert sent == [2 * (i + 1) for i, m in enumerate(modes) if m]
+    segs = clock.segments(skip=0.0)
+    assert [m for m, _ in segs] == [True, False] * (len(segs) // 2) + [True] * (len(segs) % 2)
+    assert all(ms == pytest.approx(150.0) for m, ms in segs if m)  # (0.25 + 0.05) s / 2 steps
+    assert all(ms == pytest.approx(125.0) for m, ms in segs if not m)
+    assert clock.segment_ratios(skip=0.0) == pytest.approx([1.2] * len(clock.segment_ratios(skip=0.0)))
+    assert len(clock.segment_ratios(skip=0.0)) >= 3 and clock.sent_ms(skip=0.0) == pytest.approx(150.0)
+    # Without segments every row is sent, and there is no in-run A/B.
+    plain = bench.RowProbe(lambda: 0.0, inner=lambda metrics, step: None, every_s=1e9)
+    for i in range(6):
+        plain({}, i)
+    assert all(plain.sent) and plain.segment_ratios(skip=0.0) == []
+
+
 def test_probes_follow_the_workloads_thread_count():
     from bench.trainer import config
 
@@ -86,5 +118,5 @@ def test_help_explains_the_figures():
     out = subprocess.run([sys.executable, "-m", "bench.tracking", "--help"], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=120).stdout
     for word in ("overhead_per_step", "fixed_cost_s", "mlflow_async", "sidecar", "metrics_logged_per_s", "--quick",
-                 "--preset", "--arms"):
+                 "--preset", "--arms", "--segment-s"):
         assert word in out, word

@@ -84,7 +84,7 @@ def test_drift_is_divided_by_the_probes_of_the_same_windows(monkeypatch):
         slow = lambda s: 1.5 if s >= 300 else 1.0  # noqa: E731
         rows = [{"step": s, "perf/step_ms": 6.0 * slow(s), "flow/flow_steps": 40.0, "mem/rss_mb": 300.0}
                 for s in range(2, steps + 1, 2)]
-        return {"rows": rows, "probes": [[s, 0.003 * slow(s)] for s in range(10, steps + 1, 10)]}
+        return {"rows": rows, "probes": [[s, 0.003 * slow(s)] for s in range(10, steps + 1, 10)], "probe_threads": [1]}
 
     monkeypatch.setattr(bench, "fresh_run", fake_run)
     res = bench.drift_and_rss(steps=500, repeats=2)
@@ -101,7 +101,7 @@ def test_a_smoke_run_takes_its_probes_between_windows_on_the_runs_thread():
     rows, probes = run["rows"], run["probes"]
     assert len(rows) == 20 and len(probes) == 10
     assert [s for s, _ in probes] == [r["step"] for r in rows][1::2]  # every 2nd row, at its step
-    assert all(p > 0 for _, p in probes)
+    assert all(p > 0 for _, p in probes) and run["probe_threads"] == [1]  # the trainer's thread count
     assert bench.smoke_run(10)["probes"] == []
 
 
@@ -111,11 +111,13 @@ def test_quick_run_reports_the_split_overhead_drift_cpu_and_probes():
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
-    for key in ("telemetry_overhead_per_step", "telemetry_overhead_per_step_raw", "telemetry_fixed_s",
-                "telemetry_fixed_s_raw", "telemetry_overhead", "gradient_health_overhead", "bare_loop_step_ms",
-                "step_time_drift", "step_time_drift_raw"):
+    for key in ("telemetry_overhead_per_step", "telemetry_overhead_per_step_across_runs",
+                "telemetry_overhead_per_step_across_runs_raw", "telemetry_fixed_s", "telemetry_fixed_s_raw",
+                "telemetry_cpu_s_per_run", "gradient_health_overhead", "bare_loop_step_ms", "step_time_drift",
+                "step_time_drift_raw"):
         assert isinstance(res[key], float) and math.isfinite(res[key]), key
     assert res["overhead_arms_same_work"] is True and res["overhead_pairs"] == 1
+    assert res["overhead_segment_s"] == 0.5 and res["telemetry_overhead_per_step_segments"] >= 1
     assert set(res["overhead_per_arm"]) == {"off", "sidecar", "bare"}
     assert res["overhead_per_arm"]["sidecar"]["cpu_children_s"] > 0  # the sidecar is a child process
     # The fixed part is judged against the default run's length: its steps as recorded, its step time as measured.
@@ -123,6 +125,8 @@ def test_quick_run_reports_the_split_overhead_drift_cpu_and_probes():
         assert res["default_run_s"] > 0 and "metrics/train.json" in res["default_run_steps_source"]
         assert res["telemetry_fixed_fraction_of_default_run"] == pytest.approx(
             res["telemetry_fixed_s"] / res["default_run_s"])
+        assert res["telemetry_overhead"] == pytest.approx(
+            res["telemetry_overhead_per_step"] + res["telemetry_fixed_fraction_of_default_run"])
         assert "telemetry_fixed_fraction_of_default_run" in res["goals_met"]
     assert len(res["step_time_drift_runs"]) == 1 and res["drift_probe"]["probe_threads"] == [1]
     assert isinstance(res["cpu_model"], str) and res["cpu_model"]
