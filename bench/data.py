@@ -7,7 +7,8 @@ lines go to stderr.
   same distinct texts (questions and answers of data/raw/qa_pairs.csv, a seeded sample), same
   process. Our path is the embed stage's per-shard path, embed_rows -> encode_texts, called as
   pipeline.embed.embedding.embed_texts_once(encode, questions, answers, cache=None) with encode =
-  pipeline.embed.teacher.encode_texts at embed.batch_size (the config's default). It is handed the rows (questions, answers) and embeds their distinct union
+  pipeline.embed.teacher.encode_texts at embed.batch_size (the config's default). It is handed
+  the rows (questions, answers) and embeds their distinct union
   once; sentence-transformers is handed that same union, so both do the same encoding work and
   dedup is not counted in the figure (the rows hold 2 x embed_rows texts, embed_distinct_texts of
   them distinct: that is what dedup would add).
@@ -45,6 +46,7 @@ A missed goal is reported in goals_met, not as an exit status (the machine is sh
 an error exits non-zero. --quick shrinks every part (fewer texts and rounds, 200,000 rows in
 place of 1,000,000, fewer train steps) to run in well under a minute.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +67,13 @@ import numpy as np
 
 from pipeline.core.paths import REPO_ROOT
 
-GOALS = {"embed_speedup_vs_sentence_transformers": 1.0, "embed_max_abs_diff": 2e-7,
-         "incremental_fraction": 0.05, "loader_rss_growth_mb": 64.0, "data_wait_fraction": 0.02}
+GOALS = {
+    "embed_speedup_vs_sentence_transformers": 1.0,
+    "embed_max_abs_diff": 2e-7,
+    "incremental_fraction": 0.05,
+    "loader_rss_growth_mb": 64.0,
+    "data_wait_fraction": 0.02,
+}
 DIM = 384  # the bundled teacher's embedding size
 LOADER_BATCH = 256
 ROWS_PER_SHARD = 131072  # passed to write_shards when it takes rows_per_shard
@@ -124,8 +131,10 @@ def sample_texts(n_distinct: int, new_fraction: float = 0.01, seed: int = 0):
         if len(new) >= want_new:
             break
     if len(new) < want_new:
-        raise ValueError(f"{len(distinct)} texts leave {len(new)} unseen ones in the dataset; "
-                         f"expected {want_new}: ask for fewer texts")
+        raise ValueError(
+            f"{len(distinct)} texts leave {len(new)} unseen ones in the dataset; "
+            f"expected {want_new}: ask for fewer texts"
+        )
     return questions, answers, distinct, list(new)
 
 
@@ -165,15 +174,23 @@ def embed_speed(model, batch_size: int, questions, answers, distinct, rounds: in
         a, b = got["ours"]
         diff = max(diff, float(np.abs(a - ref[rows_a]).max()), float(np.abs(b - ref[rows_b]).max()))
         ratios.append(secs["theirs"][-1] / secs["ours"][-1])  # (n / ours_s) / (n / theirs_s)
-        say(f"embed round {r + 1}/{rounds} ({'/'.join(order)}): ours {len(distinct) / secs['ours'][-1]:.0f} "
-            f"texts/s, theirs {len(distinct) / secs['theirs'][-1]:.0f} texts/s, ratio {ratios[-1]:.3f}")
+        say(
+            f"embed round {r + 1}/{rounds} ({'/'.join(order)}): ours {len(distinct) / secs['ours'][-1]:.0f} "
+            f"texts/s, theirs {len(distinct) / secs['theirs'][-1]:.0f} texts/s, ratio {ratios[-1]:.3f}"
+        )
     n = len(distinct)
-    return {"embed_speedup_vs_sentence_transformers": float(np.median(ratios)),
-            "embed_texts_per_s_ours": n / float(np.median(secs["ours"])),
-            "embed_texts_per_s_sentence_transformers": n / float(np.median(secs["theirs"])),
-            "embed_round_ratios": ratios, "embed_rounds": rounds, "embed_distinct_texts": n,
-            "embed_rows": len(questions), "embed_batch_size_ours": batch_size,
-            "embed_batch_size_sentence_transformers": 32, "embed_max_abs_diff": diff}
+    return {
+        "embed_speedup_vs_sentence_transformers": float(np.median(ratios)),
+        "embed_texts_per_s_ours": n / float(np.median(secs["ours"])),
+        "embed_texts_per_s_sentence_transformers": n / float(np.median(secs["theirs"])),
+        "embed_round_ratios": ratios,
+        "embed_rounds": rounds,
+        "embed_distinct_texts": n,
+        "embed_rows": len(questions),
+        "embed_batch_size_ours": batch_size,
+        "embed_batch_size_sentence_transformers": 32,
+        "embed_max_abs_diff": diff,
+    }
 
 
 def incremental(model, identity: dict, batch_size: int, distinct, new, scratch: Path, repeats: int = 3) -> dict:
@@ -209,21 +226,30 @@ def incremental(model, identity: dict, batch_size: int, distinct, new, scratch: 
             enc_s.append(encode_s[0])
             counts.append((stats["embedded"], stats["cached"], encoded[0] - before))
             # The warm run must hand back the first run's vectors bit for bit.
-            identical.append(bool(np.array_equal(more[:len(distinct)], full)))
+            identical.append(bool(np.array_equal(more[: len(distinct)], full)))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if len(set(counts)) != 1:
         raise RuntimeError(f"the warm runs embedded different counts: {counts}")
     embedded, cached, encoder_texts = counts[0]
     med = float(np.median(incr_s))
-    say(f"incremental: full {full_s:.2f} s ({s_full['embedded']} texts), +{len(new)} new "
-        f"{', '.join(f'{t:.3f}' for t in incr_s)} s ({embedded} embedded, {cached} cached)")
-    return {"incremental_fraction": med / full_s, "incremental_full_s": full_s, "incremental_s": med,
-            "incremental_s_runs": incr_s, "incremental_encode_s": float(np.median(enc_s)),
-            "incremental_full_embedded": s_full["embedded"], "incremental_embedded": embedded,
-            "incremental_cached": cached, "incremental_new_texts": len(new),
-            "incremental_encoder_texts": encoder_texts,
-            "incremental_cached_vectors_identical": all(identical)}
+    say(
+        f"incremental: full {full_s:.2f} s ({s_full['embedded']} texts), +{len(new)} new "
+        f"{', '.join(f'{t:.3f}' for t in incr_s)} s ({embedded} embedded, {cached} cached)"
+    )
+    return {
+        "incremental_fraction": med / full_s,
+        "incremental_full_s": full_s,
+        "incremental_s": med,
+        "incremental_s_runs": incr_s,
+        "incremental_encode_s": float(np.median(enc_s)),
+        "incremental_full_embedded": s_full["embedded"],
+        "incremental_embedded": embedded,
+        "incremental_cached": cached,
+        "incremental_new_texts": len(new),
+        "incremental_encoder_texts": encoder_texts,
+        "incremental_cached_vectors_identical": all(identical),
+    }
 
 
 # ---------------------------------------------------------------------------- loader memory
@@ -249,8 +275,9 @@ def write_synthetic(out_dir: Path, rows: int, scratch: Path, seed: int = 0) -> d
         ids = [f"q{i}" for i in range(rows)]
         frame = pd.DataFrame({"id": ids, "input_text": ids, "target_text": [f"a{i}" for i in range(rows)]})
         kw = {"rows_per_shard": ROWS_PER_SHARD} if accepted(write_shards, "rows_per_shard") else {}
-        manifest = write_shards(out_dir, {"train": (frame, arrays[0], arrays[1])},
-                                {"name": "synthetic", "dim": DIM}, **kw)
+        manifest = write_shards(
+            out_dir, {"train": (frame, arrays[0], arrays[1])}, {"name": "synthetic", "dim": DIM}, **kw
+        )
         del arrays, frame, ids
     finally:
         gc.collect()
@@ -297,10 +324,19 @@ def loader_child(shard_dir: str, batch_size: int, prefetch) -> dict:
         peak = max(peak, proc_status_kb("RssAnon"))
     epoch_s = time.perf_counter() - t0
     anon1, file1 = proc_status_kb("RssAnon"), proc_status_kb("RssFile")
-    return {"rows": int(split.count), "rows_seen": rows, "batches": batches, "epoch_s": epoch_s,
-            "rss_anon_before_mb": anon0 / 1024, "rss_anon_peak_mb": peak / 1024, "rss_anon_after_mb": anon1 / 1024,
-            "rss_anon_growth_mb": (peak - anon0) / 1024, "rss_file_growth_mb": (file1 - file0) / 1024,
-            "prefetch": getattr(loader, "prefetch", prefetch), "malloc_trimmed": trimmed}
+    return {
+        "rows": int(split.count),
+        "rows_seen": rows,
+        "batches": batches,
+        "epoch_s": epoch_s,
+        "rss_anon_before_mb": anon0 / 1024,
+        "rss_anon_peak_mb": peak / 1024,
+        "rss_anon_after_mb": anon1 / 1024,
+        "rss_anon_growth_mb": (peak - anon0) / 1024,
+        "rss_file_growth_mb": (file1 - file0) / 1024,
+        "prefetch": getattr(loader, "prefetch", prefetch),
+        "malloc_trimmed": trimmed,
+    }
 
 
 def run_loader_child(shard_dir: Path, prefetch) -> dict:
@@ -331,25 +367,33 @@ def loader_memory(big_rows: int, small_rows: int, scratch: Path, prefetch) -> di
             if child["rows_seen"] != rows:
                 raise RuntimeError(f"the epoch yielded {child['rows_seen']} rows of {rows}")
             out[label] = child
-            say(f"loader {rows} rows: wrote in {write_s:.1f} s ({len(manifest['files'])} files); epoch "
+            say(
+                f"loader {rows} rows: wrote in {write_s:.1f} s ({len(manifest['files'])} files); epoch "
                 f"{child['epoch_s']:.1f} s, RssAnon +{child['rss_anon_growth_mb']:.1f} MB, "
-                f"RssFile +{child['rss_file_growth_mb']:.0f} MB")
+                f"RssFile +{child['rss_file_growth_mb']:.0f} MB"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     big, small = out["big"], out["small"]
     tag = lambda n: f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k"  # noqa: E731
-    return {"loader_rss_growth_mb": big["rss_anon_growth_mb"] - small["rss_anon_growth_mb"],
-            f"loader_rss_anon_growth_mb_{tag(big_rows)}": big["rss_anon_growth_mb"],
-            f"loader_rss_anon_growth_mb_{tag(small_rows)}": small["rss_anon_growth_mb"],
-            "loader_rows_big": big_rows, "loader_rows_small": small_rows, "loader_batch_size": LOADER_BATCH,
-            "loader_batches_big": big["batches"], "loader_epoch_s_big": big["epoch_s"],
-            "loader_rss_anon_before_mb_big": big["rss_anon_before_mb"],
-            "loader_rss_file_growth_mb_big": big["rss_file_growth_mb"],
-            # The same two under fixed names (the tagged ones follow the row counts asked for).
-            "loader_rss_anon_growth_mb_big": big["rss_anon_growth_mb"],
-            "loader_rss_anon_growth_mb_small": small["rss_anon_growth_mb"],
-            "loader_prefetch": big["prefetch"], "loader_malloc_trimmed": big["malloc_trimmed"],
-            "loader_rows_per_shard": ROWS_PER_SHARD if accepted(write_shards, "rows_per_shard") else None}
+    return {
+        "loader_rss_growth_mb": big["rss_anon_growth_mb"] - small["rss_anon_growth_mb"],
+        f"loader_rss_anon_growth_mb_{tag(big_rows)}": big["rss_anon_growth_mb"],
+        f"loader_rss_anon_growth_mb_{tag(small_rows)}": small["rss_anon_growth_mb"],
+        "loader_rows_big": big_rows,
+        "loader_rows_small": small_rows,
+        "loader_batch_size": LOADER_BATCH,
+        "loader_batches_big": big["batches"],
+        "loader_epoch_s_big": big["epoch_s"],
+        "loader_rss_anon_before_mb_big": big["rss_anon_before_mb"],
+        "loader_rss_file_growth_mb_big": big["rss_file_growth_mb"],
+        # The same two under fixed names (the tagged ones follow the row counts asked for).
+        "loader_rss_anon_growth_mb_big": big["rss_anon_growth_mb"],
+        "loader_rss_anon_growth_mb_small": small["rss_anon_growth_mb"],
+        "loader_prefetch": big["prefetch"],
+        "loader_malloc_trimmed": big["malloc_trimmed"],
+        "loader_rows_per_shard": ROWS_PER_SHARD if accepted(write_shards, "rows_per_shard") else None,
+    }
 
 
 # ---------------------------------------------------------------------------- data wait
@@ -358,8 +402,8 @@ def data_wait(rows: int) -> dict:
     import torch
 
     from pipeline.core.config import load_config
-    from pipeline.data.shards import open_split
     from pipeline.core.errors import PipelineError, ShardError
+    from pipeline.data.shards import open_split
     from pipeline.train.loop import Trainer
 
     try:
@@ -378,46 +422,90 @@ def data_wait(rows: int) -> dict:
     wall = time.perf_counter() - t0
     data_ms = sum(r["perf/data_ms"] for r in res.rows)
     step_ms = sum(r["perf/step_ms"] for r in res.rows)
-    say(f"data wait: {len(res.rows)} rows, {res.rows[-1]['step'] if res.rows else 0} steps in {wall:.1f} s, "
-        f"data {data_ms / max(len(res.rows), 1):.3f} of {step_ms / max(len(res.rows), 1):.1f} ms/step (mean over rows)")
-    return {"data_wait_fraction": data_ms / step_ms, "data_wait_source": source, "data_wait_rows": n,
-            "data_wait_steps": res.rows[-1]["step"] if res.rows else 0, "data_wait_telemetry_rows": len(res.rows),
-            "data_wait_data_ms_per_step": float(np.median([r["perf/data_ms"] for r in res.rows])),
-            "data_wait_step_ms": float(np.median([r["perf/step_ms"] for r in res.rows])),
-            "data_wait_device": str(trainer.device),
-            "data_wait_loader_prefetch": getattr(trainer.loader, "prefetch", 0), "data_wait_batch_size": cfg.train.batch_size,
-            "data_wait_threads": torch.get_num_threads()}
+    say(
+        f"data wait: {len(res.rows)} rows, {res.rows[-1]['step'] if res.rows else 0} steps in {wall:.1f} s, "
+        f"data {data_ms / max(len(res.rows), 1):.3f} of {step_ms / max(len(res.rows), 1):.1f} ms/step (mean over rows)"
+    )
+    return {
+        "data_wait_fraction": data_ms / step_ms,
+        "data_wait_source": source,
+        "data_wait_rows": n,
+        "data_wait_steps": res.rows[-1]["step"] if res.rows else 0,
+        "data_wait_telemetry_rows": len(res.rows),
+        "data_wait_data_ms_per_step": float(np.median([r["perf/data_ms"] for r in res.rows])),
+        "data_wait_step_ms": float(np.median([r["perf/step_ms"] for r in res.rows])),
+        "data_wait_device": str(trainer.device),
+        "data_wait_loader_prefetch": getattr(trainer.loader, "prefetch", 0),
+        "data_wait_batch_size": cfg.train.batch_size,
+        "data_wait_threads": torch.get_num_threads(),
+    }
 
 
 # ---------------------------------------------------------------------------- main
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.data", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help="the test's mode: 200 texts, 2 rounds, 200,000 vs 10,000 loader rows, 640 train rows")
-    ap.add_argument("--texts", type=int, default=None,
-                    help="distinct texts embedded per arm and round (default 3000; --quick 200)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="ABBA rounds of the embed comparison, one run of each arm a round (default 4; --quick 2)")
-    ap.add_argument("--incremental-repeats", type=int, default=3,
-                    help="warm-cache re-runs, each on a fresh copy of the cache; the median is used (default 3)")
-    ap.add_argument("--loader-rows", type=int, default=None,
-                    help="rows of the large synthetic split (default 1000000; --quick 200000)")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the test's mode: 200 texts, 2 rounds, 200,000 vs 10,000 loader rows, 640 train rows",
+    )
+    ap.add_argument(
+        "--texts", type=int, default=None, help="distinct texts embedded per arm and round (default 3000; --quick 200)"
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="ABBA rounds of the embed comparison, one run of each arm a round (default 4; --quick 2)",
+    )
+    ap.add_argument(
+        "--incremental-repeats",
+        type=int,
+        default=3,
+        help="warm-cache re-runs, each on a fresh copy of the cache; the median is used (default 3)",
+    )
+    ap.add_argument(
+        "--loader-rows",
+        type=int,
+        default=None,
+        help="rows of the large synthetic split (default 1000000; --quick 200000)",
+    )
     ap.add_argument("--loader-small-rows", type=int, default=10_000, help="rows of the small one (default 10000)")
-    ap.add_argument("--wait-rows", type=int, default=None,
-                    help="train rows of the data-wait epoch (default: the whole split, ~119 steps of 32; "
-                         "--quick 640 = 20 steps)")
-    ap.add_argument("--prefetch", type=int, default=None,
-                    help="BatchLoader(prefetch=...) for the loader epochs, if the loader takes it "
-                         "(default: the loader's own default)")
-    ap.add_argument("--scratch", default=None,
-                    help="directory for the temporary cache and shards (default: the system temp dir; "
-                         "the 1M-row split needs ~6 GB while written)")
-    ap.add_argument("--skip", action="append", default=[], choices=["embed", "incremental", "loader", "wait"],
-                    help="leave a part out (repeatable)")
-    ap.add_argument("--loader-child", metavar="DIR", default=None,
-                    help="internal: iterate one epoch over DIR's train split in this process and print its "
-                         "RssAnon figures as JSON (what the loader part runs in a fresh process)")
+    ap.add_argument(
+        "--wait-rows",
+        type=int,
+        default=None,
+        help="train rows of the data-wait epoch (default: the whole split, ~119 steps of 32; --quick 640 = 20 steps)",
+    )
+    ap.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="BatchLoader(prefetch=...) for the loader epochs, if the loader takes it "
+        "(default: the loader's own default)",
+    )
+    ap.add_argument(
+        "--scratch",
+        default=None,
+        help="directory for the temporary cache and shards (default: the system temp dir; "
+        "the 1M-row split needs ~6 GB while written)",
+    )
+    ap.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        choices=["embed", "incremental", "loader", "wait"],
+        help="leave a part out (repeatable)",
+    )
+    ap.add_argument(
+        "--loader-child",
+        metavar="DIR",
+        default=None,
+        help="internal: iterate one epoch over DIR's train split in this process and print its "
+        "RssAnon figures as JSON (what the loader part runs in a fresh process)",
+    )
     args = ap.parse_args(argv)
     if args.loader_child:
         res = loader_child(args.loader_child, LOADER_BATCH, args.prefetch)
@@ -434,8 +522,7 @@ def main(argv=None) -> dict:
     scratch = Path(args.scratch or tempfile.gettempdir())
     scratch.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    res: dict = {"threads": torch.get_num_threads(), "torch": torch.__version__, "quick": args.quick,
-                 "goals": GOALS}
+    res: dict = {"threads": torch.get_num_threads(), "torch": torch.__version__, "quick": args.quick, "goals": GOALS}
     model: dict = {}
 
     def teacher():
@@ -449,21 +536,39 @@ def main(argv=None) -> dict:
             model["texts"] = sample_texts(texts)
         return model
 
-    parts = [("embed", lambda: embed_speed(teacher()["m"], teacher()["batch"], *teacher()["texts"][:3], rounds)),
-             ("incremental", lambda: incremental(teacher()["m"], teacher()["id"], teacher()["batch"],
-                                                 *teacher()["texts"][2:], scratch, args.incremental_repeats)),
-             ("wait", lambda: data_wait(wait_rows)),
-             ("loader", lambda: loader_memory(big_rows, args.loader_small_rows, scratch, args.prefetch))]
+    parts = [
+        ("embed", lambda: embed_speed(teacher()["m"], teacher()["batch"], *teacher()["texts"][:3], rounds)),
+        (
+            "incremental",
+            lambda: incremental(
+                teacher()["m"],
+                teacher()["id"],
+                teacher()["batch"],
+                *teacher()["texts"][2:],
+                scratch,
+                args.incremental_repeats,
+            ),
+        ),
+        ("wait", lambda: data_wait(wait_rows)),
+        ("loader", lambda: loader_memory(big_rows, args.loader_small_rows, scratch, args.prefetch)),
+    ]
+    from bench.probe import Probe, machine
+
+    probe = Probe()  # the machine's speed between the parts (bench/probe.py): its spread says how busy it was
     for name, fn in parts:
         if name in args.skip:
             continue
+        probe.take(3)
         t = time.perf_counter()
         res.update(fn())
         say(f"{name}: {time.perf_counter() - t:.1f} s")
+    probe.take(3)
+    res.update(machine(probe))
     met = {}
     if "embed_speedup_vs_sentence_transformers" in res:
         met["embed_speedup_vs_sentence_transformers"] = (
-            res["embed_speedup_vs_sentence_transformers"] >= GOALS["embed_speedup_vs_sentence_transformers"])
+            res["embed_speedup_vs_sentence_transformers"] >= GOALS["embed_speedup_vs_sentence_transformers"]
+        )
         met["embed_max_abs_diff"] = res["embed_max_abs_diff"] <= GOALS["embed_max_abs_diff"]
     if "incremental_fraction" in res:
         met["incremental_fraction"] = res["incremental_fraction"] <= GOALS["incremental_fraction"]
@@ -474,7 +579,7 @@ def main(argv=None) -> dict:
     res["goals_met"] = met
     res["load_avg_end"] = os.getloadavg()[0]
     res["bench_seconds"] = time.perf_counter() - t0
-    if not all(math.isfinite(v) for v in res.values() if isinstance(v, float)):
+    if not all(math.isfinite(v) for v in res.values() if isinstance(v, float)):  # (top-level figures)
         raise RuntimeError(f"a figure is not finite: {res}")
     print(json.dumps(res))
     return res

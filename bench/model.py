@@ -4,14 +4,18 @@
   (tests/helpers/reference_model.py) over the vectorised model, same weights and inputs, `default`
   preset. The reference is timed on a sub-batch and scaled by flow steps (said in the JSON).
 - mfu: FLOP/s of the vectorised training step (FLOPs counted by torch's FlopCounterMode over the
-  matmuls and GRU cells it runs, forward and backward) over the FLOP/s of a large fp32 matmul
-  measured just before, at the `bench` preset (carrier hidden 1024).
+  matmuls and GRU cells it runs, forward and backward; its best of several steps) over the
+  machine's fp32 matmul peak, the best of many reference probes (bench/probe.py) taken between
+  those steps, at the `bench` preset (carrier hidden 1024). <= 1 by construction unless the
+  probe is a poor reference (then mfu_probe_is_poor_reference); mfu_vs_burst_peak is the same
+  against one burst of 2048x2048 matmuls, as this benchmark measured it before.
 - adaptive_steps_mean / max_steps after a short training, and step time with adaptive stopping
   off over on.
 - activation_bytes_per_flow_step with checkpointing off and on (bytes saved for backward).
 - seed_preset_peak_rss_gb / seed_preset_step_s: one step of the `seed` preset in a fresh CPU
   process (the question is whether it fits this 2-core, 24 GiB machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.probe import Probe, machine
 from pipeline.core.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.train.loop import train_model
@@ -65,8 +70,8 @@ def timed(fn, reps: int) -> float:
 
 
 def matmul_peak_flops(n: int = 2048, reps: int = 10) -> float:
-    """The machine's own fp32 peak: the fastest of `reps` large matmuls (a shared machine's
-    slow reps are interference, not the hardware)."""
+    """One burst of `reps` large matmuls, the fastest taken: the peak as this benchmark measured
+    it before bench/probe.py (kept for comparison: one burst is one moment of a shared machine)."""
     a, b = randn(n, n), randn(n, n)
     a @ b
     best = float("inf")
@@ -79,18 +84,23 @@ def matmul_peak_flops(n: int = 2048, reps: int = 10) -> float:
     return 2 * n**3 / best
 
 
-def speedup_vs_reference(cfg, sub_batch: int) -> dict:
+def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None) -> dict:
+    """speedup_vs_reference_probe_normalised: each arm's time over the median of 3 probes taken
+    just before it (bench/probe.py), so a busy moment during one arm only does not decide."""
     from tests.helpers.reference_model import reference_forward  # run from the repo root: python -m bench.model
 
+    probe = probe or Probe(DEVICE)
     model = build(cfg.model)
     B = cfg.train.batch_size
     x, y = randn(B, DIM), randn(B, DIM)
+    vec_probe = float(np.median(probe.take(3)))
     vec_s = timed(lambda: train_step(model, x, y), 5)
     vec_out = model(x)
     # The sub-batch must give each sample the full batch's flows, or it does different work.
     per_sample, cap = model.flows_per_sample(B), model.max_active_flows
     model.max_active_flows = per_sample * sub_batch
     xs, ys = x[:sub_batch], y[:sub_batch]
+    ref_probe = float(np.median(probe.take(3)))
     sync()
     t0 = time.perf_counter()
     ref = train_step(model, xs, ys, forward=lambda v: reference_forward(model, v))
@@ -99,25 +109,64 @@ def speedup_vs_reference(cfg, sub_batch: int) -> dict:
     model.max_active_flows = cap
     ref_flow_steps = ref[3]
     ref_full_s = ref_s * vec_out.flow_steps / ref_flow_steps  # scaled to the full batch's flow steps
-    return {"speedup_vs_reference": ref_full_s / vec_s, "vectorised_step_s": vec_s,
-            "reference_step_s_scaled": ref_full_s, "reference_timed_samples": sub_batch,
-            "reference_timed_flow_steps": ref_flow_steps, "full_batch_flow_steps": vec_out.flow_steps,
-            "reference_scaled_by_flow_steps": True}
+    return {
+        "speedup_vs_reference": ref_full_s / vec_s,
+        "speedup_vs_reference_probe_normalised": (ref_full_s / ref_probe) / (vec_s / vec_probe),
+        "vectorised_step_s": vec_s,
+        "reference_step_s_scaled": ref_full_s,
+        "reference_timed_samples": sub_batch,
+        "reference_timed_flow_steps": ref_flow_steps,
+        "full_batch_flow_steps": vec_out.flow_steps,
+        "reference_scaled_by_flow_steps": True,
+    }
 
 
-def mfu(cfg) -> dict:
+def mfu(cfg, rounds: int = 8, probes_per_round: int = 4, probe: Probe | None = None) -> dict:
+    """FLOPs of one training step over its time, against the machine's matmul peak as the best of
+    many probes (bench/probe.py) taken between the steps: `rounds` times, `probes_per_round`
+    probes then one timed step. The step's time is its best too (like the peak, the fastest is
+    the one the machine's other users left alone), so mfu <= 1 unless the probe's matmul is
+    slower than the step's own, i.e. a poor reference (mfu_probe_is_poor_reference).
+    mfu_median_paired: each step against the median of the probes of its own round, the median
+    over rounds (both at the same moments); mfu_vs_burst_peak: against one burst of 2048x2048
+    matmuls before the steps, the figure this benchmark gave before the probes."""
     model = build(cfg.model)
     B = cfg.train.batch_size
     x, y = randn(B, DIM), randn(B, DIM)
-    peak = matmul_peak_flops()
     counter = FlopCounterMode(display=False)
     with counter:
         out = train_step(model, x, y)
     flops = counter.get_total_flops()
-    step_s = timed(lambda: train_step(model, x, y), 3)
-    return {"mfu": flops / step_s / peak, "matmul_peak_gflops": peak / 1e9, "step_gflops": flops / 1e9,
-            "achieved_gflops": flops / step_s / 1e9, "bench_step_s": step_s, "bench_flow_steps": out.flow_steps,
-            "bench_carrier_hidden": cfg.model.carrier_hidden}
+    probe = probe or Probe(DEVICE)
+    burst = matmul_peak_flops()
+    steps, paired = [], []
+    train_step(model, x, y)  # warm-up
+    for _ in range(rounds):
+        round_probes = probe.take(probes_per_round)
+        sync()
+        t0 = time.perf_counter()
+        train_step(model, x, y)
+        sync()
+        steps.append(time.perf_counter() - t0)
+        paired.append((flops / steps[-1]) / (probe.flops / float(np.median(round_probes))))
+    peak = probe.peak_flops()
+    step_s = min(steps)
+    result = flops / step_s / peak
+    return {
+        "mfu": result,
+        "mfu_median_paired": float(np.median(paired)),
+        "mfu_vs_burst_peak": flops / step_s / burst,
+        "mfu_probe_is_poor_reference": result > 1,
+        "matmul_peak_gflops": peak / 1e9,
+        "matmul_burst_peak_gflops": burst / 1e9,
+        "step_gflops": flops / 1e9,
+        "achieved_gflops": flops / step_s / 1e9,
+        "bench_step_s": step_s,
+        "bench_step_s_median": float(np.median(steps)),
+        "mfu_rounds": rounds,
+        "bench_flow_steps": out.flow_steps,
+        "bench_carrier_hidden": cfg.model.carrier_hidden,
+    }
 
 
 def adaptive(cfg, steps: int) -> dict:
@@ -132,10 +181,15 @@ def adaptive(cfg, steps: int) -> dict:
     tcfg = OmegaConf.merge(cfg, {"train": {"epochs": epochs, "log_every": 4, "device": str(DEVICE)}})
     res = train_model(tcfg, x, y, progress=False)
     model = res.model
-    xb, yb = torch.from_numpy(x[: cfg.train.batch_size]).to(DEVICE), torch.from_numpy(y[: cfg.train.batch_size]).to(DEVICE)
+    xb, yb = (
+        torch.from_numpy(x[: cfg.train.batch_size]).to(DEVICE),
+        torch.from_numpy(y[: cfg.train.batch_size]).to(DEVICE),
+    )
     with torch.no_grad():
-        used = [model(torch.from_numpy(x[i:i + cfg.train.batch_size]).to(DEVICE)).steps_used
-                for i in range(0, n, cfg.train.batch_size)]
+        used = [
+            model(torch.from_numpy(x[i : i + cfg.train.batch_size]).to(DEVICE)).steps_used
+            for i in range(0, n, cfg.train.batch_size)
+        ]
     # Interleaved reps, medians: off and on see the same machine noise.
     times = {True: [], False: []}
     for _ in range(6):
@@ -150,11 +204,15 @@ def adaptive(cfg, steps: int) -> dict:
     with torch.no_grad():
         off_steps = model(xb).steps_used
     model.adaptive_stop = True
-    return {"adaptive_steps_mean": float(np.mean(used)), "max_steps": cfg.model.max_steps,
-            # What the prototype's up-to-50-steps loop did over what ours does (a step-count ratio).
-            "max_steps_over_adaptive_steps": cfg.model.max_steps / float(np.mean(used)),
-            "steps_without_adaptive_stop": off_steps, "adaptive_off_over_on_step_time": off_s / on_s,
-            "adaptive_trained_steps": res.summary["train/steps"]}
+    return {
+        "adaptive_steps_mean": float(np.mean(used)),
+        "max_steps": cfg.model.max_steps,
+        # What the prototype's up-to-50-steps loop did over what ours does (a step-count ratio).
+        "max_steps_over_adaptive_steps": cfg.model.max_steps / float(np.mean(used)),
+        "steps_without_adaptive_stop": off_steps,
+        "adaptive_off_over_on_step_time": off_s / on_s,
+        "adaptive_trained_steps": res.summary["train/steps"],
+    }
 
 
 def activation_bytes(cfg) -> dict:
@@ -173,9 +231,12 @@ def activation_bytes(cfg) -> dict:
             res = model(x)
             loss = energy_flow_loss(res.pred, y, 1.0)
         loss.backward()
-        out[f"activation_bytes_per_flow_step_{'checkpointed' if ckpt else 'plain'}"] = sum(seen.values()) / res.flow_steps
+        out[f"activation_bytes_per_flow_step_{'checkpointed' if ckpt else 'plain'}"] = (
+            sum(seen.values()) / res.flow_steps
+        )
     out["activation_memory_ratio_plain_over_checkpointed"] = (
-        out["activation_bytes_per_flow_step_plain"] / out["activation_bytes_per_flow_step_checkpointed"])
+        out["activation_bytes_per_flow_step_plain"] / out["activation_bytes_per_flow_step_checkpointed"]
+    )
     return out
 
 
@@ -203,8 +264,9 @@ def seed_preset() -> dict:
     """In a fresh process, so its peak RSS is the seed model's alone."""
     from pipeline.core.paths import REPO_ROOT
 
-    proc = subprocess.run([sys.executable, "-c", SEED_STEP.format(dim=DIM)], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SEED_STEP.format(dim=DIM)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
+    )
     if proc.returncode:
         raise RuntimeError(f"seed preset step failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -216,24 +278,47 @@ def main(argv=None) -> dict:
     ap.add_argument("--train-steps", type=int, default=96, help="short training before the adaptive figures")
     ap.add_argument("--skip-seed", action="store_true", help="leave out the seed-preset step (~30 s)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N")
+    ap.add_argument("--mfu-rounds", type=int, default=8, help="timed steps of the MFU figure, each after 4 probes")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a fast check of the benchmark itself: no seed step, 16 training steps, 3 MFU rounds",
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        args.skip_seed, args.train_steps, args.mfu_rounds = True, 16, 3
     global DEVICE
-    DEVICE = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available()
-                          else "cpu" if args.device == "auto" else args.device)
+    DEVICE = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     t0 = time.perf_counter()
     default, bench = load_config(["preset=default"]), load_config(["preset=bench"])
-    res = {"device": torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda"
-           else f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
-    steps = [("reference", lambda: speedup_vs_reference(default, args.reference_samples)),
-             ("mfu", lambda: mfu(bench)),
-             ("adaptive", lambda: adaptive(default, args.train_steps)),
-             ("activations", lambda: activation_bytes(default))]
+    res = {
+        "device": torch.cuda.get_device_name(DEVICE)
+        if DEVICE.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+    }
+    probe = Probe(DEVICE)
+    steps = [
+        ("reference", lambda: speedup_vs_reference(default, args.reference_samples, probe)),
+        ("mfu", lambda: mfu(bench, args.mfu_rounds, probe=probe)),
+        ("adaptive", lambda: adaptive(default, args.train_steps)),
+        ("activations", lambda: activation_bytes(default)),
+    ]
     if not args.skip_seed:
         steps.append(("seed", seed_preset))
     for name, fn in steps:
         t = time.perf_counter()
         res.update(fn())
         print(f"[bench.model] {name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    res.update(machine(probe))
+    if DEVICE.type == "cuda":
+        res["gpu_model"] = torch.cuda.get_device_name(DEVICE)
     res["bench_seconds"] = time.perf_counter() - t0
     print(json.dumps(res))
     return res

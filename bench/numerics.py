@@ -29,6 +29,7 @@ settings once, at their first use.
 --quick: fewer variants, steps and rounds (for the tests). --shards DIR reuses smoke-preset
 shards (else the embed stage builds them into a temporary directory). No GPU needed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,19 @@ EMULATIONS: dict[str, tuple[dict, str]] = {
     "mkl_cbwr_avx512": ({"MKL_CBWR": "AVX512"}, "MKL's documented AVX-512 branch (AUTO on a non-Intel CPU)"),
     "mkl_intel": ({"LD_PRELOAD": SHIM}, "MKL on an Intel AVX-512 CPU (Xeon Skylake-SP and later)"),
     "aten_avx2": ({"ATEN_CPU_CAPABILITY": "avx2"}, "ATen on an AVX2-only CPU (AMD Zen 3, Xeon Haswell/Broadwell)"),
-    "avx2_cpu": ({"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-                 "an AVX2-only AMD CPU (Zen 2/3)"),
-    "intel_avx2": ({"LD_PRELOAD": SHIM, "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-                    "ONEDNN_MAX_CPU_ISA": "AVX2"}, "an AVX2-only Intel CPU (Xeon Haswell/Broadwell)"),
+    "avx2_cpu": (
+        {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+        "an AVX2-only AMD CPU (Zen 2/3)",
+    ),
+    "intel_avx2": (
+        {
+            "LD_PRELOAD": SHIM,
+            "ATEN_CPU_CAPABILITY": "avx2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "ONEDNN_MAX_CPU_ISA": "AVX2",
+        },
+        "an AVX2-only Intel CPU (Xeon Haswell/Broadwell)",
+    ),
     "cores_1": ({"@cores": "1"}, "a machine with another core count (here 1 core; train.threads=0)"),
 }
 QUICK = ("native", "mkl_intel", "aten_avx2", "cores_1")
@@ -109,8 +119,15 @@ def run_worker(kind: str, env: dict, cores: int | None, *args: str, timeout: int
     pre = None
     if cores:
         pre = lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])  # noqa: E731
-    proc = subprocess.run([sys.executable, "-m", "bench.numerics", "--worker", kind, *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=pre)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.numerics", "--worker", kind, *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=pre,
+    )
     if proc.returncode:
         raise RuntimeError(f"worker {kind} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -144,13 +161,25 @@ def worker_train(shards: str, out: str, overrides: list[str]) -> dict:
     cfg = load_config(["preset=smoke", "train.device=cpu", "train.checkpoint_every=0", *overrides])
     train, val = open_split(shards, "train"), open_split(shards, "val")
     seen = set()  # the intra-op threads while training (the trainer restores them after)
-    result = train_model(cfg, train.inputs, train.targets, val.inputs, val.targets, progress=False,
-                         on_log=lambda row, step: seen.add(torch.get_num_threads()))
+    result = train_model(
+        cfg,
+        train.inputs,
+        train.targets,
+        val.inputs,
+        val.targets,
+        progress=False,
+        on_log=lambda row, step: seen.add(torch.get_num_threads()),
+    )
     if out:
         import numpy as np
+
         np.savez(out, **{k: v.detach().cpu().numpy() for k, v in result.model.state_dict().items()})
-    return {"weights": _digest(result.model), "val_cosine": result.summary["val/cosine"], "threads": sorted(seen),
-            **numerics.numerics_info()}
+    return {
+        "weights": _digest(result.model),
+        "val_cosine": result.summary["val/cosine"],
+        "threads": sorted(seen),
+        **numerics.numerics_info(),
+    }
 
 
 def worker_encode(shards: str, out: str, n: int) -> dict:
@@ -175,8 +204,14 @@ def worker_encode(shards: str, out: str, n: int) -> dict:
     p1 = probe_s()
     if out:
         np.save(out, vecs)
-    return {"digest": hashlib.sha256(vecs.tobytes()).hexdigest(), "seconds": seconds, "probe_s": (p0 + p1) / 2,
-            "texts": len(texts), "threads": torch.get_num_threads(), **numerics.numerics_info()}
+    return {
+        "digest": hashlib.sha256(vecs.tobytes()).hexdigest(),
+        "seconds": seconds,
+        "probe_s": (p0 + p1) / 2,
+        "texts": len(texts),
+        "threads": torch.get_num_threads(),
+        **numerics.numerics_info(),
+    }
 
 
 def worker_steps(steps: int) -> dict:
@@ -194,24 +229,44 @@ def worker_steps(steps: int) -> dict:
     seconds = time.perf_counter() - t0
     p1 = probe_s()
     n = int(result.summary["train/steps"])
-    return {"ms_per_step": 1000 * seconds / n, "steps": n, "probe_s": (p0 + p1) / 2, "threads": sorted(seen),
-            **numerics.numerics_info()}
+    return {
+        "ms_per_step": 1000 * seconds / n,
+        "steps": n,
+        "probe_s": (p0 + p1) / 2,
+        "threads": sorted(seen),
+        **numerics.numerics_info(),
+    }
 
 
 # ---------------------------------------------------------------------------- the parent
 def make_shards(where: Path) -> str:
     out = where / "smoke"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "stages.embed", "preset=smoke", f"embed.out_dir={out}",
-                           "embed.cache_dir=", "run.allow_external_paths=true", "run.tracking=disabled"],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.embed",
+            "preset=smoke",
+            f"embed.out_dir={out}",
+            "embed.cache_dir=",
+            "run.allow_external_paths=true",
+            "run.tracking=disabled",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     if proc.returncode:
         raise RuntimeError(f"embed stage failed:\n{proc.stderr[-3000:]}")
     return str(out)
 
 
-def agreement(names, shards: str, shim: str | None, overrides: list[str], tmp: Path, encode_n: int,
-              modes=("native", "portable")) -> dict:
+def agreement(
+    names, shards: str, shim: str | None, overrides: list[str], tmp: Path, encode_n: int, modes=("native", "portable")
+) -> dict:
     import numpy as np
 
     table: dict = {}
@@ -228,8 +283,12 @@ def agreement(names, shards: str, shim: str | None, overrides: list[str], tmp: P
             t0 = time.perf_counter()
             wfile = tmp / f"{mode}-{name}.npz"
             tr = run_worker("train", env, cores, "--shards", shards, "--out", str(wfile), *overrides)
-            row = {"val_cosine": tr["val_cosine"], "weights": tr["weights"][:16],
-                   "cpu_capability": tr["numerics.cpu_capability"], "threads": tr["threads"]}
+            row = {
+                "val_cosine": tr["val_cosine"],
+                "weights": tr["weights"][:16],
+                "cpu_capability": tr["numerics.cpu_capability"],
+                "threads": tr["threads"],
+            }
             with np.load(wfile) as w:
                 weights = {k: w[k] for k in w.files}
             if ref_weights is None:
@@ -262,8 +321,10 @@ def cost(rounds: int, steps: int, encode_n: int, shards: str) -> dict:
             if encode_n:
                 e = run_worker("encode", arms[arm], None, "--shards", shards, "--out", "", "--texts", str(encode_n))
                 runs[("encode", arm)].append((e["seconds"], e["probe_s"], e["threads"]))
-            say(f"cost round {r + 1}/{rounds} {arm}: {runs[('steps', arm)][-1]}"
-                + (f" encode {runs[('encode', arm)][-1]}" if encode_n else ""))
+            say(
+                f"cost round {r + 1}/{rounds} {arm}: {runs[('steps', arm)][-1]}"
+                + (f" encode {runs[('encode', arm)][-1]}" if encode_n else "")
+            )
     res: dict = {"cost_rounds": rounds, "cost_train_steps": steps, "cost_encode_texts": encode_n}
     for what in ("steps", "encode"):
         if not runs[(what, "native")]:
@@ -288,16 +349,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=0, help="ABBA cost rounds (default 4; --quick 2)")
     ap.add_argument("--steps", type=int, default=0, help="default-preset training steps per cost run (default 60)")
     ap.add_argument("--texts", type=int, default=-1, help="texts per teacher encode (default 256; --quick 0: none)")
-    ap.add_argument("--variants", default="", help="comma-separated emulations (default: all; --quick: "
-                    + ",".join(QUICK) + ")")
+    ap.add_argument(
+        "--variants", default="", help="comma-separated emulations (default: all; --quick: " + ",".join(QUICK) + ")"
+    )
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="config overrides for the agreement runs")
     args = ap.parse_args(argv)
     if args.worker:
-        res = {"train": lambda: worker_train(args.shards, args.out, args.overrides),
-               "encode": lambda: worker_encode(args.shards, args.out, args.texts),
-               "steps": lambda: worker_steps(args.steps)}[args.worker]()
+        res = {
+            "train": lambda: worker_train(args.shards, args.out, args.overrides),
+            "encode": lambda: worker_encode(args.shards, args.out, args.texts),
+            "steps": lambda: worker_steps(args.steps),
+        }[args.worker]()
         print(json.dumps(res))
         return res
     t_start = time.perf_counter()
@@ -309,15 +373,27 @@ def main(argv=None) -> dict:
     steps = args.steps or (8 if args.quick else 60)
     texts = args.texts if args.texts >= 0 else (0 if args.quick else 256)
     overrides = ["train.threads=0", *args.overrides]
-    res: dict = {"machine": numerics.numerics_info(), "portable_setting": numerics.PORTABLE,
-                 "portable_threads": numerics.PORTABLE_THREADS}
+    res: dict = {
+        "machine": numerics.numerics_info(),
+        "portable_setting": numerics.PORTABLE,
+        "portable_threads": numerics.PORTABLE_THREADS,
+    }
+    from bench.probe import Probe, machine
+
+    # The shared matmul probe (bench/probe.py), in this process between the parts: how busy the
+    # machine was. The cost figures have their own probe, in each worker (see cost()).
+    probe = Probe()
     with tempfile.TemporaryDirectory(prefix="bench-numerics-") as tmp:
         tmp = Path(tmp)
         shim = build_shim(tmp)
         shards = args.shards or make_shards(tmp)
         res["mkl_shim"] = bool(shim)
+        probe.take(3)
         res["agreement"] = agreement(names, shards, shim, overrides, tmp, texts)
+        probe.take(3)
         res.update(cost(rounds, steps, texts, shards))
+        probe.take(3)
+    res.update(machine(probe))
     table = res["agreement"]
     for mode in ("native", "portable"):
         rows = [r for k, r in table.items() if k.startswith(mode + "/") and "skipped" not in r]

@@ -1,151 +1,477 @@
-"""Tracking benchmark: what MLflow logging costs the training loop, measured in this one run.
-The last stdout line is one JSON object; progress lines go to stderr.
+"""Tracking benchmark: what MLflow logging costs a training run, per step and once per run, for
+each way of logging, measured in this one run. The last stdout line is one JSON object; progress
+lines go to stderr.
 
-- logging_overhead (goal <= 1.03): train step time with full MLflow logging over the same with
-  tracking off, on a smoke-sized model (the `smoke` preset: 4x4x3 lattice, one intra-op thread)
-  and synthetic data. "Full logging" is what the train stage does: tracking.mlflow_run with
-  the whole config as params, and every telemetry row (~35 metrics every train.log_every = 2
-  steps) through tracking.MetricBuffer, whose sidecar process (pipeline.tracking.metric_writer) writes
-  them and samples system metrics every train.system_metrics_every_s (1 s). Step time is wall
-  time per step between telemetry rows, from the row at 20 % of the run to the last: everything
-  the loop does between steps counts (handing rows over, flushing), and the writes happen
-  meanwhile; the sidecar's start (~2 s of MLflow imports, on the other core) is over by then.
-  Runs of both arms alternate (ABBA order) on the same data and seed; the ratio is of the median
-  step times.
-  logging_overhead_whole_run: the same over each run's whole span, which also holds what a run
-  pays once: starting the sidecar and the final wait until the store has every row
-  (logging_fixed_cost_s_per_run, seconds). logging_overhead_step_ms: from the rows' own
-  perf/step_ms (which leaves out the time between windows).
-- metrics_logged_per_s: the logging path's throughput: rows of 35 metrics pushed through
-  tracking.MetricBuffer into a SQLite store and waited for, metric values per second.
-- metrics_per_s_during_training: what the tracked arm asked of that path (context: it must be
-  well below metrics_logged_per_s).
+Arms (each a full training run on the same synthetic data and seed; `--arms` picks them):
+- off: tracking off (the reference).
+- sidecar: what the train stage does. tracking.mlflow_run with the whole config as params, and
+  every telemetry row through tracking.MetricBuffer, whose sidecar process
+  (pipeline/tracking/metric_writer.py) writes them with log_batch and samples system metrics every
+  train.system_metrics_every_s.
+- mlflow_async: MLflow's own asynchronous logging instead: mlflow.start_run with
+  log_system_metrics=True (MLflow's sampler thread, its interval set to
+  train.system_metrics_every_s), the same tags and params, and each row sent by
+  mlflow.log_metrics(..., synchronous=False) from the trainer's on_log, MLflow's queue batching
+  a second of rows into one write (MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS=1); the run ends with
+  mlflow.flush_async_logging() and end_run, so every value is stored inside the timed span.
 
-No GPU needed. A missed goal is reported in goals_met, not as an exit status (the machine is
-shared and noisy); an error exits non-zero. Never touches the project's mlflow.db.
+Figures, for each tracked arm against off (goals: per step <= 1.03; fixed <= 2 % of the default
+run):
+- overhead_per_step[arm]: wall time per step while rows are handed to the logger over the same
+  while they are not, inside each tracked run: the run sends its rows in alternate segments of
+  `--segment-s` seconds (on, off, on, ...), each sent segment is set against the mean of its two
+  neighbours, and the figure is the median over all such segments of all runs (from the row at
+  `--skip` of a run on; per-run medians in overhead_per_step_runs). Everything the loop does
+  between steps counts: handing rows over, a writer competing for the cores or the interpreter.
+  The sampler of system metrics runs in both halves, so its cost is in neither (it is small: a
+  sample every train.system_metrics_every_s). An A/B seconds apart sees the same machine: other
+  processes' load, which moves over seconds to minutes, hits both sides.
+  overhead_per_step_across_runs[arm]: the sent segments' step time against the off runs' (probe-
+  normalised, see below; context: runs tens of seconds apart meet different loads).
+- fixed_cost_s[arm]: what a run pays once: its whole span (run start to the last value stored
+  and the run ended) beyond its steps at its own steady rate, minus the same for off (per round
+  in fixed_cost_s_rounds). cpu_cost_s[arm]: a run's CPU seconds over off's.
+- fixed_fraction_of_default_run[arm]: fixed_cost_s over the default preset's run length
+  (steps from metrics/train.json's train/planned_steps, times off's steady step time) when the
+  preset is `default`; overhead_default_run[arm]: the whole default run's overhead the two make.
+
+Across runs: arms run in rotating order (each round holds every arm once, ABBA across rounds),
+and a fixed matmul probe (bench/probe.py) is timed before each run and about once a second inside
+it (between telemetry rows, before the row is handed to the logger; its time is taken off every
+span). A run's spans are divided by its probes' median and multiplied by the median of all
+probes, so a run that met a busy moment is judged at the machine's usual speed; the `*_raw`
+figures are the same without that. Every run also records its CPU seconds: this
+process's (MLflow's threads included) and its children's (the sidecar); cpu_cost_s[arm] is a
+run's CPU seconds over off's (less sensitive to other processes than wall time, but blind to
+waiting: a lock or the interpreter's GIL held by a writer thread costs wall time, not CPU).
+
+- metrics_logged_per_s: the sidecar path's throughput: rows of 35 metrics pushed through
+  tracking.MetricBuffer into a SQLite store and waited for, metric values per second
+  (metrics_logged_per_s_mlflow_async: the same through mlflow.log_metrics(synchronous=False)).
+
+No GPU needed. A missed goal is reported in goals_met, not as an exit status; an error exits
+non-zero. Never touches the project's mlflow.db.
 """
+
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import resource
 import sys
 import time
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
 
+from bench.probe import Probe, machine, normaliser
 from bench.trainer import config, synthetic, temporary_store
 from pipeline.core.config import flatten
+from pipeline.core.paths import REPO_ROOT
 from pipeline.train.loop import train_model
 
-GOALS = {"logging_overhead": 1.03}
+GOALS = {"overhead_per_step": 1.03, "fixed_fraction_of_default_run": 0.02}
+ARMS = ("off", "sidecar", "mlflow_async")
 EXPERIMENT = "bench-tracking"
+PROBE_EVERY_S = 1.0  # probes inside a run: 4-8 ms each, so under 1 % of its time
+
+
+def _median_or_nan(values) -> float:
+    return float(np.median(values)) if values else float("nan")
 
 
 def say(msg: str) -> None:
     print(f"[bench.tracking] {msg}", file=sys.stderr, flush=True)
 
 
-class RowClock:
-    """The trainer's on_log in both arms: notes when each telemetry row arrives (wall clock), and
-    passes the row on to MLflow in the tracked arm. Rows arrive every log_every steps, after
-    everything the loop does between steps (an in-loop logger's cost included)."""
+def default_run_steps() -> tuple[Optional[int], str]:
+    """Optimizer steps of the default preset's run on the shipped data: train/planned_steps of
+    the run recorded in metrics/train.json (params.yaml says which preset made it)."""
+    metrics, params = REPO_ROOT / "metrics" / "train.json", REPO_ROOT / "params.yaml"
+    try:
+        from omegaconf import OmegaConf
 
-    def __init__(self, inner=None):
-        self.inner, self.stamps = inner, []
+        preset = OmegaConf.load(params).run.preset
+        steps = json.loads(metrics.read_text())["train/planned_steps"]
+    except (OSError, ValueError, KeyError, AttributeError):
+        return None, "metrics/train.json or params.yaml unreadable"
+    if preset != "default":
+        return None, f"metrics/train.json is a {preset!r} run, not the default preset's"
+    return int(steps), "metrics/train.json train/planned_steps (params.yaml run.preset=default)"
+
+
+class RowProbe:
+    """The trainer's on_log in every arm: notes when each telemetry row arrives, on a clock with
+    the probes taken out, takes a probe when PROBE_EVERY_S has passed since the last, then passes
+    the row on (to the arm's logger, if any). The probe comes first: the logger's work for this
+    row starts after it.
+
+    With `segment_s`, rows go to the logger in alternate segments of that many seconds only (on,
+    off, on, ...): the run holds its own A/B, seconds apart, so a load that comes and goes over
+    seconds hits both sides alike (see segment_ratios)."""
+
+    def __init__(
+        self,
+        probe: Probe,
+        inner: Optional[Callable[[dict, int], None]] = None,
+        every_s: float = PROBE_EVERY_S,
+        segment_s: float = 0.0,
+    ):
+        self.probe, self.inner, self.every_s, self.segment_s = probe, inner, every_s, segment_s
+        self.stamps: list[tuple[int, float]] = []  # (step, clock)
+        self.sent: list[bool] = []  # per row: handed to the logger
+        self.probes: list[float] = []
+        self.probe_s = 0.0  # seconds spent probing, including this bookkeeping
+        self.last = time.perf_counter()
+        self.on, self.switch_at = True, None
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.probe_s
+
+    def take(self) -> None:
+        t0 = time.perf_counter()
+        self.probes.append(self.probe())
+        self.last = time.perf_counter()
+        self.probe_s += self.last - t0
 
     def __call__(self, metrics: dict, step: int) -> None:
-        self.stamps.append((step, time.perf_counter()))
-        if self.inner is not None:
+        now = self.clock()
+        self.stamps.append((step, now))
+        if self.segment_s:
+            if self.switch_at is None:
+                self.switch_at = now + self.segment_s
+            elif now >= self.switch_at:
+                self.on, self.switch_at = not self.on, now + self.segment_s
+        self.sent.append(self.inner is not None and self.on)
+        if time.perf_counter() - self.last >= self.every_s:
+            self.take()
+        if self.sent[-1]:
             self.inner(metrics, step)
 
-    def steady_step_ms(self, skip: float = 0.2) -> float:
-        """Wall ms per step from the row at `skip` of the run to the last: the sidecar's start
-        (MLflow's import, ~2 s of the other core) is over by then."""
-        (s0, t0), (s1, t1) = self.stamps[int(len(self.stamps) * skip)], self.stamps[-1]
+    def steady_ms(self, skip: float) -> float:
+        """Wall ms per step from the row at `skip` of the run to the last."""
+        (s0, t0), (s1, t1) = self.stamps[min(int(len(self.stamps) * skip), len(self.stamps) - 2)], self.stamps[-1]
         return 1000 * (t1 - t0) / (s1 - s0)
 
+    def segments(self, skip: float) -> list[tuple[bool, float]]:
+        """(sent, ms per step) of each segment from the row at `skip` of the run on. The span
+        between rows j-1 and j holds row j-1's hand-over and the training of row j's window; it
+        counts for the segment of row j-1, and only when row j-2 was in the same segment (the
+        first span after a switch is left out: the logger may still be busy with the rows before)."""
+        out: list[list] = []  # [sent, seconds, steps]
+        first = max(2, int(len(self.stamps) * skip))
+        for j in range(first, len(self.stamps)):
+            if self.sent[j - 1] != self.sent[j - 2]:
+                continue
+            dt = self.stamps[j][1] - self.stamps[j - 1][1]
+            ds = self.stamps[j][0] - self.stamps[j - 1][0]
+            if out and out[-1][0] == self.sent[j - 1] and out[-1][3] == j - 1:
+                out[-1][1] += dt
+                out[-1][2] += ds
+                out[-1][3] = j
+            else:
+                out.append([self.sent[j - 1], dt, ds, j])
+        return [(sent, 1000 * sec / steps) for sent, sec, steps, _ in out if steps]
 
-def timed_run(cfg, x, y, tracked: bool, name: str, flush_seconds: float | None = None) -> dict:
-    """One training run: its whole training span in seconds (for the tracked arm: from starting
-    the sidecar to the end of the final wait until the store has every row), its steady step
-    time, its rows and the metric values logged."""
+    def segment_ratios(self, skip: float) -> list[float]:
+        """ms per step of each sent segment over the mean of its two unsent neighbours."""
+        seg = self.segments(skip)
+        return [
+            ms / ((seg[i - 1][1] + seg[i + 1][1]) / 2)
+            for i, (sent, ms) in enumerate(seg)
+            if sent and 0 < i < len(seg) - 1 and not seg[i - 1][0] and not seg[i + 1][0]
+        ]
+
+    def sent_ms(self, skip: float) -> Optional[float]:
+        """ms per step over the sent segments alone (None: no segments)."""
+        seg = [ms for sent, ms in self.segments(skip) if sent]
+        return float(np.median(seg)) if seg else None
+
+
+def workload_threads(cfg) -> int:
+    """The intra-op threads the trainer will run `cfg` with (Trainer.run's rule, one process)."""
+    from pipeline.core import numerics
+    from pipeline.core.distributed import Dist, threads_per_process
+
+    if cfg.train.threads or numerics.threads():
+        return threads_per_process(cfg.train.threads, Dist())
+    return torch.get_num_threads()
+
+
+def _cpu() -> tuple[float, float]:
+    """(this process's CPU seconds, its waited-for children's)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time(), ru.ru_utime + ru.ru_stime
+
+
+MLFLOW_ASYNC_BUFFERING_S = 1  # MLflow's own batching of queued rows: one log_batch a second
+
+
+@contextlib.contextmanager
+def mlflow_async_run(name: str, cfg) -> Iterator[Callable[[dict, int], None]]:
+    """A run logged the way MLflow offers on its own: its system-metrics sampler thread and
+    its asynchronous queue, in this process, the queue batching what arrives within
+    MLFLOW_ASYNC_BUFFERING_S into one log_batch (MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS).
+    Yields the on_log that sends a row."""
+    import mlflow
+    from mlflow.environment_variables import MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS
+
     from pipeline.tracking import store as tracking
 
-    if not tracked:
-        clock = RowClock()
-        t0 = time.perf_counter()
+    mlflow.set_tracking_uri(tracking.tracking_uri())
+    tracking._set_experiment(EXPERIMENT)
+    mlflow.set_system_metrics_sampling_interval(cfg.train.system_metrics_every_s)
+    buffering = MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.get_raw()
+    MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(MLFLOW_ASYNC_BUFFERING_S)
+    try:
+        mlflow.start_run(run_name=name, log_system_metrics=True)
+        status = "FAILED"
+        try:
+            prov, _ = tracking.provenance(cfg.run.preset)
+            mlflow.set_tags(prov)
+            tracking.log_params(flatten(cfg))
+            yield lambda metrics, step: tracking.log_metrics(metrics, step=step)
+            status = "FINISHED"
+        finally:
+            mlflow.flush_async_logging()
+            mlflow.end_run(status=status)  # stops the sampler (it logs its last sample) and ends the run
+    finally:
+        mlflow.set_system_metrics_sampling_interval(None)
+        if buffering is None:
+            MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.unset()
+        else:
+            MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(buffering)
+
+
+SEGMENT_S = 2.0  # the in-run A/B's segments: a few sidecar flushes (every 0.5 s) and MLflow batches (1 s) each
+
+
+def arm_run(
+    arm: str, cfg, x, y, probe: Probe, name: str, skip: float, before: int = 2, segment_s: float = SEGMENT_S
+) -> dict:
+    """One training run of `arm`; its phases' wall seconds (probes taken out), its steady step
+    time, its in-run A/B (rows sent in alternate `segment_s` segments), CPU seconds, probes."""
+    from pipeline.tracking import store as tracking
+
+    probes_before = probe.take(before)
+    clock = RowProbe(probe, segment_s=segment_s)
+    cpu0 = _cpu()
+    t0 = clock.clock()
+    sent = 0
+    if arm == "off":
+        t_setup = clock.clock()
         res = train_model(cfg, x, y, on_log=clock, progress=False)
-        return {"seconds": time.perf_counter() - t0, "steady_ms": clock.steady_step_ms(),
-                "steps": res.summary["train/steps"], "rows": res.rows, "metrics_logged": 0}
-    with tracking.mlflow_run(name, cfg.run.preset, experiment=EXPERIMENT) as run:
-        tracking.log_params(flatten(cfg))
-        t0 = time.perf_counter()
-        extra = {} if flush_seconds is None else {"flush_seconds": flush_seconds}
-        with tracking.MetricBuffer(run.info.run_id, system_metrics_s=cfg.train.system_metrics_every_s,
-                                   **extra) as to_mlflow:
-            clock = RowClock(to_mlflow)
+        t_train = t_end = clock.clock()
+    elif arm == "sidecar":
+        with tracking.mlflow_run(name, cfg.run.preset, experiment=EXPERIMENT) as run:
+            tracking.log_params(flatten(cfg))
+            with tracking.MetricBuffer(run.info.run_id, system_metrics_s=cfg.train.system_metrics_every_s) as buf:
+                clock.inner = buf
+                t_setup = clock.clock()
+                res = train_model(cfg, x, y, on_log=clock, progress=False)
+                t_train = clock.clock()
+            tracking.log_metrics(res.summary, step=int(res.summary["train/steps"]))
+            sent = buf.sent
+        t_end = clock.clock()
+    elif arm == "mlflow_async":
+        with mlflow_async_run(name, cfg) as send:
+            clock.inner = send
+            t_setup = clock.clock()
             res = train_model(cfg, x, y, on_log=clock, progress=False)
-        seconds = time.perf_counter() - t0  # includes the final flush, waited for (__exit__)
-        tracking.log_metrics(res.summary, step=int(res.summary["train/steps"]))
-    return {"seconds": seconds, "steady_ms": clock.steady_step_ms(), "steps": res.summary["train/steps"],
-            "rows": res.rows, "metrics_logged": to_mlflow.sent}
+            t_train = clock.clock()
+            tracking.log_metrics(res.summary, step=int(res.summary["train/steps"]))
+        t_end = clock.clock()
+        sent = sum(len(r) for r, s in zip(res.rows, clock.sent) if s)
+    else:
+        raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
+    cpu1 = _cpu()
+    steps = int(res.summary["train/steps"])
+    steady = clock.steady_ms(skip)
+    wall = t_end - t0
+    return {
+        "arm": arm,
+        "wall_s": wall,
+        "setup_s": t_setup - t0,
+        "train_s": t_train - t_setup,
+        "teardown_s": t_end - t_train,
+        "steps": steps,
+        "steady_ms": steady,
+        "fixed_s": wall - steps * steady / 1000,
+        "row_ms": float(np.median([r["perf/step_ms"] for r in res.rows[2:]])),
+        "cpu_self_s": cpu1[0] - cpu0[0],
+        "cpu_children_s": cpu1[1] - cpu0[1],
+        "probes": probes_before + clock.probes,
+        "flow_steps": [r["flow/flow_steps"] for r in res.rows],
+        "metrics_logged": sent,
+        "rows": len(clock.sent),
+        "rows_sent": sum(clock.sent),
+        "segment_ratios": clock.segment_ratios(skip),
+        "sent_ms": clock.sent_ms(skip),
+    }
 
 
-def logging_overhead(pairs: int, steps: int, *overrides: str, flush_seconds: float | None = None) -> dict:
-    cfg, n = config("smoke", steps, *overrides)
+def compare_arms(
+    preset: str,
+    arms: tuple[str, ...],
+    rounds: int,
+    steps: int,
+    *overrides: str,
+    skip: float = 0.2,
+    probe: Optional[Probe] = None,
+    extra_arms: Optional[dict[str, Callable]] = None,
+    segment_s: float = SEGMENT_S,
+    log: Callable[[str], None] = say,
+) -> dict:
+    """`rounds` rounds of every arm on the `preset` model, `steps` optimizer steps a run; every
+    figure per arm, against the first arm (the reference, normally off). `extra_arms` adds arms
+    of the caller's: name -> fn(cfg, x, y, probe, name, skip) returning arm_run's keys."""
+    extra_arms = extra_arms or {}
+
+    def one(arm: str, cfg, x, y, name: str, before: int = 2) -> dict:
+        if arm in extra_arms:
+            return extra_arms[arm](cfg, x, y, probe, name, skip)
+        return arm_run(arm, cfg, x, y, probe, name, skip, before, segment_s)
+
+    cfg, n = config(preset, steps, "train.device=cpu", "train.checkpoint_every=0", *overrides)
     x, y = synthetic(n)
-    arms = ("tracked", "untracked")
-    steady = {a: [] for a in arms}  # wall ms per step, steady state
-    whole = {a: [] for a in arms}  # wall ms per step over the whole span
-    row_ms = {a: [] for a in arms}  # the rows' own perf/step_ms
-    pair_ratios, rates, flows, fixed_s = [], [], [], []
+    probe = probe or Probe(threads=workload_threads(cfg))
+    runs: dict[str, list[dict]] = {a: [] for a in arms}
     load_before = os.getloadavg()[0]
+    t_start = time.perf_counter()
     with temporary_store():
-        # Untimed warm-up of both arms: torch's allocator, MLflow's imports, the store's schema.
-        wcfg, wn = config("smoke", 20, *overrides)
-        for tracked in (True, False):
-            timed_run(wcfg, *synthetic(wn), tracked, "warm-up", flush_seconds)
-        for i in range(pairs):
-            order = (True, False) if i % 2 == 0 else (False, True)  # ABBA
-            pair = {}
-            for tracked in order:
-                r = timed_run(cfg, x, y, tracked, f"overhead-{i}", flush_seconds)
-                arm = "tracked" if tracked else "untracked"
-                steady[arm].append(r["steady_ms"])
-                whole[arm].append(1000 * r["seconds"] / r["steps"])
-                row_ms[arm] += [row["perf/step_ms"] for row in r["rows"][2:]]
-                flows.append([row["flow/flow_steps"] for row in r["rows"]])
-                pair[arm] = r
-                if tracked:
-                    rates.append(r["metrics_logged"] / r["seconds"])
-            pair_ratios.append(pair["tracked"]["steady_ms"] / pair["untracked"]["steady_ms"])
-            # What a run pays once: its whole span beyond its steps at the steady rate, over the
-            # same for the untracked run of the pair.
-            fixed_s.append((pair["tracked"]["seconds"] - pair["tracked"]["steady_ms"] * pair["tracked"]["steps"] / 1000)
-                           - (pair["untracked"]["seconds"]
-                              - pair["untracked"]["steady_ms"] * pair["untracked"]["steps"] / 1000))
-            say(f"pair {i + 1}/{pairs}: tracked/untracked step time {pair_ratios[-1]:.3f}, "
-                f"whole run {pair['tracked']['seconds'] / pair['untracked']['seconds']:.3f}")
-    med = {k: {a: float(np.median(v[a])) for a in arms} for k, v in
-           (("steady", steady), ("whole", whole), ("row", row_ms))}
-    return {"logging_overhead": med["steady"]["tracked"] / med["steady"]["untracked"],
-            "logging_overhead_whole_run": med["whole"]["tracked"] / med["whole"]["untracked"],
-            "logging_overhead_step_ms": med["row"]["tracked"] / med["row"]["untracked"],
-            "logging_fixed_cost_s_per_run": float(np.median(fixed_s)),
-            "tracked_step_ms": med["steady"]["tracked"], "untracked_step_ms": med["steady"]["untracked"],
-            "logging_overhead_pair_ratios": pair_ratios, "pairs": pairs, "steps_per_run": steps,
-            "log_every": cfg.train.log_every, "system_metrics_every_s": cfg.train.system_metrics_every_s,
-            "metrics_per_s_during_training": float(np.median(rates)),
-            # Same seed, same data: both arms must have run the same flows, step for step.
-            "arms_same_work": all(f == flows[0] for f in flows),
-            "threads": torch.get_num_threads(), "load_avg_before_after": [load_before, os.getloadavg()[0]]}
+        # Untimed warm-up of every arm: torch's allocator and threads, MLflow's imports, the store.
+        wcfg, wn = config(preset, 20, "train.device=cpu", "train.checkpoint_every=0", *overrides)
+        for arm in arms:
+            one(arm, wcfg, *synthetic(wn), "warm-up", before=1)
+        for i in range(rounds):
+            # Rotate, and reverse every other round: each arm meets each position and neighbour.
+            order = arms[i % len(arms) :] + arms[: i % len(arms)]
+            order = order[::-1] if i % 2 else order
+            for arm in order:
+                runs[arm].append(one(arm, cfg, x, y, f"{arm}-{i}"))
+            ref = runs[arms[0]][-1]
+            log(
+                f"{preset} round {i + 1}/{rounds} (raw): "
+                + ", ".join(
+                    f"{a} {_median_or_nan(r[-1].get('segment_ratios')):.3f}/step "
+                    f"in-run, {r[-1]['steady_ms'] / ref['steady_ms']:.3f} across runs, "
+                    f"{r[-1]['fixed_s'] - ref['fixed_s']:+.2f} s once"
+                    for a, r in runs.items()
+                    if a != arms[0]
+                )
+            )
+    # Every run at the machine's median speed over the whole comparison.
+    reference = float(np.median([p for rs in runs.values() for r in rs for p in r["probes"]]))
+    for rs in runs.values():
+        for r in rs:
+            r["norm"] = normaliser(r["probes"], reference)
+
+    def med(arm: str, key: str, norm: bool = True) -> float:
+        return float(np.median([r[key] * (r["norm"] if norm else 1.0) for r in runs[arm]]))
+
+    base = arms[0]
+    out: dict = {
+        "preset": preset,
+        "arms": list(arms),
+        "reference_arm": base,
+        "rounds": rounds,
+        "steps_per_run": steps,
+        "steady_skip_fraction": skip,
+        "log_every": cfg.train.log_every,
+        "system_metrics_every_s": cfg.train.system_metrics_every_s,
+        "threads": workload_threads(cfg),
+        "mlflow_async_buffering_s": MLFLOW_ASYNC_BUFFERING_S,
+        "probe_reference_ms": 1000 * reference,
+        # Same seed, same data: every arm must have run the same flows, step for step.
+        "arms_same_work": all(
+            r["flow_steps"] == runs[base][0]["flow_steps"]
+            for rs in runs.values()
+            for r in rs
+            if r["flow_steps"] is not None
+        ),
+        "load_avg_before_after": [load_before, os.getloadavg()[0]],
+        "compare_seconds": time.perf_counter() - t_start,
+        "segment_s": segment_s,
+        "overhead_per_step": {},
+        "overhead_per_step_runs": {},
+        "overhead_per_step_segments": {},
+        "overhead_per_step_across_runs": {},
+        "overhead_per_step_across_runs_raw": {},
+        "fixed_cost_s": {},
+        "fixed_cost_s_raw": {},
+        "fixed_cost_s_rounds": {},
+        "cpu_cost_s": {},
+        "per_arm": {},
+    }
+    cpu = lambda a: float(np.median([r["cpu_self_s"] + r["cpu_children_s"] for r in runs[a]]))  # noqa: E731
+    for arm in arms:
+        out["per_arm"][arm] = {
+            "steady_step_ms": med(arm, "steady_ms"),
+            "steady_step_ms_raw": med(arm, "steady_ms", False),
+            "fixed_s": med(arm, "fixed_s"),
+            "wall_s": med(arm, "wall_s"),
+            "setup_s": med(arm, "setup_s"),
+            "train_s": med(arm, "train_s"),
+            "teardown_s": med(arm, "teardown_s"),
+            "row_step_ms": med(arm, "row_ms"),
+            "cpu_self_s": med(arm, "cpu_self_s", False),
+            "cpu_children_s": med(arm, "cpu_children_s", False),
+            "probe_ms_median": 1000 * float(np.median([p for r in runs[arm] for p in r["probes"]])),
+            "metrics_logged_per_run": med(arm, "metrics_logged", False),
+            "rows_per_run": med(arm, "rows", False),
+            "rows_sent_per_run": med(arm, "rows_sent", False),
+        }
+        if arm == base:
+            continue
+        # Per step: the runs' own A/B, every sent segment against its unsent neighbours (pooled
+        # over runs); an arm without one (an extra arm) falls back to steady rates across runs.
+        ratios = [q for r in runs[arm] for q in r.get("segment_ratios") or []]
+        sent = [r for r in runs[arm] if r.get("sent_ms")]
+        sent_ms = (
+            (lambda norm: float(np.median([r["sent_ms"] * (r["norm"] if norm else 1.0) for r in sent])))
+            if sent
+            else (lambda norm: med(arm, "steady_ms", norm))
+        )
+        out["overhead_per_step_across_runs"][arm] = sent_ms(True) / med(base, "steady_ms")
+        out["overhead_per_step_across_runs_raw"][arm] = sent_ms(False) / med(base, "steady_ms", False)
+        out["overhead_per_step"][arm] = (
+            float(np.median(ratios)) if ratios else out["overhead_per_step_across_runs"][arm]
+        )
+        out["overhead_per_step_runs"][arm] = [
+            float(np.median(r["segment_ratios"])) if r.get("segment_ratios") else None for r in runs[arm]
+        ]
+        out["overhead_per_step_segments"][arm] = len(ratios)
+        # Once per run: a run's whole span beyond its steps at its own steady rate, against off's.
+        out["fixed_cost_s"][arm] = med(arm, "fixed_s") - med(base, "fixed_s")
+        out["fixed_cost_s_raw"][arm] = med(arm, "fixed_s", False) - med(base, "fixed_s", False)
+        out["fixed_cost_s_rounds"][arm] = [
+            a["fixed_s"] * a["norm"] - b["fixed_s"] * b["norm"] for a, b in zip(runs[arm], runs[base])
+        ]
+        out["cpu_cost_s"][arm] = cpu(arm) - cpu(base)
+    # What a run pays once, against the length of the default preset's run.
+    steps_default, source = default_run_steps()
+    out["default_run_steps"], out["default_run_steps_source"] = steps_default, source
+    if preset == "default" and steps_default:
+        run_s = steps_default * out["per_arm"][base]["steady_step_ms"] / 1000
+        out["default_run_s"] = run_s
+        out["default_run_s_how"] = f"default_run_steps x {base}'s steady step time (probe-normalised) in this run"
+        out["fixed_fraction_of_default_run"] = {a: f / run_s for a, f in out["fixed_cost_s"].items()}
+        # The default run's whole-run overhead these two parts make: every step's, plus the fixed part.
+        out["overhead_default_run"] = {
+            a: out["overhead_per_step"][a] + f / run_s for a, f in out["fixed_cost_s"].items()
+        }
+    return out
 
 
 def logging_throughput(rows: int, metrics_per_row: int = 35) -> dict:
-    """Rows pushed through MetricBuffer (flushing as the train stage does) and waited for."""
+    """Rows pushed through MetricBuffer (flushing as the train stage does) and waited for; and
+    the same through MLflow's asynchronous queue, flushed and waited for."""
+    import mlflow
+
     from pipeline.tracking import store as tracking
 
     keys = [f"bench/metric_{i}" for i in range(metrics_per_row)]
@@ -158,34 +484,91 @@ def logging_throughput(rows: int, metrics_per_row: int = 35) -> dict:
                 for step in range(1, rows + 1):
                     buf({k: step * 1e-3 for k in keys}, step)
             seconds = time.perf_counter() - t0
-    return {"metrics_logged_per_s": buf.sent / seconds, "throughput_metrics": buf.sent,
-            "throughput_seconds": seconds}
+        with tracking.mlflow_run("throughput-async", "smoke", experiment=EXPERIMENT):
+            tracking.log_metrics({k: 0.0 for k in keys}, step=0)
+            mlflow.flush_async_logging()
+            t0 = time.perf_counter()
+            for step in range(1, rows + 1):
+                tracking.log_metrics({k: step * 1e-3 for k in keys}, step=step)
+            mlflow.flush_async_logging()
+            async_seconds = time.perf_counter() - t0
+    return {
+        "metrics_logged_per_s": buf.sent / seconds,
+        "throughput_metrics": buf.sent,
+        "throughput_seconds": seconds,
+        "metrics_logged_per_s_mlflow_async": rows * metrics_per_row / async_seconds,
+    }
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.tracking", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=10,
-                    help="tracked/untracked run pairs (default 10: single pairs vary by +-3 %% on a shared 2-core machine)")
-    ap.add_argument("--steps", type=int, default=1000,
-                    help="optimizer steps per run (default 1000: ~6 s of smoke training on 1 thread, so the "
-                         "10 s flush period and the final flush both fall inside the measured span)")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.tracking", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--preset",
+        default="smoke",
+        help="model the arms train (default smoke: a row of ~35 metrics every 2 steps of ~6 ms, the "
+        "highest logging rate of any preset; `default` is the train stage's main job)",
+    )
+    ap.add_argument(
+        "--arms", default=",".join(ARMS), help=f"comma-separated, the first is the reference (default {','.join(ARMS)})"
+    )
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of every arm (default 5)")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="optimizer steps per run (default: 1000 for smoke, ~6 s on 1 thread; 200 otherwise)",
+    )
+    ap.add_argument("--skip", type=float, default=0.2, help="fraction of a run's rows before the steady part")
+    ap.add_argument(
+        "--segment-s",
+        type=float,
+        default=SEGMENT_S,
+        help=f"seconds per segment of the in-run A/B (default {SEGMENT_S:g}; 0: every row sent, and "
+        "overhead_per_step is across runs)",
+    )
     ap.add_argument("--rows", type=int, default=2000, help="rows of 35 metrics for metrics_logged_per_s")
-    ap.add_argument("--flush-seconds", type=float, default=None,
-                    help="tracking.MetricBuffer's flush period (default: the train stage's, 0.5 s)")
-    ap.add_argument("--quick", action="store_true", help="a fast smoke check of the benchmark itself")
-    ap.add_argument("overrides", nargs="*", help="config overrides for both arms, e.g. train.log_every=5")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a fast smoke check of the benchmark itself: 1 round of 80 steps, 0.05 s segments",
+    )
+    ap.add_argument("overrides", nargs="*", help="config overrides for every arm, e.g. train.log_every=5")
     args = ap.parse_args(argv)
-    logging.getLogger("mlflow").setLevel(logging.WARNING)  # not the store's "Creating initial tables"
+    import mlflow  # noqa: F401 - first: on import it sets its loggers' levels, which this overrides
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Creating initial tables", "Started monitoring"
     if args.quick:
-        args.pairs, args.steps, args.rows = 1, 40, 200
+        args.rounds, args.steps, args.rows, args.segment_s = 1, 80, 200, 0.05
+    steps = args.steps or (1000 if args.preset == "smoke" else 200)
+    arms = tuple(a for a in args.arms.split(",") if a)
     t0 = time.perf_counter()
+    probe = Probe(threads=workload_threads(config(args.preset, 1, *args.overrides)[0]))
     res: dict = {"device": "cpu", "torch": torch.__version__, "goals": GOALS}
     res.update(logging_throughput(args.rows))
-    say(f"throughput: {res['metrics_logged_per_s']:.0f} metrics/s")
-    res.update(logging_overhead(args.pairs, args.steps, "train.device=cpu", "train.checkpoint_every=0",
-                                *args.overrides, flush_seconds=args.flush_seconds))
-    res["goals_met"] = {"logging_overhead": res["logging_overhead"] <= GOALS["logging_overhead"]}
+    say(
+        f"throughput: {res['metrics_logged_per_s']:.0f} metrics/s (sidecar), "
+        f"{res['metrics_logged_per_s_mlflow_async']:.0f} (mlflow async)"
+    )
+    res.update(
+        compare_arms(
+            args.preset,
+            arms,
+            args.rounds,
+            steps,
+            *args.overrides,
+            skip=args.skip,
+            probe=probe,
+            segment_s=args.segment_s,
+        )
+    )
+    res["goals_met"] = {
+        f"overhead_per_step/{a}": v <= GOALS["overhead_per_step"] for a, v in res["overhead_per_step"].items()
+    }
+    for a, v in res.get("fixed_fraction_of_default_run", {}).items():
+        res["goals_met"][f"fixed_fraction_of_default_run/{a}"] = v <= GOALS["fixed_fraction_of_default_run"]
+    res.update(machine(probe))
     res["bench_seconds"] = time.perf_counter() - t0
     print(json.dumps(res))
     return res

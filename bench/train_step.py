@@ -5,6 +5,7 @@
   compute that checkpointing trades for memory).
 Prints one JSON object as its last line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ import json
 import torch
 
 from bench.model import timed
+from bench.probe import Probe, machine
 from pipeline.core.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.train.telemetry import rss_mb
@@ -45,14 +47,22 @@ def main(argv=None) -> dict:
         torch.manual_seed(0)
         return EnergyFlowModel.from_config({**cfg.model, "checkpoint_steps": ckpt}, dim)
 
+    # Probes (bench/probe.py) at the default thread count before each variant and at the end:
+    # their spread says how much the machine's speed moved between the variants.
+    probe = Probe(threads=default_threads)
+    probe.take(3)
     torch.set_num_threads(1)
     res["ms_per_step_1_thread"] = ms_per_step(build(False), x, y, args.steps)
     torch.set_num_threads(default_threads)
+    probe.take(3)
     res["ms_per_step_default_threads"] = ms_per_step(build(False), x, y, args.steps)
     res["threads_speedup"] = res["ms_per_step_1_thread"] / res["ms_per_step_default_threads"]
+    probe.take(3)
     res["ms_per_step_checkpointed"] = ms_per_step(build(True), x, y, args.steps)
+    probe.take(3)
     res["checkpointing_cost_ratio"] = res["ms_per_step_checkpointed"] / res["ms_per_step_default_threads"]
     res["rss_mb"] = rss_mb()
+    res.update(machine(probe))
     print(json.dumps(res))
     return res
 

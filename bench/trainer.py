@@ -1,31 +1,48 @@
 """Trainer benchmark: what the training loop costs around the model, measured in this one run.
 The last stdout line is one JSON object; progress lines go to stderr.
 
-- telemetry_overhead (goal <= 1.03): wall time of a `default`-preset run with full gradient
-  health and MLflow logging as the train stage does it (tracking.MetricBuffer inside
-  tracking.mlflow_run, on a temporary SQLite store, a row every train.log_every = 5 steps, the
-  final flush included) over the same run with tracking off. Runs of both arms alternate (ABBA
-  order) on the same synthetic data, so they see the same machine noise; the ratio is of the
-  median run times. telemetry_overhead_step_ms is the same from the rows' perf/step_ms, which
-  leaves out the time between windows.
+- The train stage's logging, split in two (bench.tracking's `sidecar` arm against `off`, on the
+  `default` preset: tracking.mlflow_run, the config as params, tracking.MetricBuffer with its
+  system metrics, a row every train.log_every = 5 steps, the final wait for the store included;
+  see bench.tracking for the method):
+  telemetry_overhead_per_step (goal <= 1.03): wall time per step while rows are sent over the
+  same while they are not, inside each tracked run (alternate 2 s segments: an A/B seconds apart,
+  so other processes' load hits both sides). telemetry_overhead_per_step_across_runs: the same
+  against the off runs, probe-normalised (context: it carries the load differences of runs
+  tens of seconds apart).
+  telemetry_fixed_s: what a tracked run pays once (its whole span beyond its steps at its steady
+  rate, minus the same for off), and telemetry_fixed_fraction_of_default_run (goal <= 0.02):
+  that over the default run's length, default_run_steps (metrics/train.json's
+  train/planned_steps, the default preset on the shipped data) x off's steady step time.
+  telemetry_overhead (context): a whole default run's overhead from the two, per step + fixed
+  over the run's length. telemetry_cpu_s_per_run: the CPU seconds a tracked run adds (the
+  sidecar's and this process's).
+  Arms rotate within each round on the same data and seed; spans across runs are divided by the
+  median of the reference probes (bench/probe.py) taken before and inside each run and
+  multiplied by the median of all (the `*_raw` figures are without that).
   gradient_health_overhead (context, no goal): the trainer with tracking off over a bare loop of
-  the same model, data and optimizer (forward, backward, clip_grad_norm_, AdamW, LR schedule).
+  the same model, data and optimizer (forward, backward, clip_grad_norm_, AdamW, LR schedule),
+  the third arm of the same rounds.
 - host_syncs_per_step (goal <= 1): host reads (Tensor.item / tolist / cpu / numpy / nonzero /
   __bool__ / __float__ / __int__, torch.nonzero) made from pipeline/ code outside the model, per
   optimizer step of a `smoke` run (log_every 2, and log_every 5 as a second figure).
   model_syncs_per_step: the same made from pipeline/model/ (the flow loop's one read per flow
   step). Reads inside torch itself are listed for context but not counted (see HostReads).
 - step_time_drift (goal <= 1.05): median step time of steps 400-500 over steps 20-120 of a
-  500-step `smoke` run on synthetic data (one intra-op thread, a fresh process; the median of
-  three such runs).
+  500-step `smoke` run on synthetic data (one intra-op thread, a fresh process), each window's
+  over the median of the probes taken in it (a probe every 10 rows, between windows, on the
+  run's thread); the median of three such runs. step_time_drift_raw: without the probes.
 - rss_growth_mb_per_1k_steps (goal < 5): least-squares slope of mem/rss_mb against step over the
   same runs' rows after step 100 (their median). rss_growth_mb_per_1k_steps_leak: the same with
   fault=leak (every step's autograd graph kept alive) over 250 steps, which must be large: it
   proves the slope can see a leak.
 
+The JSON names the CPU (cpu_model) and the probes' spread (probe: the overhead rounds';
+drift_probe: the drift runs'): a spread well above 1 says other processes shared the machine.
 No GPU needed (train.device=cpu). A missed goal is reported in goals_met, not as an exit status
 (the machine is shared and noisy); an error exits non-zero.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,15 +60,22 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from bench.model import DIM, timed
+from bench.model import DIM
+from bench.probe import Probe, machine, spread
 from pipeline.core.config import load_config
+from pipeline.core.paths import REPO_ROOT
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.core.paths import REPO_ROOT
 from pipeline.train.loop import lr_lambda, train_model
 
-GOALS = {"telemetry_overhead": 1.03, "host_syncs_per_step": 1.0, "step_time_drift": 1.05,
-         "rss_growth_mb_per_1k_steps": 5.0}
+GOALS = {
+    "telemetry_overhead_per_step": 1.03,
+    "telemetry_fixed_fraction_of_default_run": 0.02,
+    "host_syncs_per_step": 1.0,
+    "step_time_drift": 1.05,
+    "rss_growth_mb_per_1k_steps": 5.0,
+}
+PARTS = ("host_reads", "drift", "leak", "overhead")
 PIPELINE_DIR = Path(os.path.realpath(REPO_ROOT / "pipeline"))
 MODEL_DIR = PIPELINE_DIR / "model"
 TORCH_DIR = Path(os.path.realpath(os.path.dirname(torch.__file__)))
@@ -129,6 +153,7 @@ class HostReads:
             if kind != "other":
                 self.sites[f"{kind} {name}:{frame.f_lineno} {frame.f_code.co_name} {op}"] += 1
             return fn(*args, **kwargs)
+
         return counted
 
     def __enter__(self) -> "HostReads":
@@ -164,10 +189,15 @@ def host_syncs(steps: int = 40, log_every: Optional[int] = None) -> dict:
     for r in res.rows:
         flow_loops += r["flow/steps_used"] * (r["step"] - prev) * cfg.train.grad_accum
         prev = r["step"]
-    return {"host_syncs_per_step": reads.counts["loop"] / done, "model_syncs_per_step": reads.counts["model"] / done,
-            "torch_internal_reads_per_step": reads.counts["torch"] / done, "steps": done,
-            "log_every": cfg.train.log_every, "flow_loop_iterations_per_step": flow_loops / done,
-            "sites": dict(reads.sites)}
+    return {
+        "host_syncs_per_step": reads.counts["loop"] / done,
+        "model_syncs_per_step": reads.counts["model"] / done,
+        "torch_internal_reads_per_step": reads.counts["torch"] / done,
+        "steps": done,
+        "log_every": cfg.train.log_every,
+        "flow_loop_iterations_per_step": flow_loops / done,
+        "sites": dict(reads.sites),
+    }
 
 
 # ---------------------------------------------------------------------------- telemetry overhead
@@ -190,108 +220,125 @@ def temporary_store() -> Iterator[str]:
                     os.environ[k] = v
 
 
-def trainer_run(cfg, x, y, tracked: bool, name: str) -> tuple[list[dict], float]:
-    """One run; returns its rows and its wall time in seconds. The tracked arm logs exactly as the
-    train stage does (tracking.MetricBuffer inside tracking.mlflow_run), and its time includes the
-    buffer's final flush: every row reaches the store inside the timed span."""
-    from pipeline.tracking import store as tracking
+def bare_run(cfg, x, y, probe, name: str = "", skip: float = 0.2) -> dict:
+    """A loop with no health, telemetry or skip logic (forward, backward, clip_grad_norm_, AdamW,
+    LR schedule) over the same model, data and steps as a trainer run, in bench.tracking's run
+    shape: a stamp every log_every steps (probes ~once a second, their time taken out)."""
+    from bench.tracking import RowProbe, workload_threads  # (bench.tracking imports this module)
 
-    if not tracked:
-        t0 = time.perf_counter()
-        res = train_model(cfg, x, y, progress=False)
-        return res.rows, time.perf_counter() - t0
-    with tracking.mlflow_run(name, cfg.run.preset, experiment="bench-trainer") as run:
-        t0 = time.perf_counter()
-        with tracking.MetricBuffer(run.info.run_id) as to_mlflow:
-            res = train_model(cfg, x, y, on_log=to_mlflow, progress=False)
-        return res.rows, time.perf_counter() - t0
-
-
-def bare_windows(cfg, x, y, windows: int) -> list[float]:
-    """ms/step of a loop with no health, telemetry or skip logic, in windows of log_every steps
-    (timed() adds one untimed step before each window)."""
     t = cfg.train
-    torch.manual_seed(cfg.run.seed)
-    model = EnergyFlowModel.from_config(cfg.model, DIM)
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.warmup_steps, windows * (t.log_every + 1)))
-    loader = BatchLoader(x, y, t.batch_size, shuffle=True, seed=cfg.run.seed, drop_last=True)
-
-    def forever():
-        epoch = 0
-        while True:
+    clock = RowProbe(probe)
+    probes_before = probe.take(2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(workload_threads(cfg))
+    try:
+        t0 = clock.clock()
+        torch.manual_seed(cfg.run.seed)
+        model = EnergyFlowModel.from_config(cfg.model, DIM)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
+        loader = BatchLoader(x, y, t.batch_size, shuffle=True, seed=cfg.run.seed, drop_last=True)
+        total = t.epochs * len(loader)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(t.warmup_steps, total))
+        step = 0
+        for epoch in range(t.epochs):
             loader.set_epoch(epoch)
-            yield from loader.batches()
-            epoch += 1
+            for xb, yb in loader.batches():
+                energy_flow_loss(model(xb).pred, yb, t.cosine_weight).backward()
+                torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                if step % t.log_every == 0 or step == total:
+                    clock({}, step)
+        wall = clock.clock() - t0
+    finally:
+        torch.set_num_threads(threads)
+    steady = clock.steady_ms(skip)
+    return {
+        "arm": "bare",
+        "wall_s": wall,
+        "setup_s": 0.0,
+        "train_s": wall,
+        "teardown_s": 0.0,
+        "steps": step,
+        "steady_ms": steady,
+        "fixed_s": wall - step * steady / 1000,
+        "row_ms": steady,
+        "cpu_self_s": 0.0,
+        "cpu_children_s": 0.0,
+        "probes": probes_before + clock.probes,
+        "flow_steps": None,
+        "metrics_logged": 0,
+        "rows": len(clock.sent),
+        "rows_sent": 0,
+    }
 
-    batches = forever()
 
-    def step():
-        xb, yb = next(batches)
-        energy_flow_loss(model(xb).pred, yb, t.cosine_weight).backward()
-        torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
+def telemetry_overhead(
+    pairs: int = 4,
+    steps: int = 200,
+    bare: bool = True,
+    log_every: Optional[int] = None,
+    probe: Optional[Probe] = None,
+    segment_s: Optional[float] = None,
+) -> dict:
+    """The train stage's logging (bench.tracking's `sidecar` arm: tracking.mlflow_run, params,
+    tracking.MetricBuffer with system metrics every train.system_metrics_every_s) against tracking
+    off, on the `default` preset, split into a per-step part and a per-run fixed part (see
+    bench.tracking for how each is measured and normalised by the probes)."""
+    from bench.tracking import SEGMENT_S, compare_arms
 
-    return [1000 * timed(step, t.log_every) for _ in range(windows)]
-
-
-def telemetry_overhead(pairs: int = 6, steps: int = 100, bare: bool = True,
-                       log_every: Optional[int] = None) -> dict:
-    """Tracked over untracked wall time of whole runs (default preset, ~58 ms steps on 2 cores).
-
-    Why whole runs: the logging's cost is partly outside perf/step_ms (the on_log call and the
-    final flush happen between windows) and partly inside it (a writer competing for the two
-    cores). Sent row by row, a 34-metric row costs MLflow's SQLite store ~7-9 ms of CPU and the
-    overhead was 4.8 %; tracking.MetricBuffer sends ~10 s of rows per log_batch."""
-    cfg, n = config("default", steps, *([f"train.log_every={log_every}"] if log_every else []))
-    x, y = synthetic(n)
-    seconds: dict[str, list[float]] = {"tracked": [], "untracked": []}
-    step_ms: dict[str, list[float]] = {"tracked": [], "untracked": []}
-    flow_steps: list[list[float]] = []
-    bare_ms: list[float] = []
-    pair_ratios: list[float] = []
-    load_before = os.getloadavg()[0]
-    with temporary_store():
-        # Untimed warm-up of both arms: torch's allocator and thread pool, MLflow's import and the
-        # store's schema migration all start here, not in a timed run.
-        wcfg, wn = config("default", 10)
-        for tracked in (True, False):
-            trainer_run(wcfg, *synthetic(wn), tracked, "warm-up")
-        for i in range(pairs):
-            # ABBA: a load that rises or falls steadily over the benchmark hits both arms alike.
-            order = (True, False) if i % 2 == 0 else (False, True)
-            pair = {}
-            for tracked in order:
-                rows, wall = trainer_run(cfg, x, y, tracked, f"overhead-{i}")
-                arm = "tracked" if tracked else "untracked"
-                seconds[arm].append(wall)
-                step_ms[arm] += [r["perf/step_ms"] for r in rows[2:]]
-                flow_steps.append([r["flow/flow_steps"] for r in rows])
-                pair[tracked] = wall
-            pair_ratios.append(pair[True] / pair[False])
-            if bare:
-                bare_ms += bare_windows(cfg, x, y, steps // (cfg.train.log_every + 1))[2:]
-            say(f"overhead pair {i + 1}/{pairs}: tracked/untracked {pair_ratios[-1]:.3f}")
-    med = {a: float(np.median(v)) for a, v in seconds.items()}
-    med_step = {a: float(np.median(v)) for a, v in step_ms.items()}
-    out = {"telemetry_overhead": med["tracked"] / med["untracked"],
-           "telemetry_overhead_step_ms": med_step["tracked"] / med_step["untracked"],
-           "tracked_run_s": med["tracked"], "untracked_run_s": med["untracked"],
-           "tracked_step_ms": med_step["tracked"], "untracked_step_ms": med_step["untracked"],
-           "telemetry_overhead_pair_ratios": pair_ratios, "overhead_pairs": pairs,
-           "overhead_steps_per_run": steps, "overhead_log_every": cfg.train.log_every,
-           # Same seed, same data: both arms must have run the same flows, step for step.
-           "overhead_arms_same_work": all(f == flow_steps[0] for f in flow_steps),
-           "overhead_threads": torch.get_num_threads(),
-           # The 1-minute load average: above the core count, other processes shared the run.
-           "load_avg_before_after": [load_before, os.getloadavg()[0]]}
-    if bare:
-        out.update({"bare_loop_step_ms": float(np.median(bare_ms)),
-                    "gradient_health_overhead": med_step["untracked"] / float(np.median(bare_ms))})
+    arms = ("off", "sidecar") + (("bare",) if bare else ())
+    res = compare_arms(
+        "default",
+        arms,
+        pairs,
+        steps,
+        *([f"train.log_every={log_every}"] if log_every else []),
+        probe=probe,
+        extra_arms={"bare": bare_run},
+        log=say,
+        segment_s=SEGMENT_S if segment_s is None else segment_s,
+    )
+    out = {
+        "telemetry_overhead_per_step": res["overhead_per_step"]["sidecar"],
+        "telemetry_overhead_per_step_runs": res["overhead_per_step_runs"]["sidecar"],
+        "telemetry_overhead_per_step_segments": res["overhead_per_step_segments"]["sidecar"],
+        "telemetry_overhead_per_step_across_runs": res["overhead_per_step_across_runs"]["sidecar"],
+        "telemetry_overhead_per_step_across_runs_raw": res["overhead_per_step_across_runs_raw"]["sidecar"],
+        "telemetry_fixed_s": res["fixed_cost_s"]["sidecar"],
+        "telemetry_fixed_s_raw": res["fixed_cost_s_raw"]["sidecar"],
+        "telemetry_fixed_s_rounds": res["fixed_cost_s_rounds"]["sidecar"],
+        "telemetry_cpu_s_per_run": res["cpu_cost_s"]["sidecar"],
+        "telemetry_fixed_fraction_of_default_run": res.get("fixed_fraction_of_default_run", {}).get("sidecar"),
+        # A whole default run's overhead as the two parts make it (context, no goal of its own).
+        "telemetry_overhead": res.get("overhead_default_run", {}).get("sidecar"),
+        "default_run_steps": res["default_run_steps"],
+        "default_run_steps_source": res["default_run_steps_source"],
+        "default_run_s": res.get("default_run_s"),
+        "default_run_s_how": res.get("default_run_s_how"),
+        "overhead_pairs": pairs,
+        "overhead_steps_per_run": steps,
+        "overhead_log_every": res["log_every"],
+        "overhead_segment_s": res["segment_s"],
+        "overhead_system_metrics_every_s": res["system_metrics_every_s"],
+        "overhead_arms_same_work": res["arms_same_work"],
+        "overhead_threads": res["threads"],
+        "overhead_per_arm": res["per_arm"],
+        "overhead_probe_reference_ms": res["probe_reference_ms"],
+        # The 1-minute load average: above the core count, other processes shared the run.
+        "load_avg_before_after": res["load_avg_before_after"],
+    }
+    if bare:  # (across runs: the bare loop has no logger to switch on and off)
+        out.update(
+            {
+                "bare_loop_step_ms": res["per_arm"]["bare"]["steady_step_ms"],
+                "gradient_health_overhead": 1 / res["overhead_per_step"]["bare"],
+            }
+        )
     return out
 
 
@@ -313,24 +360,51 @@ def median_between(rows: list[dict], key: str, lo: int, hi: int) -> float:
     return float(np.median(vals))
 
 
-def smoke_run(steps: int, *overrides: str) -> list[dict]:
+def smoke_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
+    """A `smoke` run on synthetic data: its rows, and with `probe_every` a probe (bench/probe.py)
+    every that many rows, taken between windows (on_log runs outside a row's timed span) with the
+    trainer's own thread count: [step, seconds] each."""
     cfg, n = config("smoke", steps, *overrides)
-    return train_model(cfg, *synthetic(n), progress=False).rows
+    probes: list[list] = []
+    on_log, probe = None, None
+    if probe_every:
+        probe = Probe()
+        seen = [0]
+
+        def on_log(metrics: dict, step: int) -> None:
+            if "perf/step_ms" in metrics:
+                seen[0] += 1
+                if seen[0] % probe_every == 0:
+                    probes.append([step, probe()])
+
+    rows = train_model(cfg, *synthetic(n), on_log=on_log, progress=False).rows
+    return {"rows": rows, "probes": probes, "probe_threads": sorted(probe.threads) if probe else []}
 
 
-ROWS_SCRIPT = ("import json, sys; from bench.trainer import smoke_run; "
-               "print(json.dumps(smoke_run(int(sys.argv[1]), *sys.argv[2:])))")
+ROWS_SCRIPT = (
+    "import json, sys; from bench.trainer import smoke_run; "
+    "print(json.dumps(smoke_run(int(sys.argv[1]), *sys.argv[3:], probe_every=int(sys.argv[2]))))"
+)
 
 
-def fresh_rows(steps: int, *overrides: str) -> list[dict]:
+def fresh_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
     """smoke_run in a new process. In this one, memory freed by earlier runs stays in the
     allocator's free lists: a leak first refills them and the RSS slope misses it (a 100-step
     fault=leak run right after a 250-step one fitted 0.3 MB per 1k steps; fresh, ~200)."""
-    proc = subprocess.run([sys.executable, "-c", ROWS_SCRIPT, str(steps), *overrides], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", ROWS_SCRIPT, str(steps), str(probe_every), *overrides],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode:
         raise RuntimeError(f"smoke run {overrides} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fresh_rows(steps: int, *overrides: str) -> list[dict]:
+    return fresh_run(steps, *overrides)["rows"]
 
 
 # One intra-op thread for the smoke runs. The smoke model's ops are too small to split: on this
@@ -342,93 +416,192 @@ def fresh_rows(steps: int, *overrides: str) -> list[dict]:
 SMOKE_THREADS = "train.threads=1"
 
 
+DRIFT_PROBE_EVERY = 10  # rows (20 smoke steps, ~120 ms): an ~8 ms probe adds ~7 % to the run, 5 per window
+
+
 def drift_and_rss(steps: int = 500, repeats: int = 3, rss_after: int = 100) -> dict:
     """Step-time drift and RSS slope of clean `smoke` runs (log_every 2: a row per 2 steps), each
-    in a fresh process. One run's ratio is at the mercy of whatever else the shared machine did
-    during its two 100-step windows (with two threads, runs here read 0.19, 63 and 0.016 while
-    other sessions ran tests), so the figure is the median over `repeats` runs, each listed."""
+    in a fresh process. The machine is shared: other sessions' load during one 100-step window
+    and not the other moves the raw ratio (with two threads, runs here read 0.19, 63 and 0.016
+    while other sessions ran tests). So each run also takes a probe every DRIFT_PROBE_EVERY rows,
+    and step_time_drift is the late/early ratio of step time over the probes' median in the same
+    window: the machine's speed at those moments divided out. The figure is the median over
+    `repeats` runs, each listed; step_time_drift_raw is the same without the probes."""
     if steps < 500:
         raise ValueError(f"steps={steps}: the drift compares steps 400-500, so expected >= 500")
-    runs = []
+    runs, all_probes, threads = [], [], set()
+    windows = {"early": (20, 120), "late": (400, 500)}
     for i in range(repeats):
-        rows = fresh_rows(steps, SMOKE_THREADS)
-        early = median_between(rows, "perf/step_ms", 20, 120)
-        late = median_between(rows, "perf/step_ms", 400, 500)
-        runs.append({"ratio": late / early, "early_ms": early, "late_ms": late,
-                     # The flow loop stops when flows arrive: if training changed how many flow steps
-                     # a batch takes, the step time would move for a reason that is not drift.
-                     "flow_steps": (median_between(rows, "flow/flow_steps", 20, 120),
-                                    median_between(rows, "flow/flow_steps", 400, 500)),
-                     "rss": rss_slope_per_1k(rows, rss_after), "rss_end": rows[-1]["mem/rss_mb"],
-                     "steps": rows[-1]["step"]})
-        say(f"drift run {i + 1}/{repeats}: {early:.2f} -> {late:.2f} ms/step, RSS {runs[-1]['rss']:.2f} MB/1k steps")
+        run = fresh_run(steps, SMOKE_THREADS, probe_every=DRIFT_PROBE_EVERY)
+        rows, probes = run["rows"], run["probes"]
+        all_probes += [p for _, p in probes]
+        threads.update(run.get("probe_threads", []))
+        ms = {w: median_between(rows, "perf/step_ms", *lh) for w, lh in windows.items()}
+        probe_ms = {}
+        for w, (lo, hi) in windows.items():
+            inside = [p for s, p in probes if lo <= s <= hi]
+            if not inside:
+                raise ValueError(f"no probe between steps {lo} and {hi}")
+            probe_ms[w] = 1000 * float(np.median(inside))
+        raw = ms["late"] / ms["early"]
+        runs.append(
+            {
+                "ratio": raw / (probe_ms["late"] / probe_ms["early"]),
+                "raw": raw,
+                "early_ms": ms["early"],
+                "late_ms": ms["late"],
+                "probe_early_ms": probe_ms["early"],
+                "probe_late_ms": probe_ms["late"],
+                # The flow loop stops when flows arrive: if training changed how many flow steps
+                # a batch takes, the step time would move for a reason that is not drift.
+                "flow_steps": (
+                    median_between(rows, "flow/flow_steps", 20, 120),
+                    median_between(rows, "flow/flow_steps", 400, 500),
+                ),
+                "rss": rss_slope_per_1k(rows, rss_after),
+                "rss_end": rows[-1]["mem/rss_mb"],
+                "steps": rows[-1]["step"],
+            }
+        )
+        r = runs[-1]
+        say(
+            f"drift run {i + 1}/{repeats}: {r['early_ms']:.2f} -> {r['late_ms']:.2f} ms/step (raw {raw:.3f}), probe "
+            f"{r['probe_early_ms']:.2f} -> {r['probe_late_ms']:.2f} ms, drift {r['ratio']:.3f}; "
+            f"RSS {r['rss']:.2f} MB/1k steps"
+        )
     mid = lambda k: float(np.median([r[k] for r in runs]))  # noqa: E731
-    return {"step_time_drift": mid("ratio"), "step_time_drift_runs": [r["ratio"] for r in runs],
-            "drift_early_step_ms": mid("early_ms"), "drift_late_step_ms": mid("late_ms"),
-            "drift_flow_steps_early_late": runs[0]["flow_steps"], "drift_steps": runs[0]["steps"],
-            "rss_growth_mb_per_1k_steps": mid("rss"), "rss_growth_runs": [r["rss"] for r in runs],
-            "rss_fit_after_step": rss_after, "rss_mb_end": runs[0]["rss_end"]}
+    return {
+        "step_time_drift": mid("ratio"),
+        "step_time_drift_runs": [r["ratio"] for r in runs],
+        "step_time_drift_raw": mid("raw"),
+        "step_time_drift_raw_runs": [r["raw"] for r in runs],
+        "drift_early_step_ms": mid("early_ms"),
+        "drift_late_step_ms": mid("late_ms"),
+        "drift_probe_early_ms": mid("probe_early_ms"),
+        "drift_probe_late_ms": mid("probe_late_ms"),
+        "drift_probe": {**spread(all_probes), "probe_threads": sorted(threads)},
+        "drift_probe_every_rows": DRIFT_PROBE_EVERY,
+        "drift_flow_steps_early_late": runs[0]["flow_steps"],
+        "drift_steps": runs[0]["steps"],
+        "rss_growth_mb_per_1k_steps": mid("rss"),
+        "rss_growth_runs": [r["rss"] for r in runs],
+        "rss_fit_after_step": rss_after,
+        "rss_mb_end": runs[0]["rss_end"],
+    }
 
 
 def leak_rss(steps: int = 250, after: int = 100) -> dict:
     """The same slope with fault=leak from step 1: each step's loss, with its graph, is kept
     (fault.leak_mb=0: the graph alone, the subtle leak; the fault preset adds 8 MB a step)."""
     rows = fresh_rows(steps, SMOKE_THREADS, "fault=leak", "fault.step=1", "fault.leak_mb=0")
-    return {"rss_growth_mb_per_1k_steps_leak": rss_slope_per_1k(rows, after), "leak_steps": rows[-1]["step"],
-            "leak_fit_after_step": after, "leak_rss_mb_end": rows[-1]["mem/rss_mb"]}
+    return {
+        "rss_growth_mb_per_1k_steps_leak": rss_slope_per_1k(rows, after),
+        "leak_steps": rows[-1]["step"],
+        "leak_fit_after_step": after,
+        "leak_rss_mb_end": rows[-1]["mem/rss_mb"],
+    }
 
 
 # ---------------------------------------------------------------------------- main
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m bench.trainer", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=6,
-                    help="tracked/untracked run pairs for telemetry_overhead (default 6; ~16 s a pair on 2 cores, "
-                         "with the bare-loop arm)")
-    ap.add_argument("--steps", type=int, default=100,
-                    help="optimizer steps per overhead run, default-preset model (default 100 = 20 rows)")
-    ap.add_argument("--log-every", type=int, default=None,
-                    help="train.log_every of the overhead runs (default: the preset's, 5)")
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=4,
+        help="rounds of the off / sidecar / bare arms for the telemetry figures (default 4; ~40 s a "
+        "round on 2 idle cores)",
+    )
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=200,
+        help="optimizer steps per overhead run, default-preset model (default 200 = 40 rows)",
+    )
+    ap.add_argument(
+        "--log-every", type=int, default=None, help="train.log_every of the overhead runs (default: the preset's, 5)"
+    )
     ap.add_argument("--sync-steps", type=int, default=40, help="smoke steps the host reads are counted over")
     ap.add_argument("--drift-steps", type=int, default=500, help="steps of the clean smoke run (>= 500)")
     ap.add_argument("--drift-repeats", type=int, default=3, help="clean smoke runs; the drift is their median")
     ap.add_argument("--leak-steps", type=int, default=250, help="steps of the fault=leak smoke run")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare-loop arm (gradient_health_overhead)")
+    ap.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help=f"which figures to measure (default all: {','.join(PARTS)}); goals_met covers those",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a fast check of the benchmark itself: 1 round of 60 steps (0.5 s segments), 1 drift run, 150 leak steps",
+    )
     args = ap.parse_args(argv)
+    segment_s = None
+    if args.quick:
+        args.pairs, args.steps, args.drift_repeats, args.leak_steps, args.sync_steps = 1, 60, 1, 150, 12
+        segment_s = 0.5
+    wanted = [p for p in args.parts.split(",") if p]
+    if set(wanted) - set(PARTS):
+        ap.error(f"--parts: unknown {sorted(set(wanted) - set(PARTS))}; expected some of {','.join(PARTS)}")
     t0 = time.perf_counter()
-    res: dict = {"device": f"cpu ({torch.get_num_threads()} threads)", "threads": torch.get_num_threads(),
-                 "torch": torch.__version__, "goals": GOALS}
+    probe = Probe(threads=torch.get_num_threads())  # the default preset's thread count (the overhead runs')
+    res: dict = {
+        "device": f"cpu ({torch.get_num_threads()} threads)",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "goals": GOALS,
+    }
     syncs: dict = {}
 
     def host_reads() -> dict:
         for le in (None, 5):
             syncs[le] = host_syncs(args.sync_steps, le)
         a, b = syncs[None], syncs[5]
-        return {"host_syncs_per_step": a["host_syncs_per_step"], "model_syncs_per_step": a["model_syncs_per_step"],
-                "torch_internal_reads_per_step": a["torch_internal_reads_per_step"],
-                "flow_loop_iterations_per_step": a["flow_loop_iterations_per_step"],
-                "sync_steps": a["steps"], "sync_log_every": a["log_every"],
-                "host_syncs_per_step_log_every_5": b["host_syncs_per_step"],
-                "host_sync_sites": {k: v for k, v in a["sites"].items() if not k.startswith("torch ")},
-                "torch_internal_read_sites": {k: v for k, v in a["sites"].items() if k.startswith("torch ")}}
+        return {
+            "host_syncs_per_step": a["host_syncs_per_step"],
+            "model_syncs_per_step": a["model_syncs_per_step"],
+            "torch_internal_reads_per_step": a["torch_internal_reads_per_step"],
+            "flow_loop_iterations_per_step": a["flow_loop_iterations_per_step"],
+            "sync_steps": a["steps"],
+            "sync_log_every": a["log_every"],
+            "host_syncs_per_step_log_every_5": b["host_syncs_per_step"],
+            "host_sync_sites": {k: v for k, v in a["sites"].items() if not k.startswith("torch ")},
+            "torch_internal_read_sites": {k: v for k, v in a["sites"].items() if k.startswith("torch ")},
+        }
 
-    parts = [("host reads", host_reads),
-             ("drift and rss", lambda: drift_and_rss(args.drift_steps, args.drift_repeats)),
-             ("leak rss", lambda: leak_rss(args.leak_steps)),
-             ("telemetry overhead", lambda: telemetry_overhead(args.pairs, args.steps, bare=not args.no_bare,
-                                                               log_every=args.log_every))]
-    for name, fn in parts:
-        t = time.perf_counter()
-        res.update(fn())
-        say(f"{name}: {time.perf_counter() - t:.1f} s")
-    res["goals_met"] = {
-        "telemetry_overhead": res["telemetry_overhead"] <= GOALS["telemetry_overhead"],
-        "host_syncs_per_step": res["host_syncs_per_step"] <= GOALS["host_syncs_per_step"],
-        "step_time_drift": res["step_time_drift"] <= GOALS["step_time_drift"],
-        "rss_growth_mb_per_1k_steps": res["rss_growth_mb_per_1k_steps"] < GOALS["rss_growth_mb_per_1k_steps"],
-        # Not a speed goal: the slope must see a real leak, or a small clean slope proves nothing.
-        "leak_detected": res["rss_growth_mb_per_1k_steps_leak"] > 10 * max(res["rss_growth_mb_per_1k_steps"], 5.0),
+    parts = {
+        "host_reads": host_reads,
+        "drift": lambda: drift_and_rss(args.drift_steps, args.drift_repeats),
+        "leak": lambda: leak_rss(args.leak_steps),
+        "overhead": lambda: telemetry_overhead(
+            args.pairs, args.steps, bare=not args.no_bare, log_every=args.log_every, probe=probe, segment_s=segment_s
+        ),
     }
+    for name in wanted:
+        t = time.perf_counter()
+        res.update(parts[name]())
+        say(f"{name}: {time.perf_counter() - t:.1f} s")
+    checks = {
+        "telemetry_overhead_per_step": lambda v: v <= GOALS["telemetry_overhead_per_step"],
+        "telemetry_fixed_fraction_of_default_run": lambda v: v <= GOALS["telemetry_fixed_fraction_of_default_run"],
+        "host_syncs_per_step": lambda v: v <= GOALS["host_syncs_per_step"],
+        "step_time_drift": lambda v: v <= GOALS["step_time_drift"],
+        "rss_growth_mb_per_1k_steps": lambda v: v < GOALS["rss_growth_mb_per_1k_steps"],
+    }
+    res["goals_met"] = {k: bool(ok(res[k])) for k, ok in checks.items() if res.get(k) is not None}
+    if "rss_growth_mb_per_1k_steps_leak" in res and "rss_growth_mb_per_1k_steps" in res:
+        # Not a speed goal: the slope must see a real leak, or a small clean slope proves nothing.
+        res["goals_met"]["leak_detected"] = bool(
+            res["rss_growth_mb_per_1k_steps_leak"] > 10 * max(res["rss_growth_mb_per_1k_steps"], 5.0)
+        )
+    if probe.times:
+        res.update(machine(probe))
+    else:
+        res.update(machine())
+        res["probe"] = res.get("drift_probe", {})
     res["bench_seconds"] = time.perf_counter() - t0
     print(json.dumps(res))
     return res

@@ -2,6 +2,7 @@
 object with every figure, each finite, the two embed paths agree, the warm cache encodes only the
 new texts, and the CLI answers --help. No timing is asserted: the benchmark reports ratios on a
 shared machine, tests check behaviour."""
+
 import json
 import math
 import os
@@ -22,19 +23,33 @@ def env():
 
 @pytest.fixture(scope="module")
 def quick():
-    out = subprocess.run([sys.executable, "-m", "bench.data", "--quick"], cwd=REPO_ROOT, env=env(),
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.data", "--quick"],
+        cwd=REPO_ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
 def test_quick_run_reports_every_figure_finite(quick):
-    figures = ["embed_speedup_vs_sentence_transformers", "embed_texts_per_s_ours",
-               "embed_texts_per_s_sentence_transformers", "embed_max_abs_diff",
-               "incremental_fraction", "incremental_full_s", "incremental_s",
-               "loader_rss_growth_mb", "loader_rss_anon_growth_mb_big", "loader_rss_anon_growth_mb_small",
-               "data_wait_fraction"]
+    figures = [
+        "embed_speedup_vs_sentence_transformers",
+        "embed_texts_per_s_ours",
+        "embed_texts_per_s_sentence_transformers",
+        "embed_max_abs_diff",
+        "incremental_fraction",
+        "incremental_full_s",
+        "incremental_s",
+        "loader_rss_growth_mb",
+        "loader_rss_anon_growth_mb_big",
+        "loader_rss_anon_growth_mb_small",
+        "data_wait_fraction",
+    ]
     for key in figures:
         assert isinstance(quick[key], (int, float)) and math.isfinite(quick[key]), (key, quick.get(key))
     # The growth figures are also given under names that carry the row counts.
@@ -42,7 +57,8 @@ def test_quick_run_reports_every_figure_finite(quick):
     assert quick["loader_rss_anon_growth_mb_200k"] == quick["loader_rss_anon_growth_mb_big"]
     assert quick["loader_rss_anon_growth_mb_10k"] == quick["loader_rss_anon_growth_mb_small"]
     assert quick["loader_rss_growth_mb"] == pytest.approx(
-        quick["loader_rss_anon_growth_mb_big"] - quick["loader_rss_anon_growth_mb_small"])
+        quick["loader_rss_anon_growth_mb_big"] - quick["loader_rss_anon_growth_mb_small"]
+    )
     for ratio in ("embed_speedup_vs_sentence_transformers", "incremental_fraction", "data_wait_fraction"):
         assert quick[ratio] > 0, ratio
     assert quick["embed_texts_per_s_ours"] > 0 and quick["embed_texts_per_s_sentence_transformers"] > 0
@@ -78,9 +94,21 @@ def test_sample_texts_are_distinct_and_the_new_ones_unseen():
 
 
 def test_cli_help_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "bench.data", "--help"], cwd=REPO_ROOT, env=env(),
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.data", "--help"],
+        cwd=REPO_ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
-    for word in ("embed_speedup_vs_sentence_transformers", "incremental_fraction", "loader_rss_growth_mb",
-                 "data_wait_fraction", "--quick", "--loader-child"):
+    for word in (
+        "embed_speedup_vs_sentence_transformers",
+        "incremental_fraction",
+        "loader_rss_growth_mb",
+        "data_wait_fraction",
+        "--quick",
+        "--loader-child",
+    ):
         assert word in out.stdout

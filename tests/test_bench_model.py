@@ -1,5 +1,7 @@
-"""bench.model's measuring pieces, on the smoke preset: what they count is right (no timing is
-asserted here; benchmarks report ratios, tests check behaviour)."""
+"""bench.model's measuring pieces, on the smoke preset: what they count is right, and the MFU's
+peak is the best of the probes taken between its steps (no timing is asserted here; benchmarks
+report ratios, tests check behaviour)."""
+
 import pytest
 
 from bench import model as bench
@@ -28,7 +30,43 @@ def test_flop_count_matches_the_matmuls_of_the_model():
     assert res["mfu"] > 0
 
 
+def test_mfu_is_against_the_best_of_many_probes_taken_between_the_steps():
+    probe = bench.Probe(n=64, reps=2)
+    res = bench.mfu(load_config(["preset=smoke"]), rounds=3, probes_per_round=2, probe=probe)
+    assert len(probe.times) == 3 * 2 and res["mfu_rounds"] == 3
+    assert res["matmul_peak_gflops"] * 1e9 == pytest.approx(probe.peak_flops())
+    assert res["mfu"] == pytest.approx(res["achieved_gflops"] / res["matmul_peak_gflops"])
+    assert res["achieved_gflops"] == pytest.approx(res["step_gflops"] / res["bench_step_s"])
+    assert res["bench_step_s"] <= res["bench_step_s_median"]  # the best step against the best probe
+    assert res["mfu_probe_is_poor_reference"] == (res["mfu"] > 1)
+    assert res["mfu_vs_burst_peak"] > 0 and res["matmul_burst_peak_gflops"] > 0 and res["mfu_median_paired"] > 0
+
+
 def test_reference_speedup_is_measured_on_a_sub_batch_and_scaled():
     res = bench.speedup_vs_reference(load_config(["preset=smoke"]), sub_batch=2)
     assert res["reference_scaled_by_flow_steps"] and res["reference_timed_samples"] == 2
     assert res["reference_timed_flow_steps"] < res["full_batch_flow_steps"]
+    assert res["speedup_vs_reference_probe_normalised"] > 0
+
+
+@pytest.mark.slow  # a whole quick benchmark run (~1 min on 2 cores): the default suite keeps its 10 minutes
+def test_quick_run_names_the_cpu_and_the_probes_spread():
+    import json
+    import subprocess
+    import sys
+
+    from pipeline.core.paths import REPO_ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.model", "--quick", "--device", "cpu"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert isinstance(res["cpu_model"], str) and res["cpu_model"]
+    assert res["probe"]["probe_count"] >= 3 * 4 and res["probe"]["probe_spread_max_min"] >= 1.0
+    assert res["mfu"] > 0 and isinstance(res["mfu_probe_is_poor_reference"], bool)
+    assert "seed_preset_step_s" not in res  # --quick leaves the seed step out

@@ -1,5 +1,6 @@
 """bench.scaling runs end to end (--quick: real torchrun, 1 and 2 gloo processes) and reports what it
 promises; no timing is asserted (benchmarks report ratios, tests check behaviour)."""
+
 import json
 import subprocess
 import sys
@@ -13,8 +14,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
 def test_quick_run_prints_one_json_line_with_the_figures():
-    proc = subprocess.run([sys.executable, "-m", "bench.scaling", "--quick"], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.scaling", "--quick"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["samples_per_s_1"] > 0 and res["samples_per_s_2"] > 0
@@ -26,6 +28,7 @@ def test_quick_run_prints_one_json_line_with_the_figures():
 
 
 def test_help_explains_the_figures():
-    out = subprocess.run([sys.executable, "-m", "bench.scaling", "--help"], cwd=REPO_ROOT, capture_output=True,
-                         text=True, timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.scaling", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    ).stdout
     assert "samples_per_s_1" in out and "ratio" in out and "threads_per_process" in out and "--quick" in out

@@ -32,6 +32,7 @@ group, and the child must outlive the parent's unwinding to write the last rows.
 input closes, which also happens if the parent is killed outright (SIGKILL): the rows already
 sent are written even then.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,10 +65,18 @@ class MetricWriter:
     `sync` to wait until the store has them, `close` at the end (also on every error path)."""
 
     def __init__(self, tracking_uri: str, run_id: str, pending_file: Path, system_metrics_s: float = 0.0):
-        env = {**os.environ, **NO_RETRY_ENV, "MLFLOW_TRACKING_URI": tracking_uri,
-               "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_PARENT, os.environ.get("PYTHONPATH")]))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.tracking.metric_writer", run_id, str(system_metrics_s),
-                                      str(pending_file)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        env = {
+            **os.environ,
+            **NO_RETRY_ENV,
+            "MLFLOW_TRACKING_URI": tracking_uri,
+            "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_PARENT, os.environ.get("PYTHONPATH")])),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.tracking.metric_writer", run_id, str(system_metrics_s), str(pending_file)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         self.syncs = 0
 
     def _put(self, message) -> None:
@@ -75,8 +84,10 @@ class MetricWriter:
             pickle.dump(message, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError):
-            raise PipelineError(f"the MLflow metric writer (pid {self.proc.pid}) has exited with status "
-                                f"{self.proc.poll()}; its error is printed above") from None
+            raise PipelineError(
+                f"the MLflow metric writer (pid {self.proc.pid}) has exited with status "
+                f"{self.proc.poll()}; its error is printed above"
+            ) from None
 
     def send(self, rows: list[tuple[int, int, dict]]) -> None:
         if rows:
@@ -89,13 +100,17 @@ class MetricWriter:
         self._put(("sync", self.syncs))
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         if not ready:
-            raise PipelineError(f"the MLflow metric writer did not confirm its writes within {timeout:g} s: "
-                                "is the tracking store reachable (MLFLOW_TRACKING_URI)?")
+            raise PipelineError(
+                f"the MLflow metric writer did not confirm its writes within {timeout:g} s: "
+                "is the tracking store reachable (MLFLOW_TRACKING_URI)?"
+            )
         try:
             _, n, status = pickle.load(self.proc.stdout)
         except EOFError:
-            raise PipelineError(f"the MLflow metric writer (pid {self.proc.pid}) exited with status "
-                                f"{self.proc.wait()}; its error is printed above") from None
+            raise PipelineError(
+                f"the MLflow metric writer (pid {self.proc.pid}) exited with status "
+                f"{self.proc.wait()}; its error is printed above"
+            ) from None
         if n != self.syncs:  # replies come in order, one per sync: anything else is a bug here
             raise PipelineError(f"the MLflow metric writer answered sync {n}, expected {self.syncs}")
         return status
@@ -143,8 +158,10 @@ def _sample_system(run_id: str, uri: str, interval: float, stop: threading.Event
         except Exception as e:  # noqa: BLE001 - context, not telemetry: a sample the store refused is dropped
             dropped += 1
             if dropped == 1:
-                print(f"[metric writer] a system-metrics sample was dropped ({type(e).__name__}: {e}); sampling "
-                      "goes on", file=sys.stderr)
+                print(
+                    f"[metric writer] a system-metrics sample was dropped ({type(e).__name__}: {e}); sampling goes on",
+                    file=sys.stderr,
+                )
 
     try:
         # resume_logging: a resumed run's samples continue its step count instead of restarting.
@@ -209,8 +226,12 @@ def _serve(run_id: str, system_metrics_s: float, inp, out, pending_path: Path) -
     stop_sampling = threading.Event()
     sampler = None
     if system_metrics_s > 0:
-        sampler = threading.Thread(target=_sample_system, args=(run_id, uri, system_metrics_s, stop_sampling),
-                                   daemon=True, name="system-metrics")
+        sampler = threading.Thread(
+            target=_sample_system,
+            args=(run_id, uri, system_metrics_s, stop_sampling),
+            daemon=True,
+            name="system-metrics",
+        )
         sampler.start()
     pending = _Pending(pending_path)
     reason = None
@@ -222,8 +243,8 @@ def _serve(run_id: str, system_metrics_s: float, inp, out, pending_path: Path) -
         done = 0
         try:
             while done < len(todo):
-                client.log_batch(run_id, metrics=todo[done:done + BATCH_LIMIT])
-                done += len(todo[done:done + BATCH_LIMIT])
+                client.log_batch(run_id, metrics=todo[done : done + BATCH_LIMIT])
+                done += len(todo[done : done + BATCH_LIMIT])
         except Exception as e:  # noqa: BLE001 - any refusal: keep the values, say why at the next sync
             reason = f"{type(e).__name__}: {e}"[:500]
             pending.keep(todo[done:], new)
@@ -246,8 +267,14 @@ def _serve(run_id: str, system_metrics_s: float, inp, out, pending_path: Path) -
                 break
             kind, payload = message
             if kind == "rows":
-                write([Metric(k, float(v), ts, step) for step, ts, row in payload for k, v in row.items()
-                       if isinstance(v, (int, float)) and math.isfinite(v)])
+                write(
+                    [
+                        Metric(k, float(v), ts, step)
+                        for step, ts, row in payload
+                        for k, v in row.items()
+                        if isinstance(v, (int, float)) and math.isfinite(v)
+                    ]
+                )
             elif kind == "sync":
                 if pending.items:
                     write([])
@@ -259,9 +286,11 @@ def _serve(run_id: str, system_metrics_s: float, inp, out, pending_path: Path) -
             time.sleep(FINAL_PAUSE_S)
             write([])
         if pending.items:
-            print(f"[metric writer] the MLflow store did not take {len(pending.items)} metric values ({reason}); "
-                  f"they are kept in {pending.path}: once the store answers, run `python -m pipeline.tracking.replay`",
-                  file=sys.stderr)
+            print(
+                f"[metric writer] the MLflow store did not take {len(pending.items)} metric values ({reason}); "
+                f"they are kept in {pending.path}: once the store answers, run `python -m pipeline.tracking.replay`",
+                file=sys.stderr,
+            )
     finally:
         stop_sampling.set()
         if sampler is not None:

@@ -9,6 +9,7 @@ store of MLFLOW_TRACKING_URI (unset: the project's mlflow.db). Without FILE, eve
 is replayed. A file is removed once every value in it is stored; one that fails stays, and the
 command exits 1 naming it. Replaying twice cannot double a point: a file is gone once stored.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,8 @@ def replay(path: Path) -> int:
     done = 0
     try:
         while done < len(metrics):
-            client.log_batch(path.stem, metrics=metrics[done:done + BATCH_LIMIT])
-            done += len(metrics[done:done + BATCH_LIMIT])
+            client.log_batch(path.stem, metrics=metrics[done : done + BATCH_LIMIT])
+            done += len(metrics[done : done + BATCH_LIMIT])
     except Exception:
         if done:  # keep only what is not stored: a second replay must not log a point twice
             write_pending(path, metrics[done:])
@@ -55,8 +56,11 @@ def replay(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.tracking.replay", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m pipeline.tracking.replay",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("files", nargs="*", type=Path, help="pending files (default: all in <project>/.mlflow-pending)")
     args = ap.parse_args(argv)
     files = args.files or sorted(tracking.pending_dir().glob("*.jsonl"))
@@ -70,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
             n = replay(path)
         except Exception as e:  # noqa: BLE001 - one file's failure must not stop the others
             failed += 1
-            print(f"[metric replay] {path}: not replayed into {uri} ({type(e).__name__}: {e}); the file is kept",
-                  file=sys.stderr)
+            print(
+                f"[metric replay] {path}: not replayed into {uri} ({type(e).__name__}: {e}); the file is kept",
+                file=sys.stderr,
+            )
             continue
         print(f"[metric replay] {path}: {n} values stored in run {path.stem} ({uri})")
     return 1 if failed else 0

@@ -6,6 +6,7 @@ in a copy under `<root>/.dvc/tmp/exps/...` that DVC deletes afterwards; we resol
 that copy (DVC_ROOT, or the path), so those runs and their artifacts land in the same store.
 `MLFLOW_TRACKING_URI` overrides everything (a shared server).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,8 +79,19 @@ def enabled() -> bool:
 
 # URI schemes MLflow stores runs in (its own list, in the error it raises for any other; a
 # database scheme may carry a driver: postgresql+psycopg2). A bare path has no scheme.
-STORE_SCHEMES = ("", "file", "databricks", "databricks-uc", "uc", "http", "https", "postgresql", "mysql", "sqlite",
-                 "mssql")
+STORE_SCHEMES = (
+    "",
+    "file",
+    "databricks",
+    "databricks-uc",
+    "uc",
+    "http",
+    "https",
+    "postgresql",
+    "mysql",
+    "sqlite",
+    "mssql",
+)
 
 
 def bad_scheme(uri: str) -> str | None:
@@ -90,8 +102,10 @@ def bad_scheme(uri: str) -> str | None:
     scheme = urllib.parse.urlsplit(uri).scheme.split("+")[0].lower()
     if scheme in STORE_SCHEMES or (len(scheme) == 1 and uri[1:2] == ":"):  # (a Windows drive: a path)
         return None
-    return (f"MLflow cannot store runs under the scheme {scheme!r}; expected sqlite:///PATH, a directory, "
-            "http(s)://HOST:PORT or a database URI (postgresql://, mysql://, mssql://)")
+    return (
+        f"MLflow cannot store runs under the scheme {scheme!r}; expected sqlite:///PATH, a directory, "
+        "http(s)://HOST:PORT or a database URI (postgresql://, mysql://, mssql://)"
+    )
 
 
 def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
@@ -127,23 +141,31 @@ def configure(mode: str) -> None:
     if scheme:
         if mode == "optional":
             _ENABLED = False
-            log.warning("MLFLOW_TRACKING_URI = %s: %s. Tracking is OFF for this stage (run.tracking=optional)",
-                        shown, scheme)
+            log.warning(
+                "MLFLOW_TRACKING_URI = %s: %s. Tracking is OFF for this stage (run.tracking=optional)", shown, scheme
+            )
             return
-        raise TrackingUnavailable(f"MLFLOW_TRACKING_URI = {shown}: {scheme}. Fix it, unset it (the project's mlflow.db "
-                                  "is then used), or set run.tracking=disabled")
+        raise TrackingUnavailable(
+            f"MLFLOW_TRACKING_URI = {shown}: {scheme}. Fix it, unset it (the project's mlflow.db "
+            "is then used), or set run.tracking=disabled"
+        )
     reason = unreachable_reason(uri)
     if reason is None:
         return
     if mode == "optional":
         _ENABLED = False
-        log.warning("the MLflow tracking server %s is unreachable (%s): tracking is OFF for this stage "
-                    "(run.tracking=optional); nothing of it will be in MLflow", shown, reason)
+        log.warning(
+            "the MLflow tracking server %s is unreachable (%s): tracking is OFF for this stage "
+            "(run.tracking=optional); nothing of it will be in MLflow",
+            shown,
+            reason,
+        )
         return
     raise TrackingUnavailable(
         f"the MLflow tracking server {shown} (MLFLOW_TRACKING_URI) is unreachable: {reason}. Start it, point "
         "MLFLOW_TRACKING_URI at one that runs (unset, the project's mlflow.db is used), or set "
-        "run.tracking=optional (track when it answers) or run.tracking=disabled")
+        "run.tracking=optional (track when it answers) or run.tracking=disabled"
+    )
 
 
 def artifact_location(uri: str) -> str | None:
@@ -152,7 +174,7 @@ def artifact_location(uri: str) -> str | None:
     copy, deleted when the run ends; we put them next to the database instead. A server decides
     for itself (None)."""
     if uri.startswith("sqlite:///"):
-        return (Path(uri[len("sqlite:///"):]).resolve().parent / "mlruns").as_uri()
+        return (Path(uri[len("sqlite:///") :]).resolve().parent / "mlruns").as_uri()
     return None
 
 
@@ -174,8 +196,7 @@ def git_provenance() -> tuple[dict[str, str], str]:
     (dvc.lock, .gitignore), which DVC rewrites mid-pipeline."""
     commit = os.environ.get("DVC_EXP_BASELINE_REV") or _git("rev-parse", "HEAD")
     diff = _git("diff", "--no-color", "--no-ext-diff", commit, "--", ".", *_DVC_HOUSEKEEPING) if commit else None
-    tags = {"git.commit": commit or "unknown",
-            "git.dirty": "unknown" if diff is None else str(bool(diff)).lower()}
+    tags = {"git.commit": commit or "unknown", "git.dirty": "unknown" if diff is None else str(bool(diff)).lower()}
     if diff:
         tags["git.diff.sha256"] = hashlib.sha256(diff.encode()).hexdigest()[:16]
     return tags, diff or ""
@@ -191,7 +212,9 @@ def device_tags(device: Any = "cpu") -> dict[str, str]:
     else:
         name = _cpu_model() or platform.processor() or platform.machine()
         name = f"{name} ({os.cpu_count()} cores)"
-    from pipeline.core.numerics import numerics_info  # what decides the bits: the same numbers on another machine need the same
+    from pipeline.core.numerics import (
+        numerics_info,  # what decides the bits: the same numbers on another machine need the same
+    )
 
     return {"device": str(device), "device.name": name, **numerics_info()}
 
@@ -210,8 +233,7 @@ def provenance(preset: str) -> tuple[dict[str, str], str]:
     import torch
 
     git_tags, diff = git_provenance()
-    tags = {**git_tags, "preset": preset, "host": socket.gethostname(),
-            "torch.version": torch.__version__}
+    tags = {**git_tags, "preset": preset, "host": socket.gethostname(), "torch.version": torch.__version__}
     for env, tag in (("DVC_EXP_NAME", "dvc.exp_name"), ("DVC_EXP_BASELINE_REV", "dvc.exp_baseline")):
         if os.environ.get(env):
             tags[tag] = os.environ[env]
@@ -266,8 +288,14 @@ def _set_experiment(name: str) -> None:
 
 
 @contextlib.contextmanager
-def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_id: str | None = None,
-               tags: dict | None = None, keep_status: bool = False) -> Iterator[Any]:
+def mlflow_run(
+    run_name: str,
+    preset: str,
+    experiment: str = "energy-flow",
+    run_id: str | None = None,
+    tags: dict | None = None,
+    keep_status: bool = False,
+) -> Iterator[Any]:
     """Start (or, with run_id, resume) a run; end it FINISHED, FAILED or KILLED on every path
     (KILLED for Ctrl-C and SIGTERM, which stages/_cli.py turns into an exception), after the
     asynchronous metric queue is flushed: MLflow's end_run does not wait for it, so a run could
@@ -283,8 +311,14 @@ def mlflow_run(run_name: str, preset: str, experiment: str = "energy-flow", run_
         yield _NO_RUN
         return
     import mlflow
+    from mlflow.environment_variables import MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS
 
     mlflow.set_tracking_uri(tracking_uri())
+    # MLflow's queue thread waits for work with a 1 s timeout unless it buffers: the flush at the
+    # end then waits out that timeout (0-1 s a run). Buffering for 1 s, the thread waits on an
+    # event the flush sets, and the flush returns as soon as the values are stored.
+    if not MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.defined:
+        MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(1)
     if not run_id:
         _set_experiment(experiment)
         # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's sidecar samples them
@@ -389,8 +423,11 @@ class MetricBuffer:
         from pipeline.tracking.metric_writer import MetricWriter
 
         self.run_id, self.flush_seconds = run_id, flush_seconds
-        self.writer = MetricWriter(tracking_uri(), run_id, pending_dir() / f"{run_id}.jsonl",
-                                   system_metrics_s) if enabled() else None
+        self.writer = (
+            MetricWriter(tracking_uri(), run_id, pending_dir() / f"{run_id}.jsonl", system_metrics_s)
+            if enabled()
+            else None
+        )
         self.outage: dict | None = None  # the last sync's pending status, while the store is away
         self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)
         self.sent = 0  # metric values handed to the writer so far (non-finite ones are dropped there)
@@ -417,9 +454,13 @@ class MetricBuffer:
 
     def _report(self, status: dict | None) -> None:
         if status and not self.outage:
-            log.warning("the MLflow store is not taking metrics (%s): training goes on; %d values are kept in %s and "
-                        "sent when it answers again", redact_text(str(status["reason"])), status["pending"],
-                        status["file"])
+            log.warning(
+                "the MLflow store is not taking metrics (%s): training goes on; %d values are kept in %s and "
+                "sent when it answers again",
+                redact_text(str(status["reason"])),
+                status["pending"],
+                status["file"],
+            )
         elif self.outage and not status:
             log.info("the MLflow store answers again: the %d kept metric values are stored", self.outage["pending"])
         self.outage = status
@@ -453,7 +494,7 @@ def log_params(params: dict[str, Any]) -> None:
     # first (pipeline/tracking/redact.py): a param is kept forever and shown to everyone with the UI.
     items = [(k, v[:6000]) for k, v in redact_params(params).items()]
     for i in range(0, len(items), 100):
-        mlflow.log_params(dict(items[i:i + 100]))
+        mlflow.log_params(dict(items[i : i + 100]))
 
 
 def run_file(stage: str) -> Path:
@@ -467,15 +508,16 @@ def write_run_file(stage: str, info: dict) -> None:
     write_json(run_file(stage), {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
 
 
-def read_run_file(stage: str, output: Path | None = None, digest_key: str = "model_sha256",
-                  required: bool = True) -> dict:
+def read_run_file(
+    stage: str, output: Path | None = None, digest_key: str = "model_sha256", required: bool = True
+) -> dict:
     """The run `stage` made. With `output` (the file the run made), the run must be the one that
     made this very file: after `dvc checkout` or `dvc exp apply` of another experiment the file
     in runs/ still names the last run here, and a `dvc exp run --temp/--queue` copy has no runs/
     at all (it is not in git), so the run is then looked up in MLflow by the file's digest (a tag
     its run carries). `required=False`: {} when no run is found, instead of an error."""
-    from pipeline.data.shards import sha256_file
     from pipeline.core.stage_outputs import read_json
+    from pipeline.data.shards import sha256_file
 
     path = run_file(stage)
     if not path.is_file():
@@ -488,8 +530,9 @@ def read_run_file(stage: str, output: Path | None = None, digest_key: str = "mod
             return {}
     info = read_json(path, stage)
     if not isinstance(info.get("run_id"), str):
-        raise PipelineError(f"{path}: holds no run_id; it is written by the {stage} stage: run it again "
-                            f"(dvc repro {stage})")
+        raise PipelineError(
+            f"{path}: holds no run_id; it is written by the {stage} stage: run it again (dvc repro {stage})"
+        )
     if output is None or not info.get(digest_key):
         return info
     digest = sha256_file(output)
@@ -500,10 +543,12 @@ def read_run_file(stage: str, output: Path | None = None, digest_key: str = "mod
         return {**info, "run_id": found, digest_key: digest}
     if not required:
         return {}
-    raise PipelineError(f"{output} (sha256 {digest[:12]}) is not the file the last {stage} run here made ({path} "
-                        f"names run {info['run_id']}, whose file had sha256 {str(info[digest_key])[:12]}), and no "
-                        f"run in the tracking store carries its digest: run the {stage} stage again "
-                        f"(dvc repro -f {stage})")
+    raise PipelineError(
+        f"{output} (sha256 {digest[:12]}) is not the file the last {stage} run here made ({path} "
+        f"names run {info['run_id']}, whose file had sha256 {str(info[digest_key])[:12]}), and no "
+        f"run in the tracking store carries its digest: run the {stage} stage again "
+        f"(dvc repro -f {stage})"
+    )
 
 
 def find_run_by_tag(key: str, value: str) -> str | None:
@@ -511,8 +556,13 @@ def find_run_by_tag(key: str, value: str) -> str | None:
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri())  # called before any run of this process has set it
-    runs = mlflow.search_runs(search_all_experiments=True, filter_string=f"tags.`{key}` = '{value}'",
-                              order_by=["attributes.start_time DESC"], max_results=1, output_format="list")
+    runs = mlflow.search_runs(
+        search_all_experiments=True,
+        filter_string=f"tags.`{key}` = '{value}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+        output_format="list",
+    )
     return runs[0].info.run_id if runs else None
 
 

@@ -10,6 +10,7 @@ only host sync. The code packs every fact a skip needs to be explained into one 
     bit 4       the loss is a spike (above mean + k * std of the trailing window of good losses)
     bit 5 + i   module i (nearest the loss first) holds a non-finite gradient
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -84,13 +85,24 @@ class SpikeDetector:
 class StepHealth:
     """Measures a step's gradients, clips them and keeps the log window's accumulators."""
 
-    def __init__(self, model: nn.Module, *, grad_clip: float, grad_warning: float, grad_critical: float,
-                 spike_window: int, spike_k: float, skip_spikes: bool, device: torch.device,
-                 agree: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        grad_clip: float,
+        grad_warning: float,
+        grad_critical: float,
+        spike_window: int,
+        spike_k: float,
+        skip_spikes: bool,
+        device: torch.device,
+        agree: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    ):
         # Top-level modules nearest the loss first (backward order): the first one with a
         # non-finite gradient is where the trouble surfaced.
-        self.modules = [(name, [p for p in m.parameters() if p.requires_grad])
-                        for name, m in reversed(list(model.named_children()))]
+        self.modules = [
+            (name, [p for p in m.parameters() if p.requires_grad]) for name, m in reversed(list(model.named_children()))
+        ]
         self.modules = [(n, ps) for n, ps in self.modules if ps]
         self.module_names = [n for n, _ in self.modules]
         self.params = [p for _, ps in self.modules for p in ps]
@@ -99,9 +111,18 @@ class StepHealth:
         self.device = device
         self.spikes = SpikeDetector(spike_window, spike_k, device)
         # The code's bits in the order of measure()'s flags: the loss's and the norm's, then one per module.
-        self._code_bits = torch.tensor([NAN_LOSS, INF_LOSS, NAN_GRAD, INF_GRAD, SPIKE,
-                                        *(1 << (MODULE_SHIFT + i) for i in range(len(self.modules)))],
-                                       dtype=torch.long, device=device)
+        self._code_bits = torch.tensor(
+            [
+                NAN_LOSS,
+                INF_LOSS,
+                NAN_GRAD,
+                INF_GRAD,
+                SPIKE,
+                *(1 << (MODULE_SHIFT + i) for i in range(len(self.modules))),
+            ],
+            dtype=torch.long,
+            device=device,
+        )
         # Distributed training: an element-wise max of the flags over ranks (Dist.all_reduce), so
         # a non-finite value or a spike on any rank skips the step on every rank.
         self.agree = agree
@@ -109,8 +130,7 @@ class StepHealth:
         self.new_window()
 
     # Accumulator layout: sums over the window's steps (module norms over good steps only).
-    FIELDS = ("n_ok", "loss", "norm", "clipped", "n_clipped", "nonfinite", "spikes",
-              *(f"zone_{z}" for z in ZONES))
+    FIELDS = ("n_ok", "loss", "norm", "clipped", "n_clipped", "nonfinite", "spikes", *(f"zone_{z}" for z in ZONES))
 
     def new_window(self) -> None:
         self.acc = torch.zeros(len(self.FIELDS) + len(self.modules), dtype=torch.float64, device=self.device)
@@ -126,8 +146,20 @@ class StepHealth:
         norm = torch.linalg.vector_norm(mod_norms)
         loss = loss.detach().double()
         threshold = self.spikes.threshold()
-        flags = torch.cat([torch.stack([torch.isnan(loss), torch.isinf(loss), torch.isnan(norm), torch.isinf(norm),
-                                        torch.isfinite(loss) & (loss > threshold)]), ~torch.isfinite(mod_norms)])
+        flags = torch.cat(
+            [
+                torch.stack(
+                    [
+                        torch.isnan(loss),
+                        torch.isinf(loss),
+                        torch.isnan(norm),
+                        torch.isinf(norm),
+                        torch.isfinite(loss) & (loss > threshold),
+                    ]
+                ),
+                ~torch.isfinite(mod_norms),
+            ]
+        )
         if self.agree is not None:
             # With DDP the loss (reduced by the trainer) and the gradients are the same on every
             # rank, so the flags already agree; a non-finite value made after the reduction on one
@@ -146,32 +178,59 @@ class StepHealth:
             clipped = norm
         self.spikes.push(loss, threshold)
         safe = lambda t: torch.where(ok, torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0), 0.0)  # noqa: E731
-        zone = torch.stack([finite & (norm <= self.grad_warning),
-                            finite & (norm > self.grad_warning) & (norm <= self.grad_critical),
-                            finite & (norm > self.grad_critical), ~finite]).double()
-        self.acc += torch.cat([
-            torch.stack([ok.double(), safe(loss), safe(norm), safe(clipped),
-                         safe((norm > self.grad_clip).double()) if self.grad_clip > 0 else zero.double(),
-                         (~finite).double(), spike.double()]),
-            zone, safe(mod_norms)])
+        zone = torch.stack(
+            [
+                finite & (norm <= self.grad_warning),
+                finite & (norm > self.grad_warning) & (norm <= self.grad_critical),
+                finite & (norm > self.grad_critical),
+                ~finite,
+            ]
+        ).double()
+        self.acc += torch.cat(
+            [
+                torch.stack(
+                    [
+                        ok.double(),
+                        safe(loss),
+                        safe(norm),
+                        safe(clipped),
+                        safe((norm > self.grad_clip).double()) if self.grad_clip > 0 else zero.double(),
+                        (~finite).double(),
+                        spike.double(),
+                    ]
+                ),
+                zone,
+                safe(mod_norms),
+            ]
+        )
         self.norm_max = torch.maximum(self.norm_max, safe(norm))
         return code, threshold
 
-    def step_readout(self, code: torch.Tensor, loss: torch.Tensor, threshold: torch.Tensor,
-                     scale: Optional[torch.Tensor], with_window: bool) -> list[float]:
+    def step_readout(
+        self,
+        code: torch.Tensor,
+        loss: torch.Tensor,
+        threshold: torch.Tensor,
+        scale: Optional[torch.Tensor],
+        with_window: bool,
+    ) -> list[float]:
         """The one vector read this step: [code, loss, threshold, (scale, update_ratio, norm_max,
         accumulators...) on a log step]. Read it with one .tolist()."""
         head = [code.double(), loss.detach().double(), threshold]
         if not with_window:
             return torch.stack(head).tolist()
-        s = scale.double() if scale is not None else torch.full((), float("nan"), dtype=torch.float64, device=self.device)
+        s = (
+            scale.double()
+            if scale is not None
+            else torch.full((), float("nan"), dtype=torch.float64, device=self.device)
+        )
         return torch.cat([torch.stack(head + [s, self.update_ratio, self.norm_max]), self.acc]).tolist()
 
     def window_metrics(self, values: list[float]) -> dict[str, float]:
         """Telemetry fields of the window from the tail of a step_readout with the window."""
         scale, ratio, norm_max = values[3:6]
-        acc = dict(zip(self.FIELDS, values[6:6 + len(self.FIELDS)]))
-        mods = values[6 + len(self.FIELDS):]
+        acc = dict(zip(self.FIELDS, values[6 : 6 + len(self.FIELDS)]))
+        mods = values[6 + len(self.FIELDS) :]
         n_ok = acc["n_ok"]
         mean = (lambda v: v / n_ok) if n_ok else (lambda v: float("nan"))
         worst = max((i for i, z in enumerate(ZONES) if acc[f"zone_{z}"] > 0), default=0)

@@ -1,4 +1,5 @@
 """Per-window training telemetry: what each logged row holds, phase timing and memory readings."""
+
 from __future__ import annotations
 
 import os
@@ -15,12 +16,33 @@ PHASES = ("data", "forward", "backward", "optimizer")
 # one `grad/<module>/norm` column per top-level module follows them. The report stage reads the
 # same names; `split/name` everywhere, as in MLflow.
 STEP_COLUMNS = [
-    "step", "epoch", "train/loss", "train/skipped", "train/skipped_steps", "train/spikes", "train/lr",
-    "grad/global_norm", "grad/max_norm", "grad/clipped_norm", "grad/clip_fraction", "grad/nonfinite_steps",
-    "grad/update_ratio", "grad/zone", "grad/steps_healthy", "grad/steps_warning", "grad/steps_critical",
-    "grad/steps_exploded", "amp/scale",
-    "perf/step_ms", *(f"perf/{p}_ms" for p in PHASES), "perf/samples_per_s",
-    "flow/steps_used", "flow/flow_steps", "mem/rss_mb", "mem/device_allocated_mb", "mem/device_peak_mb",
+    "step",
+    "epoch",
+    "train/loss",
+    "train/skipped",
+    "train/skipped_steps",
+    "train/spikes",
+    "train/lr",
+    "grad/global_norm",
+    "grad/max_norm",
+    "grad/clipped_norm",
+    "grad/clip_fraction",
+    "grad/nonfinite_steps",
+    "grad/update_ratio",
+    "grad/zone",
+    "grad/steps_healthy",
+    "grad/steps_warning",
+    "grad/steps_critical",
+    "grad/steps_exploded",
+    "amp/scale",
+    "perf/step_ms",
+    *(f"perf/{p}_ms" for p in PHASES),
+    "perf/samples_per_s",
+    "flow/steps_used",
+    "flow/flow_steps",
+    "mem/rss_mb",
+    "mem/device_allocated_mb",
+    "mem/device_peak_mb",
 ]
 
 
@@ -91,4 +113,3 @@ class PhaseTimer:
             self._pending = still
         out, self.totals = self.totals, dict.fromkeys(PHASES, 0.0)
         return out
-
