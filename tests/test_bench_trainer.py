@@ -139,7 +139,13 @@ def test_quick_run_reports_the_split_overhead_drift_cpu_and_probes():
     ):
         assert isinstance(res[key], float) and math.isfinite(res[key]), key
     assert res["overhead_arms_same_work"] is True and res["overhead_pairs"] == 1
-    assert res["overhead_segment_s"] == 0.5 and res["telemetry_overhead_per_step_segments"] >= 1
+    assert res["overhead_segment_s"] == 0.5
+    # How many sent/unsent segment pairs a quick run holds depends on the machine's speed (a busy
+    # machine's quick run may hold none); with none, the per-step figure is the across-runs one.
+    segments = res["telemetry_overhead_per_step_segments"]
+    assert isinstance(segments, int) and segments >= 0
+    if segments == 0:
+        assert res["telemetry_overhead_per_step"] == res["telemetry_overhead_per_step_across_runs"]
     assert set(res["overhead_per_arm"]) == {"off", "sidecar", "bare"}
     assert res["overhead_per_arm"]["sidecar"]["cpu_children_s"] > 0  # the sidecar is a child process
     # The fixed part is judged against the default run's length: its steps as recorded, its step time as measured.
