@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,8 @@ def test_metric_buffer_sends_every_row_with_its_step_in_batches_and_on_error(tmp
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = MlflowClient(tracking_uri=uri)
+    # Training on fewer threads than cores: the sidecar starts beside it, nothing waits for it.
+    monkeypatch.setattr(tracking, "_training_uses_every_core", lambda: False)
     with tracking.mlflow_run("buffered", "smoke", experiment="t") as run:
         with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
             for step in range(1, 31):  # 30 rows of 40 metrics: 1,200 > one log_batch's 1,000
@@ -81,6 +84,16 @@ def test_metric_buffer_sends_every_row_with_its_step_in_batches_and_on_error(tmp
             assert buf.pending == [] and buf.sent == 1
             buf.sync()  # ... and in the store once the sidecar has written it
             assert len(client.get_metric_history(run.info.run_id, "now")) == 1
+    # Training on every core: the first row waits for the sidecar to be up and stores it, once;
+    # later rows are held as usual.
+    monkeypatch.setattr(tracking, "_training_uses_every_core", lambda: True)
+    with tracking.mlflow_run("every-core", "smoke", experiment="t") as run:
+        with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
+            buf({"first": 1.0}, 1)
+            assert buf.pending == [] and buf.writer.syncs == 1
+            assert len(client.get_metric_history(run.info.run_id, "first")) == 1
+            buf({"second": 2.0}, 2)
+            assert len(buf.pending) == 1 and buf.writer.syncs == 1
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -410,3 +423,18 @@ def test_without_a_run_file_the_run_is_found_by_the_outputs_digest(tmp_path, mon
     assert tracking.read_run_file("embed", manifest, "manifest_sha256", required=False) == {}
     with pytest.raises(PipelineError, match=r"runs/embed.json"):
         tracking.read_run_file("embed", manifest, "manifest_sha256")
+
+
+def test_training_uses_every_core_reads_the_thread_count_set_now():
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(cores)
+        assert tracking._training_uses_every_core()
+        if cores > 1:
+            torch.set_num_threads(1)  # smoke's train.threads: a core is left for the sidecar
+            assert not tracking._training_uses_every_core()
+    finally:
+        torch.set_num_threads(saved)

@@ -3,12 +3,12 @@
 with training for the interpreter.
 
 Why a process: MLflow's own asynchronous logging (log_batch with synchronous=False) writes from
-threads of the training process. SQLAlchemy's inserts are Python, ~75 us of CPU per metric
-value on the SQLite store, and hold the GIL while the training loop needs it: on the smoke model
-(a row of 35 values every 2 steps of ~6 ms) the training span took 1.21-1.26x as long with that
-logging as without (bench.tracking), although the rows' own step times barely moved. Here the
-training process only pickles rows down a pipe (~1 ms per second of rows) and the writing happens
-on another core.
+threads of the training process. SQLAlchemy's inserts are Python and hold the GIL while the
+training loop needs it: with MLflow's queue (batching a second of rows) and its system-metrics
+sampler, a step took 1.16x as long on the smoke model (a row of 35 values every 2 steps) and
+1.11x on the default one (a row every 5 steps), against 1.01x through this sidecar
+(`python -m bench.tracking`, `--preset default`; AMD EPYC, 2 cores). Here the training process
+only pickles rows down a pipe and the writing happens in another process, at a lower priority.
 
 Protocol, over the child's stdin / stdout (pickles, in order):
   ("rows", [(step, timestamp_ms, {key: value}), ...])  write these (non-finite and non-numeric
@@ -35,6 +35,7 @@ sent are written even then.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -132,7 +133,8 @@ class MetricWriter:
 
 def _read_all(inp, messages: queue.Queue) -> None:
     """Take messages off the pipe as they come, so the parent never blocks on a full pipe while
-    this process is still importing MLflow (~2 s); None marks the end of input."""
+    this process is still importing MLflow (seconds); None marks the end of input."""
+    os.nice(10)  # background work, like the writing (this thread's own priority)
     try:
         while True:
             messages.put(pickle.load(inp))
@@ -223,6 +225,17 @@ def _serve(run_id: str, system_metrics_s: float, inp, out, pending_path: Path) -
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Started monitoring system metrics."
     uri = os.environ["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri)
+    # Open the store now (its engine and schema check; a store that is away is tried again by the
+    # first write). With MLflow's import above, this is most of the CPU a writer spends in a run
+    # (bench.tracking: per_arm.sidecar.cpu_children_s), and it is done at the priority the process
+    # started with: niced from the start, it was left for the end of the run on a busy machine,
+    # where the trainer's final sync then waited for all of it.
+    with contextlib.suppress(Exception):
+        client.get_run(run_id)
+    # Background work from here on: where it competes with training for a core, training comes
+    # first; the rows wait, and sync() waits for them at a checkpoint or the end. (os.nice applies
+    # to this thread and the threads it starts from now on; the pipe reader niced itself.)
+    os.nice(10)
     stop_sampling = threading.Event()
     sampler = None
     if system_metrics_s > 0:
@@ -300,9 +313,6 @@ def _serve(run_id: str, system_metrics_s: float, inp, out, pending_path: Path) -
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Background work: where it competes with training for a core (a preset using every core),
-    # training comes first; the rows wait, and sync() waits for them at a checkpoint or the end.
-    os.nice(10)
     # Replies go to the real stdout; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -402,12 +402,13 @@ class MetricBuffer:
 
     Rows are held and handed every `flush_seconds` to a sidecar process (pipeline.tracking.metric_writer)
     that writes them with log_batch, up to 1000 values a call, and (system_metrics_s > 0) samples
-    CPU, memory, disk, network and NVIDIA GPU use as `system/...` metrics. Measured on the SQLite
-    store: sent row by row from the loop, rows every 5 steps of a 57 ms default step cost 4.8 %
-    of training time (bench.trainer); written by MLflow's asynchronous queue (threads of this
-    process), the smoke model trained 1.21-1.26x slower, the writes competing for the GIL; from
-    the sidecar, see bench.tracking. Rows keep their own step and timestamp, so MLflow's curves
-    are the same, just up to `flush_seconds` late.
+    CPU, memory, disk, network and NVIDIA GPU use as `system/...` metrics. bench.tracking
+    measures the choice on the SQLite store (rows sent or not in alternate 2 s segments of the
+    same run; AMD EPYC, 2 cores): written by MLflow's asynchronous queue and its system-metrics
+    sampler (threads of this process, the writes competing for the GIL), a step took 1.16x as
+    long on the smoke model and 1.11x on the default one; through the sidecar, 1.01x. The
+    sidecar's own cost is its start, once per run (see __call__). Rows keep their own step and
+    timestamp, so MLflow's curves are the same, just up to `flush_seconds` late.
 
     `sync()` blocks until the store has every row: before each checkpoint (a resumed run must not
     lose the rows before it). On exit, on every path (an exception, Ctrl-C, SIGTERM), the rest is
@@ -432,6 +433,7 @@ class MetricBuffer:
         self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)
         self.sent = 0  # metric values handed to the writer so far (non-finite ones are dropped there)
         self.last_flush = time.monotonic()
+        self.started = False  # the first row has come (see __call__)
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         if self.writer is None:  # tracking off
@@ -439,6 +441,15 @@ class MetricBuffer:
         # The row as it is (a shallow copy): unpacking it into metric tuples is the sidecar's work
         # (it was ~1 % of the smoke model's step time here).
         self.pending.append((step, int(time.time() * 1000), dict(metrics)))
+        if not self.started:
+            self.started = True
+            if _training_uses_every_core():
+                # The sidecar's start (MLflow's import and opening the store, a few CPU seconds)
+                # would take a core from training for seconds; on all cores every step waits for
+                # its slowest thread, so that costs training more than the core's share. Waiting
+                # for it here, once, costs its own time and no more.
+                self.flush(wait=True)
+                return
         if time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush()
 
@@ -483,6 +494,15 @@ class MetricBuffer:
         finally:
             if self.writer is not None:
                 self.writer.close()
+
+
+def _training_uses_every_core() -> bool:
+    """Whether this process computes on as many intra-op threads as it has cores (asked from
+    inside training, where the trainer has set its count: the default preset, not smoke's one)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return torch.get_num_threads() >= cores
 
 
 def log_params(params: dict[str, Any]) -> None:
