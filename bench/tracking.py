@@ -29,8 +29,11 @@ run):
   overhead_per_step_across_runs[arm]: the sent segments' step time against the off runs' (probe-
   normalised, see below; context: runs tens of seconds apart meet different loads).
 - fixed_cost_s[arm]: what a run pays once: its whole span (run start to the last value stored
-  and the run ended) beyond its steps at its own steady rate, minus the same for off (per round
-  in fixed_cost_s_rounds). cpu_cost_s[arm]: a run's CPU seconds over off's.
+  and the run ended) over the off run's of the same round, less what its sent rows cost step by
+  step (sent steps x off's step time x (overhead_per_step - 1)); the median over rounds (each
+  in fixed_cost_s_rounds). A writer that starts in the background slows the first seconds of a
+  run, every step of it, rows or not: that is here. cpu_cost_s[arm]: a run's CPU seconds over
+  off's (this process's, MLflow's threads included, and its children's: the sidecar).
 - fixed_fraction_of_default_run[arm]: fixed_cost_s over the default preset's run length
   (steps from metrics/train.json's train/planned_steps, times off's steady step time) when the
   preset is `default`; overhead_default_run[arm]: the whole default run's overhead the two make.
@@ -412,7 +415,8 @@ def compare_arms(
         out["per_arm"][arm] = {
             "steady_step_ms": med(arm, "steady_ms"),
             "steady_step_ms_raw": med(arm, "steady_ms", False),
-            "fixed_s": med(arm, "fixed_s"),
+            # The span beyond the steps at the run's own steady rate: setup, teardown, the first rows.
+            "in_run_fixed_s": med(arm, "fixed_s"),
             "wall_s": med(arm, "wall_s"),
             "setup_s": med(arm, "setup_s"),
             "train_s": med(arm, "train_s"),
@@ -445,12 +449,23 @@ def compare_arms(
             float(np.median(r["segment_ratios"])) if r.get("segment_ratios") else None for r in runs[arm]
         ]
         out["overhead_per_step_segments"][arm] = len(ratios)
-        # Once per run: a run's whole span beyond its steps at its own steady rate, against off's.
-        out["fixed_cost_s"][arm] = med(arm, "fixed_s") - med(base, "fixed_s")
-        out["fixed_cost_s_raw"][arm] = med(arm, "fixed_s", False) - med(base, "fixed_s", False)
-        out["fixed_cost_s_rounds"][arm] = [
-            a["fixed_s"] * a["norm"] - b["fixed_s"] * b["norm"] for a, b in zip(runs[arm], runs[base])
-        ]
+
+        # Once per run: the run's whole span over off's in the same round, less what its sent rows cost
+        # step by step (the sent fraction of its steps at off's steady rate times the per-step
+        # overhead). Not against the run's own steady rate: a writer starting up in the background
+        # slows every step of a short run, sent or not, and that is a cost of the run, not of its rows.
+        def fixed(a: dict, b: dict, norm: bool) -> float:
+            na, nb = (a["norm"], b["norm"]) if norm else (1.0, 1.0)
+            per_step = out["overhead_per_step"][arm] - 1.0
+            sent_fraction = a["rows_sent"] / max(a["rows"], 1)
+            return (
+                a["wall_s"] * na - b["wall_s"] * nb - sent_fraction * a["steps"] * b["steady_ms"] * nb / 1000 * per_step
+            )
+
+        pairs = list(zip(runs[arm], runs[base]))
+        out["fixed_cost_s_rounds"][arm] = [fixed(a, b, True) for a, b in pairs]
+        out["fixed_cost_s"][arm] = float(np.median(out["fixed_cost_s_rounds"][arm]))
+        out["fixed_cost_s_raw"][arm] = float(np.median([fixed(a, b, False) for a, b in pairs]))
         out["cpu_cost_s"][arm] = cpu(arm) - cpu(base)
     # What a run pays once, against the length of the default preset's run.
     steps_default, source = default_run_steps()

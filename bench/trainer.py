@@ -10,8 +10,9 @@ The last stdout line is one JSON object; progress lines go to stderr.
   so other processes' load hits both sides). telemetry_overhead_per_step_across_runs: the same
   against the off runs, probe-normalised (context: it carries the load differences of runs
   tens of seconds apart).
-  telemetry_fixed_s: what a tracked run pays once (its whole span beyond its steps at its steady
-  rate, minus the same for off), and telemetry_fixed_fraction_of_default_run (goal <= 0.02):
+  telemetry_fixed_s: what a tracked run pays once (its whole span over the off run's of the same
+  round, less what its sent rows cost step by step; the median over rounds, each in
+  telemetry_fixed_s_rounds), and telemetry_fixed_fraction_of_default_run (goal <= 0.02):
   that over the default run's length, default_run_steps (metrics/train.json's
   train/planned_steps, the default preset on the shipped data) x off's steady step time.
   telemetry_overhead (context): a whole default run's overhead from the two, per step + fixed
