@@ -19,9 +19,9 @@ Figures, for each tracked arm against off (goals: per step <= 1.03; fixed <= 2 %
 run):
 - overhead_per_step[arm]: wall time per step while rows are handed to the logger over the same
   while they are not, inside each tracked run: the run sends its rows in alternate segments of
-  `--segment-s` seconds (on, off, on, ...), each sent segment is set against the mean of its two
-  neighbours, and the figure is the median over all such segments of all runs (from the row at
-  `--skip` of a run on; per-run medians in overhead_per_step_runs). Everything the loop does
+  `--segment-s` seconds and at least 4 rows (on, off, on, ...), each sent segment is set against
+  each unsent neighbour, and the figure is the median over all such pairs of all runs (from the
+  row at `--skip` of a run on; per-run medians in overhead_per_step_runs). Everything the loop does
   between steps counts: handing rows over, a writer competing for the cores or the interpreter.
   The sampler of system metrics runs in both halves, so its cost is in neither (it is small: a
   sample every train.system_metrics_every_s). An A/B seconds apart sees the same machine: other
@@ -81,6 +81,7 @@ GOALS = {"overhead_per_step": 1.03, "fixed_fraction_of_default_run": 0.02}
 ARMS = ("off", "sidecar", "mlflow_async")
 EXPERIMENT = "bench-tracking"
 PROBE_EVERY_S = 1.0  # probes inside a run: 4-8 ms each, so under 1 % of its time
+SEGMENT_ROWS = 4  # rows a segment of the in-run A/B holds at least: its first span is left out, 3 count
 
 
 def _median_or_nan(values) -> float:
@@ -113,9 +114,10 @@ class RowProbe:
     the row on (to the arm's logger, if any). The probe comes first: the logger's work for this
     row starts after it.
 
-    With `segment_s`, rows go to the logger in alternate segments of that many seconds only (on,
-    off, on, ...): the run holds its own A/B, seconds apart, so a load that comes and goes over
-    seconds hits both sides alike (see segment_ratios)."""
+    With `segment_s`, rows go to the logger in alternate segments (on, off, on, ...) of that many
+    seconds and at least SEGMENT_ROWS rows (on a slow machine a row can take seconds): the run
+    holds its own A/B, seconds apart, so a load that comes and goes over seconds hits both sides
+    alike (see segment_ratios)."""
 
     def __init__(
         self,
@@ -125,6 +127,7 @@ class RowProbe:
         segment_s: float = 0.0,
     ):
         self.probe, self.inner, self.every_s, self.segment_s = probe, inner, every_s, segment_s
+        self.segment_rows = 0  # rows in the current segment so far
         self.stamps: list[tuple[int, float]] = []  # (step, clock)
         self.sent: list[bool] = []  # per row: handed to the logger
         self.probes: list[float] = []
@@ -147,8 +150,9 @@ class RowProbe:
         if self.segment_s:
             if self.switch_at is None:
                 self.switch_at = now + self.segment_s
-            elif now >= self.switch_at:
-                self.on, self.switch_at = not self.on, now + self.segment_s
+            elif now >= self.switch_at and self.segment_rows >= SEGMENT_ROWS:
+                self.on, self.switch_at, self.segment_rows = not self.on, now + self.segment_s, 0
+            self.segment_rows += 1
         self.sent.append(self.inner is not None and self.on)
         if time.perf_counter() - self.last >= self.every_s:
             self.take()
@@ -181,13 +185,10 @@ class RowProbe:
         return [(sent, 1000 * sec / steps) for sent, sec, steps, _ in out if steps]
 
     def segment_ratios(self, skip: float) -> list[float]:
-        """ms per step of each sent segment over the mean of its two unsent neighbours."""
+        """ms per step of a sent segment over its unsent neighbour's, for every pair of adjacent
+        segments (each boundary gives one)."""
         seg = self.segments(skip)
-        return [
-            ms / ((seg[i - 1][1] + seg[i + 1][1]) / 2)
-            for i, (sent, ms) in enumerate(seg)
-            if sent and 0 < i < len(seg) - 1 and not seg[i - 1][0] and not seg[i + 1][0]
-        ]
+        return [(a[1] / b[1]) if a[0] else (b[1] / a[1]) for a, b in zip(seg, seg[1:]) if a[0] != b[0]]
 
     def sent_ms(self, skip: float) -> Optional[float]:
         """ms per step over the sent segments alone (None: no segments)."""

@@ -99,8 +99,17 @@ def test_the_in_run_ab_sends_alternate_segments_and_compares_each_with_its_neigh
     assert [m for m, _ in segs] == [True, False] * (len(segs) // 2) + [True] * (len(segs) % 2)
     assert all(ms == pytest.approx(150.0) for m, ms in segs if m)  # (0.25 + 0.05) s / 2 steps
     assert all(ms == pytest.approx(125.0) for m, ms in segs if not m)
-    assert clock.segment_ratios(skip=0.0) == pytest.approx([1.2] * len(clock.segment_ratios(skip=0.0)))
-    assert len(clock.segment_ratios(skip=0.0)) >= 3 and clock.sent_ms(skip=0.0) == pytest.approx(150.0)
+    ratios = clock.segment_ratios(skip=0.0)
+    assert len(ratios) == len(segs) - 1 and ratios == pytest.approx([1.2] * len(ratios))  # one per boundary
+    assert clock.sent_ms(skip=0.0) == pytest.approx(150.0)
+    # A slow machine: rows 1.5 s apart, 1 s segments. A segment still holds 4 rows (3 spans count).
+    slow = bench.RowProbe(lambda: 0.0, inner=lambda metrics, step: None, every_s=1e9, segment_s=1.0)
+    slow.clock = lambda: now[0]
+    for i in range(24):
+        slow({}, i)
+        now[0] += 1.5
+    assert slow.sent == ([True] * 4 + [False] * 4) * 3
+    assert len(slow.segment_ratios(skip=0.0)) == 5
     # Without segments every row is sent, and there is no in-run A/B.
     plain = bench.RowProbe(lambda: 0.0, inner=lambda metrics, step: None, every_s=1e9)
     for i in range(6):
