@@ -31,6 +31,11 @@ import torch
 PROBE_N = 256  # small enough to fit in cache, large enough to run at the matmul peak
 PROBE_REPS = 24
 CUDA_PROBE_N = 4096  # a GPU needs a larger matmul to leave its launch overhead behind
+# Probes whose p90 is more than this over their p10: other processes took the cores for a good
+# part of the run (bench.tracking and bench.trainer on a 2-core AMD EPYC beside a light job or
+# two: 1.2-1.9; beside another 2-thread training: 81). Figures from such a run say more about
+# the machine than about the code: `busy` says so.
+BUSY_SPREAD = 2.0
 
 
 def cpu_model() -> str:
@@ -144,6 +149,8 @@ def machine(probe: Optional[Probe] = None) -> dict:
     out = {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "load_avg_1min_at_end": os.getloadavg()[0]}
     if probe is not None:
         out["probe"] = probe.summary()
+        if probe.times:
+            out["busy"] = out["probe"]["probe_spread_p90_p10"] > BUSY_SPREAD
     return out
 
 

@@ -38,6 +38,7 @@ def test_spread_and_summary_shape():
     p.take(2)
     info = bp.machine(p)
     assert info["cpu_model"] == bp.cpu_model() and info["cpu_count"] >= 1
+    assert info["busy"] == (info["probe"]["probe_spread_p90_p10"] > bp.BUSY_SPREAD)
     for key in (
         "probe_workload",
         "probe_threads",
