@@ -32,7 +32,9 @@ run):
   and the run ended) over the off run's of the same round, less what its sent rows cost step by
   step (sent steps x off's step time x (overhead_per_step - 1)); the median over rounds (each
   in fixed_cost_s_rounds). A writer that starts in the background slows the first seconds of a
-  run, every step of it, rows or not: that is here. cpu_cost_s[arm]: a run's CPU seconds over
+  run, every step of it, rows or not: that is here. fixed_cost_s_in_run[arm]: each run's span
+  beyond its steps at its own steady rate, against off's (no load difference between runs in
+  it, but blind to a start that slows every step). cpu_cost_s[arm]: a run's CPU seconds over
   off's (this process's, MLflow's threads included, and its children's: the sidecar).
 - fixed_fraction_of_default_run[arm]: fixed_cost_s over the default preset's run length
   (steps from metrics/train.json's train/planned_steps, times off's steady step time) when the
@@ -408,6 +410,7 @@ def compare_arms(
         "fixed_cost_s": {},
         "fixed_cost_s_raw": {},
         "fixed_cost_s_rounds": {},
+        "fixed_cost_s_in_run": {},
         "cpu_cost_s": {},
         "per_arm": {},
     }
@@ -467,6 +470,7 @@ def compare_arms(
         out["fixed_cost_s_rounds"][arm] = [fixed(a, b, True) for a, b in pairs]
         out["fixed_cost_s"][arm] = float(np.median(out["fixed_cost_s_rounds"][arm]))
         out["fixed_cost_s_raw"][arm] = float(np.median([fixed(a, b, False) for a, b in pairs]))
+        out["fixed_cost_s_in_run"][arm] = med(arm, "fixed_s") - med(base, "fixed_s")
         out["cpu_cost_s"][arm] = cpu(arm) - cpu(base)
     # What a run pays once, against the length of the default preset's run.
     steps_default, source = default_run_steps()

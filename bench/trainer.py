@@ -313,6 +313,7 @@ def telemetry_overhead(
         "telemetry_fixed_s": res["fixed_cost_s"]["sidecar"],
         "telemetry_fixed_s_raw": res["fixed_cost_s_raw"]["sidecar"],
         "telemetry_fixed_s_rounds": res["fixed_cost_s_rounds"]["sidecar"],
+        "telemetry_fixed_s_in_run": res["fixed_cost_s_in_run"]["sidecar"],
         "telemetry_cpu_s_per_run": res["cpu_cost_s"]["sidecar"],
         "telemetry_fixed_fraction_of_default_run": res.get("fixed_fraction_of_default_run", {}).get("sidecar"),
         # A whole default run's overhead as the two parts make it (context, no goal of its own).
@@ -526,9 +527,13 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--sync-steps", type=int, default=40, help="smoke steps the host reads are counted over")
     ap.add_argument("--drift-steps", type=int, default=500, help="steps of the clean smoke run (>= 500)")
-    ap.add_argument("--drift-repeats", type=int, default=5,
-                    help="clean smoke runs; the drift is their median (default 5: one run moves by +-10 %% on a busy "
-                         "machine, probes or not)")
+    ap.add_argument(
+        "--drift-repeats",
+        type=int,
+        default=5,
+        help="clean smoke runs; the drift is their median (default 5: one run moves by +-10 %% on a busy "
+        "machine, probes or not)",
+    )
     ap.add_argument("--leak-steps", type=int, default=250, help="steps of the fault=leak smoke run")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare-loop arm (gradient_health_overhead)")
     ap.add_argument(

@@ -30,6 +30,7 @@ def test_quick_run_prints_one_json_line_with_the_figures():
         "overhead_per_step_across_runs_raw",
         "fixed_cost_s",
         "fixed_cost_s_raw",
+        "fixed_cost_s_in_run",
         "cpu_cost_s",
     ):
         assert set(res[key]) == {"sidecar", "mlflow_async"}, key

@@ -131,6 +131,7 @@ def test_quick_run_reports_the_split_overhead_drift_cpu_and_probes():
         "telemetry_overhead_per_step_across_runs_raw",
         "telemetry_fixed_s",
         "telemetry_fixed_s_raw",
+        "telemetry_fixed_s_in_run",
         "telemetry_cpu_s_per_run",
         "gradient_health_overhead",
         "bare_loop_step_ms",
