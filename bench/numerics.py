@@ -10,8 +10,9 @@ settings once, at their first use.
   have: `mkl_intel` preloads a two-function shim that tells MKL it runs on an Intel CPU
   (mkl_serv_intel_cpu_true, which MKL's dispatcher asks: on any other vendor it never takes its
   AVX-512 code), so it takes the kernels it takes on an AVX-512 Xeon; `mkl_cbwr_avx512`
-  (MKL_CBWR=AVX512) is what the MKL documents suggest for that, but on a non-Intel CPU MKL falls
-  back to its AUTO branch (MKL_VERBOSE says "CNR:AUTO"); `aten_avx2` caps ATen's kernels at AVX2
+  (MKL_CBWR=AVX512, MKL's own switch for choosing a code branch) would be the direct way, but on
+  a non-Intel CPU MKL falls back to its AUTO branch (this bench's MKL_VERBOSE lines say
+  "CNR:AUTO"); `aten_avx2` caps ATen's kernels at AVX2
   (an AMD Zen 3 or an older Xeon); `avx2_cpu` caps MKL, ATen and oneDNN at AVX2; `intel_avx2`
   is avx2_cpu with the shim (a Haswell/Broadwell Xeon); `cores_1` runs on one core (a
   machine with other core count: train.threads=0 is the machine's core count).

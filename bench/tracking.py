@@ -273,9 +273,14 @@ def arm_run(
         res = train_model(cfg, x, y, on_log=clock, progress=False)
         t_train = t_end = clock.clock()
     elif arm == "sidecar":
-        with tracking.mlflow_run(name, cfg.run.preset, experiment=EXPERIMENT) as run:
+        # As the train stage: the sidecar starts first, then the run opens (early_writer).
+        with (
+            tracking.early_writer() as writer,
+            tracking.mlflow_run(name, cfg.run.preset, experiment=EXPERIMENT) as run,
+        ):
             tracking.log_params(flatten(cfg))
-            with tracking.MetricBuffer(run.info.run_id, system_metrics_s=cfg.train.system_metrics_every_s) as buf:
+            sampling = cfg.train.system_metrics_every_s
+            with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling, writer=writer) as buf:
                 clock.inner = buf
                 t_setup = clock.clock()
                 res = train_model(cfg, x, y, on_log=clock, progress=False)

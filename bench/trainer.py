@@ -96,12 +96,29 @@ def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, (y / np.linalg.norm(y, axis=1, keepdims=True)).astype(np.float32)
 
 
+def stage_threads() -> int:
+    """The intra-op threads a stage trains on (train.threads=0): under the portable numerics, the
+    default, the fixed count stages/__init__.py pins (OMP_NUM_THREADS, else PORTABLE_THREADS: 1);
+    natively 0, torch's default. A bench process is not pinned, and on every core the same model
+    contends with a tracking sidecar in a way the stage never does."""
+    from pipeline.core import numerics
+
+    if numerics.mode() != "portable":
+        return 0
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", numerics.PORTABLE_THREADS)))
+    except ValueError:
+        return numerics.PORTABLE_THREADS
+
+
 def config(preset: str, steps: int, *overrides: str):
     """`preset` for at least `steps` optimizer steps on synthetic data: returns (cfg, rows).
     An epoch is at most 250 steps (8000 rows of batch 32, 12 MB per array); longer runs take
-    more epochs over the same rows, rounded up to whole epochs."""
+    more epochs over the same rows, rounded up to whole epochs. Trained on the stage's thread
+    count (stage_threads) unless an override sets train.threads."""
     epochs = -(-steps // 250)
-    cfg = load_config([f"preset={preset}", *BASE, f"train.epochs={epochs}", *overrides])
+    threads = [] if any(o.startswith("train.threads=") for o in overrides) else [f"train.threads={stage_threads()}"]
+    cfg = load_config([f"preset={preset}", *BASE, f"train.epochs={epochs}", *threads, *overrides])
     return cfg, -(-steps // epochs) * cfg.train.batch_size
 
 
@@ -555,10 +572,11 @@ def main(argv=None) -> dict:
     if set(wanted) - set(PARTS):
         ap.error(f"--parts: unknown {sorted(set(wanted) - set(PARTS))}; expected some of {','.join(PARTS)}")
     t0 = time.perf_counter()
-    probe = Probe(threads=torch.get_num_threads())  # the default preset's thread count (the overhead runs')
+    threads = stage_threads() or torch.get_num_threads()  # the overhead runs' (the stage's) thread count
+    probe = Probe(threads=threads)
     res: dict = {
-        "device": f"cpu ({torch.get_num_threads()} threads)",
-        "threads": torch.get_num_threads(),
+        "device": f"cpu ({threads} threads)",
+        "threads": threads,
         "torch": torch.__version__,
         "goals": GOALS,
     }

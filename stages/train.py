@@ -168,6 +168,12 @@ def train_only(cfg, place) -> None:
 
 
 def train_and_record(cfg, place) -> dict:
+    # The telemetry sidecar starts first: its MLflow import runs beside the set-up below.
+    with tracking.early_writer() as writer:
+        return record_training(cfg, place, writer)
+
+
+def record_training(cfg, place, writer) -> dict:
     checked = []
     manifest, train, val, ckpt_path, fp, state = prepare(cfg, place, on_memory=checked.append)
     memory = checked[0]
@@ -209,7 +215,7 @@ def train_and_record(cfg, place) -> dict:
             claim(ckpt_path.parent, CHECKPOINTS, "train.checkpoint_dir")
         tracking.log_metrics(memory.metrics(), step=0)
         sampling = cfg.train.system_metrics_every_s
-        with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling) as to_mlflow:
+        with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling, writer=writer) as to_mlflow:
             ckpt = Checkpointing(
                 ckpt_path,
                 fp,

@@ -5,16 +5,18 @@ the training loss at every logged step, the evaluate stage's point metrics, and 
 sha256 (with, for the vector files, two sums that survive a last-bit change). The default suite
 runs that experiment once anyway (tests/conftest.py, `smoke_experiments`) and compares it here.
 
-Tolerances, from measurements of the smoke run on one machine (AMD EPYC, torch 2.13.0):
+Tolerances, from `./dev reference` runs of the smoke experiment under each setting below (AMD EPYC,
+torch 2.13.0); re-run it the same way to check them on another machine:
 - Noise that must pass. Against the portable setting on one thread, two threads
   (OMP_NUM_THREADS=2, train.threads=2), the native setting, ATen's scalar kernels
   (ATEN_CPU_CAPABILITY=default) and MKL's own path (MKL_CBWR=AUTO) moved the logged loss and the
   eval metrics only in their last digits (the metrics' rounding), and changed the bits of some of
   the vector files (their sums move by < 1e-6 relative when the values move by their last bits:
   tests/test_smoke_reference.py).
-- A change that must fail. AdamW's eps 1e-8 -> 1e-7, a real numerics change of the kind a
-  refactor makes by accident, moved the loss by 1.7e-5 relative at the 4th logged step and by up
-  to 2.2e-3 later, and val group top-5 by -0.016 (one item).
+- A change that must fail. AdamW's eps 1e-8 -> 1e-7 (`eps=1e-7` passed to the AdamW built in
+  pipeline/train/loop.py), a real numerics change of the kind a refactor makes by accident, moved
+  the loss by 1.7e-5 relative at the 4th logged step and by up to 2.2e-3 later, and val group
+  top-5 by -0.016 (one item).
 So the loss and the vector files' sums must agree to 1e-5 relative (well above the noise), the metrics to
 1e-4 (a fraction of one test item: any flipped retrieval fails), and text files (Parquet) bit for
 bit. A vector file whose sha256 differs but whose sums agree passes, with a note.

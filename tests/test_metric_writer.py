@@ -137,3 +137,34 @@ def test_a_writer_closed_at_once_still_records_a_system_sample(run, tmp_path):
     writer.close()
     history = client.get_metric_history(run_id, "system/cpu_utilization_percentage")
     assert [m.step for m in history] == [0, 1]
+
+
+def test_a_writer_started_before_its_run_writes_once_attached(run, tmp_path):
+    """The train stage starts the sidecar before its run exists (tracking.early_writer): rows
+    are refused until it is attached, then written as usual."""
+    uri, client, run_id = run
+    writer = MetricWriter(uri)
+    try:
+        with pytest.raises(ValueError, match="attach the metric writer to a run"):
+            writer.send([(1, 1, {"m": 1.0})])
+        writer.attach(run_id, tmp_path / "pending.jsonl")
+        with pytest.raises(ValueError, match=f"already writes to run {run_id}"):
+            writer.attach(run_id, tmp_path / "pending.jsonl")
+        writer.send([(1, 1, {"m": 1.0}), (2, 2, {"m": 2.0})])
+        assert writer.sync() is None
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "m")] == [(1, 1.0), (2, 2.0)]
+    finally:
+        writer.close()
+    assert writer.proc.returncode == 0
+
+
+def test_a_writer_never_attached_is_stopped_at_once_and_writes_nothing(run, tmp_path):
+    """A stage that fails in its set-up (a refused config) closes a sidecar that has no run yet:
+    no wait for its MLflow import, nothing in the store."""
+    uri, client, run_id = run
+    writer = MetricWriter(uri)
+    t0 = time.monotonic()
+    writer.close()
+    assert time.monotonic() - t0 < 5
+    assert writer.proc.returncode is not None
+    assert client.get_run(run_id).data.metrics == {}

@@ -356,9 +356,10 @@ class FaultConfig:
     steps: int = 1  # how many consecutive steps (lr_spike; the others hit `step` only)
     module: str = "carrier"  # inf_grad: the top-level module whose gradient is set to inf
     factor: float = 1000.0  # loss_spike: loss multiplier; lr_spike: LR multiplier
-    # leak: activations kept per step on top of the graph. The graph alone is ~0.1 MB a step on
-    # the smoke model (+3 MB over its 28 steps, lost in allocator noise); 8 MB a step is a small
-    # model's activations, +224 MB over the smoke run.
+    # leak: MB kept alive per step on top of the step's autograd graph. The graph alone is a
+    # fraction of a MB a step on the smoke model (`python -m bench.trainer --parts leak`:
+    # rss_growth_mb_per_1k_steps_leak, run with leak_mb=0), lost in the allocator's noise over
+    # the smoke run's 28 steps; 8 MB a step (+224 MB over them) stands out.
     leak_mb: float = 8.0
     rank: int = -1  # distributed training: the one rank the fault hits (-1 = every rank)
 

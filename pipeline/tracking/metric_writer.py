@@ -11,6 +11,8 @@ sampler, a step took 1.16x as long on the smoke model (a row of 35 values every 
 only pickles rows down a pipe and the writing happens in another process, at a lower priority.
 
 Protocol, over the child's stdin / stdout (pickles, in order):
+  ("run", (run_id, pending_file, system_metrics_s))  first: the run to write to (the child
+                     imports MLflow before it comes, and opens the store after)
   ("rows", [(step, timestamp_ms, {key: value}), ...])  write these (non-finite and non-numeric
                      values are dropped: MLflow rejects NaN/inf)
   ("sync", n)        reply ("synced", n, status) once everything before it is written, or kept:
@@ -62,10 +64,22 @@ _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the directory that
 
 
 class MetricWriter:
-    """Parent side: start the sidecar for `run_id` on the store at `tracking_uri`; `send` rows,
-    `sync` to wait until the store has them, `close` at the end (also on every error path)."""
+    """Parent side: start the sidecar on the store at `tracking_uri`; `attach` it to a run (at once
+    when `run_id` is given); `send` rows, `sync` to wait until the store has them, `close` at the
+    end (also on every error path).
 
-    def __init__(self, tracking_uri: str, run_id: str, pending_file: Path, system_metrics_s: float = 0.0):
+    Started before the run exists (tracking.start_writer, at the top of the train stage), the
+    child imports MLflow (about 2 CPU-seconds) while the stage does its own set-up, and opens the
+    store once attached: by the first telemetry row it is ready, where started beside the first
+    steps it held the default run's first row for ~3 s (bench.tracking: per_arm.sidecar)."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        run_id: str | None = None,
+        pending_file: Path | None = None,
+        system_metrics_s: float = 0.0,
+    ):
         env = {
             **os.environ,
             **NO_RETRY_ENV,
@@ -73,12 +87,25 @@ class MetricWriter:
             "PYTHONPATH": os.pathsep.join(filter(None, [_PACKAGE_PARENT, os.environ.get("PYTHONPATH")])),
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.tracking.metric_writer", run_id, str(system_metrics_s), str(pending_file)],
+            [sys.executable, "-m", "pipeline.tracking.metric_writer"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
         )
         self.syncs = 0
+        self.run_id: str | None = None
+        if run_id is not None:
+            if pending_file is None:
+                raise ValueError("a MetricWriter attached to a run needs its pending_file")
+            self.attach(run_id, pending_file, system_metrics_s)
+
+    def attach(self, run_id: str, pending_file: Path, system_metrics_s: float = 0.0) -> None:
+        """The run the rows go to (once): values the store refuses wait in `pending_file`; system
+        metrics are sampled every `system_metrics_s` seconds (0: none)."""
+        if self.run_id is not None:
+            raise ValueError(f"this metric writer already writes to run {self.run_id}")
+        self.run_id = run_id
+        self._put(("run", (run_id, str(pending_file), float(system_metrics_s))))
 
     def _put(self, message) -> None:
         try:
@@ -91,6 +118,8 @@ class MetricWriter:
             ) from None
 
     def send(self, rows: list[tuple[int, int, dict]]) -> None:
+        if rows and self.run_id is None:
+            raise ValueError("attach the metric writer to a run before sending rows")
         if rows:
             self._put(("rows", rows))
 
@@ -119,6 +148,8 @@ class MetricWriter:
     def close(self, timeout: float = SYNC_TIMEOUT_S) -> None:
         """End of input: the child writes what is left and exits. Never raises; kills a child
         that does not exit in time."""
+        if self.run_id is None and self.proc.poll() is None:
+            self.proc.kill()  # never attached: nothing to write, and no need to wait for its import
         try:
             self.proc.stdin.close()
         except OSError:
@@ -213,7 +244,7 @@ class _Pending:
         self.path.unlink(missing_ok=True)
 
 
-def _serve(run_id: str, system_metrics_s: float, inp, out, pending_path: Path) -> None:
+def _serve(inp, out) -> None:
     messages: queue.Queue = queue.Queue()
     threading.Thread(target=_read_all, args=(inp, messages), daemon=True, name="pipe-reader").start()
 
@@ -223,6 +254,15 @@ def _serve(run_id: str, system_metrics_s: float, inp, out, pending_path: Path) -
     from mlflow.tracking import MlflowClient
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not "Started monitoring system metrics."
+    # MLflow is imported; now wait for the run. The parent creates it (and, on a new store, the
+    # store's tables): the store is opened only after that, never while it is being created.
+    first = messages.get()
+    if first is None:  # the parent ended (an error in its set-up) before it had a run: nothing to write
+        return
+    kind, (run_id, pending_file, system_metrics_s) = first
+    if kind != "run":  # the parent's side (MetricWriter.send) refuses rows before attach: a bug here
+        raise RuntimeError(f"the metric writer got {kind!r} before the run it writes to")
+    pending_path = Path(pending_file)
     uri = os.environ["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri)
     # Open the store now (its engine and schema check; a store that is away is tried again by the
@@ -316,7 +356,7 @@ def main(argv: list[str]) -> int:
     # Replies go to the real stdout; anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    _serve(argv[0], float(argv[1]), sys.stdin.buffer, out, Path(argv[2]))
+    _serve(sys.stdin.buffer, out)
     # Everything is written (each log_batch committed); skip the interpreter's teardown and
     # MLflow's exit hooks, which took ~0.4 s that the parent spends waiting for us.
     out.close()

@@ -396,6 +396,24 @@ def log_metrics(metrics: dict[str, float], step: int | None = None, model_id: st
         mlflow.log_metrics(clean, step=step, synchronous=False, model_id=model_id or None)
 
 
+@contextlib.contextmanager
+def early_writer() -> Iterator[Any]:
+    """The telemetry sidecar, started now and attached to its run later (MetricBuffer(writer=...)):
+    entered at the top of the train stage, so that its MLflow import runs beside the stage's own
+    set-up instead of holding the first telemetry row. Yields None when tracking is off. Closed on
+    every path out (a writer never attached, say after a refused config, is stopped at once)."""
+    if not enabled():
+        yield None
+        return
+    from pipeline.tracking.metric_writer import MetricWriter
+
+    writer = MetricWriter(tracking_uri())
+    try:
+        yield writer
+    finally:
+        writer.close()
+
+
 class MetricBuffer:
     """Telemetry rows to MLflow, batched and off the training process: `buffer(metrics, step)` is
     the trainer's on_log.
@@ -420,15 +438,18 @@ class MetricBuffer:
 
     # Rows reach the sidecar twice a second: the writes keep pace with training, so the wait at the
     # end is for half a second of rows at most (~0.1 s on the smoke model, bench.tracking).
-    def __init__(self, run_id: str, flush_seconds: float = 0.5, system_metrics_s: float = 0.0):
+    def __init__(self, run_id: str, flush_seconds: float = 0.5, system_metrics_s: float = 0.0, writer=None):
         from pipeline.tracking.metric_writer import MetricWriter
 
         self.run_id, self.flush_seconds = run_id, flush_seconds
-        self.writer = (
-            MetricWriter(tracking_uri(), run_id, pending_dir() / f"{run_id}.jsonl", system_metrics_s)
-            if enabled()
-            else None
-        )
+        if not enabled():
+            self.writer = None
+            if writer is not None:
+                writer.close()
+        else:
+            # A writer from early_writer() has had the stage's set-up to import MLflow: attach it.
+            self.writer = writer or MetricWriter(tracking_uri())
+            self.writer.attach(run_id, pending_dir() / f"{run_id}.jsonl", system_metrics_s)
         self.outage: dict | None = None  # the last sync's pending status, while the store is away
         self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)
         self.sent = 0  # metric values handed to the writer so far (non-finite ones are dropped there)

@@ -94,9 +94,10 @@ _PROBE_STEPS = 3
 # gets its fp32 figure (larger than the bf16 one: autocast saves half-width activations).
 _PROBE_MAX_BYTES = 256 * MB
 # Rank 0 with tracking on imports MLflow and opens its store and run (the local sqlite store),
-# after the check: a one-off measurement of the two together, which no bench re-runs. A constant:
-# it cannot be measured before it is spent, and it is the same for every model.
-TRACKING_MB = 111.0
+# after the check. A constant: it cannot be measured before it is spent, and it is the same for
+# every model. `python -m bench.tracking_memory` re-measures it (119 MB on an AMD EPYC, torch
+# 2.13.0, MLflow's tables created in a new store).
+TRACKING_MB = 119.0
 # cgroup v1 reports "no limit" as a huge number (9223372036854771712 here): anything past this is none.
 _NO_LIMIT = 2**60
 CGROUP_V2 = Path("/sys/fs/cgroup")
@@ -168,8 +169,9 @@ def flow_step_bytes(model_cfg, dim: int, amp_dtype: Optional[torch.dtype] = None
     under torch.autograd.graph.saved_tensors_hooks (as bench/model.py's activation_bytes does)
     and counts the storages. Why not a formula: what is saved depends on torch's kernels and on
     precision, and a formula drifts from both. The CPU GRU cell saves ~8 x carrier_hidden floats
-    per layer per flow; under bf16 autocast the probe measured 3,134 vs 5,100 bytes per flow step
-    at the default sizes, plus 60 KB of cast weights per forward. A formula would have to be
+    per layer per flow, and bf16 autocast saves less (this function at the default sizes: 3,129
+    bytes per flow step against 5,095 in fp32, plus 107 KB of weights autocast casts once per
+    forward; the train stage logs the figure it used). A formula would have to be
     re-derived for each; the probe follows them. The flow count does not change what a flow saves
     (the lattice is shrunk to 2 x 2 for the probe: a flow's tensors do not depend on W or H).
     On CUDA the probe still runs on the CPU: CUDA's fused GRU cell saves a (flows, 5 x hidden)
