@@ -5,10 +5,11 @@ with training for the interpreter.
 Why a process: MLflow's own asynchronous logging (log_batch with synchronous=False) writes from
 threads of the training process. SQLAlchemy's inserts are Python and hold the GIL while the
 training loop needs it: with MLflow's queue (batching a second of rows) and its system-metrics
-sampler, a step took 1.16x as long on the smoke model (a row of 35 values every 2 steps) and
-1.11x on the default one (a row every 5 steps), against 1.01x through this sidecar
-(`python -m bench.tracking`, `--preset default`; AMD EPYC, 2 cores). Here the training process
-only pickles rows down a pipe and the writing happens in another process, at a lower priority.
+sampler, a step of the smoke model (a row of 35 values every 2 steps of ~12 ms) took 1.23x as
+long, against 1.015x through this sidecar; on the default model (a row every 5 steps of ~115 ms)
+both stayed within 1.03x (`python -m bench.tracking`, and with `--preset default`; AMD EPYC, 2
+cores; the README has the figures). Here the training process only pickles rows down a pipe and
+the writing happens in another process, at a lower priority.
 
 Protocol, over the child's stdin / stdout (pickles, in order):
   ("run", (run_id, pending_file, system_metrics_s))  first: the run to write to (the child
@@ -68,10 +69,10 @@ class MetricWriter:
     when `run_id` is given); `send` rows, `sync` to wait until the store has them, `close` at the
     end (also on every error path).
 
-    Started before the run exists (tracking.start_writer, at the top of the train stage), the
-    child imports MLflow (about 2 CPU-seconds) while the stage does its own set-up, and opens the
-    store once attached: by the first telemetry row it is ready, where started beside the first
-    steps it held the default run's first row for ~3 s (bench.tracking: per_arm.sidecar)."""
+    Started before the run exists (tracking.early_writer, at the top of the train stage), the
+    child imports MLflow (about 2 of its 3.4 CPU-seconds, bench.tracking's
+    per_arm.sidecar.cpu_children_s) while the stage does its own set-up, and opens the store once
+    attached, so its start is not spent beside the first training steps."""
 
     def __init__(
         self,

@@ -421,11 +421,11 @@ class MetricBuffer:
     Rows are held and handed every `flush_seconds` to a sidecar process (pipeline.tracking.metric_writer)
     that writes them with log_batch, up to 1000 values a call, and (system_metrics_s > 0) samples
     CPU, memory, disk, network and NVIDIA GPU use as `system/...` metrics. bench.tracking
-    measures the choice on the SQLite store (rows sent or not in alternate 2 s segments of the
-    same run; AMD EPYC, 2 cores): written by MLflow's asynchronous queue and its system-metrics
-    sampler (threads of this process, the writes competing for the GIL), a step took 1.16x as
-    long on the smoke model and 1.11x on the default one; through the sidecar, 1.01x. The
-    sidecar's own cost is its start, once per run (see __call__). Rows keep their own step and
+    measures the choice on the SQLite store (rows sent or not in alternate segments of the same
+    run; AMD EPYC, 2 cores): written by MLflow's asynchronous queue and its system-metrics
+    sampler (threads of this process, the writes competing for the GIL), a smoke-model step took
+    1.23x as long, through the sidecar 1.015x; on the default model both stayed within 1.03x. The
+    sidecar's own cost is its start, once per run (see early_writer and __call__). Rows keep their own step and
     timestamp, so MLflow's curves are the same, just up to `flush_seconds` late.
 
     `sync()` blocks until the store has every row: before each checkpoint (a resumed run must not
