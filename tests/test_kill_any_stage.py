@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from pipeline.core.config import load_config
 from pipeline.data.shards import load_manifest, open_split
 from pipeline.report.checks import MEASURED_CHECKS
-from tools.fault_matrix import clean_env, project_copy
+from tools.fault_matrix import WALL_CLOCK_CHECKS, clean_env, project_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -160,11 +160,20 @@ def test_outputs_equal_an_uninterrupted_run(runs):
     for name in ("train", "eval", "stability"):
         ja = json.loads((a / f"metrics/{name}.json").read_text())
         jb = json.loads((b / f"metrics/{name}.json").read_text())
-        if name == "stability":  # its figures include timings; the verdict and each check's pass must agree
-            assert ja["verdict"] == jb["verdict"], context
-            assert {k: v.get("pass") for k, v in ja.items() if isinstance(v, dict)} == {
-                k: v.get("pass") for k, v in jb.items() if isinstance(v, dict)
-            }, context
+        if name == "stability":
+            # Its figures include timings. Every check's pass must agree, but for the wall-clock ones
+            # (a busy neighbour during half of one run trips step_time_degradation: seen under a
+            # parallel test suite); the verdict must agree whenever those agree too.
+            def passes(j: dict, wall_clock: bool) -> dict:
+                return {
+                    k: v.get("pass")
+                    for k, v in j.items()
+                    if isinstance(v, dict) and (k in WALL_CLOCK_CHECKS) == wall_clock
+                }
+
+            assert passes(ja, False) == passes(jb, False), context
+            if passes(ja, True) == passes(jb, True):
+                assert ja["verdict"] == jb["verdict"], context
         else:
             same_metrics(ja, jb)
     sa, sb = (pd.read_csv(p / "telemetry/train_steps.csv") for p in (a, b))
