@@ -18,15 +18,14 @@ probes taken around it. Benchmarks therefore
 
 from __future__ import annotations
 
-import contextlib
 import os
-import platform
 import time
-from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
+
+from pipeline.core.numerics import cpu_model
 
 PROBE_N = 256  # small enough to fit in cache, large enough to run at the matmul peak
 PROBE_REPS = 24
@@ -36,15 +35,6 @@ CUDA_PROBE_N = 4096  # a GPU needs a larger matmul to leave its launch overhead 
 # two: 1.2-1.9; beside another 2-thread training: 81). Figures from such a run say more about
 # the machine than about the code: `busy` says so.
 BUSY_SPREAD = 2.0
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, else platform.processor(), else the machine type."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown"
 
 
 class Probe:

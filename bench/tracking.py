@@ -171,7 +171,7 @@ class RowProbe:
         between rows j-1 and j holds row j-1's hand-over and the training of row j's window; it
         counts for the segment of row j-1, and only when row j-2 was in the same segment (the
         first span after a switch is left out: the logger may still be busy with the rows before)."""
-        out: list[list] = []  # [sent, seconds, steps]
+        out: list[list] = []  # [sent, seconds, steps, last row index]
         first = max(2, int(len(self.stamps) * skip))
         for j in range(first, len(self.stamps)):
             if self.sent[j - 1] != self.sent[j - 2]:

@@ -5,7 +5,8 @@ Each round is a fresh interpreter that imports what the train stage imports, rea
 does what rank 0 does after the memory check with tracking on: imports MLflow, opens a new local
 SQLite store (its tables created, as on a fresh clone), starts a run and logs the config as
 params; the figure is the RSS after over the RSS before. Prints one JSON object as its last line:
-tracking_mb_rounds, tracking_mb (their median), the constant, their ratio and the CPU model.
+tracking_mb_rounds, tracking_mb (their median), the constant, their ratio, and the CPU model
+with the core count and load (bench/probe.machine).
 Memory, not time: no probe is needed, and the figure does not depend on the machine's load.
 """
 
@@ -20,7 +21,7 @@ import tempfile
 
 import numpy as np
 
-from bench.probe import cpu_model
+from bench.probe import machine
 from pipeline.core.paths import REPO_ROOT
 from pipeline.train.memory_estimate import TRACKING_MB
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         json.dumps(
             {
-                "cpu_model": cpu_model(),
+                **machine(),
                 "tracking_mb": measured,
                 "tracking_mb_rounds": deltas,
                 "baseline_mb_rounds": [r["before_mb"] for r in rounds],

@@ -103,12 +103,7 @@ def stage_threads() -> int:
     contends with a tracking sidecar in a way the stage never does."""
     from pipeline.core import numerics
 
-    if numerics.mode() != "portable":
-        return 0
-    try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS", numerics.PORTABLE_THREADS)))
-    except ValueError:
-        return numerics.PORTABLE_THREADS
+    return numerics.portable_threads() if numerics.mode() == "portable" else 0
 
 
 def config(preset: str, steps: int, *overrides: str):

@@ -76,7 +76,6 @@ class SmokeExperiments:
     root: Path
     env: dict
     workspace_log: str  # output of the workspace `dvc exp run` (smoke-a)
-    seconds: dict
     smoke_a: dict  # smoke-a's loss, eval metrics and shard digests (tests/smoke_reference.py), read
     # before any test changes the workspace
 
@@ -99,14 +98,10 @@ def wait_for_queue(root: Path, env: dict, name: str, timeout: float = 600) -> No
 def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
     root = project_copy(tmp_path_factory.mktemp("project"))
     env = smoke_reference.reference_env()
-    seconds = {}
-    t0 = time.monotonic()
     log = sh(dvc("exp", "run", "-n", "smoke-a", "-S", "preset=smoke"), root, env)
-    seconds["workspace"] = time.monotonic() - t0
     smoke_a = smoke_reference.collect(root)
     # The --temp and the queued experiment run side by side (each its own copy of the project,
     # as a queue with -j 2 runs them): on 2 cores that is about one experiment's time saved.
-    t0 = time.monotonic()
     sh(
         dvc("exp", "run", "--queue", "-n", "smoke-c", "-S", "preset=smoke", "-S", f"train.lr={EXPERIMENTS['smoke-c']}"),
         root,
@@ -122,12 +117,10 @@ def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
             wait_for_queue(root, env, "smoke-c")
         finally:
             subprocess.run(dvc("queue", "stop"), cwd=root, env=env, capture_output=True, timeout=120)
-        seconds["queue"] = time.monotonic() - t0
         temp_out = temp.communicate(timeout=600)[0]
     finally:
         if temp.poll() is None:
             temp.kill()
             temp.communicate()
     assert temp.returncode == 0, f"{' '.join(temp_cmd)} failed ({temp.returncode}):\n{temp_out[-6000:]}"
-    seconds["temp"] = time.monotonic() - t0
-    return SmokeExperiments(root, env, log, seconds, smoke_a)
+    return SmokeExperiments(root, env, log, smoke_a)

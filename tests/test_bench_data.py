@@ -3,16 +3,14 @@ object with every figure, each finite, the two embed paths agree, the warm cache
 new texts, and the CLI answers --help. No timing is asserted: the benchmark reports ratios on a
 shared machine, tests check behaviour."""
 
-import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
 from bench import data as bench
 from pipeline.core.paths import REPO_ROOT
+from tests.helpers.bench_runs import bench_json, run_module
 
 pytestmark = pytest.mark.integration
 
@@ -23,16 +21,7 @@ def env():
 
 @pytest.fixture(scope="module")
 def quick():
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.data", "--quick"],
-        cwd=REPO_ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return bench_json("bench.data", "--quick", env=env())
 
 
 @pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
@@ -94,14 +83,7 @@ def test_sample_texts_are_distinct_and_the_new_ones_unseen():
 
 
 def test_cli_help_runs_as_a_module():
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.data", "--help"],
-        cwd=REPO_ROOT,
-        env=env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_module("bench.data", "--help", timeout=120, env=env())
     assert out.returncode == 0, out.stderr
     for word in (
         "embed_speedup_vs_sentence_transformers",

@@ -6,6 +6,7 @@ import pytest
 
 from bench import model as bench
 from pipeline.core.config import load_config
+from tests.helpers.bench_runs import bench_json
 
 pytestmark = pytest.mark.integration  # runs a stage or a bench: outside the ~2-minute unit tier
 
@@ -51,21 +52,7 @@ def test_reference_speedup_is_measured_on_a_sub_batch_and_scaled():
 
 @pytest.mark.slow  # a whole quick benchmark run (~1 min on 2 cores): the default suite keeps its 10 minutes
 def test_quick_run_names_the_cpu_and_the_probes_spread():
-    import json
-    import subprocess
-    import sys
-
-    from pipeline.core.paths import REPO_ROOT
-
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.model", "--quick", "--device", "cpu"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = bench_json("bench.model", "--quick", "--device", "cpu", timeout=900)
     assert isinstance(res["cpu_model"], str) and res["cpu_model"]
     assert res["probe"]["probe_count"] >= 3 * 4 and res["probe"]["probe_spread_max_min"] >= 1.0
     assert res["mfu"] > 0 and isinstance(res["mfu_probe_is_poor_reference"], bool)

@@ -1,24 +1,16 @@
 """bench.scaling runs end to end (--quick: real torchrun, 1 and 2 gloo processes) and reports what it
 promises; no timing is asserted (benchmarks report ratios, tests check behaviour)."""
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from pipeline.core.paths import REPO_ROOT
+from tests.helpers.bench_runs import bench_json, run_module
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.slow  # a whole quick benchmark run (11-20 s): the default suite keeps its 10 minutes
 def test_quick_run_prints_one_json_line_with_the_figures():
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.scaling", "--quick"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = bench_json("bench.scaling", "--quick")
     assert res["samples_per_s_1"] > 0 and res["samples_per_s_2"] > 0
     assert res["ratio"] == res["samples_per_s_2"] / res["samples_per_s_1"]
     assert res["backend_2"] == "gloo" and res["device"] == "cpu"
@@ -28,7 +20,5 @@ def test_quick_run_prints_one_json_line_with_the_figures():
 
 
 def test_help_explains_the_figures():
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.scaling", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
-    ).stdout
+    out = run_module("bench.scaling", "--help", timeout=120).stdout
     assert "samples_per_s_1" in out and "ratio" in out and "threads_per_process" in out and "--quick" in out

@@ -1,28 +1,21 @@
 """bench.tracking runs end to end (--quick) and reports what it promises; no timing is asserted
 (benchmarks report ratios, tests check behaviour)."""
 
-import json
 import math
-import subprocess
-import sys
 import time
 
 import pytest
 
 from bench import tracking as bench
 from bench.probe import Probe
-from pipeline.core.paths import REPO_ROOT
+from tests.helpers.bench_runs import bench_json, run_module
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.mark.slow  # a whole quick benchmark run (~60 s on a busy 2-core machine): not in the default suite
 def test_quick_run_prints_one_json_line_with_the_figures():
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.tracking", "--quick"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = bench_json("bench.tracking", "--quick")
     assert res["arms"] == ["off", "sidecar", "mlflow_async"] and res["reference_arm"] == "off"
     for key in (
         "overhead_per_step",
@@ -135,9 +128,7 @@ def test_default_run_steps_come_from_the_recorded_default_run():
 
 
 def test_help_explains_the_figures():
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.tracking", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
-    ).stdout
+    out = run_module("bench.tracking", "--help", timeout=120).stdout
     for word in (
         "overhead_per_step",
         "fixed_cost_s",

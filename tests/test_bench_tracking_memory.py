@@ -3,28 +3,16 @@ RSS before and after opening a tracked run, printed as one JSON line."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from pipeline.core.paths import REPO_ROOT
 from pipeline.train.memory_estimate import TRACKING_MB
+from tests.helpers.bench_runs import bench_json, run_module
 
 pytestmark = pytest.mark.integration
 
 
 def test_one_round_prints_the_measured_figure_beside_the_constant():
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.tracking_memory", "--rounds", "1"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = bench_json("bench.tracking_memory", "--rounds", "1", timeout=300)
     assert res["tracking_mb_constant"] == TRACKING_MB and len(res["tracking_mb_rounds"]) == 1
     # Importing MLflow and opening a store costs tens of MB at least; the constant is meant to be
     # an estimate of it, so the two must be of one size (within 2x either way).
@@ -34,11 +22,5 @@ def test_one_round_prints_the_measured_figure_beside_the_constant():
 
 
 def test_rounds_below_one_are_refused():
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.tracking_memory", "--rounds", "0"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_module("bench.tracking_memory", "--rounds", "0", timeout=60)
     assert proc.returncode == 2 and "--rounds must be >= 1" in proc.stderr

@@ -2,7 +2,6 @@
 the trainer reads the host once per step, the RSS slope sees a leak, the CLI answers --help.
 No timing is asserted: the benchmark reports ratios, tests check behaviour."""
 
-import json
 import math
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import torch
 
 from bench import trainer as bench
 from pipeline.core.paths import REPO_ROOT
+from tests.helpers.bench_runs import bench_json
 
 pytestmark = pytest.mark.integration
 
@@ -116,15 +116,7 @@ def test_a_smoke_run_takes_its_probes_between_windows_on_the_runs_thread():
 
 @pytest.mark.slow  # a quick run of the overhead rounds and one drift run (~1-2 min on a busy 2-core machine)
 def test_quick_run_reports_the_split_overhead_drift_cpu_and_probes():
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.trainer", "--quick", "--parts", "overhead,drift"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res = bench_json("bench.trainer", "--quick", "--parts", "overhead,drift", timeout=900)
     for key in (
         "telemetry_overhead_per_step",
         "telemetry_overhead_per_step_across_runs",

@@ -27,7 +27,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,8 +36,9 @@ from hypothesis import strategies as st
 
 from pipeline.core.errors import ConfigError, DatasetError
 from pipeline.data.readers import read_dataset
-from pipeline.data.shards import open_split, write_shards
+from pipeline.data.shards import open_split
 from stages import embed
+from tests.helpers.shards import fake_shards
 
 pytestmark = pytest.mark.integration  # runs a stage or a bench: outside the ~2-minute unit tier
 
@@ -406,25 +406,6 @@ def listing(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
-def previous_shards(out: Path) -> None:
-    rng = np.random.default_rng(0)
-    splits = {}
-    for name, n in (("train", 6), ("val", 2), ("test", 2)):
-        frame = pd.DataFrame(
-            {
-                "id": [f"{name}{i}" for i in range(n)],
-                "input_text": [f"old q {name} {i}" for i in range(n)],
-                "target_text": [f"old a {name} {i}" for i in range(n)],
-            }
-        )
-        splits[name] = (
-            frame,
-            rng.standard_normal((n, 8)).astype(np.float32),
-            rng.standard_normal((n, 8)).astype(np.float32),
-        )
-    write_shards(out, splits, {"name": "previous-teacher", "dim": 8})
-
-
 # Equal thirds: a small dataset still fills every split (the stage refuses an empty one).
 SPLITS = ["embed.splits.train=0.34", "embed.splits.val=0.33", "embed.splits.test=0.33"]
 
@@ -435,7 +416,7 @@ def check_stage(base: Path, case: dict, capsys, monkeypatch) -> None:
     scratch.mkdir()
     data = folder / case["name"]
     data.write_bytes(case["bytes"])
-    previous_shards(out)
+    fake_shards(out, dim=8, rows=(6, 2, 2))  # a previous run's output, which a failed run must keep
     monkeypatch.setenv("TMPDIR", str(scratch))
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     before = listing(base)

@@ -27,8 +27,8 @@ from omegaconf import OmegaConf
 
 from pipeline.core.config import load_config
 from pipeline.data.shards import load_manifest, open_split
-from pipeline.report.checks import MEASURED_CHECKS
-from tools.fault_matrix import WALL_CLOCK_CHECKS, clean_env, project_copy
+from pipeline.report.checks import MEASURED_CHECKS, WALL_CLOCK_CHECKS
+from tools.fault_matrix import clean_env, project_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

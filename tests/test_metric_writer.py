@@ -19,6 +19,12 @@ from pipeline.tracking.metric_writer import MetricWriter
 pytestmark = pytest.mark.integration
 
 
+def attached(uri: str, run_id: str, pending, system_metrics_s: float = 0.0) -> MetricWriter:
+    writer = MetricWriter(uri)
+    writer.attach(run_id, pending, system_metrics_s)
+    return writer
+
+
 @pytest.fixture
 def run(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -29,7 +35,7 @@ def run(tmp_path):
 
 def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run, tmp_path):
     uri, client, run_id = run
-    writer = MetricWriter(uri, run_id, tmp_path / "pending.jsonl")
+    writer = attached(uri, run_id, tmp_path / "pending.jsonl")
     try:
         # 1,500 values in one message: more than one log_batch (1,000) holds.
         writer.send(
@@ -54,7 +60,7 @@ def test_rows_are_in_the_store_after_sync_in_order_and_in_batches(run, tmp_path)
 def test_values_the_store_refuses_are_kept_in_the_pending_file_and_the_writer_goes_on(run, tmp_path):
     uri, client, run_id = run
     pending = tmp_path / "pending" / ("0" * 32 + ".jsonl")
-    writer = MetricWriter(uri, "0" * 32, pending)  # no such run: every write is refused
+    writer = attached(uri, "0" * 32, pending)  # no such run: every write is refused
     try:
         writer.send([(1, 1, {"m": 1.0}), (2, 2, {"m": 2.0})])
         status = writer.sync()
@@ -70,7 +76,7 @@ def test_values_the_store_refuses_are_kept_in_the_pending_file_and_the_writer_go
 
 def test_system_metrics_are_sampled_while_the_writer_runs(run, tmp_path):
     uri, client, run_id = run
-    writer = MetricWriter(uri, run_id, tmp_path / "pending.jsonl", system_metrics_s=0.2)
+    writer = attached(uri, run_id, tmp_path / "pending.jsonl", system_metrics_s=0.2)
     try:
         deadline = time.monotonic() + 60
         while "system/cpu_utilization_percentage" not in client.get_run(run_id).data.metrics:
@@ -85,7 +91,8 @@ def test_system_metrics_are_sampled_while_the_writer_runs(run, tmp_path):
 KILLED_PARENT = """
 import sys, time
 from pipeline.tracking.metric_writer import MetricWriter
-writer = MetricWriter(sys.argv[1], sys.argv[2], sys.argv[4])
+writer = MetricWriter(sys.argv[1])
+writer.attach(sys.argv[2], sys.argv[4])
 writer.send([(s, 1000 + s, {"m": float(s)}) for s in range(100)])
 open(sys.argv[3], "w").write(str(writer.proc.pid))
 time.sleep(120)
@@ -132,7 +139,7 @@ def test_a_writer_closed_at_once_still_records_a_system_sample(run, tmp_path):
     """A smoke run trains for a fraction of a second: it still gets its samples (one at the
     start, one at the end), whatever the interval."""
     uri, client, run_id = run
-    writer = MetricWriter(uri, run_id, tmp_path / "pending.jsonl", system_metrics_s=60)
+    writer = attached(uri, run_id, tmp_path / "pending.jsonl", system_metrics_s=60)
     writer.sync()
     writer.close()
     history = client.get_metric_history(run_id, "system/cpu_utilization_percentage")

@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.core import numerics
 from pipeline.core.paths import REPO_ROOT
+from tests.helpers.bench_runs import bench_json, run_module
 
 pytestmark = pytest.mark.integration
 
@@ -99,16 +100,12 @@ def test_a_stage_process_runs_under_the_portable_setting():
 
 @pytest.mark.slow  # builds the smoke shards and trains ~12 times in fresh processes (a few minutes)
 def test_portable_setting_gives_the_same_weights_on_every_emulated_machine():
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.numerics", "--quick"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
+    res = bench_json(
+        "bench.numerics",
+        "--quick",
         timeout=1800,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
     portable = {k: v for k, v in res["agreement"].items() if k.startswith("portable/")}
     assert len(portable) == len(__import__("bench.numerics").numerics.QUICK)
     ran = [v for v in portable.values() if "skipped" not in v]
@@ -119,7 +116,5 @@ def test_portable_setting_gives_the_same_weights_on_every_emulated_machine():
 
 
 def test_bench_help_explains_the_figures():
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.numerics", "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
-    ).stdout
+    out = run_module("bench.numerics", "--help", timeout=120).stdout
     assert "agreement" in out and "train_step" in out.replace("training step", "train_step") and "--quick" in out

@@ -37,7 +37,7 @@ import hashlib
 import re
 import unicodedata
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterator
 
 from pipeline.core.atomic import atomic_open
 
@@ -1060,13 +1060,6 @@ def write_csv(path: str | Path) -> int:
         writer.writeheader()
         writer.writerows(rows)
     return len(rows)
-
-
-def topic_counts(rows: Iterable[dict]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in rows:
-        counts[r["topic"]] = counts.get(r["topic"], 0) + 1
-    return counts
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,12 +100,17 @@ def threads(configured: int = 0) -> int:
     Why a fixed count: see PORTABLE_THREADS."""
     if configured:
         return configured
-    if pinned():
-        try:
-            return max(1, int(os.environ.get("OMP_NUM_THREADS", PORTABLE_THREADS)))
-        except ValueError:
-            return PORTABLE_THREADS
-    return 0
+    return portable_threads() if pinned() else 0
+
+
+def portable_threads() -> int:
+    """The intra-op thread count under the portable setting: OMP_NUM_THREADS as pin() leaves it
+    (PORTABLE_THREADS unless the user set it). Also what a benchmark asks, to train as a stage
+    does without being pinned itself (bench/trainer.py: stage_threads)."""
+    try:
+        return max(1, int(os.environ.get("OMP_NUM_THREADS", PORTABLE_THREADS)))
+    except ValueError:
+        return PORTABLE_THREADS
 
 
 def vectors_tag() -> str:
@@ -119,10 +124,11 @@ def vectors_tag() -> str:
 
     if pinned():
         return f"portable/{torch.get_num_threads()}"
-    return f"native/{_cpu_model()}"
+    return f"native/{cpu_model()}"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, else platform.processor(), else the machine type."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -149,7 +155,7 @@ def numerics_info() -> dict[str, str]:
         "numerics.mkl": _mkl_version(torch.__config__.show()) if torch.backends.mkl.is_available() else "none",
         "numerics.cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "numerics.threads": str(torch.get_num_threads()),
-        "numerics.cpu": _cpu_model(),
+        "numerics.cpu": cpu_model(),
     }
     for key in PORTABLE:
         info[f"numerics.{key}"] = os.environ.get(key, "")

@@ -965,6 +965,13 @@ REMEASURE = "To measure this run, train it again: `dvc repro --force --single-it
 # Evidence measured from time and memory differs on every run, so it stays out of the DVC metrics
 # file (two identical runs must give identical hashes); the report and MLflow show it.
 MEASURED_CHECKS = frozenset({"memory_growth", "step_time_degradation"})
+# Of those, the judgements of wall-clock time, which the machine's load can decide: on a shared
+# 2-core machine a neighbour busy during half of a smoke run (steps of a few ms) is enough to lift
+# the steady/early median above step_time_max_ratio (1.5), in a run whose ratio is 1.05 on an
+# idle machine. Whatever compares two runs' reports (the fault matrix, the kill test) must not
+# read a difference here as a diagnosis. The check itself is tested on synthetic telemetry
+# (tests/test_report_checks.py); real step time is measured by bench/trainer.py, against a probe.
+WALL_CLOCK_CHECKS = ("step_time_degradation",)
 MEASURED_EVIDENCE = ("_mb", "_ms", "samples_per_s", "seconds")
 
 

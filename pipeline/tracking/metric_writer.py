@@ -65,22 +65,16 @@ _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])  # the directory that
 
 
 class MetricWriter:
-    """Parent side: start the sidecar on the store at `tracking_uri`; `attach` it to a run (at once
-    when `run_id` is given); `send` rows, `sync` to wait until the store has them, `close` at the
-    end (also on every error path).
+    """Parent side: start the sidecar on the store at `tracking_uri`; `attach` it to its run;
+    `send` rows, `sync` to wait until the store has them, `close` at the end (also on every error
+    path).
 
     Started before the run exists (tracking.early_writer, at the top of the train stage), the
-    child imports MLflow (about 2 of its 3.4 CPU-seconds, bench.tracking's
-    per_arm.sidecar.cpu_children_s) while the stage does its own set-up, and opens the store once
-    attached, so its start is not spent beside the first training steps."""
+    child imports MLflow while the stage does its own set-up and opens the store once attached,
+    so its start (3.4 CPU-seconds in all, bench.tracking's per_arm.sidecar.cpu_children_s) is not
+    spent beside the first training steps."""
 
-    def __init__(
-        self,
-        tracking_uri: str,
-        run_id: str | None = None,
-        pending_file: Path | None = None,
-        system_metrics_s: float = 0.0,
-    ):
+    def __init__(self, tracking_uri: str):
         env = {
             **os.environ,
             **NO_RETRY_ENV,
@@ -95,10 +89,6 @@ class MetricWriter:
         )
         self.syncs = 0
         self.run_id: str | None = None
-        if run_id is not None:
-            if pending_file is None:
-                raise ValueError("a MetricWriter attached to a run needs its pending_file")
-            self.attach(run_id, pending_file, system_metrics_s)
 
     def attach(self, run_id: str, pending_file: Path, system_metrics_s: float = 0.0) -> None:
         """The run the rows go to (once): values the store refuses wait in `pending_file`; system
@@ -119,10 +109,11 @@ class MetricWriter:
             ) from None
 
     def send(self, rows: list[tuple[int, int, dict]]) -> None:
-        if rows and self.run_id is None:
+        if not rows:
+            return
+        if self.run_id is None:
             raise ValueError("attach the metric writer to a run before sending rows")
-        if rows:
-            self._put(("rows", rows))
+        self._put(("rows", rows))
 
     def sync(self, timeout: float = SYNC_TIMEOUT_S) -> dict | None:
         """Block until everything sent is in the store, or kept in the pending file when the store
@@ -260,9 +251,10 @@ def _serve(inp, out) -> None:
     first = messages.get()
     if first is None:  # the parent ended (an error in its set-up) before it had a run: nothing to write
         return
-    kind, (run_id, pending_file, system_metrics_s) = first
+    kind, payload = first
     if kind != "run":  # the parent's side (MetricWriter.send) refuses rows before attach: a bug here
         raise RuntimeError(f"the metric writer got {kind!r} before the run it writes to")
+    run_id, pending_file, system_metrics_s = payload
     pending_path = Path(pending_file)
     uri = os.environ["MLFLOW_TRACKING_URI"]
     client = MlflowClient(uri)

@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import os
-import platform
 import socket
 import subprocess
 import time
@@ -206,25 +205,15 @@ def device_tags(device: Any = "cpu") -> dict[str, str]:
     """The device a stage computes on, and what it is (GPU name, or the CPU model and cores)."""
     import torch
 
+    # numerics_info: what decides the bits (the same numbers on another machine need the same).
+    from pipeline.core.numerics import cpu_model, numerics_info
+
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = _cpu_model() or platform.processor() or platform.machine()
-        name = f"{name} ({os.cpu_count()} cores)"
-    from pipeline.core.numerics import (
-        numerics_info,  # what decides the bits: the same numbers on another machine need the same
-    )
-
+        name = f"{cpu_model()} ({os.cpu_count()} cores)"
     return {"device": str(device), "device.name": name, **numerics_info()}
-
-
-def _cpu_model() -> str | None:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return None
 
 
 def provenance(preset: str) -> tuple[dict[str, str], str]:
@@ -319,6 +308,7 @@ def mlflow_run(
     # event the flush sets, and the flush returns as soon as the values are stored.
     if not MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.defined:
         MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(1)
+    previous = None  # keep_status: the resumed run's status when this stage began
     if not run_id:
         _set_experiment(experiment)
         # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's sidecar samples them
@@ -329,7 +319,8 @@ def mlflow_run(
         if diff:
             mlflow.log_text(diff, DIFF_ARTIFACT)
     else:
-        previous = mlflow.get_run(run_id).info.status if keep_status else None
+        if keep_status:
+            previous = mlflow.get_run(run_id).info.status
         run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
         if tags:
             mlflow.set_tags(tags)
@@ -345,11 +336,10 @@ def mlflow_run(
     finally:
         try:
             mlflow.flush_async_logging()
-            if keep_status and run_id:
+            if previous is not None:
                 mlflow.set_tag(f"stage.{run_name}.status", status)
         finally:
-            end = previous if keep_status and run_id and previous in ("FINISHED", "FAILED", "KILLED") else status
-            mlflow.end_run(status=end)
+            mlflow.end_run(status=previous if previous in ("FINISHED", "FAILED", "KILLED") else status)
             if status == "KILLED":
                 KILLED_RUNS.append(run.info.run_id)
 
@@ -442,13 +432,9 @@ class MetricBuffer:
         from pipeline.tracking.metric_writer import MetricWriter
 
         self.run_id, self.flush_seconds = run_id, flush_seconds
-        if not enabled():
-            self.writer = None
-            if writer is not None:
-                writer.close()
-        else:
-            # A writer from early_writer() has had the stage's set-up to import MLflow: attach it.
-            self.writer = writer or MetricWriter(tracking_uri())
+        # A writer from early_writer() has had the stage's set-up to import MLflow: attach it.
+        self.writer = (writer or MetricWriter(tracking_uri())) if enabled() else None
+        if self.writer is not None:
             self.writer.attach(run_id, pending_dir() / f"{run_id}.jsonl", system_metrics_s)
         self.outage: dict | None = None  # the last sync's pending status, while the store is away
         self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)

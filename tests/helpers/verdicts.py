@@ -1,11 +1,11 @@
 """What a clean run's stability report must say, exactly: every check passes or warns, so the
 verdict is "stable". The one exception is the machine's own load: a wall-clock check
-(tools.fault_matrix.WALL_CLOCK_CHECKS, the step-time ratio of a run whose steps take a few ms)
+(pipeline.report.checks.WALL_CLOCK_CHECKS, the step-time ratio of a run whose steps take a few ms)
 may fail on a busy shared machine, and then the verdict is "unstable" for that reason alone."""
 
 from __future__ import annotations
 
-from tools.fault_matrix import WALL_CLOCK_CHECKS
+from pipeline.report.checks import WALL_CLOCK_CHECKS
 
 
 def _judge(failed: list[str], verdict: str) -> str:
