@@ -11,6 +11,7 @@ from tests.helpers.bench_runs import bench_json, run_module
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # a whole bench run in a fresh interpreter (8.9 s): with the other quick bench runs
 def test_one_round_prints_the_measured_figure_beside_the_constant():
     res = bench_json("bench.tracking_memory", "--rounds", "1", timeout=300)
     assert res["tracking_mb_constant"] == TRACKING_MB and len(res["tracking_mb_rounds"]) == 1

@@ -65,6 +65,7 @@ def test_the_trainer_reads_the_host_once_per_step(log_every):
     assert res["torch_internal_reads_per_step"] > 0
 
 
+@pytest.mark.slow  # two fresh smoke runs of the bench (11.5 s of the default suite's 603 s, idle AMD EPYC)
 def test_the_rss_slope_sees_the_leak_and_not_the_clean_run():
     clean = bench.rss_slope_per_1k(bench.fresh_rows(100, bench.SMOKE_THREADS), after=20)
     leak = bench.rss_slope_per_1k(bench.fresh_rows(100, bench.SMOKE_THREADS, "fault=leak", "fault.step=1"), after=20)
