@@ -90,7 +90,8 @@ def assert_outputs_whole(root: Path) -> None:
     if (root / "models/model.pt").exists():
         torch.load(root / "models/model.pt", weights_only=True)
     # A SIGKILLed writer cannot remove its temp file, but it is a hidden `.<name>.*.tmp`, never at
-    # an output's own path (and DVC removes a stage's outputs before running it again).
+    # an output's own path (DVC removes a stage's outputs before running it again, and the next
+    # atomic write of a file that is not an output removes a dead writer's temps).
     for p in root.rglob("*.tmp"):
         assert p.name.startswith("."), p
 

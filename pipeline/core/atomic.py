@@ -1,9 +1,14 @@
 """Atomic file writes: write to a temp file in the same directory, fsync, then rename.
 
 A stage killed mid-write leaves either the old file or no file, never a half-written one that
-DVC would cache. A write that fails because the disk is full (ENOSPC, or EDQUOT: the quota) is
-reported as DiskFull, naming the file and saying the previous one was kept, instead of an OSError
-traceback from deep inside torch.save or numpy."""
+DVC would cache. Its temp file (`.<name>.<pid>.<random>.tmp`, hidden) stays behind, as nothing
+runs after SIGKILL: the next write of the same file removes the temps whose writer is gone. DVC
+removes a stage's outputs before running it again; this covers the files a stage writes that are
+not DVC outputs (the report's HTML and plots, the run's time and memory).
+
+A write that fails because the disk is full (ENOSPC, or EDQUOT: the quota) is reported as
+DiskFull, naming the file and saying the previous one was kept, instead of an OSError traceback
+from deep inside torch.save or numpy."""
 
 from __future__ import annotations
 
@@ -80,14 +85,39 @@ def disk_full_error(dest: str | os.PathLike, e: BaseException, kept: str, hint: 
     )
 
 
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_dead_writers_temps(dest: Path) -> None:
+    """The temp files of `dest` whose writing process no longer exists (killed mid-write). A live
+    writer's temp (another process writing the same file now) is left alone."""
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.(\d+)\.[a-z0-9_]{{8}}\.tmp")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(dest.parent):
+            found = pattern.fullmatch(entry.name)
+            if found and entry.is_file(follow_symlinks=False) and not _process_exists(int(found.group(1))):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temp path next to `dest`; on success rename it onto `dest`, on error remove it."""
+    """Yield a temp path next to `dest`; on success rename it onto `dest`, on error remove it.
+    The temp's name carries this process's id, so that a later write can tell a killed writer's
+    leftover (removed) from a live one's (kept)."""
     dest = Path(dest)
     tmp = None
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        remove_dead_writers_temps(dest)
+        fd, name = tempfile.mkstemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp", dir=dest.parent)
         os.close(fd)
         tmp = Path(name)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; the file should look like any other

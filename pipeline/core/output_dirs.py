@@ -64,7 +64,7 @@ _SHOWN = 3  # files named in a message when a directory holds more
 
 
 def _temp_of(names: Iterable[str]) -> Callable[[str], bool]:
-    """A hidden temp file atomic.py writes beside one of `names` (`.model.pt.x1y2.tmp`)."""
+    """A hidden temp file atomic.py writes beside one of `names` (`.model.pt.<pid>.<random>.tmp`)."""
     pattern = re.compile(r"^\.(" + "|".join(re.escape(n) for n in names) + r")\..+\.tmp$")
     return lambda name: bool(pattern.match(name))
 
