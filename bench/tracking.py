@@ -4,11 +4,12 @@ lines go to stderr.
 
 Arms (each a full training run on the same synthetic data and seed; `--arms` picks them):
 - off: tracking off (the reference).
-- sidecar: what the train stage does. tracking.mlflow_run with the whole config as params, and
-  every telemetry row through tracking.MetricBuffer, whose sidecar process
-  (pipeline/tracking/metric_writer.py) writes them with log_batch and samples system metrics every
+- stage: what the train stage does. tracking.mlflow_run with the whole config as params, and
+  every telemetry row through pipeline.tracking.metric_buffer.MetricBuffer: rows held for 0.5 s,
+  then one log_batch through MLflow's asynchronous queue (its futures kept, for the outage
+  guarantee), and MLflow's system-metrics collectors sampled from a thread every
   train.system_metrics_every_s.
-- mlflow_async: MLflow's own asynchronous logging instead: mlflow.start_run with
+- mlflow_async: MLflow's own asynchronous logging as it comes: mlflow.start_run with
   log_system_metrics=True (MLflow's sampler thread, its interval set to
   train.system_metrics_every_s), the same tags and params, and each row sent by
   mlflow.log_metrics(..., synchronous=False) from the trainer's on_log, MLflow's queue batching
@@ -35,7 +36,7 @@ run):
   run, every step of it, rows or not: that is here. fixed_cost_s_in_run[arm]: each run's span
   beyond its steps at its own steady rate, against off's (no load difference between runs in
   it, but blind to a start that slows every step). cpu_cost_s[arm]: a run's CPU seconds over
-  off's (this process's, MLflow's threads included, and its children's: the sidecar).
+  off's (this process's, MLflow's threads included, and its children's).
 - fixed_fraction_of_default_run[arm]: fixed_cost_s over the default preset's run length
   (steps from metrics/train.json's train/planned_steps, times off's steady step time) when the
   preset is `default`; overhead_default_run[arm]: the whole default run's overhead the two make.
@@ -46,12 +47,12 @@ it (between telemetry rows, before the row is handed to the logger; its time is 
 span). A run's spans are divided by its probes' median and multiplied by the median of all
 probes, so a run that met a busy moment is judged at the machine's usual speed; the `*_raw`
 figures are the same without that. Every run also records its CPU seconds: this
-process's (MLflow's threads included) and its children's (the sidecar); cpu_cost_s[arm] is a
+process's (MLflow's threads included) and its children's; cpu_cost_s[arm] is a
 run's CPU seconds over off's (less sensitive to other processes than wall time, but blind to
 waiting: a lock or the interpreter's GIL held by a writer thread costs wall time, not CPU).
 
-- metrics_logged_per_s: the sidecar path's throughput: rows of 35 metrics pushed through
-  tracking.MetricBuffer into a SQLite store and waited for, metric values per second
+- metrics_logged_per_s: the stage's path's throughput: rows of 35 metrics pushed through
+  MetricBuffer into a SQLite store and waited for, metric values per second
   (metrics_logged_per_s_mlflow_async: the same through mlflow.log_metrics(synchronous=False)).
 
 No GPU needed. A missed goal is reported in goals_met, not as an exit status; an error exits
@@ -77,10 +78,11 @@ from bench.probe import Probe, machine, normaliser
 from bench.trainer import config, synthetic, temporary_store
 from pipeline.core.config import flatten
 from pipeline.core.paths import REPO_ROOT
+from pipeline.tracking.metric_buffer import MetricBuffer
 from pipeline.train.loop import train_model
 
 GOALS = {"overhead_per_step": 1.03, "fixed_fraction_of_default_run": 0.02}
-ARMS = ("off", "sidecar", "mlflow_async")
+ARMS = ("off", "stage", "mlflow_async")
 EXPERIMENT = "bench-tracking"
 PROBE_EVERY_S = 1.0  # probes inside a run: 4-8 ms each, so under 1 % of its time
 SEGMENT_ROWS = 4  # rows a segment of the in-run A/B holds at least: its first span is left out, 3 count
@@ -253,7 +255,7 @@ def mlflow_async_run(name: str, cfg) -> Iterator[Callable[[dict, int], None]]:
             MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(buffering)
 
 
-SEGMENT_S = 2.0  # the in-run A/B's segments: a few sidecar flushes (every 0.5 s) and MLflow batches (1 s) each
+SEGMENT_S = 2.0  # the in-run A/B's segments: a few buffer flushes (every 0.5 s) and MLflow batches (1 s) each
 
 
 def arm_run(
@@ -272,15 +274,11 @@ def arm_run(
         t_setup = clock.clock()
         res = train_model(cfg, x, y, on_log=clock, progress=False)
         t_train = t_end = clock.clock()
-    elif arm == "sidecar":
-        # As the train stage: the sidecar starts first, then the run opens (early_writer).
-        with (
-            tracking.early_writer() as writer,
-            tracking.mlflow_run(name, cfg.run.preset, experiment=EXPERIMENT) as run,
-        ):
+    elif arm == "stage":
+        with tracking.mlflow_run(name, cfg.run.preset, experiment=EXPERIMENT) as run:
             tracking.log_params(flatten(cfg))
             sampling = cfg.train.system_metrics_every_s
-            with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling, writer=writer) as buf:
+            with MetricBuffer(run.info.run_id, system_metrics_s=sampling) as buf:
                 clock.inner = buf
                 t_setup = clock.clock()
                 res = train_model(cfg, x, y, on_log=clock, progress=False)
@@ -502,10 +500,10 @@ def logging_throughput(rows: int, metrics_per_row: int = 35) -> dict:
     keys = [f"bench/metric_{i}" for i in range(metrics_per_row)]
     with temporary_store():
         with tracking.mlflow_run("throughput", "smoke", experiment=EXPERIMENT) as run:
-            with tracking.MetricBuffer(run.info.run_id, flush_seconds=0.5) as warm:
+            with MetricBuffer(run.info.run_id, flush_seconds=0.5) as warm:
                 warm({k: 0.0 for k in keys}, 0)  # the store's first write and the queue's threads
             t0 = time.perf_counter()
-            with tracking.MetricBuffer(run.info.run_id, flush_seconds=0.5) as buf:
+            with MetricBuffer(run.info.run_id, flush_seconds=0.5) as buf:
                 for step in range(1, rows + 1):
                     buf({k: step * 1e-3 for k in keys}, step)
             seconds = time.perf_counter() - t0
@@ -573,7 +571,7 @@ def main(argv=None) -> dict:
     res: dict = {"device": "cpu", "torch": torch.__version__, "goals": GOALS}
     res.update(logging_throughput(args.rows))
     say(
-        f"throughput: {res['metrics_logged_per_s']:.0f} metrics/s (sidecar), "
+        f"throughput: {res['metrics_logged_per_s']:.0f} metrics/s (stage), "
         f"{res['metrics_logged_per_s_mlflow_async']:.0f} (mlflow async)"
     )
     res.update(

@@ -3,8 +3,10 @@ estimate's constant (pipeline/train/memory_estimate.py: TRACKING_MB), re-measure
 
 Each round is a fresh interpreter that imports what the train stage imports, reads its RSS, then
 does what rank 0 does after the memory check with tracking on: imports MLflow, opens a new local
-SQLite store (its tables created, as on a fresh clone), starts a run and logs the config as
-params; the figure is the RSS after over the RSS before. Prints one JSON object as its last line:
+SQLite store (its tables created, as on a fresh clone), starts a run, logs the config as params
+and opens the metric buffer (MLflow's async queue and the system-metrics sampler, both threads
+of the stage's process) with 200 telemetry rows sent and synced; the figure is the RSS after over
+the RSS before. Prints one JSON object as its last line:
 tracking_mb_rounds, tracking_mb (their median), the constant, their ratio, and the CPU model
 with the core count and load (bench/probe.machine).
 Memory, not time: no probe is needed, and the figure does not depend on the machine's load.
@@ -34,9 +36,15 @@ from pipeline.train.telemetry import rss_mb
 
 cfg = load_config()
 before = rss_mb()
-with tracking.mlflow_run("tracking-memory", cfg.run.preset, experiment="bench-tracking-memory"):
+from pipeline.tracking.metric_buffer import MetricBuffer
+
+with tracking.mlflow_run("tracking-memory", cfg.run.preset, experiment="bench-tracking-memory") as run:
     tracking.log_params(flatten(cfg))
-    after = rss_mb()
+    with MetricBuffer(run.info.run_id, system_metrics_s=cfg.train.system_metrics_every_s) as buf:
+        for step in range(1, 201):
+            buf({f"m/{i}": step * 1e-3 for i in range(35)}, step)
+        buf.sync()
+        after = rss_mb()
 print(json.dumps({"before_mb": before, "after_mb": after}))
 """
 

@@ -1,8 +1,8 @@
 """Trainer benchmark: what the training loop costs around the model, measured in this one run.
 The last stdout line is one JSON object; progress lines go to stderr.
 
-- The train stage's logging, split in two (bench.tracking's `sidecar` arm against `off`, on the
-  `default` preset: tracking.mlflow_run, the config as params, tracking.MetricBuffer with its
+- The train stage's logging, split in two (bench.tracking's `stage` arm against `off`, on the
+  `default` preset: tracking.mlflow_run, the config as params, the metric buffer with its
   system metrics, a row every train.log_every = 5 steps, the final wait for the store included;
   see bench.tracking for the method):
   telemetry_overhead_per_step (goal <= 1.03): wall time per step while rows are sent over the
@@ -16,8 +16,8 @@ The last stdout line is one JSON object; progress lines go to stderr.
   that over the default run's length, default_run_steps (metrics/train.json's
   train/planned_steps, the default preset on the shipped data) x off's steady step time.
   telemetry_overhead (context): a whole default run's overhead from the two, per step + fixed
-  over the run's length. telemetry_cpu_s_per_run: the CPU seconds a tracked run adds (the
-  sidecar's and this process's).
+  over the run's length. telemetry_cpu_s_per_run: the CPU seconds a tracked run adds (this
+  process's, MLflow's threads included).
   Arms rotate within each round on the same data and seed; spans across runs are divided by the
   median of the reference probes (bench/probe.py) taken before and inside each run and
   multiplied by the median of all (the `*_raw` figures are without that).
@@ -100,7 +100,7 @@ def stage_threads() -> int:
     """The intra-op threads a stage trains on (train.threads=0): under the portable numerics, the
     default, the fixed count stages/__init__.py pins (OMP_NUM_THREADS, else PORTABLE_THREADS: 1);
     natively 0, torch's default. A bench process is not pinned, and on every core the same model
-    contends with a tracking sidecar in a way the stage never does."""
+    contends with MLflow's logging threads in a way the stage never does."""
     from pipeline.core import numerics
 
     return numerics.portable_threads() if numerics.mode() == "portable" else 0
@@ -298,13 +298,13 @@ def telemetry_overhead(
     probe: Optional[Probe] = None,
     segment_s: Optional[float] = None,
 ) -> dict:
-    """The train stage's logging (bench.tracking's `sidecar` arm: tracking.mlflow_run, params,
-    tracking.MetricBuffer with system metrics every train.system_metrics_every_s) against tracking
+    """The train stage's logging (bench.tracking's `stage` arm: tracking.mlflow_run, params,
+    the metric buffer with system metrics every train.system_metrics_every_s) against tracking
     off, on the `default` preset, split into a per-step part and a per-run fixed part (see
     bench.tracking for how each is measured and normalised by the probes)."""
     from bench.tracking import SEGMENT_S, compare_arms
 
-    arms = ("off", "sidecar") + (("bare",) if bare else ())
+    arms = ("off", "stage") + (("bare",) if bare else ())
     res = compare_arms(
         "default",
         arms,
@@ -317,19 +317,19 @@ def telemetry_overhead(
         segment_s=SEGMENT_S if segment_s is None else segment_s,
     )
     out = {
-        "telemetry_overhead_per_step": res["overhead_per_step"]["sidecar"],
-        "telemetry_overhead_per_step_runs": res["overhead_per_step_runs"]["sidecar"],
-        "telemetry_overhead_per_step_segments": res["overhead_per_step_segments"]["sidecar"],
-        "telemetry_overhead_per_step_across_runs": res["overhead_per_step_across_runs"]["sidecar"],
-        "telemetry_overhead_per_step_across_runs_raw": res["overhead_per_step_across_runs_raw"]["sidecar"],
-        "telemetry_fixed_s": res["fixed_cost_s"]["sidecar"],
-        "telemetry_fixed_s_raw": res["fixed_cost_s_raw"]["sidecar"],
-        "telemetry_fixed_s_rounds": res["fixed_cost_s_rounds"]["sidecar"],
-        "telemetry_fixed_s_in_run": res["fixed_cost_s_in_run"]["sidecar"],
-        "telemetry_cpu_s_per_run": res["cpu_cost_s"]["sidecar"],
-        "telemetry_fixed_fraction_of_default_run": res.get("fixed_fraction_of_default_run", {}).get("sidecar"),
+        "telemetry_overhead_per_step": res["overhead_per_step"]["stage"],
+        "telemetry_overhead_per_step_runs": res["overhead_per_step_runs"]["stage"],
+        "telemetry_overhead_per_step_segments": res["overhead_per_step_segments"]["stage"],
+        "telemetry_overhead_per_step_across_runs": res["overhead_per_step_across_runs"]["stage"],
+        "telemetry_overhead_per_step_across_runs_raw": res["overhead_per_step_across_runs_raw"]["stage"],
+        "telemetry_fixed_s": res["fixed_cost_s"]["stage"],
+        "telemetry_fixed_s_raw": res["fixed_cost_s_raw"]["stage"],
+        "telemetry_fixed_s_rounds": res["fixed_cost_s_rounds"]["stage"],
+        "telemetry_fixed_s_in_run": res["fixed_cost_s_in_run"]["stage"],
+        "telemetry_cpu_s_per_run": res["cpu_cost_s"]["stage"],
+        "telemetry_fixed_fraction_of_default_run": res.get("fixed_fraction_of_default_run", {}).get("stage"),
         # A whole default run's overhead as the two parts make it (context, no goal of its own).
-        "telemetry_overhead": res.get("overhead_default_run", {}).get("sidecar"),
+        "telemetry_overhead": res.get("overhead_default_run", {}).get("stage"),
         "default_run_steps": res["default_run_steps"],
         "default_run_steps_source": res["default_run_steps_source"],
         "default_run_s": res.get("default_run_s"),
@@ -525,7 +525,7 @@ def main(argv=None) -> dict:
         "--pairs",
         type=int,
         default=4,
-        help="rounds of the off / sidecar / bare arms for the telemetry figures (default 4; ~40 s a "
+        help="rounds of the off / stage / bare arms for the telemetry figures (default 4; ~40 s a "
         "round on 2 idle cores)",
     )
     ap.add_argument(

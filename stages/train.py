@@ -36,6 +36,7 @@ from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.model.model_file import model_shapes, save_model
 from pipeline.tracking import store as tracking
 from pipeline.tracking.logged_model import log_trained_model
+from pipeline.tracking.metric_buffer import MetricBuffer
 from pipeline.train import memory_estimate
 from pipeline.train.loop import Checkpointing, TrainingDiverged, select_device, train_model
 from pipeline.train.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured, manifest_digest, settings_digest
@@ -168,12 +169,6 @@ def train_only(cfg, place) -> None:
 
 
 def train_and_record(cfg, place) -> dict:
-    # The telemetry sidecar starts first: its MLflow import runs beside the set-up below.
-    with tracking.early_writer() as writer:
-        return record_training(cfg, place, writer)
-
-
-def record_training(cfg, place, writer) -> dict:
     checked = []
     manifest, train, val, ckpt_path, fp, state = prepare(cfg, place, on_memory=checked.append)
     memory = checked[0]
@@ -215,7 +210,8 @@ def record_training(cfg, place, writer) -> dict:
             claim(ckpt_path.parent, CHECKPOINTS, "train.checkpoint_dir")
         tracking.log_metrics(memory.metrics(), step=0)
         sampling = cfg.train.system_metrics_every_s
-        with tracking.MetricBuffer(run.info.run_id, system_metrics_s=sampling, writer=writer) as to_mlflow:
+        diverged = None
+        with MetricBuffer(run.info.run_id, system_metrics_s=sampling) as to_mlflow:
             ckpt = Checkpointing(
                 ckpt_path,
                 fp,
@@ -236,8 +232,10 @@ def record_training(cfg, place, writer) -> dict:
                     place=place,
                 )
             except TrainingDiverged as e:
-                record_divergence(cfg, run, e.result, settings)
-                raise
+                diverged = e
+        if diverged is not None:  # recorded once the buffer has closed (MLflow's own retries are back)
+            record_divergence(cfg, run, diverged.result, settings)
+            raise diverged
         write_telemetry(result)
         claim(model_dir, MODEL, "train.out_dir")
         # The seed lets evaluate rebuild the untrained starting point (the "untrained" baseline).

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.slow  # a whole quick benchmark run (~60 s on a busy 2-core machine): not in the default suite
 def test_quick_run_prints_one_json_line_with_the_figures():
     res = bench_json("bench.tracking", "--quick")
-    assert res["arms"] == ["off", "sidecar", "mlflow_async"] and res["reference_arm"] == "off"
+    assert res["arms"] == ["off", "stage", "mlflow_async"] and res["reference_arm"] == "off"
     for key in (
         "overhead_per_step",
         "overhead_per_step_across_runs",
@@ -26,7 +26,7 @@ def test_quick_run_prints_one_json_line_with_the_figures():
         "fixed_cost_s_in_run",
         "cpu_cost_s",
     ):
-        assert set(res[key]) == {"sidecar", "mlflow_async"}, key
+        assert set(res[key]) == {"stage", "mlflow_async"}, key
         assert all(math.isfinite(v) for v in res[key].values()), key
     assert all(v > 0 for v in res["overhead_per_step"].values())
     # The in-run A/B ran: each tracked run has sent segments with unsent neighbours, 0.05 s each.
@@ -40,7 +40,7 @@ def test_quick_run_prints_one_json_line_with_the_figures():
         assert per["setup_s"] >= 0 and per["teardown_s"] >= 0 and per["cpu_self_s"] > 0
     assert res["per_arm"]["off"]["metrics_logged_per_run"] == 0
     # Only the sent segments' rows reach the store: some, not all.
-    for arm in ("sidecar", "mlflow_async"):
+    for arm in ("stage", "mlflow_async"):
         per = res["per_arm"][arm]
         assert per["rows_per_run"] == 40 and 0 < per["rows_sent_per_run"] < 40
         assert per["metrics_logged_per_run"] >= 30 * per["rows_sent_per_run"]
@@ -56,7 +56,7 @@ def test_quick_run_prints_one_json_line_with_the_figures():
     assert probe["probe_spread_max_min"] >= probe["probe_spread_p90_p10"] >= 1.0
     assert res["goals"] == bench.GOALS and res["goals"]["overhead_per_step"] == 1.03
     # The smoke preset is not the default run: no fraction of it, so no such goal.
-    assert set(res["goals_met"]) == {"overhead_per_step/sidecar", "overhead_per_step/mlflow_async"}
+    assert set(res["goals_met"]) == {"overhead_per_step/stage", "overhead_per_step/mlflow_async"}
     assert all(isinstance(v, bool) for v in res["goals_met"].values())
 
 
@@ -133,7 +133,7 @@ def test_help_explains_the_figures():
         "overhead_per_step",
         "fixed_cost_s",
         "mlflow_async",
-        "sidecar",
+        "stage",
         "metrics_logged_per_s",
         "--quick",
         "--preset",

@@ -140,8 +140,8 @@ def test_quick_run_reports_the_split_overhead_drift_cpu_and_probes():
     assert isinstance(segments, int) and segments >= 0
     if segments == 0:
         assert res["telemetry_overhead_per_step"] == res["telemetry_overhead_per_step_across_runs"]
-    assert set(res["overhead_per_arm"]) == {"off", "sidecar", "bare"}
-    assert res["overhead_per_arm"]["sidecar"]["cpu_children_s"] > 0  # the sidecar is a child process
+    assert set(res["overhead_per_arm"]) == {"off", "stage", "bare"}
+    assert res["overhead_per_arm"]["stage"]["cpu_self_s"] > 0
     # The fixed part is judged against the default run's length: its steps as recorded, its step time as measured.
     if res["default_run_steps"]:
         assert res["default_run_s"] > 0 and "metrics/train.json" in res["default_run_steps_source"]

@@ -17,9 +17,6 @@ from pipeline.train.resume_state import load_state
 pytestmark = pytest.mark.unit
 
 SOURCES = sorted((REPO_ROOT / "pipeline").rglob("*.py")) + sorted((REPO_ROOT / "stages").glob("*.py"))
-# The one pickle: the train stage's rows to its own metric-writer child over a pipe, and the
-# child's replies (pipeline/tracking/metric_writer.py): both ends are this code, no file or peer is read.
-PICKLE_IPC = {"pipeline/tracking/metric_writer.py"}
 PICKLE_MODULES = {"pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal"}
 
 
@@ -41,8 +38,7 @@ def test_no_pickle_on_the_data_path(path):
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
         n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
     }
-    if rel not in PICKLE_IPC:
-        assert not imported & PICKLE_MODULES, f"{rel} imports {imported & PICKLE_MODULES}"
+    assert not imported & PICKLE_MODULES, f"{rel} imports {imported & PICKLE_MODULES}"
     for call in calls(tree, "torch.load"):
         assert keyword(call, "weights_only") is True, f"{rel}:{call.lineno}: torch.load without weights_only=True"
     for name in ("np.load", "numpy.load", "np.save", "numpy.save"):

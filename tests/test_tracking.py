@@ -1,4 +1,3 @@
-import os
 from pathlib import Path
 
 import pytest
@@ -55,45 +54,30 @@ def test_run_ends_failed_on_error_and_finished_otherwise(tmp_path, monkeypatch):
     assert mlflow.active_run() is None
 
 
-def test_metric_buffer_sends_every_row_with_its_step_in_batches_and_on_error(tmp_path, monkeypatch):
+def test_metric_buffer_sends_what_it_holds_on_error_and_when_its_interval_is_up(tmp_path, monkeypatch):
+    """In a run as the train stage opens it (mlflow_run): a Ctrl-C still sends the held rows;
+    flush_seconds elapsed, a row is handed to MLflow's queue at once. (Batches, non-finite values
+    and refusals: test_metric_buffer.py.)"""
     import pytest
     from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking.metric_buffer import MetricBuffer
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = MlflowClient(tracking_uri=uri)
-    # Training on fewer threads than cores: the sidecar starts beside it, nothing waits for it.
-    monkeypatch.setattr(tracking, "_training_uses_every_core", lambda: False)
     with tracking.mlflow_run("buffered", "smoke", experiment="t") as run:
-        with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
-            for step in range(1, 31):  # 30 rows of 40 metrics: 1,200 > one log_batch's 1,000
-                buf({**{f"m/{i}": step * 1.0 for i in range(40)}, "bad": float("inf")}, step)
-            assert client.get_metric_history(run.info.run_id, "m/0") == []  # held until a flush
-            assert tracking.run_exists(run.info.run_id) and not tracking.run_exists("0" * 32)
-        history = client.get_metric_history(run.info.run_id, "m/39")
-        assert [(m.step, m.value) for m in history] == [(s, float(s)) for s in range(1, 31)]
-        assert "bad" not in client.get_run(run.info.run_id).data.metrics
+        assert tracking.run_exists(run.info.run_id) and not tracking.run_exists("0" * 32)
         with pytest.raises(KeyboardInterrupt):
-            with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
+            with MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
                 buf({"late/metric": 7.0}, 31)
                 raise KeyboardInterrupt  # Ctrl-C: what was buffered is still sent
-    assert [m.value for m in client.get_metric_history(run.info.run_id, "late/metric")] == [7.0]
-    with tracking.mlflow_run("timed", "smoke", experiment="t") as run:
-        with tracking.MetricBuffer(run.info.run_id, flush_seconds=0) as buf:
-            buf({"now": 1.0}, 1)  # flush_seconds elapsed: handed to the sidecar at once
-            assert buf.pending == [] and buf.sent == 1
-            buf.sync()  # ... and in the store once the sidecar has written it
+        assert [m.value for m in client.get_metric_history(run.info.run_id, "late/metric")] == [7.0]
+        with MetricBuffer(run.info.run_id, flush_seconds=0) as buf:
+            buf({"now": 1.0}, 1)  # flush_seconds elapsed: handed to MLflow's queue at once
+            assert buf.rows == [] and buf.sent == 1 and len(buf.inflight) == 1
+            buf.sync()  # ... and in the store once the queue has written it
             assert len(client.get_metric_history(run.info.run_id, "now")) == 1
-    # Training on every core: the first row waits for the sidecar to be up and stores it, once;
-    # later rows are held as usual.
-    monkeypatch.setattr(tracking, "_training_uses_every_core", lambda: True)
-    with tracking.mlflow_run("every-core", "smoke", experiment="t") as run:
-        with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
-            buf({"first": 1.0}, 1)
-            assert buf.pending == [] and buf.writer.syncs == 1
-            assert len(client.get_metric_history(run.info.run_id, "first")) == 1
-            buf({"second": 2.0}, 2)
-            assert len(buf.pending) == 1 and buf.writer.syncs == 1
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -201,11 +185,12 @@ import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground (a background job ignores it)
 from pathlib import Path
 from pipeline.tracking import store as tracking
+from pipeline.tracking.metric_buffer import MetricBuffer
 from stages._cli import run_stage
 
 def body(cfg):
     with tracking.mlflow_run("sigterm", "smoke", experiment="t") as run:
-        with tracking.MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
+        with MetricBuffer(run.info.run_id, flush_seconds=3600) as buf:
             for step in range(1, 6):
                 buf({"train/loss": 1.0 / step}, step)
             tracking.log_metrics({"direct/async": 1.0})
@@ -423,18 +408,3 @@ def test_without_a_run_file_the_run_is_found_by_the_outputs_digest(tmp_path, mon
     assert tracking.read_run_file("embed", manifest, "manifest_sha256", required=False) == {}
     with pytest.raises(PipelineError, match=r"runs/embed.json"):
         tracking.read_run_file("embed", manifest, "manifest_sha256")
-
-
-def test_training_uses_every_core_reads_the_thread_count_set_now():
-    import torch
-
-    cores = len(os.sched_getaffinity(0))
-    saved = torch.get_num_threads()
-    try:
-        torch.set_num_threads(cores)
-        assert tracking._training_uses_every_core()
-        if cores > 1:
-            torch.set_num_threads(1)  # smoke's train.threads: a core is left for the sidecar
-            assert not tracking._training_uses_every_core()
-    finally:
-        torch.set_num_threads(saved)

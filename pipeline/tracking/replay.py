@@ -2,46 +2,43 @@
 
     python -m pipeline.tracking.replay [FILE ...]
 
-The train stage's metric writer keeps what the MLflow store refuses in
-<project>/.mlflow-pending/<run_id>.jsonl and sends it itself when the store answers again within
-the run; a file left after the run (the store stayed away) is replayed by this command, into the
-store of MLFLOW_TRACKING_URI (unset: the project's mlflow.db). Without FILE, every pending file
-is replayed. A file is removed once every value in it is stored; one that fails stays, and the
-command exits 1 naming it. Replaying twice cannot double a point: a file is gone once stored.
+The train stage's metric buffer (pipeline/tracking/metric_buffer.py) keeps what the MLflow store
+refuses in <project>/.mlflow-pending/<run_id>.jsonl and sends it itself when the store answers
+again within the run; a file left after the run (the store stayed away, or the stage was killed
+during an outage) is replayed by this command, into the store of MLFLOW_TRACKING_URI (unset: the
+project's mlflow.db). Without FILE, every pending file is replayed. A file is removed once every
+value in it is stored; one that fails stays, and the command exits 1 naming it. Replaying cannot
+double a point: values the run already holds (same key, step, timestamp and value) are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from pipeline.tracking import store as tracking
-from pipeline.tracking.metric_writer import BATCH_LIMIT, write_pending
+from pipeline.tracking.metric_buffer import BATCH_LIMIT, read_pending, write_pending
 
 
-def read_pending(path: Path) -> list:
-    """The file's values as MLflow Metrics; a torn last line (a kill mid-append) is skipped."""
-    from mlflow.entities import Metric
-
-    metrics = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            key, value, timestamp, step = json.loads(line)
-        except (ValueError, TypeError):
-            print(f"[metric replay] {path}:{n}: not a [key, value, timestamp, step] line; skipped", file=sys.stderr)
-            continue
-        metrics.append(Metric(key, float(value), int(timestamp), int(step)))
-    return metrics
+def not_stored(client, run_id: str, metrics: list) -> list:
+    """`metrics` less the values the run already holds (a batch the store took after the file was
+    written: its answer was lost, or the stage was killed before its next sync)."""
+    held = {
+        (m.key, m.step, m.timestamp, m.value)
+        for key in sorted({m.key for m in metrics})
+        for m in client.get_metric_history(run_id, key)
+    }
+    return [m for m in metrics if (m.key, m.step, m.timestamp, m.value) not in held]
 
 
 def replay(path: Path) -> int:
-    """Store the file's values in its run (the file name is the run id); remove it; return the count."""
+    """Store the file's values in its run (the file name is the run id) that it does not hold
+    yet; remove the file; return how many were stored."""
     from mlflow.tracking import MlflowClient
 
-    metrics = read_pending(path)
     client = MlflowClient(tracking.tracking_uri())
+    metrics = not_stored(client, path.stem, read_pending(path))
     done = 0
     try:
         while done < len(metrics):

@@ -17,7 +17,6 @@ import math
 import os
 import socket
 import subprocess
-import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,7 +58,7 @@ def tracking_uri() -> str:
 
 
 def pending_dir() -> Path:
-    """Where metric values the store refused wait to be replayed (pipeline/tracking/metric_writer.py): in
+    """Where metric values the store refused wait to be replayed (pipeline/tracking/metric_buffer.py): in
     the project, beside the store, so a --temp experiment's copy can go without losing them."""
     return project_root() / ".mlflow-pending"
 
@@ -311,8 +310,8 @@ def mlflow_run(
     previous = None  # keep_status: the resumed run's status when this stage began
     if not run_id:
         _set_experiment(experiment)
-        # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's sidecar samples them
-        # (pipeline.tracking.metric_writer), and a second sampler would log each metric twice.
+        # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's metric buffer samples
+        # them (pipeline.tracking.metric_buffer), and a second sampler would log each metric twice.
         run = mlflow.start_run(run_name=run_name, log_system_metrics=False)
         prov, diff = provenance(preset)
         mlflow.set_tags({**prov, **(tags or {})})
@@ -384,132 +383,6 @@ def log_metrics(metrics: dict[str, float], step: int | None = None, model_id: st
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
     if clean:
         mlflow.log_metrics(clean, step=step, synchronous=False, model_id=model_id or None)
-
-
-@contextlib.contextmanager
-def early_writer() -> Iterator[Any]:
-    """The telemetry sidecar, started now and attached to its run later (MetricBuffer(writer=...)):
-    entered at the top of the train stage, so that its MLflow import runs beside the stage's own
-    set-up instead of holding the first telemetry row. Yields None when tracking is off. Closed on
-    every path out (a writer never attached, say after a refused config, is stopped at once)."""
-    if not enabled():
-        yield None
-        return
-    from pipeline.tracking.metric_writer import MetricWriter
-
-    writer = MetricWriter(tracking_uri())
-    try:
-        yield writer
-    finally:
-        writer.close()
-
-
-class MetricBuffer:
-    """Telemetry rows to MLflow, batched and off the training process: `buffer(metrics, step)` is
-    the trainer's on_log.
-
-    Rows are held and handed every `flush_seconds` to a sidecar process (pipeline.tracking.metric_writer)
-    that writes them with log_batch, up to 1000 values a call, and (system_metrics_s > 0) samples
-    CPU, memory, disk, network and NVIDIA GPU use as `system/...` metrics. bench.tracking
-    measures the choice on the SQLite store (rows sent or not in alternate segments of the same
-    run; AMD EPYC, 2 cores): written by MLflow's asynchronous queue and its system-metrics
-    sampler (threads of this process, the writes competing for the GIL), a smoke-model step took
-    1.23x as long, through the sidecar 1.015x; on the default model both stayed within 1.03x. The
-    sidecar's own cost is its start, once per run (see early_writer and __call__). Rows keep their own step and
-    timestamp, so MLflow's curves are the same, just up to `flush_seconds` late.
-
-    `sync()` blocks until the store has every row: before each checkpoint (a resumed run must not
-    lose the rows before it). On exit, on every path (an exception, Ctrl-C, SIGTERM), the rest is
-    sent and waited for, and the sidecar is closed.
-
-    A store that stops answering does not stop training: the sidecar keeps what it refuses in
-    pending_dir()/<run_id>.jsonl (durable before sync returns) and sends it when the store is back;
-    sync says so once per outage, and the end says what is left to replay."""
-
-    # Rows reach the sidecar twice a second: the writes keep pace with training, so the wait at the
-    # end is for half a second of rows at most (~0.1 s on the smoke model, bench.tracking).
-    def __init__(self, run_id: str, flush_seconds: float = 0.5, system_metrics_s: float = 0.0, writer=None):
-        from pipeline.tracking.metric_writer import MetricWriter
-
-        self.run_id, self.flush_seconds = run_id, flush_seconds
-        # A writer from early_writer() has had the stage's set-up to import MLflow: attach it.
-        self.writer = (writer or MetricWriter(tracking_uri())) if enabled() else None
-        if self.writer is not None:
-            self.writer.attach(run_id, pending_dir() / f"{run_id}.jsonl", system_metrics_s)
-        self.outage: dict | None = None  # the last sync's pending status, while the store is away
-        self.pending: list[tuple[int, int, dict]] = []  # (step, timestamp ms, row)
-        self.sent = 0  # metric values handed to the writer so far (non-finite ones are dropped there)
-        self.last_flush = time.monotonic()
-        self.started = False  # the first row has come (see __call__)
-
-    def __call__(self, metrics: dict[str, float], step: int) -> None:
-        if self.writer is None:  # tracking off
-            return
-        # The row as it is (a shallow copy): unpacking it into metric tuples is the sidecar's work
-        # (it was ~1 % of the smoke model's step time here).
-        self.pending.append((step, int(time.time() * 1000), dict(metrics)))
-        if not self.started:
-            self.started = True
-            if _training_uses_every_core():
-                # The sidecar's start (MLflow's import and opening the store, a few CPU seconds)
-                # would take a core from training for seconds; on all cores every step waits for
-                # its slowest thread, so that costs training more than the core's share. Waiting
-                # for it here, once, costs its own time and no more.
-                self.flush(wait=True)
-                return
-        if time.monotonic() - self.last_flush >= self.flush_seconds:
-            self.flush()
-
-    def flush(self, wait: bool = False) -> None:
-        if self.writer is None:
-            return
-        pending, self.pending = self.pending, []
-        self.writer.send(pending)
-        self.sent += sum(len(row) for _, _, row in pending)
-        self.last_flush = time.monotonic()
-        if wait:
-            self._report(self.writer.sync())
-
-    def _report(self, status: dict | None) -> None:
-        if status and not self.outage:
-            log.warning(
-                "the MLflow store is not taking metrics (%s): training goes on; %d values are kept in %s and "
-                "sent when it answers again",
-                redact_text(str(status["reason"])),
-                status["pending"],
-                status["file"],
-            )
-        elif self.outage and not status:
-            log.info("the MLflow store answers again: the %d kept metric values are stored", self.outage["pending"])
-        self.outage = status
-
-    def sync(self) -> None:
-        """Send everything buffered and wait until the store has it (before a checkpoint)."""
-        self.flush(wait=True)
-
-    def __enter__(self) -> "MetricBuffer":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self.flush(wait=True)  # values still pending after it get the sidecar's last tries, then its word
-        except Exception as e:  # noqa: BLE001
-            if exc_type is None:
-                raise
-            # Already failing: say what was lost, but never hide the original error.
-            log.warning("could not store the last telemetry rows in MLflow: %s", e)
-        finally:
-            if self.writer is not None:
-                self.writer.close()
-
-
-def _training_uses_every_core() -> bool:
-    """Whether this process computes on as many intra-op threads as it has cores (asked from
-    inside training, where the trainer has set its count: the default preset, not smoke's one)."""
-    import torch
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return torch.get_num_threads() >= cores
 
 
 def log_params(params: dict[str, Any]) -> None:
