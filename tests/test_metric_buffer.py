@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.tracking import metric_buffer, replay
 from pipeline.tracking import store as tracking
-from pipeline.tracking.metric_buffer import NO_RETRY_ENV, MetricBuffer, read_pending, write_pending
+from pipeline.tracking.metric_buffer import ENV_WHILE_OPEN, MetricBuffer, read_pending, write_pending
 
 pytestmark = pytest.mark.integration
 
@@ -91,13 +91,30 @@ def test_a_store_back_within_the_run_gets_the_kept_values_and_the_file_goes(run,
     assert [m.step for m in client.get_metric_history(run_id, "m")] == [1, 2, 3]
 
 
-def test_mlflow_http_retries_are_off_only_while_the_buffer_is_open(run, monkeypatch):
+def test_mlflow_retries_and_queue_buffering_are_off_only_while_the_buffer_is_open(run, monkeypatch):
     _, run_id = run
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
     monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    monkeypatch.setenv("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS", "1")  # as tracking.mlflow_run sets it
     with MetricBuffer(run_id):
-        assert {k: os.environ.get(k) for k in NO_RETRY_ENV} == NO_RETRY_ENV
+        assert {k: os.environ.get(k) for k in ENV_WHILE_OPEN} == ENV_WHILE_OPEN
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "3" and "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ
+    assert os.environ["MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS"] == "1"
+
+
+def test_every_refused_batch_is_kept_even_when_batches_come_faster_than_a_second(run, monkeypatch):
+    """MLflow's queue, buffering, merges a second's batches into one call and reports a failure
+    on the first batch only: with the stage's run settings (1 s buffering) and a flush per row,
+    every refused value must still be kept."""
+    monkeypatch.setenv("MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS", "1")
+    monkeypatch.setattr(metric_buffer, "FINAL_TRIES", 0)
+    ghost = "0" * 32  # no such run: every write is refused
+    with MetricBuffer(ghost, flush_seconds=0) as buf:
+        for step in range(1, 21):
+            buf({"m": float(step)}, step)
+        buf.sync()
+        assert buf.outage["pending"] == 20
+    assert sorted(m.step for m in read_pending(tracking.pending_dir() / f"{ghost}.jsonl")) == list(range(1, 21))
 
 
 def test_system_metrics_are_sampled_at_the_start_and_at_the_end(run):

@@ -26,11 +26,16 @@ reported on its future and dropped. This module adds that:
   `python -m pipeline.tracking.replay` stores it later (it skips values already stored, so a
   replay never doubles a point).
 
-While the buffer is open, MLflow's HTTP client tries each call once with a 10 s timeout (its
-default is 7 retries with back-off, about 4 minutes by MLflow's own estimate, which would hold
-the queue and every checkpoint's sync behind one unanswered call); the buffer's own resending
-replaces those retries. The previous values come back when it closes, before the stage logs
-its model and artifacts. A SIGKILL loses the rows after the last sync (at most a checkpoint
+While the buffer is open, two of MLflow's settings change (the previous values come back when it
+closes, before the stage logs its model and artifacts):
+- its HTTP client tries each call once with a 10 s timeout (its default is 7 retries with
+  back-off, about 4 minutes by MLflow's own estimate, which would hold the queue and every
+  checkpoint's sync behind one unanswered call); the buffer's own resending replaces them;
+- its queue does not buffer (MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS unset; the stage's run sets
+  1 s). Buffering merges the batches of a second into one call, and when that call fails MLflow
+  reports the error on the first batch's future only: the others read as stored (MLflow 3.17,
+  RunBatch.complete). Unbuffered, each batch is its own call, picked up as soon as it is queued,
+  and its future tells the truth. A SIGKILL loses the rows after the last sync (at most a checkpoint
 interval): the resumed run logs those steps again.
 
 System metrics (CPU, memory, disk, network, NVIDIA GPUs) are sampled by MLflow's collectors from
@@ -58,8 +63,12 @@ log = logging.getLogger(__name__)
 BATCH_LIMIT = 1000  # MLflow's cap on metric values per log_batch
 RETRY_S = 2.0  # while the store is away, send the kept values again at most this often
 FINAL_TRIES, FINAL_PAUSE_S = 5, 1.0  # at the end: a store back within ~5 s still gets everything
-# MLflow's HTTP client while the buffer is open: one try per call, 10 s to answer (see above).
-NO_RETRY_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# MLflow's settings while the buffer is open (None: unset; see above).
+ENV_WHILE_OPEN = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS": None,
+}
 # MLflow's queue logs each refused batch at ERROR; the buffer says it once per outage instead.
 _QUEUE_LOGGER = "mlflow.utils.async_logging.async_logging_queue"
 
@@ -120,8 +129,8 @@ class MetricBuffer:
 
         mlflow.set_tracking_uri(store.tracking_uri())
         self.client = MlflowClient(store.tracking_uri())
-        self._saved_env = {k: os.environ.get(k) for k in NO_RETRY_ENV}
-        os.environ.update(NO_RETRY_ENV)
+        self._saved_env = {k: os.environ.get(k) for k in ENV_WHILE_OPEN}
+        _set_env(ENV_WHILE_OPEN)
         logging.getLogger(_QUEUE_LOGGER).addFilter(self._filter)
         if system_metrics_s > 0:
             self._sampler = threading.Thread(
@@ -182,12 +191,9 @@ class MetricBuffer:
         self.inflight = running
 
     def _settle(self) -> None:
-        """Send everything and wait until each call has its outcome (MLflow's flush drains its
-        queue; one try per call, so this takes at most the HTTP timeout while the store is away)."""
-        import mlflow
-
+        """Send everything and wait until each call has its outcome (one try per call: at most
+        the HTTP timeout while the store is away)."""
         self.flush(force=True)
-        mlflow.flush_async_logging()
         concurrent.futures.wait([f for futures, _ in self.inflight for f in futures])
         self._collect()
 
@@ -250,11 +256,15 @@ class MetricBuffer:
             log.warning("could not store the last telemetry rows in MLflow: %s", e)
         finally:
             logging.getLogger(_QUEUE_LOGGER).removeFilter(self._filter)
-            for k, v in self._saved_env.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            _set_env(self._saved_env)
+
+
+def _set_env(values: dict[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def sample_system_metrics(run_id: str, uri: str, interval: float, stop: threading.Event) -> None:
