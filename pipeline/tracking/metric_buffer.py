@@ -4,10 +4,10 @@ nothing lost while the tracking store is away.
 Why MLflow's queue and not a process of our own: bench.tracking measures both ways against
 tracking off, in alternate segments of the same run (AMD EPYC, 2 cores, one intra-op thread as
 the stage trains). On the default model (a row every 5 steps of ~115 ms) MLflow's queue and its
-system-metrics sampler cost 0.99x per step and nothing measurable per run, within the goals
-(<= 1.03x per step, <= 2 % of the run once). On the smoke model (a row every 2 steps of ~12 ms)
-they cost 1.23x: the queue's SQLAlchemy inserts are Python, run in threads of this process, and
-hold the interpreter while the loop needs it. A separate writer process measured 1.015x there,
+system-metrics sampler cost 1.02x per step (3 runs 1.01-1.06) and nothing measurable per run,
+within the goals (<= 1.03x per step, <= 2 % of the run once). On the smoke model (a row every 2
+steps of ~12 ms) they cost 1.23x: the queue's SQLAlchemy inserts are Python, run in threads of
+this process, and hold the interpreter while the loop needs it. A separate writer process measured 1.015x there,
 for ~360 more lines to keep; the smoke model is for CI, not for timing. The README has the figures.
 
 What MLflow's queue does not do is keep values through an outage: a batch the store refuses is
@@ -17,9 +17,9 @@ reported on its future and dropped. This module adds that:
   values a call); each call's futures are kept with its values.
 - A batch the store refused is kept in memory and sent again (every RETRY_S while the store is
   away, then with the next rows).
-- `sync()` (before each checkpoint) flushes MLflow's queue, so every batch has an outcome; the
-  values not stored are then written to pending_dir()/<run_id>.jsonl (temp file, then rename)
-  before sync returns: a run resumed from that checkpoint cannot lose the rows before it. The
+- `sync()` (before each checkpoint) waits until every batch has an outcome; the values not
+  stored are then written to pending_dir()/<run_id>.jsonl (temp file, then rename) before sync
+  returns: a run resumed from that checkpoint cannot lose the rows before it. The
   file is removed once the store has them all.
 - At the end (every path: an exception, Ctrl-C, SIGTERM) the rest is sent and the store gets
   FINAL_TRIES more tries a second apart; what it still refuses stays in the file, and
@@ -104,7 +104,7 @@ def read_pending(path: Path) -> list:
 class MetricBuffer:
     """`buffer(metrics, step)` is the trainer's on_log; `sync()` its checkpoints' before_save.
     Rows keep their own step and timestamp, so MLflow's curves are the same, just up to
-    `flush_seconds` (+ MLflow's 1 s of queue buffering) late. Tracking off: every call is a no-op."""
+    `flush_seconds` late. Tracking off: every call is a no-op."""
 
     def __init__(self, run_id: str, flush_seconds: float = 0.5, system_metrics_s: float = 0.0):
         self.run_id, self.flush_seconds = run_id, flush_seconds
