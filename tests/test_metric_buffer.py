@@ -15,7 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.tracking import metric_buffer, replay
 from pipeline.tracking import store as tracking
-from pipeline.tracking.metric_buffer import ENV_WHILE_OPEN, MetricBuffer, read_pending, write_pending
+from pipeline.tracking.metric_buffer import ENV_WHILE_OPEN, MetricBuffer, write_pending
+from pipeline.tracking.replay import read_pending
 
 pytestmark = pytest.mark.integration
 

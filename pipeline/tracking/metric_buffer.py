@@ -49,7 +49,6 @@ import json
 import logging
 import math
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -84,21 +83,6 @@ def write_pending(path: Path, metrics: list) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         tmp.write_text("".join(json.dumps([m.key, m.value, m.timestamp, m.step]) + "\n" for m in metrics))
-
-
-def read_pending(path: Path) -> list:
-    """The file's values as MLflow Metrics; a line that is not one (a hand-edited file) is skipped."""
-    from mlflow.entities import Metric
-
-    metrics = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            key, value, timestamp, step = json.loads(line)
-        except (ValueError, TypeError):
-            print(f"[metric replay] {path}:{n}: not a [key, value, timestamp, step] line; skipped", file=sys.stderr)
-            continue
-        metrics.append(Metric(key, float(value), int(timestamp), int(step)))
-    return metrics
 
 
 class MetricBuffer:
@@ -171,6 +155,8 @@ class MetricBuffer:
         if self.refused:
             self.last_try = time.monotonic()
         todo, self.refused = self.refused + new, []
+        # Chunked here, not by MLflow's client (which would split as well): one call, one future
+        # and one set of values each, so a refused call puts back exactly its own values.
         for i in range(0, len(todo), BATCH_LIMIT):
             chunk = todo[i : i + BATCH_LIMIT]
             ops = self.client.log_batch(self.run_id, metrics=chunk, synchronous=False)
@@ -184,10 +170,11 @@ class MetricBuffer:
             if not all(f.done() for f in futures):
                 running.append((futures, chunk))
                 continue
-            errors = [f.exception() for f in futures if f.exception() is not None]
-            if errors:
+            errors = (f.exception() for f in futures)
+            error = next((e for e in errors if e is not None), None)
+            if error is not None:
                 self.refused += chunk
-                self.reason = redact_text(f"{type(errors[0]).__name__}: {errors[0]}")[:500]
+                self.reason = redact_text(f"{type(error).__name__}: {error}")[:500]
         self.inflight = running
 
     def _settle(self) -> None:

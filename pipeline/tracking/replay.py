@@ -14,11 +14,26 @@ double a point: values the run already holds (same key, step, timestamp and valu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 from pipeline.tracking import store as tracking
-from pipeline.tracking.metric_buffer import BATCH_LIMIT, read_pending, write_pending
+
+
+def read_pending(path: Path) -> list:
+    """The file's values as MLflow Metrics; a line that is not one (a hand-edited file) is skipped."""
+    from mlflow.entities import Metric
+
+    metrics = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            key, value, timestamp, step = json.loads(line)
+        except (ValueError, TypeError):
+            print(f"[metric replay] {path}:{n}: not a [key, value, timestamp, step] line; skipped", file=sys.stderr)
+            continue
+        metrics.append(Metric(key, float(value), int(timestamp), int(step)))
+    return metrics
 
 
 def not_stored(client, run_id: str, metrics: list) -> list:
@@ -39,15 +54,10 @@ def replay(path: Path) -> int:
 
     client = MlflowClient(tracking.tracking_uri())
     metrics = not_stored(client, path.stem, read_pending(path))
-    done = 0
-    try:
-        while done < len(metrics):
-            client.log_batch(path.stem, metrics=metrics[done : done + BATCH_LIMIT])
-            done += len(metrics[done : done + BATCH_LIMIT])
-    except Exception:
-        if done:  # keep only what is not stored: a second replay must not log a point twice
-            write_pending(path, metrics[done:])
-        raise
+    # MLflow's client splits the values into calls of up to 1000. If one fails, the file stays
+    # whole: the next replay skips what this one stored.
+    if metrics:
+        client.log_batch(path.stem, metrics=metrics)
     path.unlink()
     return len(metrics)
 
