@@ -153,6 +153,35 @@ def test_fp16_scaler_grows_a_tiny_scale_every_growth_interval():
     assert [scale[s] for s in (1, 3, 4, 6, 7)] == [2.0**-10, 2.0**-10, 2.0**-9, 2.0**-9, 2.0**-8]
 
 
+def test_scaler_recovery_standard_halves_prototype_divides_by_ten_floored_at_one():
+    """The same five injected inf gradients (steps K..K+4) under each train.scaler.recovery: the
+    scale after each overflow is x backoff_factor (0.5) for standard, x 0.1 floored at 1 for the
+    prototype's recovery (docs/prototype.md); both skip exactly those steps and finish."""
+    scales = {}
+    for recovery in ("standard", "prototype"):
+        res = trainer(
+            "train.precision=fp16",
+            "train.scaler.init_scale=1024.0",
+            f"train.scaler.recovery={recovery}",
+            "fault=inf_grad",
+            f"fault.step={K}",
+            "fault.steps=5",
+        ).run()
+        assert [e["step"] for e in res.events] == list(range(K, K + 5))
+        assert res.summary["train/skipped_steps"] == 5 and res.summary["train/steps"] == STEPS
+        assert math.isfinite(res.summary["train/loss"])
+        assert_weights_finite(res.model)
+        scales[recovery] = [e["scale"] for e in res.events]
+        assert res.summary["amp/scale"] == scales[recovery][-1]  # no overflow after the injected ones
+    assert scales["standard"] == [1024.0 * 0.5**i for i in range(1, 6)]
+    assert scales["prototype"] == pytest.approx([102.4, 10.24, 1.024, 1.0, 1.0], rel=1e-6)
+
+
+def test_scaler_recovery_must_be_standard_or_prototype():
+    with pytest.raises(ConfigError, match=r"'train.scaler.recovery' = 'proto': expected one of standard, prototype"):
+        load_config(["train.scaler.recovery=proto"])
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_cpu_autocast_runs_without_onednn_and_restores_it(precision):
     # oneDNN caches a kernel per matmul shape in fp16/bf16: RSS kept climbing over a smoke run.

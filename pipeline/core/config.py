@@ -85,6 +85,11 @@ class Precision(StrEnum):
     fp16 = "fp16"
 
 
+class ScalerRecovery(StrEnum):
+    standard = "standard"  # GradScaler's own back-off: scale * backoff_factor on an overflow
+    prototype = "prototype"  # the prototype's recovery (docs/prototype.md): scale = max(scale * 0.1, 1)
+
+
 class FaultKind(StrEnum):
     none = "none"
     nan_loss = "nan_loss"
@@ -241,6 +246,10 @@ class GradScalerConfig:
     growth_factor: float = 1.5
     backoff_factor: float = 0.5
     growth_interval: int = 200
+    # What an overflow step does to the scale (the step itself is skipped either way): standard,
+    # GradScaler's back-off (x backoff_factor); prototype, the prototype's recovery (x 0.1, floored
+    # at 1; backoff_factor unused), kept to compare the two on the same overflows.
+    recovery: ScalerRecovery = ScalerRecovery.standard
 
     @staticmethod
     def check(s: DictConfig) -> None:

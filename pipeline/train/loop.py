@@ -199,12 +199,16 @@ class Trainer:
         self.total_steps = t.epochs * self.steps_per_epoch
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.warmup_steps, self.total_steps))
         s = t.scaler
+        # train.scaler.recovery=prototype: the prototype's recovery (docs/prototype.md), an overflow
+        # multiplies the scale by 0.1 (as GradScaler's back-off, so its growth count resets the
+        # same way), then _train_step floors it at 1.
+        self.prototype_recovery = s.recovery == "prototype"
         self.scaler = (
             torch.amp.GradScaler(
                 device.type,
                 init_scale=s.init_scale,
                 growth_factor=s.growth_factor,
-                backoff_factor=s.backoff_factor,
+                backoff_factor=0.1 if self.prototype_recovery else s.backoff_factor,
                 growth_interval=s.growth_interval,
             )
             if self.amp_dtype == torch.float16
@@ -424,6 +428,8 @@ class Trainer:
             self.win["skipped"] += 1
         if self.scaler:
             self.scaler.update()  # backs off after an overflow (found by unscale_), else counts growth
+            if self.prototype_recovery and code & NONFINITE:
+                self.scaler._scale.clamp_(min=1.0)  # max(scale * 0.1, 1), on the device: no host read
             if self.place.enabled:
                 self._agree_scaler()
         self.opt.zero_grad(set_to_none=True)
