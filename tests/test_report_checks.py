@@ -241,6 +241,7 @@ def test_only_step_column_skips_without_crashing():
         "nonfinite": "pass",
         "grad_norm": "skip",
         "loss_spikes": "skip",
+        "loss_regression": "skip",
         "scaler": "n/a",
         "convergence": "skip",
         "learning": "skip",

@@ -607,10 +607,10 @@ def test_verdict_line_counts_only_applicable_checks():
     assert result["checks"]["scaler"]["status"] == "n/a"
     assert all(c["status"] == "pass" for n, c in result["checks"].items() if n != "scaler")
     assert verdict_parts(result) == ("STABLE", f"all {len(CHECK_ORDER) - 1} checks passed")
-    assert "all 7 checks passed" in render_markdown(result, {}, {})
+    assert "all 8 checks passed" in render_markdown(result, {}, {})
     df["amp/scale"] = 1024.0
     result = run_checks(df, [], {**PARAMS, **BOUNDS}, GOOD_EVAL)
-    assert verdict_parts(result) == ("STABLE", "all 8 checks passed")
+    assert verdict_parts(result) == ("STABLE", "all 9 checks passed")
 
 
 def test_verdict_line_lists_fail_warn_skip_but_never_na():

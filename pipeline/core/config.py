@@ -429,6 +429,18 @@ class ReportConfig:
     scaler_max_backoff_fraction: float = 0.05
     # The trained model must beat its own untrained starting point by this much test cosine.
     learning_min_gain: float = 0.02
+    # Loss regression: the smoothed training loss (a centred median over the logged rows) held more
+    # than regression_rise above its running best for more than regression_min_steps steps. The
+    # committed default run (1,368 steps, a row every 5) rises at most 3.0 % above its best with
+    # the 11-row median these defaults give (step 1,065; 9.2 % with a 5-row one, in the plateau of
+    # its last epochs), the clean smoke run not at all (its loss falls throughout); a real default
+    # run's regression rose 59 % for 95 steps, and fault=lr_jump's 67 % for 16 smoke steps. 25 % is
+    # 8x the healthy default's (3x the 5-row figure) and under half of either regression: room for
+    # a noisier model. 50 steps is about half that real regression's length, 10 rows at the default
+    # cadence (a shorter rise is the loss_spikes check's); the smoke preset's 30-step run sets its
+    # own (conf/preset/smoke.yaml).
+    regression_rise: float = 0.25
+    regression_min_steps: int = 50
 
     @staticmethod
     def check(r: DictConfig, t: DictConfig) -> None:
@@ -452,6 +464,18 @@ class ReportConfig:
         )
         _require(r.scaler_min_scale > 0, "report.scaler_min_scale", "> 0", r.scaler_min_scale)
         _require(r.learning_min_gain >= 0, "report.learning_min_gain", ">= 0", r.learning_min_gain)
+        _require(
+            0 < r.regression_rise and math.isfinite(r.regression_rise),
+            "report.regression_rise",
+            "a finite fraction > 0 (0.25: the smoothed loss 25 % above its running best)",
+            r.regression_rise,
+        )
+        _require(
+            r.regression_min_steps >= 1,
+            "report.regression_min_steps",
+            "an integer >= 1 (optimizer steps the rise must outlast)",
+            r.regression_min_steps,
+        )
 
 
 @dataclass

@@ -12,6 +12,7 @@ The failure modes, and the check that catches each:
 - grad_norm=inf from a GradScaler starting at 2**16              -> nonfinite, scaler
 - gradient norms that sit in the critical zone                   -> grad_norm
 - loss spikes                                                    -> loss_spikes
+- a loss that climbs back above its best and stays there          -> loss_regression
 - a GradScaler that starts too high and keeps overflowing        -> scaler (fp16 runs only)
 - flows that die before arriving / adaptive stop doing nothing    -> convergence
 - a run that "finishes" without learning anything                 -> learning (needs eval metrics)
@@ -20,6 +21,7 @@ The failure modes, and the check that catches each:
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
@@ -45,7 +47,15 @@ DEFAULTS: dict[str, Any] = {
     "step_cap": None,
     "min_steps_to_arrive": None,
 }
-_INT_KEYS = {"warmup_steps", "spike_window", "planned_steps", "resumed_from_step", "step_cap", "min_steps_to_arrive"}
+_INT_KEYS = {
+    "warmup_steps",
+    "regression_min_steps",
+    "spike_window",
+    "planned_steps",
+    "resumed_from_step",
+    "step_cap",
+    "min_steps_to_arrive",
+}
 
 CHECK_ORDER = (
     "memory_growth",
@@ -53,6 +63,7 @@ CHECK_ORDER = (
     "nonfinite",
     "grad_norm",
     "loss_spikes",
+    "loss_regression",
     "scaler",
     "convergence",
     "learning",
@@ -668,6 +679,257 @@ def _positive(v: Any) -> bool:
     return _finite_number(v) and v > 0
 
 
+# ---------------------------------------------------------------- loss_regression
+
+# Columns that say what the optimizer did to each module: grad/<module>/norm (the trainer logs one
+# per top-level module) and grad/<module>/update_ratio where a trainer logs it per module; the
+# global grad/update_ratio (|update| / |weights|, sampled once per logged row) stands for all.
+_MODULE_SERIES = re.compile(r"^grad/(?P<module>[^/]+)/(?P<kind>norm|update_ratio)$")
+_MIN_REGRESSION_ROWS = 5  # a median over fewer finite rows smooths nothing
+
+
+def regression_scan(df: pd.DataFrame, p: Mapping) -> pd.DataFrame | str:
+    """Per finite-loss row after warm-up: step, loss, smoothed (a centred rolling median), best
+    (the running minimum of smoothed before this row) and rise (smoothed / best - 1); or why not.
+
+    The median spans 2h + 1 rows, h = max(2, regression_min_steps / 2 rows): a centred median of
+    2h + 1 rows erases any excursion of h rows or fewer, so a spike (the loss_spikes check's
+    business) never reaches the rise test, while a step up that lasts longer keeps its start and
+    end steps (a median does not smear an edge as a mean does, and centred it does not lag)."""
+    if "train/loss" not in df.columns:
+        return "train/loss not logged"
+    d = _finite(after_warmup(df, p["warmup_steps"]), "train/loss").reset_index(drop=True)
+    if len(d) < _MIN_REGRESSION_ROWS:
+        return f"{len(d)} finite loss rows after warm-up (need {_MIN_REGRESSION_ROWS})"
+    steps = d["step"].to_numpy()
+    spacing = float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0
+    half = max(2, int(p["regression_min_steps"] // (2 * max(spacing, 1.0))))
+    smoothed = d["train/loss"].rolling(2 * half + 1, center=True, min_periods=1).median().to_numpy()
+    if not (smoothed > 0).all():
+        return "the loss is not positive throughout: a rise relative to its best is undefined"
+    best = np.minimum.accumulate(smoothed)
+    before = np.concatenate([[smoothed[0]], best[:-1]])
+    return pd.DataFrame(
+        {
+            "step": steps,
+            "loss": d["train/loss"].to_numpy(),
+            "smoothed": smoothed,
+            "best": before,
+            "rise": smoothed / before - 1,
+        }
+    ).assign(window_rows=2 * half + 1)
+
+
+def find_regressions(scan: pd.DataFrame, p: Mapping) -> list[dict]:
+    """Each stretch where the smoothed loss stays above its running best before the stretch by more
+    than regression_rise: start, peak, the best it is measured against, end (the first row back
+    within the limit) or none; `regression` is True when it lasted more than regression_min_steps
+    (or still lasts at the end of training, for that long)."""
+    steps, smoothed, best = scan["step"].to_numpy(), scan["smoothed"].to_numpy(), scan["best"].to_numpy()
+    limit = 1 + p["regression_rise"]
+    found, i, n = [], 1, len(scan)
+    while i < n:
+        if smoothed[i] <= best[i] * limit:
+            i += 1
+            continue
+        ref, start = best[i], i  # the running best cannot move while the loss is above it
+        j = i
+        while j < n and smoothed[j] > ref * limit:
+            j += 1
+        peak = start + int(np.argmax(smoothed[start:j]))
+        recovered = j < n
+        duration = int(steps[j] - steps[start]) if recovered else int(steps[-1] - steps[start])
+        found.append(
+            {
+                "start_step": int(steps[start]),
+                "peak_step": int(steps[peak]),
+                "peak_loss": float(smoothed[peak]),
+                "best_loss": float(ref),
+                "peak_rise": float(smoothed[peak] / ref - 1),
+                "rise_loss": float(smoothed[peak] - ref),
+                "duration": duration,
+                "recovered": recovered,
+                "recovery_step": int(steps[j]) if recovered else None,
+                "regression": duration > p["regression_min_steps"],
+            }
+        )
+        i = j
+    return found
+
+
+def module_series(df: pd.DataFrame) -> dict[str, str]:
+    """{column: label} of the per-module gradient norms and update ratios the telemetry holds, and
+    the global update ratio."""
+    out = {}
+    for col in df.columns:
+        m = _MODULE_SERIES.match(str(col))
+        if m:
+            out[col] = f"{m['module']} {'gradient norm' if m['kind'] == 'norm' else 'update ratio'}"
+    if "grad/update_ratio" in df.columns:
+        out["grad/update_ratio"] = "update ratio (all parameters)"
+    return out
+
+
+def regression_movers(df: pd.DataFrame, reg: Mapping, p: Mapping, half_rows: int) -> list[dict]:
+    """Per module series: its level before the regression (median over the regression_min_steps
+    before the start), its level around the start (median over the regression_min_steps from the
+    start, or until the recovery) and the factor between them. A series moved when that factor is
+    beyond 1 + regression_rise either way (the bar the loss itself had to pass); its first step is
+    where its smoothed value (the same centred median as the loss's) first crossed that bar, from
+    half a span before the start. Sorted: moved series by first step, the larger factor first among
+    equals; then the others, larger factor first."""
+    span = p["regression_min_steps"]
+    start = reg["start_step"]
+    end = max(min(start + span, reg["recovery_step"] or math.inf), start + 1)
+    bar = math.log1p(p["regression_rise"])
+    out = []
+    for col, label in module_series(df).items():
+        d = _finite(after_warmup(df, p["warmup_steps"]), col)
+        d = d[d[col] > 0]  # a factor of a zero level says nothing
+        before = d[(d["step"] >= start - span) & (d["step"] < start)][col]
+        if len(before) < 2:  # a regression right after warm-up: what there is before it
+            before = d[d["step"] < start][col]
+        around = d[(d["step"] >= start) & (d["step"] < end)][col]
+        if before.empty or around.empty:
+            continue
+        base = float(before.median())
+        factor = float(around.median()) / base
+        first = None
+        if abs(math.log(factor)) > bar:
+            smooth = d.set_index("step")[col].rolling(2 * half_rows + 1, center=True, min_periods=1).median()
+            near = smooth[(smooth.index >= start - span / 2) & (smooth.index < end)]
+            shift = np.log(near.to_numpy() / base) * (1 if factor > 1 else -1)
+            crossed = near.index[shift > bar]
+            first = int(crossed[0]) if len(crossed) else int(start)
+        out.append({"series": col, "label": label, "factor": factor, "first_step": first})
+    return sorted(out, key=lambda m: (m["first_step"] is None, m["first_step"] or 0, -abs(math.log(m["factor"]))))
+
+
+def _mover_text(m: Mapping) -> str:
+    when = f" from step {m['first_step']}" if m["first_step"] is not None else ""
+    return f"{m['label']} x{m['factor']:.2g}{when}"
+
+
+def check_loss_regression(df: pd.DataFrame, p: Mapping) -> dict:
+    """The smoothed loss held above its running best (a stretch of training that undid progress),
+    which the spike test misses once its trailing window has absorbed the higher level."""
+    scan = regression_scan(df, p)
+    if isinstance(scan, str):
+        return _result(
+            "skip",
+            f"No loss-regression test: {scan}.",
+            {"reason": scan},
+            f"Log train/loss for at least warmup_steps + {_MIN_REGRESSION_ROWS} logged steps to enable this check.",
+        )
+    rise_pct, min_steps = 100 * p["regression_rise"], p["regression_min_steps"]
+    window = int(scan["window_rows"].iloc[0])
+    i_max = int(np.argmax(scan["rise"].to_numpy()[1:])) + 1 if len(scan) > 1 else 0
+    found = find_regressions(scan, p)
+    regressions = [r for r in found if r["regression"]]
+    # A rise still open at the end of training, shorter than regression_min_steps: too short to
+    # call a regression, but the model the run ends with is that much worse than its best.
+    pending = [r for r in found if not r["regression"] and not r["recovered"]]
+    evidence: dict[str, Any] = {
+        "regressions": len(regressions),
+        "rows": len(scan),
+        "window_rows": window,
+        "max_rise": max(0.0, float(scan["rise"].iloc[i_max])),  # a loss that only falls: 0, not -0.2 %
+        "max_rise_step": int(scan["step"].iloc[i_max]),
+        "limit_rise": p["regression_rise"],
+        "min_duration": min_steps,
+    }
+    rule = f"a regression is > {rise_pct:g} % above the best for > {min_steps} steps"
+    fix = (
+        "The loss climbed back and stayed there: an LR too high for this stage of training (lower "
+        "train.lr, lengthen train.warmup_steps, or decay sooner), a bad stretch of data (look at the "
+        "batches from the start step), or a resume that did not restore the optimizer state. "
+        "Start with the module whose gradient moved first."
+    )
+    if not regressions:
+        if pending:
+            r = pending[-1]
+            evidence.update({k: r[k] for k in ("start_step", "peak_step", "peak_loss", "best_loss", "peak_rise")})
+            summary = (
+                f"The smoothed loss ends {100 * r['peak_rise']:.0f} % above its best ({r['best_loss']:.4g}) "
+                f"over the last {r['duration']} steps of training, from step {r['start_step']}: too short to "
+                f"call a regression ({rule}), but the run ends worse than its best."
+            )
+            return _result("warn", summary, evidence, fix)
+        summary = (
+            f"No loss regression: the smoothed loss (median of {window} logged rows) rose at most "
+            f"{100 * evidence['max_rise']:.1f} % above its running best (step {evidence['max_rise_step']}); {rule}."
+        )
+        return _result("pass", summary, evidence, None)
+
+    unrecovered = [r for r in regressions if not r["recovered"]]
+    worst = max(regressions, key=lambda r: r["peak_rise"])
+    half = (window - 1) // 2
+    movers = regression_movers(df, worst, p, half)
+    evidence.update(
+        {
+            "unrecovered_regressions": len(unrecovered),
+            "start_step": worst["start_step"],
+            "peak_step": worst["peak_step"],
+            "peak_loss": worst["peak_loss"],
+            "best_loss": worst["best_loss"],
+            "peak_ratio": worst["peak_loss"] / worst["best_loss"],
+            "peak_rise": worst["peak_rise"],
+            "rise_loss": worst["rise_loss"],
+            "duration": worst["duration"],
+            "recovered": worst["recovered"],
+        }
+    )
+    if worst["recovered"]:
+        evidence["recovery_step"] = worst["recovery_step"]
+    if movers:
+        first = movers[0]
+        if first["first_step"] is not None:
+            evidence.update(
+                moved_first=first["label"], moved_first_ratio=first["factor"], moved_first_step=first["first_step"]
+            )
+        else:  # nothing crossed the bar: the largest change, not called a mover
+            evidence.update(largest_change=first["label"], largest_change_ratio=first["factor"])
+        evidence["movers"] = "; ".join(_mover_text(m) for m in movers)
+    if len(regressions) > 1:
+        evidence["regression_list"] = "; ".join(
+            f"steps {r['start_step']}-{r['recovery_step'] or 'end'} +{100 * r['peak_rise']:.0f} %"
+            for r in regressions[:_LIST_MAX]
+        )
+
+    def said(r: Mapping) -> str:
+        outcome = (
+            f"came back within {rise_pct:g} % of it at step {r['recovery_step']}"
+            if r["recovered"]
+            else "had not recovered by the end of training"
+        )
+        return (
+            f"the smoothed loss rose {100 * r['peak_rise']:.0f} % above its best at step {r['start_step']} "
+            f"({r['best_loss']:.4g} -> {r['peak_loss']:.4g} at step {r['peak_step']}, "
+            f"{r['peak_loss'] / r['best_loss']:.2f}x, +{r['rise_loss']:.3g}), stayed up {r['duration']} steps and "
+            f"{outcome}"
+        )
+
+    head = "Loss regression: " if len(regressions) == 1 else f"{len(regressions)} loss regressions; the largest: "
+    summary = head + said(worst)
+    if movers:
+        m = movers[0]
+        moved = m["first_step"] is not None
+        summary += (
+            f". Moved first: {_mover_text(m)}"
+            if moved
+            else f". No module's gradient or update ratio moved by more than {rise_pct:g} %; the largest "
+            f"change: {_mover_text(m)}"
+        )
+        others = [x for x in movers[1:] if x["first_step"] is not None][:2]
+        if others:
+            summary += " (then " + ", ".join(_mover_text(x) for x in others) + ")"
+    if unrecovered and unrecovered[0] is not worst:
+        summary += f". Not recovered by the end of training: the one from step {unrecovered[0]['start_step']}"
+    summary += "."
+    status = "fail" if unrecovered else "warn"
+    return _result(status, summary, evidence, fix)
+
+
 # ---------------------------------------------------------------- scaler
 
 
@@ -950,6 +1212,7 @@ def run_checks(
         "nonfinite": check_nonfinite(df, events, p),
         "grad_norm": check_grad_norm(df, p),
         "loss_spikes": check_loss_spikes(df, events, p),
+        "loss_regression": check_loss_regression(df, p),
         "scaler": check_scaler(df, events, p),
         "convergence": check_convergence(df, p),
         "learning": check_learning(eval_metrics, p),

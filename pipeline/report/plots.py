@@ -84,12 +84,36 @@ def plot_loss(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
         )
     for s in sorted({e["step"] for e in events or () if e.get("kind") == "loss_spike"} - set(spikes["step"])):
         ax.axvline(s, color="#ff7f0e", ls=":", lw=1)
+    _draw_regressions(ax, df, p)
     positive = scan["loss"][scan["loss"] > 0]
     # Log scale once the loss spans > 50x, else one spike flattens the whole curve.
     if len(positive) == len(scan) and len(scan) and positive.max() / positive.min() > 50:
         ax.set_yscale("log")
     ax.legend(loc="upper right", fontsize=8)
     return fig
+
+
+def _draw_regressions(ax, df: pd.DataFrame, p: Mapping) -> None:
+    """The loss_regression check's evidence, only when it found a regression: the smoothed loss it
+    judged, and a band from each regression's start to its recovery (or the end of training)."""
+    scan = checks.regression_scan(df, p)
+    if isinstance(scan, str):
+        return
+    found = [r for r in checks.find_regressions(scan, p) if r["regression"]]
+    if not found:
+        return
+    rows = int(scan["window_rows"].iloc[0])
+    ax.plot(scan["step"], scan["smoothed"], lw=1.5, color="#6a3d9a", label=f"smoothed (median of {rows} rows)")
+    end = float(scan["step"].iloc[-1])
+    for i, r in enumerate(found):
+        ax.axvspan(
+            r["start_step"],
+            r["recovery_step"] if r["recovered"] else end,
+            color="#d62728",
+            alpha=0.12,
+            lw=0,
+            label="loss regression" if i == 0 else None,
+        )
 
 
 def plot_grad_norm(df: pd.DataFrame, events, p: Mapping) -> Figure | None:

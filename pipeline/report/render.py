@@ -22,6 +22,7 @@ CHECK_PLOTS = {
     "nonfinite": "loss",
     "grad_norm": "grad_norm",
     "loss_spikes": "loss",
+    "loss_regression": "loss",
     "scaler": "scaler",
     "convergence": "adaptive_steps",
     "learning": "learning",
@@ -42,6 +43,7 @@ _UNITS: tuple[tuple[str, str, float], ...] = (
     ("seconds", "s", 1.0),
     ("frac_", "%", 100.0),
     ("fraction", "%", 100.0),
+    ("duration", "steps", 1.0),  # before "ratio", which it holds
     ("ratio", "x", 1.0),
     ("fail_factor", "x", 1.0),
     ("scale", "(loss scale)", 1.0),
@@ -52,6 +54,8 @@ _UNITS: tuple[tuple[str, str, float], ...] = (
     ("step_cap", "flow steps per batch", 1.0),
     ("steps_used", "flow steps per batch", 1.0),
     ("_norm", "(L2 norm)", 1.0),
+    ("_rise", "%", 100.0),  # loss_regression: the smoothed loss above its running best, a fraction
+    ("regressions", "regression(s)", 1.0),
     ("loss", "(loss)", 1.0),
     ("_sigma", "std above the trailing mean", 1.0),
     ("cosine", "(cosine)", 1.0),
