@@ -21,7 +21,8 @@ USAGE = """usage: python -m stages.{name} [OVERRIDE ...]
 Configuration comes from params.yaml at the repository root (what DVC tracks). Each OVERRIDE is
 Hydra syntax, KEY=VALUE with a dotted key, e.g. train.lr=3e-4 or model.lattice_depth=4.
 preset=NAME composes conf/ with conf/preset/NAME.yaml instead (as `dvc exp run -S preset=NAME`);
-fault=NAME adds a deliberate fault from conf/fault/ (nan_loss, inf_grad, loss_spike, lr_spike, leak).
+fault=NAME adds a deliberate fault from conf/fault/ (nan_loss, inf_grad, loss_spike, lr_spike, lr_jump,
+leak).
 This stage reads: {sections}. An unknown key, a wrong type or an impossible value stops the
 stage before any work, naming the key.
 

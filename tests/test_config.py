@@ -140,7 +140,7 @@ def test_dvc_yaml_params_exist_in_params_yaml():
         (
             ["fault=nan"],
             "fault=nan: there is no conf/fault/nan.yaml (did you mean fault=nan_loss?); expected one of: "
-            "inf_grad, leak, loss_spike, lr_spike, nan_loss, none",
+            "inf_grad, leak, loss_spike, lr_jump, lr_spike, nan_loss, none",
         ),
         (
             ["embed.delimiter=;"],
@@ -416,7 +416,8 @@ def test_every_choice_is_written_as_before_and_reads_as_its_string(key):
         ("embed.format=xml", "parameter 'embed.format' = 'xml': expected one of auto, csv, tsv, jsonl, json, parquet"),
         (
             "fault.kind=boom",
-            "parameter 'fault.kind' = 'boom': expected one of none, nan_loss, inf_grad, loss_spike, lr_spike, leak",
+            "parameter 'fault.kind' = 'boom': expected one of none, nan_loss, inf_grad, loss_spike, lr_spike, "
+            "lr_jump, leak",
         ),
         ("run.tracking=null", "parameter 'run.tracking' = None: expected one of required, optional, disabled"),
         ("embed.dtype=16", "parameter 'embed.dtype' = 16: expected one of float32, float16"),

@@ -49,10 +49,29 @@ def test_the_matrix_reads_the_evidence_the_report_writes():
 def test_the_matrix_covers_every_diagnosis():
     assert len(CORE_CASES) == len(CORE) and {c.fails for c in CORE_CASES} == {(), ("nonfinite",)}
     assert {c.fails for c in CASES} >= {(), ("nonfinite",), ("loss_spikes",), ("memory_growth",)}
+    assert {w for c in CASES for w in c.warns} == {"loss_regression"}
 
 
 def _evidence(verdict: str, **statuses: str) -> dict:
     return {"verdict": verdict, **{name: {"status": status} for name, status in statuses.items()}}
+
+
+def test_a_case_that_expects_a_warning_is_wrong_without_it():
+    jump = next(c for c in CASES if c.name == "smoke:lr_jump")
+    assert jump.warns == ("loss_regression",) and jump.fails == () and "train.epochs=6" in jump.overrides
+    regression = {"status": "warn", "start_step": 18, "recovered": True, "peak_rise": 0.67, "limit_rise": 0.25}
+    assert judge(jump, {**_evidence("stable"), "loss_regression": regression}) == ("stable", [], [], [])
+    # Not seen at all, or seen but not recovered (a failure: another diagnosis than this case's).
+    assert judge(jump, {**_evidence("stable"), "loss_regression": {**regression, "status": "pass"}})[3][0] == (
+        "loss_regression pass, expected warn"
+    )
+    unrecovered = {**regression, "status": "fail", "recovered": False}
+    assert judge(jump, {**_evidence("unstable"), "loss_regression": unrecovered})[3] == [
+        "verdict unstable, expected stable",
+        "failed ['loss_regression'], expected none",
+        "loss_regression fail, expected warn",
+        "evidence: loss_regression.recovered",
+    ]
 
 
 def test_a_wall_clock_failure_the_case_does_not_expect_is_noise_not_a_problem():
@@ -98,15 +117,21 @@ def test_clean_run_has_no_failed_check_and_every_fault_is_told_apart(core, other
     clean = matrix["smoke:none"]
     assert clean["verdict"] == "stable" and clean["failed"] == []
     faults = [c for c in CASES if c.preset == "smoke" and c.fault != "none" and not c.label]
-    # Each fault's signature: the checks it trips, less those its case allows as consequences
-    # (lr_spike's x100 steps may also trip grad_norm and wreck the model: learning).
-    tripped = {c.fault: tuple(f for f in matrix[c.name]["failed"] if f not in c.may_fail) for c in faults}
-    # Five faults, five different diagnoses would be ideal; the two non-finite faults share one.
+    # Each fault's signature: the checks it trips (fails, or warns where its case expects a
+    # warning), less those its case allows as consequences (lr_spike's x100 steps may also trip
+    # grad_norm, wreck the model for good: learning, loss_regression).
+    tripped = {
+        c.fault: tuple(f for f in matrix[c.name]["failed"] if f not in c.may_fail)
+        + tuple(w for w in c.warns if matrix[c.name]["metrics"][w]["status"] == "warn")
+        for c in faults
+    }
+    # Six faults, six different diagnoses would be ideal; the two non-finite faults share one.
     assert tripped == {
         "nan_loss": ("nonfinite",),
         "inf_grad": ("nonfinite",),
         "loss_spike": ("loss_spikes",),
         "lr_spike": ("loss_spikes",),
+        "lr_jump": ("loss_regression",),
         "leak": ("memory_growth",),
     }
 

@@ -105,9 +105,10 @@ def test_loss_spike_is_flagged_and_optionally_skipped():
     assert res.summary["train/skipped_steps"] == 1
 
 
-def test_lr_spike_shows_in_the_logged_lr_and_leaves_the_schedule():
+@pytest.mark.parametrize("fault", ["lr_spike", "lr_jump"])  # one multiplier; lr_jump's preset holds it longer
+def test_lr_spike_shows_in_the_logged_lr_and_leaves_the_schedule(fault):
     clean = trainer().run()
-    res = trainer("fault=lr_spike", "fault.step=5", "fault.steps=2", "fault.factor=100").run()
+    res = trainer(f"fault={fault}", "fault.step=5", "fault.steps=2", "fault.factor=100").run()
     lr = {r["step"]: r["train/lr"] for r in res.rows}
     clean_lr = {r["step"]: r["train/lr"] for r in clean.rows}
     assert lr[6] == pytest.approx(100 * clean_lr[6], rel=0.05)  # window 5-6 applied the spike
@@ -241,7 +242,7 @@ def test_anomaly_detection_names_the_backward_op():
 
 def test_fault_presets_compose_and_bad_fault_settings_are_refused():
     names = sorted(p.stem for p in (CONF_DIR / "fault").glob("*.yaml"))
-    assert names == ["inf_grad", "leak", "loss_spike", "lr_spike", "nan_loss", "none"]
+    assert names == ["inf_grad", "leak", "loss_spike", "lr_jump", "lr_spike", "nan_loss", "none"]
     for name in names:
         assert load_config(["preset=smoke", f"fault={name}"]).fault.kind == name
     with pytest.raises(ConfigError, match="fault.kind"):

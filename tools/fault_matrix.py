@@ -45,6 +45,9 @@ class Case:
     # Checks that may fail as well, as consequences of the fault rather than its signature (a x100
     # learning rate wrecks the model, so the learning check may fail after the loss spike).
     may_fail: tuple[str, ...] = ()
+    # Checks that must warn: a fault whose diagnosis is a warning (a loss regression the run
+    # recovered from), which `fails` cannot say.
+    warns: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -95,7 +98,9 @@ CASES: tuple[Case, ...] = (
     ),
     # The LR is x100 for steps 15-19; the loss jumps on the steps after the first bad update. The
     # updates of those steps can also trip grad_norm and leave a model worse than the baselines
-    # (learning): consequences, allowed but not required.
+    # (learning): consequences, allowed but not required. So can they wreck it for good: the smoke
+    # model's loss went from 0.65 to 2.0-2.3 and stayed there to the end, a regression that never
+    # recovered (loss_regression fails, rightly; allowed, as it depends on how the model breaks).
     Case(
         "smoke",
         "lr_spike",
@@ -108,7 +113,33 @@ CASES: tuple[Case, ...] = (
             ),
             SPIKE_OVER_FAIL_FACTOR,
         ),
-        may_fail=("grad_norm", "learning"),
+        may_fail=("grad_norm", "learning", "loss_regression"),
+    ),
+    # The LR x40 for steps 15-22: the loss climbs and stays up while it is high, then comes back, so
+    # loss_regression warns (recovered) and nothing fails: the spike test's trailing window rises
+    # with the loss. Six epochs (90 steps): the schedule's LR at steps 15-22 is then still ~0.003
+    # (x40 is a real jump; in the preset's own 30 steps it has decayed to 0.002-0.001 and the
+    # loss rose only 16 %), and there are steps left at a sane LR for the loss to come back.
+    # Measured: 67 % above the best from step 18 to 34; the evidence asks for the start within 6
+    # steps of the fault and more than twice report.regression_rise at the peak.
+    Case(
+        "smoke",
+        "lr_jump",
+        (),
+        "stable",
+        (
+            (
+                f"{FAULT_STEP} < loss_regression.start_step <= {FAULT_STEP + 6}",
+                lambda m: FAULT_STEP < m["loss_regression"]["start_step"] <= FAULT_STEP + 6,
+            ),
+            ("loss_regression.recovered", lambda m: m["loss_regression"]["recovered"] is True),
+            (
+                "loss_regression.peak_rise > 2 x limit_rise",
+                lambda m: m["loss_regression"]["peak_rise"] > 2 * m["loss_regression"]["limit_rise"],
+            ),
+        ),
+        overrides=("train.epochs=6",),
+        warns=("loss_regression",),
     ),
     Case(
         "smoke",
@@ -201,6 +232,10 @@ def judge(case: Case, evidence: dict) -> tuple[str, list[str], list[str], list[s
     if case.fails is not None and sorted(set(failed) - set(case.may_fail)) != sorted(case.fails):
         allowed = f" (and may fail {list(case.may_fail)})" if case.may_fail else ""
         problems.append(f"failed {failed or 'none'}, expected {list(case.fails) or 'none'}{allowed}")
+    for name in case.warns:
+        status = evidence.get(name, {}).get("status") if isinstance(evidence.get(name), dict) else None
+        if status != "warn":
+            problems.append(f"{name} {status or 'missing'}, expected warn")
     for what, ok in case.evidence:
         try:
             good = bool(ok(evidence))

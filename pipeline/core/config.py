@@ -96,6 +96,7 @@ class FaultKind(StrEnum):
     inf_grad = "inf_grad"
     loss_spike = "loss_spike"
     lr_spike = "lr_spike"
+    lr_jump = "lr_jump"  # lr_spike's multiplier held for longer at a lower factor: a loss regression
     leak = "leak"
 
 
@@ -362,9 +363,9 @@ class FaultConfig:
     # First optimizer step hit (1-based). 15: the spike detector needs 10 losses of history, and
     # the smoke preset's 28 steps leave 13 to show recovery.
     step: int = 15
-    steps: int = 1  # how many consecutive steps (lr_spike; the others hit `step` only)
+    steps: int = 1  # how many consecutive steps (lr_spike, lr_jump; the others hit `step` only)
     module: str = "carrier"  # inf_grad: the top-level module whose gradient is set to inf
-    factor: float = 1000.0  # loss_spike: loss multiplier; lr_spike: LR multiplier
+    factor: float = 1000.0  # loss_spike: loss multiplier; lr_spike, lr_jump: LR multiplier
     # leak: MB kept alive per step on top of the step's autograd graph. The graph alone is a
     # fraction of a MB a step on the smoke model (`python -m bench.trainer --parts leak`:
     # rss_growth_mb_per_1k_steps_leak, run with leak_mb=0), lost in the allocator's noise over

@@ -100,8 +100,9 @@ class FaultInjector:
 
     @contextlib.contextmanager
     def lr(self, step: int, opt: torch.optim.Optimizer) -> Iterator[None]:
-        """Around opt.step(): the LR spike, restored after so the schedule is untouched."""
-        if self.kind != "lr_spike" or not self.hits(step):
+        """Around opt.step(): the LR spike (or jump, the same multiplier held longer), restored
+        after so the schedule is untouched."""
+        if self.kind not in ("lr_spike", "lr_jump") or not self.hits(step):
             yield
             return
         saved = [g["lr"] for g in opt.param_groups]
