@@ -166,6 +166,47 @@ def configure(mode: str) -> None:
     )
 
 
+# SQLite stores this process has opened through use_store (created or found complete).
+_READY: set[str] = set()
+
+
+def use_store() -> str:
+    """Point MLflow at tracking_uri() and return it. A SQLite store is first opened under an
+    exclusive lock (mlflow.db-init.lock beside it, git-ignored with mlflow.db-*): MLflow creates a
+    missing store's tables, and upgrades an old one's, with Alembic migrations that are not safe
+    to run twice at once. `dvc queue start -j 2` on a project without mlflow.db started two embed
+    stages together, and one failed with Alembic's "Online migration expected to match one row
+    when updating ... 0 found"; under the lock the second finds the tables complete and skips
+    them. Every first access of a stage process to the store goes through here."""
+    import mlflow
+
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    if uri.startswith("sqlite:///") and uri not in _READY:
+        db = Path(uri[len("sqlite:///") :])
+        with _exclusive(db.with_name(db.name + "-init.lock")):
+            mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
+        _READY.add(uri)
+    return uri
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on `path` for the block (none where fcntl is missing: Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def artifact_location(uri: str) -> str | None:
     """Where a new experiment keeps its artifacts. A SQLite store's default is `./mlruns` under
     the *current directory*, which for a first run from `dvc exp run --temp` is DVC's temporary
@@ -301,7 +342,7 @@ def mlflow_run(
     import mlflow
     from mlflow.environment_variables import MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS
 
-    mlflow.set_tracking_uri(tracking_uri())
+    use_store()
     # MLflow's queue thread waits for work with a 1 s timeout unless it buffers: the flush at the
     # end then waits out that timeout (0-1 s a run). Buffering for 1 s, the thread waits on an
     # event the flush sets, and the flush returns as soon as the values are stored.
@@ -357,7 +398,7 @@ def run_exists(run_id: str) -> bool:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    mlflow.set_tracking_uri(tracking_uri())
+    use_store()
     try:
         mlflow.get_run(run_id)
     except MlflowException:
@@ -455,7 +496,7 @@ def find_run_by_tag(key: str, value: str) -> str | None:
     """The newest run of any experiment whose tag `key` is `value`, or None."""
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri())  # called before any run of this process has set it
+    use_store()  # called before any run of this process has set it
     runs = mlflow.search_runs(
         search_all_experiments=True,
         filter_string=f"tags.`{key}` = '{value}'",
