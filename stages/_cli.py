@@ -65,6 +65,7 @@ def run_stage(
     tracking.KILLED_RUNS.clear()  # (tests run several stages in one process)
     try:
         cfg = load_config(args)
+        tracking.set_sweep(cfg.run.sweep)  # tags every MLflow run this stage starts or adds to
         # Before any work, and before torchrun starts ranks: where the stages write (pipeline/core/output_dirs.py).
         output_dirs.check_outputs(cfg, stage)
         processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1

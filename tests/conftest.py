@@ -45,10 +45,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _tracking_switch_restored(monkeypatch):
     """A stage run in-process with run.tracking=disabled turns this process's tracking off
-    (pipeline.tracking.store.configure); the next test must find it as it was."""
+    (pipeline.tracking.store.configure), and one with run.sweep set tags its runs with it
+    (set_sweep); the next test must find both as they were."""
     from pipeline.tracking import store as tracking
 
     monkeypatch.setattr(tracking, "_ENABLED", tracking._ENABLED)
+    monkeypatch.setattr(tracking, "_SWEEP", tracking._SWEEP)  # run.sweep, set the same way
 
 
 @pytest.fixture(autouse=True)

@@ -37,6 +37,9 @@ def _positive_ints(section: DictConfig, prefix: str, keys: Sequence[str]) -> Non
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+# A sweep's name is part of an MLflow tag key (sweep.NAME) and of a search filter: no quotes,
+# backticks or spaces; 64 leaves room under MLflow's 250-character key limit.
+_SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 # Choices are StrEnums whose member names are the YAML values: OmegaConf maps a YAML string to a
@@ -116,6 +119,21 @@ class RunConfig:
     # Paths from config (PATH_KEYS) must resolve, symlinks followed, inside the project; true
     # allows any (a dataset on a shared disk, shards on a scratch one).
     allow_external_paths: bool = False
+    # The sweep this run belongs to ("" = none): `dvc exp run --queue -S run.sweep=NAME -S
+    # 'train.lr=1e-3,3e-3'` tags every MLflow run of the sweep's experiments with it
+    # (pipeline/tracking/store.py: sweep_tags), and `./dev compare --sweep NAME` ranks them. A label
+    # only, like preset and experiment: no dvc.yaml stage lists it, so it re-runs nothing.
+    sweep: str = ""
+
+    @staticmethod
+    def check(r: DictConfig) -> None:
+        _require(
+            r.sweep == "" or _SWEEP_NAME.fullmatch(r.sweep) is not None,
+            "run.sweep",
+            "\"\" or a name of letters, digits, '.', '_' and '-' (at most 64, starting with a letter or "
+            "digit): it becomes an MLflow tag key and a search filter",
+            r.sweep,
+        )
 
 
 @dataclass
@@ -491,7 +509,8 @@ class Config:
 
     @staticmethod
     def check(cfg: DictConfig) -> None:
-        """Every section's values (run's only choice, tracking, is its Enum's to refuse)."""
+        """Every section's values (run's one choice, tracking, is its Enum's to refuse)."""
+        RunConfig.check(cfg.run)
         EmbedConfig.check(cfg.embed)
         ModelConfig.check(cfg.model)
         TrainConfig.check(cfg.train)

@@ -75,6 +75,35 @@ def enabled() -> bool:
     return _ENABLED
 
 
+# run.sweep of the stage this process runs (stages/_cli.py sets it from the config): "" = no sweep.
+_SWEEP = ""
+SWEEP_TAG = "sweep"  # the sweep that started a run: the MLflow UI's filter tags.sweep = 'NAME'
+SWEEP_MEMBER_PREFIX = "sweep."  # sweep.NAME = the DVC experiment: every model run a sweep has
+
+
+def set_sweep(name: str) -> None:
+    global _SWEEP
+    _SWEEP = name or ""
+
+
+def sweep_tags(existing: dict | None = None) -> dict[str, str]:
+    """The tags that put a run into this process's sweep (run.sweep), {} outside one.
+
+    `sweep.NAME` = the DVC experiment's name marks membership; `./dev compare --sweep NAME`
+    searches by it. A run can be in several sweeps: when a combination's train stage is already
+    in dvc.lock or DVC's run cache (the sweep `train.lr=1e-3,3e-3,1e-2` holds the default 3e-3),
+    DVC restores the model instead of training it, and only the report stage (always run) adds
+    to that earlier run; one `sweep` tag would have to move it out of the sweep that made it.
+    `sweep` = NAME is set too where the run has none yet (`existing`: its tags; None: a new run),
+    so the UI's tags.sweep = 'NAME' lists the sweep's runs as well."""
+    if not _SWEEP:
+        return {}
+    tags = {f"{SWEEP_MEMBER_PREFIX}{_SWEEP}": os.environ.get("DVC_EXP_NAME") or "workspace"}
+    if not (existing or {}).get(SWEEP_TAG):
+        tags[SWEEP_TAG] = _SWEEP
+    return tags
+
+
 # URI schemes MLflow stores runs in (its own list, in the error it raises for any other; a
 # database scheme may carry a driver: postgresql+psycopg2). A bare path has no scheme.
 STORE_SCHEMES = (
@@ -355,13 +384,15 @@ def mlflow_run(
         # them (pipeline.tracking.metric_buffer), and a second sampler would log each metric twice.
         run = mlflow.start_run(run_name=run_name, log_system_metrics=False)
         prov, diff = provenance(preset)
-        mlflow.set_tags({**prov, **(tags or {})})
+        mlflow.set_tags({**prov, **sweep_tags(), **(tags or {})})
         if diff:
             mlflow.log_text(diff, DIFF_ARTIFACT)
     else:
+        found = mlflow.get_run(run_id) if keep_status or _SWEEP else None
         if keep_status:
-            previous = mlflow.get_run(run_id).info.status
+            previous = found.info.status
         run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
+        tags = {**(sweep_tags(found.data.tags) if found else {}), **(tags or {})}
         if tags:
             mlflow.set_tags(tags)
     status = "FINISHED"
