@@ -3,6 +3,7 @@ difference more than the luck of the test items?
 
     ./dev compare A B [--resamples N] [--seed S] [--show N] [--json]
     ./dev compare A --baseline ridge      # A's model against a baseline scored in the same stage
+    ./dev compare --sweep NAME [--metric group_top1] [--json]   # rank a sweep's runs (below)
     python -m tools.compare A B        # the same, with the environment already active
 
 Each of A and B names the item table the evaluate stage writes (reports/eval_items.parquet: one
@@ -39,6 +40,11 @@ What it prints, over the items both tables hold (matched by id):
 Two tables from different test splits (another dataset, split seed or fraction) share only some
 items: the comparison is over the shared ones, with a warning; with none shared it refuses (exit 2).
 --json prints the same as one JSON object (warnings still go to stderr).
+
+--sweep NAME ranks the model runs of one sweep instead (`dvc exp run --queue -S run.sweep=NAME
+-S 'train.lr=1e-3,3e-3,1e-2' ...`, whose runs carry the MLflow tag sweep.NAME): each run's mean of
+--metric (default group_top1) with its 95 % CI, best first, and each run's paired difference from
+the best with its CI and p-value, beside the params that differ between the runs (tools/sweep.py).
 
 Example, two smoke experiments:
 
@@ -473,6 +479,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "a",
         metavar="A",
+        nargs="?",
         help="the reference: workspace, a file, an MLflow run id, a git revision or a DVC experiment name",
     )
     ap.add_argument("b", metavar="B", nargs="?", help="the one compared with it (same kinds); differences are B - A")
@@ -496,6 +503,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"flipped items listed each way (default {DEFAULT_SHOW}; 0: counts only)",
     )
+    ap.add_argument(
+        "--sweep",
+        metavar="NAME",
+        help="instead of A and B: rank the model runs tagged sweep.NAME (dvc exp run --queue -S run.sweep=NAME ...) "
+        "against the best",
+    )
+    ap.add_argument(
+        "--metric",
+        help="with --sweep: the metric to rank by (default group_top1; cosine, mse, top1, top5, group_top5, mrr)",
+    )
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return ap
 
@@ -507,8 +524,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--resamples {args.resamples}: expected at least {MIN_RESAMPLES}")
     if args.show < 0:
         ap.error(f"--show {args.show}: expected 0 or more")
-    if (args.b is None) == (args.baseline is None):
-        ap.error("give two tables (A B), or one with --baseline NAME")
+    if args.sweep is not None:
+        if args.a is not None or args.baseline is not None:
+            ap.error("--sweep NAME ranks the sweep's own runs: give no A, B or --baseline with it")
+        return _main_sweep(args)
+    if args.metric is not None:
+        ap.error("--metric goes with --sweep (a comparison of A and B shows every metric)")
+    if args.a is None or (args.b is None) == (args.baseline is None):
+        ap.error("give two tables (A B), one with --baseline NAME, or --sweep NAME")
     try:
         a = load(args.a)
         if args.baseline:
@@ -525,6 +548,20 @@ def main(argv: list[str] | None = None) -> int:
     for w in result["warnings"]:
         print(f"compare: warning: {w}", file=sys.stderr)
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else render(result, args.show))
+    return 0
+
+
+def _main_sweep(args) -> int:
+    from tools import sweep
+
+    try:
+        result = sweep.rank(sweep.find(args.sweep), args.metric or sweep.DEFAULT_METRIC, args.resamples, args.seed)
+    except PipelineError as e:
+        print(f"compare: {e}", file=sys.stderr)
+        return 2
+    for w in result["warnings"]:
+        print(f"compare: warning: {w}", file=sys.stderr)
+    print(json.dumps(result, indent=2, allow_nan=False) if args.json else sweep.render(result))
     return 0
 
 
