@@ -4,6 +4,7 @@ GPU memory on batch 2 there; here two steps must fit (3.7-4.2 GB peak RSS measur
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from pipeline.core.config import CONF_DIR, load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
@@ -32,3 +33,27 @@ def test_preset_runs_a_training_step(preset):
     assert out.spawned == cfg.train.batch_size * model.flows_per_sample(cfg.train.batch_size)
     if preset == "seed":
         assert out.spawned <= 5000 and (model.W, model.H, model.D) == (50, 50, 20)
+
+
+def _leaves(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        out.update(_leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_fp16_scaler_presets_differ_in_the_scaler_settings_only():
+    """fp16_scaler_fixed and fp16_scaler_prototype isolate the GradScaler (fp16_unstable and
+    fp16_fixed also differ in LR, warm-up and clipping): every other key is the same, run.preset
+    aside (the preset's name, a label no stage lists)."""
+    fixed, proto = (
+        _leaves(OmegaConf.to_container(load_config([f"preset={p}"]), enum_to_str=True))
+        for p in ("fp16_scaler_fixed", "fp16_scaler_prototype")
+    )
+    differ = {k for k in fixed.keys() | proto.keys() if fixed.get(k) != proto.get(k)}
+    assert differ - {"run.preset"} == {f"train.scaler.{k}" for k in ("init_scale", "growth_factor", "growth_interval")}
+    keys = [f"train.scaler.{k}" for k in ("init_scale", "growth_factor", "backoff_factor", "growth_interval")]
+    assert [fixed[k] for k in keys] == [2.0**10, 1.5, 0.5, 200]  # the fix (docs/prototype.md)
+    assert [proto[k] for k in keys] == [2.0**16, 2.0, 0.5, 100]  # the prototype's
+    assert fixed["train.scaler.recovery"] == proto["train.scaler.recovery"] == "standard"
+    assert (fixed["train.precision"], fixed["train.lr"], fixed["train.grad_clip"]) == ("fp16", 3e-3, 1.0)
