@@ -1,0 +1,406 @@
+"""Sweeps: `dvc exp run --queue -S run.sweep=NAME -S 'train.lr=a,b' ...` queues one experiment per
+combination, every MLflow run of them carries the sweep's tags (pipeline/tracking/store.py:
+sweep_tags), and `./dev compare --sweep NAME` (tools/sweep.py) ranks the model runs against the
+best with paired bootstrap CIs.
+
+Unit: the ranking on synthetic item tables. Integration: the tags on real runs of a local store,
+found and ranked; two processes opening one fresh store at once. E2E (slow): a 2 x 2 smoke sweep
+queued and run by two queue workers side by side in a scratch copy of the project, then a second
+sweep that reuses one of its combinations from DVC's cache."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.core.config import load_config
+from pipeline.core.errors import ConfigError
+from tools import compare as cmp
+from tools import sweep
+from tools.compare import CompareError
+
+RESAMPLES = 1000  # the least the command takes; enough for these checks, and quick
+NO_DIFFERENCE = {"value": 0.0, "ci95_low": 0.0, "ci95_high": 0.0, "p_value": 1.0}
+
+
+def table(n: int, hit_rate: float, seed: int, cos_mean: float = 0.5, ids=None) -> pd.DataFrame:
+    """An item table as the evaluate stage writes it (the model's columns): group_rank 1 on a
+    `hit_rate` share of the items, cosine around cos_mean, mse falling as cosine rises."""
+    rng = np.random.default_rng(seed)
+    ids = [f"q{i:04d}" for i in range(n)] if ids is None else list(ids)
+    n = len(ids)
+    group_rank = np.where(rng.random(n) < hit_rate, 1, rng.integers(2, 40, n))
+    cosine = np.clip(cos_mean + 0.1 * rng.standard_normal(n), -1, 1)
+    return pd.DataFrame(
+        {
+            "id": ids,
+            "input": [f"question {i}" for i in ids],
+            "target": [f"answer {i}" for i in ids],
+            "rank": group_rank + rng.integers(0, 3, n),
+            "group_rank": group_rank,
+            "cosine": cosine,
+            "mse": (1 - cosine) / 192,
+        }
+    )
+
+
+def run(name: str, df: pd.DataFrame | None, lr: str, hidden: str = "64", **extra) -> sweep.SweepRun:
+    params = {"train.lr": lr, "model.carrier_hidden": hidden, "train.epochs": "12", "run.sweep": "s", **extra}
+    rid = (name.encode().hex() + "0" * 32)[:32]
+    return sweep.SweepRun(name, rid, name, "FINISHED", params, df, "" if df is not None else "no artifact")
+
+
+def found(*runs: sweep.SweepRun) -> sweep.Found:
+    return sweep.Found("s", "sweep.s", "sqlite:///x/mlflow.db", list(runs))
+
+
+# --------------------------------------------------------------------------- unit: the ranking
+
+
+@pytest.mark.unit
+def test_the_best_run_comes_first_and_each_other_is_paired_against_it():
+    # Hit rates 0.30 / 0.50 / 0.55 on the same 800 items: 0.55 is best; 0.30 is far below it
+    # (0.25 apart: ~7 standard errors), 0.50 within noise of it (0.05 apart: ~1.4).
+    a, b, c = table(800, 0.30, 1), table(800, 0.50, 2), table(800, 0.55, 3)
+    runs = (run("s-1", a, "0.001"), run("s-2", b, "0.003"), run("s-3", c, "0.01"))
+    result = sweep.rank(found(*runs), resamples=RESAMPLES)
+    rows = result["runs"]
+    assert [r["experiment"] for r in rows] == ["s-3", "s-2", "s-1"] and [r["rank"] for r in rows] == [1, 2, 3]
+    assert result["metric"] == "group_top1" and result["higher_is_better"] and result["items"] == 800
+    best = rows[0]
+    assert best["best"] and best["difference_from_best"] == NO_DIFFERENCE
+    assert not best["significantly_worse"]
+    for r, df in zip(rows, (c, b, a)):
+        mean = r["mean"]
+        assert mean["value"] == pytest.approx((df.group_rank == 1).mean(), abs=1e-6)
+        assert mean["ci95_low"] < mean["value"] < mean["ci95_high"]
+        d = r["difference_from_best"]
+        assert d["value"] == pytest.approx(mean["value"] - best["mean"]["value"], abs=2e-6)
+        assert d["ci95_low"] <= d["value"] <= d["ci95_high"]
+    worst, middle = rows[2], rows[1]
+    assert worst["significantly_worse"] and worst["difference_from_best"]["ci95_high"] < 0
+    assert worst["difference_from_best"]["p_value"] < 0.01
+    # Paired: the interval of the difference is narrower than the two means' intervals together.
+    width = middle["difference_from_best"]["ci95_high"] - middle["difference_from_best"]["ci95_low"]
+    assert width < (middle["mean"]["ci95_high"] - middle["mean"]["ci95_low"]) + (
+        best["mean"]["ci95_high"] - best["mean"]["ci95_low"]
+    )
+    # What the sweep varied, and nothing else (the label run.sweep is never a swept param).
+    assert result["swept_params"] == ["train.lr"]
+    assert [r["params"] for r in rows] == [{"train.lr": "0.01"}, {"train.lr": "0.003"}, {"train.lr": "0.001"}]
+    # The same tables give the same numbers (the bootstrap is seeded).
+    assert sweep.rank(found(*runs), resamples=RESAMPLES) == result
+
+
+@pytest.mark.unit
+def test_mse_ranks_the_lowest_first_and_every_metric_can_be_chosen():
+    low, high = table(400, 0.5, 4, cos_mean=0.7), table(400, 0.5, 5, cos_mean=0.4)  # higher cosine, lower mse
+    pair = found(run("s-1", high, "0.01"), run("s-2", low, "0.003"))
+    result = sweep.rank(pair, metric="mse", resamples=RESAMPLES)
+    assert not result["higher_is_better"] and [r["experiment"] for r in result["runs"]] == ["s-2", "s-1"]
+    d = result["runs"][1]["difference_from_best"]
+    assert d["value"] > 0 and d["ci95_low"] > 0 and result["runs"][1]["significantly_worse"]  # higher mse: worse
+    for metric in ("cosine", "top1", "top5", "group_top5", "mrr"):
+        assert sweep.rank(pair, metric, RESAMPLES)["metric"] == metric
+    with pytest.raises(CompareError, match="--metric 'acc': expected one of cosine, mse"):
+        sweep.rank(pair, "acc", RESAMPLES)
+
+
+@pytest.mark.unit
+def test_equal_runs_tie_by_name_and_differ_in_nothing():
+    df = table(300, 0.5, 6)
+    result = sweep.rank(found(run("s-2", df, "0.01"), run("s-1", df.copy(), "0.001")), resamples=RESAMPLES)
+    assert [r["experiment"] for r in result["runs"]] == ["s-1", "s-2"]
+    assert result["runs"][1]["difference_from_best"] == NO_DIFFERENCE
+    assert not result["runs"][1]["significantly_worse"]
+
+
+@pytest.mark.unit
+def test_a_run_without_a_table_is_left_out_with_a_warning_and_two_are_needed():
+    a, b = table(200, 0.4, 7), table(200, 0.6, 8)
+    result = sweep.rank(found(run("s-1", a, "0.001"), run("s-2", None, "0.003"), run("s-3", b, "0.01")), "mrr", 1000)
+    assert [r["experiment"] for r in result["runs"]] == ["s-3", "s-1"]
+    assert result["skipped"] == [
+        {"experiment": "s-2", "run_id": run("s-2", None, "").run_id, "status": "FINISHED", "reason": "no artifact"}
+    ]
+    assert any(w.startswith("s-2 (run ") and w.endswith("left out: no artifact") for w in result["warnings"])
+    with pytest.raises(CompareError, match=r"only s-1 \(run [0-9a-f]{8}\) has an item table to rank: at least 2"):
+        sweep.rank(found(run("s-1", a, "0.001"), run("s-2", None, "0.003")), resamples=RESAMPLES)
+    with pytest.raises(CompareError, match="none of them has an item table"):
+        sweep.rank(found(run("s-2", None, "0.003")), resamples=RESAMPLES)
+    # A table that is not the evaluate stage's is left out the same way, saying what it lacks.
+    bad = a.drop(columns=["group_rank"])
+    result = sweep.rank(found(run("s-1", a, "0.001"), run("s-2", bad, "0.003"), run("s-3", b, "0.01")), "mrr", 1000)
+    assert "no column group_rank" in result["skipped"][0]["reason"]
+
+
+@pytest.mark.unit
+def test_runs_on_partly_different_test_items_are_ranked_over_the_shared_ones():
+    a = table(300, 0.4, 9)
+    b = table(200, 0.6, 10, ids=[f"q{i:04d}" for i in range(100, 300)])
+    result = sweep.rank(found(run("s-1", a, "0.001"), run("s-2", b, "0.01")), resamples=RESAMPLES)
+    assert result["items"] == 200
+    assert any("200 to 300 test items, of which 200 are shared" in w for w in result["warnings"])
+    other = table(100, 0.5, 11, ids=[f"x{i}" for i in range(100)])
+    with pytest.raises(CompareError, match="share no test item id"):
+        sweep.rank(found(run("s-1", a, "0.001"), run("s-2", other, "0.01")), resamples=RESAMPLES)
+
+
+@pytest.mark.unit
+def test_swept_params_are_the_ones_that_differ_a_missing_one_included():
+    runs = [
+        run("s-1", None, "0.001", "64"),
+        run("s-2", None, "0.001", "128", **{"run.sweep": "other", "run.experiment": "x"}),
+        sweep.SweepRun("s-3", "c" * 32, "s-3", "FINISHED", {"train.lr": "0.001", "train.epochs": "12"}),
+    ]
+    assert sweep.swept_params(runs) == ["model.carrier_hidden"]  # run.* labels never count
+
+
+@pytest.mark.unit
+def test_the_table_shows_the_best_first_with_its_params_and_intervals():
+    a, b = table(500, 0.3, 12), table(500, 0.6, 13)
+    result = sweep.rank(found(run("s-1", a, "0.001"), run("s-2", b, "0.01")), resamples=RESAMPLES)
+    text = sweep.render(result)
+    lines = text.splitlines()
+    assert lines[0].startswith("Sweep s: 2 model runs tagged sweep.s in sqlite:///x/mlflow.db, ranked by group_top1")
+    head = next(i for i, line in enumerate(lines) if line.startswith("rank"))
+    assert lines[head].split() == "rank experiment run train.lr group_top1 95 % CI vs best 95 % CI p".split()
+    first, second = lines[head + 2].split(), lines[head + 3].split()
+    assert first[:4] == ["1", "s-2", result["runs"][0]["run_id"][:8], "0.01"] and first[-1] == "best"
+    assert second[:4] == ["2", "s-1", result["runs"][1]["run_id"][:8], "0.001"] and second[-1] == "*"
+    mean = result["runs"][1]["mean"]
+    assert f"[{mean['ci95_low']:.3f}, {mean['ci95_high']:.3f}]" in lines[head + 3]
+
+
+# --------------------------------------------------------------------------- unit: the param
+
+
+@pytest.mark.unit
+def test_run_sweep_is_a_label_with_a_safe_name():
+    assert load_config([]).run.sweep == ""
+    assert load_config(["run.sweep=lr-x-hidden_2.b"]).run.sweep == "lr-x-hidden_2.b"
+    for bad in ("'a b'", "-lead", "'it''s'", "a" * 65):
+        with pytest.raises(ConfigError, match=r"run\.sweep"):
+            load_config([f"run.sweep={bad}"])
+
+
+@pytest.mark.unit
+def test_the_command_line_keeps_a_sweep_apart_from_a_and_b(capsys):
+    for args, message in (
+        (["--sweep", "s", "workspace"], "give no A, B or --baseline with it"),
+        (["a.parquet", "b.parquet", "--metric", "mse"], "--metric goes with --sweep"),
+        ([], "or --sweep NAME"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            cmp.main(args)
+        assert e.value.code == 2 and message in capsys.readouterr().err, args
+
+
+# --------------------------------------------------------------------------- integration: real runs
+
+
+def _model_run(tracking, name: str, exp_name: str, df: pd.DataFrame | None, tmp_path, **params) -> str:
+    """A model run as a stage under `dvc exp run` makes it: new, tagged, its item table logged."""
+    import os
+
+    os.environ["DVC_EXP_NAME"] = exp_name
+    try:
+        with tracking.mlflow_run(name, "smoke", tags={"stage": "train"}) as r:
+            tracking.log_params(params)
+            if df is not None:
+                path = tmp_path / f"{exp_name}.parquet"
+                df.to_parquet(path, index=False)
+                tracking.log_artifact_file(path.rename(path.with_name("eval_items.parquet")), "evaluate")
+        return r.info.run_id
+    finally:
+        del os.environ["DVC_EXP_NAME"]
+
+
+@pytest.mark.integration
+def test_a_sweeps_runs_are_tagged_found_and_ranked_and_a_reused_run_joins_a_later_sweep(tmp_path, monkeypatch, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking import store as tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    # Outside a sweep, no sweep tag; and no store yet: the command says so.
+    assert cmp.main(["--sweep", "lr"]) == 2
+    assert "no MLflow store at" in capsys.readouterr().err
+    outside = _model_run(tracking, "baseline", "baseline", table(300, 0.5, 20), tmp_path, **{"train.lr": "0.003"})
+    tracking.set_sweep("lr")
+    ids = {
+        "lr-1": _model_run(tracking, "lr-1", "lr-1", table(300, 0.3, 21), tmp_path, **{"train.lr": "0.001"}),
+        "lr-2": _model_run(tracking, "lr-2", "lr-2", table(300, 0.7, 22), tmp_path, **{"train.lr": "0.01"}),
+        "lr-3": _model_run(tracking, "lr-3", "lr-3", None, tmp_path, **{"train.lr": "0.1"}),  # diverged: no table
+    }
+    client = MlflowClient(uri)
+    for name, rid in ids.items():
+        tags = client.get_run(rid).data.tags
+        assert tags["sweep"] == "lr" and tags["sweep.lr"] == name, name
+    assert "sweep" not in client.get_run(outside).data.tags
+    # The ranking: lr-2 best, lr-1 below it, lr-3 left out with a warning; the baseline is in no sweep.
+    assert cmp.main(["--sweep", "lr", "--json", "--resamples", "1000"]) == 0
+    out = capsys.readouterr()
+    result = json.loads(out.out)
+    assert [(r["experiment"], r["run_id"]) for r in result["runs"]] == [("lr-2", ids["lr-2"]), ("lr-1", ids["lr-1"])]
+    assert result["tag"] == "sweep.lr" and result["store"] == uri and result["swept_params"] == ["train.lr"]
+    assert result["runs"][1]["significantly_worse"] and result["skipped"][0]["experiment"] == "lr-3"
+    assert "lr-3 (run " in out.err and "no artifact evaluate/eval_items.parquet" in out.err
+    assert cmp.main(["--sweep", "lr", "--resamples", "1000"]) == 0
+    assert sweep.render(result) == capsys.readouterr().out.rstrip("\n")
+    # A later sweep whose combination DVC restores from its cache: only the report stage adds to
+    # the earlier run. It joins the new sweep (sweep.lr2) and stays in the one that made it.
+    tracking.set_sweep("lr2")
+    monkeypatch.setenv("DVC_EXP_NAME", "lr2-1")
+    with tracking.mlflow_run("report", "smoke", run_id=ids["lr-2"], keep_status=True):
+        pass
+    with tracking.mlflow_run("report", "smoke", run_id=outside, keep_status=True):  # in no sweep yet: joins it by name
+        pass
+    monkeypatch.delenv("DVC_EXP_NAME")
+    tags = client.get_run(ids["lr-2"]).data.tags
+    assert tags["sweep"] == "lr" and tags["sweep.lr"] == "lr-2" and tags["sweep.lr2"] == "lr2-1"
+    tags = client.get_run(outside).data.tags
+    assert tags["sweep"] == "lr2" and tags["sweep.lr2"] == "lr2-1"
+    found_ = sweep.find("lr2")
+    assert {(r.experiment, r.run_id) for r in found_.runs} == {("lr2-1", ids["lr-2"]), ("lr2-1", outside)}
+    assert any("2 model runs stand for the experiment lr2-1" in w for w in found_.warnings)
+    # A name no run carries: which tag, which store, which sweeps there are, how to tag one.
+    assert cmp.main(["--sweep", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "carries the tag sweep.nope" in err and uri in err and "sweeps there: lr, lr2" in err
+    assert "dvc exp run --queue -S run.sweep=nope" in err
+
+
+def _open_store(uri: str, queue) -> None:
+    import os
+
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    from pipeline.tracking import store as tracking
+
+    try:
+        tracking.use_store()
+        queue.put("ok")
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        queue.put(f"{type(e).__name__}: {e}")
+
+
+@pytest.mark.integration
+def test_parallel_stages_create_one_fresh_store_together(tmp_path):
+    """`dvc queue start -j 2` on a project without mlflow.db starts two stages that both create
+    it. MLflow's table migrations are not safe to run twice at once: three processes opening one
+    fresh store with MLflow alone failed in 3 tries of 3 (Alembic's CommandError "expected to
+    match one row", sqlite's OperationalError); tracking.use_store serializes the first opening."""
+    ctx = multiprocessing.get_context("spawn")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_open_store, args=(uri, queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert sorted(queue.get(timeout=5) for _ in procs) == ["ok"] * 3
+
+
+# --------------------------------------------------------------------------- e2e: a real smoke sweep
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_queued_smoke_sweep_runs_every_combination_side_by_side_and_ranks_them(tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    from tests import smoke_reference
+    from tests.conftest import dvc, sh, wait_for_queue
+    from tools.fault_matrix import project_copy
+
+    root = project_copy(tmp_path_factory.mktemp("sweep"))
+    env = smoke_reference.reference_env()
+    grid = {"train.lr": ("0.001", "0.01"), "model.carrier_hidden": ("16", "32")}
+    sets = [a for k, values in grid.items() for a in ("-S", f"{k}={','.join(values)}")]
+    out = sh(dvc(*"exp run --queue -n sw -S preset=smoke -S run.sweep=sw".split(), *sets), root, env)
+    # DVC names them NAME-1.. in the order of the grid's product, the last key varying fastest.
+    product = [(lr, h) for lr in grid["train.lr"] for h in grid["model.carrier_hidden"]]
+    combos = {f"sw-{i}": combo for i, combo in enumerate(product, start=1)}
+    for name, (lr, hidden) in combos.items():
+        assert f"Queued experiment '{name}'" in out, out
+        assert f"'train.lr={lr}', 'model.carrier_hidden={hidden}'" in out, out
+    sh(dvc("queue", "start", "-j", "2"), root, env)  # two workers, each in its own copy under .dvc/tmp/exps
+    try:
+        for name in combos:
+            wait_for_queue(root, env, name, timeout=1200)
+    finally:
+        subprocess.run(dvc("queue", "stop"), cwd=root, env=env, capture_output=True, timeout=120)
+    # DVC: every combination is an experiment with its params and metrics.
+    shown = {}
+    for baseline in json.loads(sh(dvc("exp", "show", "--json"), root, env)):
+        for branch in baseline.get("experiments") or []:
+            for exp in branch.get("revs") or []:
+                if exp.get("name") in combos:
+                    shown[exp["name"]] = exp["data"]
+    assert set(shown) == set(combos)
+    for name, (lr, hidden) in combos.items():
+        params = shown[name]["params"]["params.yaml"]["data"]
+        got = (params["run"]["sweep"], str(params["train"]["lr"]), str(params["model"]["carrier_hidden"]))
+        assert got == ("sw", lr, hidden), name
+        assert np.isfinite(shown[name]["metrics"]["metrics/eval.json"]["data"]["eval/test/model/group_top1"]), name
+    # MLflow: one model run per combination in the project's own store (none in DVC's copies),
+    # all tagged with the sweep.
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp_ids = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(exp_ids, "tags.stage = 'train'")
+    assert sorted(r.data.tags["sweep.sw"] for r in runs) == sorted(combos)
+    assert {r.data.tags["sweep"] for r in runs} == {"sw"} and {r.info.status for r in runs} == {"FINISHED"}
+    assert not list(root.glob(".dvc/tmp/exps/**/mlflow.db")) and not list(root.glob(".dvc/tmp/exps/**/mlruns"))
+    # The ranking, as a user runs it from the project: all four, best first, with intervals.
+    ranked = _rank(root, env, "sw")
+    rows = ranked["runs"]
+    assert sorted(r["experiment"] for r in rows) == sorted(combos) and ranked["skipped"] == []
+    assert ranked["swept_params"] == ["model.carrier_hidden", "train.lr"]
+    means = [r["mean"]["value"] for r in rows]
+    assert rows[0]["best"] and means == sorted(means, reverse=True)
+    for r in rows:
+        assert (r["params"]["train.lr"], r["params"]["model.carrier_hidden"]) == combos[r["experiment"]]
+        assert r["mean"]["ci95_low"] <= r["mean"]["value"] <= r["mean"]["ci95_high"]
+        d = r["difference_from_best"]
+        assert d["ci95_low"] <= d["value"] <= 0 <= d["p_value"] <= 1
+    text = subprocess.run(
+        [sys.executable, "-m", "tools.compare", "--sweep", "sw"], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert text.returncode == 0 and text.stdout.startswith("Sweep sw: 4 model runs tagged sweep.sw"), text.stderr
+    # A second sweep repeating sw-1's combination: DVC restores its train and evaluate stages from
+    # its cache, and the report stage puts the earlier run into this sweep too.
+    again_cmd = "exp run --queue -n again -S preset=smoke -S run.sweep=again -S train.lr=0.001,0.02"
+    sh(dvc(*again_cmd.split()), root, env)
+    sh(dvc("queue", "start", "-j", "2"), root, env)
+    try:
+        for name in ("again-1", "again-2"):
+            wait_for_queue(root, env, name, timeout=1200)
+    finally:
+        subprocess.run(dvc("queue", "stop"), cwd=root, env=env, capture_output=True, timeout=120)
+    reused = next(r for r in rows if r["experiment"] == "sw-1")["run_id"]
+    tags = client.get_run(reused).data.tags
+    assert tags["sweep"] == "sw" and tags["sweep.sw"] == "sw-1" and tags["sweep.again"] == "again-1"
+    again = _rank(root, env, "again")
+    assert {r["experiment"] for r in again["runs"]} == {"again-1", "again-2"}
+    assert next(r for r in again["runs"] if r["experiment"] == "again-1")["run_id"] == reused
+
+
+def _rank(root, env, name: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.compare", "--sweep", name, "--json"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
