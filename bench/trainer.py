@@ -67,7 +67,7 @@ from pipeline.core.config import load_config
 from pipeline.core.paths import REPO_ROOT
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.train.loop import lr_lambda, train_model
+from pipeline.train.loop import loss_weights, lr_lambda, train_model
 
 GOALS = {
     "telemetry_overhead_per_step": 1.03,
@@ -258,7 +258,7 @@ def bare_run(cfg, x, y, probe, name: str = "", skip: float = 0.2) -> dict:
         for epoch in range(t.epochs):
             loader.set_epoch(epoch)
             for xb, yb in loader.batches():
-                energy_flow_loss(model(xb).pred, yb, t.cosine_weight).backward()
+                energy_flow_loss(model(xb).pred, yb, **loss_weights(t)).backward()
                 torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
                 opt.step()
                 sched.step()

@@ -171,3 +171,70 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("residual", ["identity", "linear"])
+def test_residual_model_starts_as_the_identity_and_learns_a_correction(residual):
+    m = make(residual=residual)
+    x = torch.randn(5, 6)
+    # The output mapper's last layer starts at zero: an untrained residual model copies its input.
+    assert torch.allclose(m(x).pred, x, atol=1e-6)
+    y = x + 0.5
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    before = energy_flow_loss(m(x).pred, y, 1.0).item()
+    for _ in range(20):
+        opt.zero_grad()
+        energy_flow_loss(m(x).pred, y, 1.0).backward()
+        opt.step()
+    after = energy_flow_loss(m(x).pred, y, 1.0).item()
+    assert after < 0.5 * before
+    # The flows carry the correction: the lattice, neuron and carrier all get gradients.
+    energy_flow_loss(m(x).pred, y, 1.0).backward()
+    for name in ("lattice.state", "neuron.net.0.weight", "carrier.cells.0.weight_ih"):
+        assert m.get_parameter(name).grad.abs().sum() > 0, name
+    assert (m.skip is not None) == (residual == "linear")
+
+
+def test_unknown_residual_is_refused():
+    with pytest.raises(ValueError, match="residual='gated'"):
+        make(residual="gated")
+
+
+def test_infonce_term_rewards_the_own_target_over_the_batch_s_others():
+    target = torch.nn.functional.normalize(torch.randn(8, 6), dim=1)
+    own = target.clone()
+    shuffled = target[torch.tensor([1, 2, 3, 4, 5, 6, 7, 0])]
+    # Off: MSE + cosine only, as before.
+    assert energy_flow_loss(own, target, 1.0, nce_weight=0.0).item() == pytest.approx(0.0, abs=1e-6)
+    on_own = energy_flow_loss(own, target, 1.0, nce_weight=1.0, nce_temperature=0.05)
+    on_shuffled = energy_flow_loss(shuffled, target, 1.0, nce_weight=1.0, nce_temperature=0.05)
+    # Cross-entropy of cosine / 0.05: the own target's logit is 20, the others' at most
+    # 20 * max cosine, so the own-target loss is small but not zero, the shuffled one large.
+    logits = target @ target.T / 0.05
+    expected = torch.nn.functional.cross_entropy(logits, torch.arange(8))
+    assert on_own.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert on_shuffled.item() > on_own.item() + 1.0
+    # One row has no negatives: the term is skipped rather than a constant log(1) = 0.
+    assert energy_flow_loss(own[:1], target[:1], 1.0, nce_weight=1.0).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_value_ranges_are_recorded_only_when_asked():
+    from pipeline.model.energy_flow import RANGE_KEYS
+
+    m = make()
+    x = torch.randn(5, 6)
+    assert m(x).ranges is None
+    m.record_ranges = True
+    out = m(x)
+    r = dict(zip(RANGE_KEYS, out.ranges.tolist()))
+    s = out.surface
+    assert r["surface_min"] == pytest.approx(s.min().item())
+    assert r["surface_max"] == pytest.approx(s.max().item())
+    assert r["surface_rms"] == pytest.approx(s.square().mean().sqrt().item(), rel=1e-5)
+    # Carried energies are tanh-bounded, hidden states are GRU outputs in (-1, 1).
+    for what in ("energy", "hidden"):
+        lo, hi, rms = r[f"{what}_min"], r[f"{what}_max"], r[f"{what}_rms"]
+        assert -1 <= lo <= hi <= 1 and 0 < rms <= max(abs(lo), abs(hi))
+    # Recording changes nothing the model computes.
+    m.record_ranges = False
+    assert torch.equal(m(x).pred, out.pred)

@@ -29,6 +29,11 @@ def test_training_learns_and_writes_telemetry():
     assert res.summary["train/skipped_steps"] == 0 and res.events == []
     assert [r["step"] for r in res.rows] == list(range(2, 73, 2))
     assert all(r["flow/steps_used"] >= 1 and r["mem/rss_mb"] > 0 for r in res.rows)
+    # Every row carries its log step's value ranges, read in the step's one read.
+    for r in res.rows:
+        for what in ("energy", "hidden", "surface"):
+            lo, hi, rms = (r[f"range/{what}_{s}"] for s in ("min", "max", "rms"))
+            assert lo <= hi and 0 <= rms <= max(abs(lo), abs(hi)) + 1e-6, (r["step"], what)
     assert math.isfinite(res.summary["val/cosine"])
 
 

@@ -93,6 +93,12 @@ class ScalerRecovery(StrEnum):
     prototype = "prototype"  # the prototype's recovery (docs/prototype.md): scale = max(scale * 0.1, 1)
 
 
+class Residual(StrEnum):
+    none = "none"  # prediction = output mapper(surface): the flows carry everything
+    identity = "identity"  # prediction = input + output mapper(surface)
+    linear = "linear"  # prediction = a learned linear map of the input (starts as the identity) + mapper(surface)
+
+
 class FaultKind(StrEnum):
     none = "none"
     nan_loss = "nan_loss"
@@ -209,7 +215,7 @@ class ModelConfig:
     lattice_width: int = 8
     lattice_height: int = 8
     lattice_depth: int = 6
-    max_active_flows: int = 2048  # cap on flows of the whole batch
+    max_active_flows: int = 1024  # cap on flows of the whole batch
     cell_state_dim: int = 16
     neuron_hidden: int = 64
     carrier_layers: int = 2
@@ -224,6 +230,10 @@ class ModelConfig:
     adaptive_stop: bool = True
     output_hidden: int = 256
     checkpoint_steps: bool = False  # activation checkpointing per flow step
+    # A path around the lattice: the flows learn the correction to (a linear map of) the input,
+    # not the whole answer through the 64 numbers of the output surface (docs/model.md has each
+    # choice's measured effect).
+    residual: Residual = Residual.linear
 
     @staticmethod
     def check(m: DictConfig) -> None:
@@ -286,7 +296,7 @@ MIN_SPIKE_WINDOW = 10
 
 @dataclass
 class TrainConfig:
-    epochs: int = 12
+    epochs: int = 9
     batch_size: int = 32
     # Batches gathered ahead on a background thread (0 = none). Gathering from page cache took
     # 0.14 ms of a 63 ms default step in bench.data (0.2 %), so on CPU it pays only for shards on
@@ -297,7 +307,11 @@ class TrainConfig:
     warmup_steps: int = 20  # linear LR warm-up, then cosine decay to 10 %
     weight_decay: float = 0.01
     grad_clip: float = 1.0  # max global grad norm; 0 = no clipping (the prototype's unstable setting)
-    cosine_weight: float = 1.0  # loss = MSE + cosine_weight * (1 - cos)
+    cosine_weight: float = 1.0  # loss = MSE + cosine_weight * (1 - cos) + nce_weight * InfoNCE
+    # InfoNCE over the batch's targets (in-batch negatives), at cosine / nce_temperature: trains
+    # what retrieval scores, being nearer the own answer than the others. 0 = off.
+    nce_weight: float = 0.1
+    nce_temperature: float = 0.05
     precision: Precision = Precision.auto  # auto: bf16 on a CUDA GPU that has it, else fp32
     scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
     max_consecutive_skips: int = 20  # non-finite (or skipped-spike) steps in a row before the run stops
@@ -341,6 +355,13 @@ class TrainConfig:
         _require(t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
         _require(t.grad_clip >= 0, "train.grad_clip", ">= 0 (0 = no clipping)", t.grad_clip)
         _require(t.cosine_weight >= 0, "train.cosine_weight", ">= 0", t.cosine_weight)
+        _require(t.nce_weight >= 0, "train.nce_weight", ">= 0 (0 = no InfoNCE term)", t.nce_weight)
+        _require(
+            0 < t.nce_temperature <= 10,
+            "train.nce_temperature",
+            "in (0, 10] (logits are cosine / temperature)",
+            t.nce_temperature,
+        )
         GradScalerConfig.check(t.scaler)
         _require(t.spike_k > 0, "train.spike_k", "> 0", t.spike_k)
         _require(

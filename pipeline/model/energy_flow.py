@@ -28,6 +28,28 @@ class FlowOutput:
     flow_steps: int  # sum over steps of live flows: the work actually done
     spawned: int  # flows started (B * F)
     stragglers: int  # flows still travelling when the loop stopped (deposited weighted by z / D)
+    # With record_ranges on: (len(RANGE_KEYS),) device tensor, min / max / RMS of the carried
+    # energies and the last carrier layer's hidden states over every live flow of every step,
+    # and of the output surface. Else None.
+    ranges: torch.Tensor | None = None
+
+
+RANGE_KEYS = tuple(f"{what}_{stat}" for what in ("energy", "hidden", "surface") for stat in ("min", "max", "rms"))
+
+
+class _Ranges:
+    """Running min / max / sum of squares / count of tensors, on their device (no host read)."""
+
+    def __init__(self):
+        self.parts: list[torch.Tensor] = []
+
+    def add(self, t: torch.Tensor) -> None:
+        t = t.detach().float()
+        self.parts.append(torch.stack([t.min(), t.max(), t.square().sum(), t.new_tensor(float(t.numel()))]))
+
+    def stats(self) -> torch.Tensor:
+        a = torch.stack(self.parts)
+        return torch.stack([a[:, 0].min(), a[:, 1].max(), (a[:, 2].sum() / a[:, 3].sum()).sqrt()])
 
 
 class EnergyFlowModel(nn.Module):
@@ -53,6 +75,7 @@ class EnergyFlowModel(nn.Module):
         adaptive_stop: bool = True,
         output_hidden: int = 256,
         checkpoint_steps: bool = False,
+        residual: str = "none",
     ):
         super().__init__()
         self.dim = dim
@@ -64,6 +87,7 @@ class EnergyFlowModel(nn.Module):
         self.convergence_threshold, self.patience = convergence_threshold, patience
         self.max_steps, self.adaptive_stop = max_steps, adaptive_stop
         self.checkpoint_steps = checkpoint_steps
+        self.record_ranges = False  # the trainer turns it on for the forward of a log step
         self.input_mapper = EmbeddingMapper(dim, self.n_cells)
         self.lattice = EnergyLattice(self.W, self.H, self.D, cell_state_dim)
         self.neuron = SimpleNeuron(cell_state_dim, neuron_hidden)
@@ -71,6 +95,22 @@ class EnergyFlowModel(nn.Module):
             neuron_hidden, carrier_hidden, carrier_layers, min_forward, max_forward, max_lateral
         )
         self.output_mapper = OutputMapper(self.n_cells, output_hidden, dim)
+        # The residual path (model.residual): the prediction is the input ("identity") or a
+        # learned linear map of it ("linear") plus what the flows deposit, so the lattice learns
+        # the correction from question to answer instead of rebuilding 384 numbers from the 64
+        # of the output surface. The linear map starts as the identity and the mapper's last
+        # layer at zero: an untrained residual model predicts its input, not noise.
+        if residual not in ("none", "identity", "linear"):
+            raise ValueError(f"residual={residual!r}: expected none, identity or linear")
+        self.residual = str(residual)
+        self.skip = None
+        if self.residual == "linear":
+            self.skip = nn.Linear(dim, dim)
+            nn.init.eye_(self.skip.weight)
+            nn.init.zeros_(self.skip.bias)
+        if self.residual != "none":
+            nn.init.zeros_(self.output_mapper.net[-1].weight)
+            nn.init.zeros_(self.output_mapper.net[-1].bias)
 
     @classmethod
     def from_config(cls, model_cfg, dim: int) -> "EnergyFlowModel":
@@ -135,6 +175,7 @@ class EnergyFlowModel(nn.Module):
         use_ckpt = self.checkpoint_steps and self.training and torch.is_grad_enabled()
         steps_used, flow_steps, converged_for = 0, 0, 0
         n_alive = n_total
+        energy_ranges, hidden_ranges = (_Ranges(), _Ranges()) if self.record_ranges else (None, None)
         for _ in range(self.max_steps):
             flow_steps += n_alive
             steps_used += 1
@@ -142,6 +183,9 @@ class EnergyFlowModel(nn.Module):
                 x, y, z, energy, *hidden = checkpoint(self._advance, x, y, z, energy, *hidden, use_reentrant=False)
             else:
                 x, y, z, energy, *hidden = self._advance(x, y, z, energy, *hidden)
+            if energy_ranges is not None:
+                energy_ranges.add(energy)
+                hidden_ranges.add(hidden[-1])
             arrived = z >= self.D
             dead = (energy.abs() < self.energy_min) & ~arrived
             # Masked deposit over all live flows: no host sync to find the arrived ones.
@@ -160,11 +204,37 @@ class EnergyFlowModel(nn.Module):
             # Stopped early: the stragglers deposit where they are, weighted by how far they got.
             surface = self._deposit(surface, sample, x, y, energy * (z / self.D).clamp(max=1))
         surface = surface.view(B, self.n_cells)
-        return FlowOutput(self.output_mapper(surface), surface, steps_used, flow_steps, n_total, n_alive)
+        pred = self.output_mapper(surface)
+        if self.skip is not None:
+            pred = self.skip(x_in) + pred
+        elif self.residual == "identity":
+            pred = x_in + pred.to(x_in.dtype)  # in the input's precision: bf16 would round the copy
+        ranges = None
+        if energy_ranges is not None:
+            surface_ranges = _Ranges()
+            surface_ranges.add(surface)
+            ranges = torch.cat([energy_ranges.stats(), hidden_ranges.stats(), surface_ranges.stats()])
+        return FlowOutput(pred, surface, steps_used, flow_steps, n_total, n_alive, ranges)
 
 
-def energy_flow_loss(pred: torch.Tensor, target: torch.Tensor, cosine_weight: float) -> torch.Tensor:
-    """MSE + cosine_weight * (1 - cosine), averaged over the batch."""
+def energy_flow_loss(
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    cosine_weight: float,
+    nce_weight: float = 0.0,
+    nce_temperature: float = 0.05,
+) -> torch.Tensor:
+    """MSE + cosine_weight * (1 - cosine) + nce_weight * InfoNCE, averaged over the batch.
+
+    InfoNCE scores each prediction against every target of the batch (cosine / temperature) and
+    asks for its own target to win: the in-batch targets are the negatives. MSE and cosine reward
+    being near the answer; retrieval (group top-1) rewards being nearer to it than to the other
+    answers, which is what this term trains. Under DDP each rank's batch is its own set of
+    negatives."""
     mse = F.mse_loss(pred, target)
     cos = F.cosine_similarity(pred, target, dim=1).mean()
-    return mse + cosine_weight * (1 - cos)
+    loss = mse + cosine_weight * (1 - cos)
+    if nce_weight > 0 and len(pred) > 1:
+        logits = F.normalize(pred, dim=1) @ F.normalize(target, dim=1).T / nce_temperature
+        loss = loss + nce_weight * F.cross_entropy(logits, torch.arange(len(pred), device=pred.device))
+    return loss

@@ -24,7 +24,8 @@ _SHOWN = 5  # tensors named per kind of difference: a whole mismatching model wo
 
 def save_model(path: str | Path, model: EnergyFlowModel, model_cfg, extra: dict | None = None) -> None:
     if not isinstance(model_cfg, dict):
-        model_cfg = OmegaConf.to_container(model_cfg, resolve=True)
+        # Enum values (model.residual) as their strings: weights_only loading takes plain types only.
+        model_cfg = OmegaConf.to_container(model_cfg, resolve=True, enum_to_str=True)
     payload = {
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "model_config": model_cfg,

@@ -110,13 +110,18 @@ def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     return f
 
 
+def loss_weights(t) -> dict[str, float]:
+    """The loss's terms from train.*: energy_flow_loss's keyword arguments."""
+    return {"cosine_weight": t.cosine_weight, "nce_weight": t.nce_weight, "nce_temperature": t.nce_temperature}
+
+
 @torch.no_grad()
 def evaluate_loss(
     model: EnergyFlowModel,
     inputs,
     targets,
     batch_size: int,
-    cosine_weight: float,
+    weights: dict[str, float],
     device: torch.device,
     place: Dist = Dist(),
 ) -> dict[str, float]:
@@ -132,7 +137,7 @@ def evaluate_loss(
     for x, y in loader:
         x, y = x.to(device), y.to(device)
         out = model(x)
-        loss_sum += energy_flow_loss(out.pred, y, cosine_weight) * len(x)
+        loss_sum += energy_flow_loss(out.pred, y, **weights) * len(x)
         cos_sum += torch.nn.functional.cosine_similarity(out.pred, y, dim=1).sum()
         n += len(x)
     model.train()
@@ -338,7 +343,7 @@ class Trainer:
                 self._train_step(batches)
             if self.val:
                 t_val = time.perf_counter()
-                val = evaluate_loss(self.model, *self.val, t.batch_size, t.cosine_weight, self.device, self.place)
+                val = evaluate_loss(self.model, *self.val, t.batch_size, loss_weights(t), self.device, self.place)
                 # Not a training step: kept out of perf/step_ms (it showed as a 2x spike at every
                 # epoch boundary of the default run, 143 vs 75 ms).
                 self.win["not_steps_s"] += time.perf_counter() - t_val
@@ -364,6 +369,9 @@ class Trainer:
         self.epoch_step += 1
         step = self.step
         anomaly = step <= t.detect_anomaly_steps
+        log_step = step % t.log_every == 0 or step == self.total_steps
+        self.model.record_ranges = log_step  # value ranges of a log step's forward, read with the step's one read
+        ranges = None
         loss_sum = None
         for micro in range(t.grad_accum):
             t_data = time.perf_counter()
@@ -379,7 +387,7 @@ class Trainer:
                 try:
                     with self._autocast():
                         out = self.forward(x)
-                    loss = energy_flow_loss(out.pred.float(), y, t.cosine_weight)
+                    loss = energy_flow_loss(out.pred.float(), y, **loss_weights(t))
                     loss = self.faults.on_loss(step, loss)
                     timer.lap("forward")
                     scaled = loss / t.grad_accum
@@ -395,11 +403,13 @@ class Trainer:
             timer.lap("backward")
             part = loss.detach() / t.grad_accum
             loss_sum = part if loss_sum is None else loss_sum + part
+            ranges = out.ranges if out.ranges is not None else ranges
             self.win["flow_steps"] += out.flow_steps  # python ints: known on the host already
             self.win["steps_used"] += out.steps_used
             self.win["samples"] += len(x) * self.place.world_size  # every rank's batch is this size
             self.samples_total += len(x) * self.place.world_size
             del out, loss, scaled  # nothing of this step's graph outlives it
+        self.model.record_ranges = False  # validation and evaluation forwards record nothing
 
         if self.place.enabled:  # the global batch's loss, as one process would compute it
             # In place: loss_sum is this step's own detached sum, nothing else holds it.
@@ -408,9 +418,8 @@ class Trainer:
         if self.scaler:
             self.scaler.unscale_(self.opt)  # clipping and norms see true gradients
         code_t, threshold_t = self.health.measure(loss_sum)
-        log_step = step % t.log_every == 0 or step == self.total_steps
         scale_t = self.scaler._scale if self.scaler else None  # the tensor: get_scale() would sync
-        values = self.health.step_readout(code_t, loss_sum, threshold_t, scale_t, with_window=log_step)  # the one sync
+        values = self.health.step_readout(code_t, loss_sum, threshold_t, scale_t, log_step, ranges)  # the one sync
         code = int(values[0])
         skip = bool(code & NONFINITE) or bool(code & SPIKE and t.skip_spikes)
         if not skip:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from pipeline.core.config import MIN_SPIKE_WINDOW
+from pipeline.model.energy_flow import RANGE_KEYS
 
 NAN_LOSS, INF_LOSS, NAN_GRAD, INF_GRAD, SPIKE = 1, 2, 4, 8, 16
 NONFINITE = NAN_LOSS | INF_LOSS | NAN_GRAD | INF_GRAD
@@ -213,24 +214,26 @@ class StepHealth:
         threshold: torch.Tensor,
         scale: Optional[torch.Tensor],
         with_window: bool,
+        ranges: Optional[torch.Tensor] = None,
     ) -> list[float]:
         """The one vector read this step: [code, loss, threshold, (scale, update_ratio, norm_max,
-        accumulators...) on a log step]. Read it with one .tolist()."""
+        value ranges, accumulators...) on a log step]. Read it with one .tolist(). `ranges` is the
+        model's FlowOutput.ranges of this step (RANGE_KEYS; NaN when not recorded)."""
         head = [code.double(), loss.detach().double(), threshold]
         if not with_window:
             return torch.stack(head).tolist()
-        s = (
-            scale.double()
-            if scale is not None
-            else torch.full((), float("nan"), dtype=torch.float64, device=self.device)
-        )
-        return torch.cat([torch.stack(head + [s, self.update_ratio, self.norm_max]), self.acc]).tolist()
+        nan = torch.full((), float("nan"), dtype=torch.float64, device=self.device)
+        s = scale.double() if scale is not None else nan
+        r = ranges.double() if ranges is not None else nan.expand(len(RANGE_KEYS))
+        return torch.cat([torch.stack(head + [s, self.update_ratio, self.norm_max]), r, self.acc]).tolist()
 
     def window_metrics(self, values: list[float]) -> dict[str, float]:
         """Telemetry fields of the window from the tail of a step_readout with the window."""
         scale, ratio, norm_max = values[3:6]
-        acc = dict(zip(self.FIELDS, values[6 : 6 + len(self.FIELDS)]))
-        mods = values[6 + len(self.FIELDS) :]
+        ranges = values[6 : 6 + len(RANGE_KEYS)]
+        tail = 6 + len(RANGE_KEYS)
+        acc = dict(zip(self.FIELDS, values[tail : tail + len(self.FIELDS)]))
+        mods = values[tail + len(self.FIELDS) :]
         n_ok = acc["n_ok"]
         mean = (lambda v: v / n_ok) if n_ok else (lambda v: float("nan"))
         worst = max((i for i, z in enumerate(ZONES) if acc[f"zone_{z}"] > 0), default=0)
@@ -247,6 +250,9 @@ class StepHealth:
             **{f"grad/steps_{z}": acc[f"zone_{z}"] for z in ZONES},
             "amp/scale": scale,
             **{f"grad/{name}/norm": mean(v) for name, v in zip(self.module_names, mods)},
+            # The log step's own forward (not a window mean): energies and hidden states of every
+            # live flow at every flow step, and the output surface.
+            **{f"range/{k}": v for k, v in zip(RANGE_KEYS, ranges)},
         }
 
     def nonfinite_modules(self, code: int) -> list[str]:

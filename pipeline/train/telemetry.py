@@ -8,6 +8,8 @@ import time
 import psutil
 import torch
 
+from pipeline.model.energy_flow import RANGE_KEYS
+
 _PROC = psutil.Process(os.getpid())
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -40,6 +42,9 @@ STEP_COLUMNS = [
     "perf/samples_per_s",
     "flow/steps_used",
     "flow/flow_steps",
+    # Value ranges of the log step's forward (min / max / RMS): carried flow energies, the last
+    # carrier layer's hidden states, the output surface. Read with the step's one host read.
+    *(f"range/{k}" for k in RANGE_KEYS),
     "mem/rss_mb",
     "mem/device_allocated_mb",
     "mem/device_peak_mb",
