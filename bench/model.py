@@ -207,7 +207,8 @@ def adaptive(cfg, steps: int) -> dict:
     return {
         "adaptive_steps_mean": float(np.mean(used)),
         "max_steps": cfg.model.max_steps,
-        # What the prototype's up-to-50-steps loop did over what ours does (a step-count ratio).
+        # Steps of a loop that always runs max_steps (the prototype's before it added adaptive
+        # stopping, docs/prototype.md) over ours: a step-count ratio (bench.adaptive_stop times it).
         "max_steps_over_adaptive_steps": cfg.model.max_steps / float(np.mean(used)),
         "steps_without_adaptive_stop": off_steps,
         "adaptive_off_over_on_step_time": off_s / on_s,

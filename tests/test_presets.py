@@ -1,6 +1,7 @@
 """Every preset builds its model and runs one training step (forward + backward) on this machine.
 The seed preset is the prototype's 50x50x20 lattice with 5000 flows and a 2x512 carrier: it ran out of
-GPU memory on batch 2 there; here two steps must fit (3.7-4.2 GB peak RSS measured on 2 CPU cores)."""
+GPU memory on batch 2 there; here two steps must fit (1.5-1.6 GB peak RSS measured on 2 CPU cores, every
+flow arriving by step 6)."""
 
 import pytest
 import torch
@@ -33,6 +34,17 @@ def test_preset_runs_a_training_step(preset):
     assert out.spawned == cfg.train.batch_size * model.flows_per_sample(cfg.train.batch_size)
     if preset == "seed":
         assert out.spawned <= 5000 and (model.W, model.H, model.D) == (50, 50, 20)
+
+
+def test_seed_preset_lets_flows_arrive_within_the_prototypes_6_steps():
+    # The prototype reported 99 % of flows done within 6 steps (docs/prototype.md); depth 20 needs
+    # a forward move of >= 20 / 6 a step, and an untrained carrier starts at the bounds' midpoint.
+    m = load_config(["preset=seed"]).model
+    model = EnergyFlowModel.from_config(m, 384)
+    assert (model.D, model.max_steps) == (20, 50) and model.min_steps_to_arrive <= 6
+    assert (m.min_forward + m.max_forward) / 2 >= 20 / 6  # untrained flows arrive by step 6
+    assert model.step_bound <= m.max_steps  # every flow finishes before the cap
+    assert (m.adaptive_stop, m.convergence_threshold, m.patience) == (True, 0.95, 3)  # the prototype's
 
 
 def _leaves(d, prefix=""):

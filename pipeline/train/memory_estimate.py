@@ -46,7 +46,7 @@ torch.cuda.mem_get_info, the rest with host memory.
 
 Measured (estimate / peak RSS of a fresh process running the check then train_model, VmHWM;
 tests/test_memory_estimate.py prints both and checks their ratio, the seed preset in a slow
-test): smoke 470 / 477 MB, default 544 / 560, seed 3,948 / 3,898.
+test): smoke 470 / 477 MB, default 544 / 560, seed 1,609 / 1,604.
 What it leaves out: the allocator keeps what varying shapes (the live-flow count changes every
 step) leave behind, so RSS creeps up over a long run and levels off, above this estimate: that
 is the report's memory_growth check's business; the estimate is of a step's peak.
@@ -435,9 +435,9 @@ def estimate(
     (tests/test_memory_estimate.py checks the default, checkpointed, bf16 and seed-carrier
     configs); a trained default run uses fewer flow steps than the cap (metrics/train.json:
     flow/steps_used against flow/step_cap). The refusal uses the expected figure: refusing on the
-    bound would about double the activation term and refuse what runs (the seed preset), and no
-    run here came near it. The worst case is logged with it, and the log line warns when only the
-    expected figure fits."""
+    bound would multiply the activation term (the seed preset: 20 steps against 7, a 3,699 MB peak
+    against 1,609) and could refuse what runs, and no run here came near it. The worst case is
+    logged with it, and the log line warns when only the expected figure fits."""
     from pipeline.train.loop import select_device
 
     device = device or select_device(device_for(cfg.train.device, place))
