@@ -174,6 +174,17 @@ def test_bf16_autocast_forward_and_backward_on_cpu():
 
 
 @pytest.mark.parametrize("residual", ["identity", "linear"])
+def test_residual_path_keeps_the_input_s_precision_under_bf16_autocast(residual):
+    m = make(residual=residual)
+    x = torch.randn(4, 6) * 1.001
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pred = m(x).pred
+    # Untrained, the prediction is the input itself, in fp32: bf16 would round it to ~3 digits.
+    assert pred.dtype == torch.float32
+    assert torch.allclose(pred, x, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("residual", ["identity", "linear"])
 def test_residual_model_starts_as_the_identity_and_learns_a_correction(residual):
     m = make(residual=residual)
     x = torch.randn(5, 6)

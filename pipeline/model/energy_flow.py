@@ -208,7 +208,10 @@ class EnergyFlowModel(nn.Module):
         surface = surface.view(B, self.n_cells)
         pred = self.output_mapper(surface)
         if self.skip is not None:
-            pred = self.skip(x_in) + pred
+            # In fp32 even under autocast: bf16 would round the near-identity map's copy of the
+            # input to 3 significant digits (a 384 x 384 product: nothing to save).
+            with torch.autocast(x_in.device.type, enabled=False):
+                pred = self.skip(x_in.float()) + pred.float()
         elif self.residual == "identity":
             pred = x_in + pred.to(x_in.dtype)  # in the input's precision: bf16 would round the copy
         ranges = None
