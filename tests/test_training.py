@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pipeline.core.config import load_config
-from pipeline.train.loop import TrainingDiverged, lr_lambda, train_model
+from pipeline.train.loop import TrainingDiverged, evaluate_loss, loss_weights, lr_lambda, train_model
 from pipeline.train.telemetry import step_columns
 from tests.helpers.synthetic import linear_task
 
@@ -35,6 +35,28 @@ def test_training_learns_and_writes_telemetry():
             lo, hi, rms = (r[f"range/{what}_{s}"] for s in ("min", "max", "rms"))
             assert lo <= hi and 0 <= rms <= max(abs(lo), abs(hi)) + 1e-6, (r["step"], what)
     assert math.isfinite(res.summary["val/cosine"])
+
+
+def test_the_default_s_additions_train_through_the_trainer():
+    """The linear path and the InfoNCE term (the default preset's; smoke keeps the prototype's
+    model): the trainer builds the path, trains with the term, and its val loss includes it."""
+    x, y = linear_task()
+    base = {"train.epochs": 6, "train.lr": 0.01}
+    plain = train_model(tiny_cfg(**base), x, y, x[:32], y[:32], progress=False)
+    cfg = tiny_cfg(**base, **{"model.residual": "linear", "train.nce_weight": 0.1})
+    res = train_model(cfg, x, y, x[:32], y[:32], progress=False)
+    assert res.module_names[0] == "skip"  # nearest the loss: the path is a trained module
+    assert all(r["grad/skip/norm"] > 0 for r in res.rows)
+    losses = [r["train/loss"] for r in res.rows]
+    assert losses[-1] < 0.5 * losses[0]
+    # A linear task: the linear path fits it far better than the 4 x 4 surface alone.
+    assert res.summary["val/cosine"] > plain.summary["val/cosine"] + 0.05
+    # The val loss is the same loss as training's, InfoNCE term included.
+    cpu = torch.device("cpu")
+    full = evaluate_loss(res.model, x[:32], y[:32], 16, loss_weights(cfg.train), cpu)
+    without = evaluate_loss(res.model, x[:32], y[:32], 16, {"cosine_weight": 1.0}, cpu)
+    assert res.summary["val/loss"] == pytest.approx(full["loss"], rel=1e-6)
+    assert full["loss"] > without["loss"]
 
 
 def test_same_seed_same_weights_and_metrics_bitwise():
