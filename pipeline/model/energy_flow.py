@@ -40,18 +40,21 @@ RANGE_KEYS = tuple(f"{what}_{stat}" for what in ("energy", "hidden", "surface") 
 
 
 class _Ranges:
-    """Running min / max / sum of squares / count of tensors, on their device (no host read)."""
+    """Running min / max / sum of squares of tensors, on their device (no host read); the count
+    is a host int (numel is known there)."""
 
     def __init__(self):
         self.parts: list[torch.Tensor] = []
+        self.count = 0
 
     def add(self, t: torch.Tensor) -> None:
         t = t.detach().float()
-        self.parts.append(torch.stack([t.min(), t.max(), t.square().sum(), t.new_tensor(float(t.numel()))]))
+        self.parts.append(torch.stack([t.min(), t.max(), t.square().sum()]))
+        self.count += t.numel()
 
     def stats(self) -> torch.Tensor:
         a = torch.stack(self.parts)
-        return torch.stack([a[:, 0].min(), a[:, 1].max(), (a[:, 2].sum() / a[:, 3].sum()).sqrt()])
+        return torch.stack([a[:, 0].min(), a[:, 1].max(), (a[:, 2].sum() / self.count).sqrt()])
 
 
 class EnergyFlowModel(nn.Module):

@@ -22,6 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
 
+from filelock import FileLock
+
 from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, TrackingUnavailable
 from pipeline.core.paths import REPO_ROOT
@@ -213,27 +215,11 @@ def use_store() -> str:
     mlflow.set_tracking_uri(uri)
     if uri.startswith("sqlite:///") and uri not in _READY:
         db = Path(uri[len("sqlite:///") :])
-        with _exclusive(db.with_name(db.name + "-init.lock")):
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(db.with_name(db.name + "-init.lock")):
             mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
         _READY.add(uri)
     return uri
-
-
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on `path` for the block (none where fcntl is missing: Windows)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def artifact_location(uri: str) -> str | None:

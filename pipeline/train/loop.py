@@ -202,6 +202,7 @@ class Trainer:
                 f"{procs} = {per_step}, so not one optimizer step fits; lower one of them"
             )
         self.total_steps = t.epochs * self.steps_per_epoch
+        self.loss_weights = loss_weights(t)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_lambda(t.warmup_steps, self.total_steps))
         s = t.scaler
         # train.scaler.recovery=prototype: the prototype's recovery (docs/prototype.md), an overflow
@@ -343,7 +344,7 @@ class Trainer:
                 self._train_step(batches)
             if self.val:
                 t_val = time.perf_counter()
-                val = evaluate_loss(self.model, *self.val, t.batch_size, loss_weights(t), self.device, self.place)
+                val = evaluate_loss(self.model, *self.val, t.batch_size, self.loss_weights, self.device, self.place)
                 # Not a training step: kept out of perf/step_ms (it showed as a 2x spike at every
                 # epoch boundary of the default run, 143 vs 75 ms).
                 self.win["not_steps_s"] += time.perf_counter() - t_val
@@ -370,7 +371,6 @@ class Trainer:
         step = self.step
         anomaly = step <= t.detect_anomaly_steps
         log_step = step % t.log_every == 0 or step == self.total_steps
-        self.model.record_ranges = log_step  # value ranges of a log step's forward, read with the step's one read
         ranges = None
         loss_sum = None
         for micro in range(t.grad_accum):
@@ -379,7 +379,10 @@ class Trainer:
             timer.add_host("data", time.perf_counter() - t_data)
             timer.start()
             # DDP all-reduces the gradients in the backward of the step's last micro-batch only.
-            sync = not self.place.enabled or micro == t.grad_accum - 1
+            last = micro == t.grad_accum - 1
+            sync = not self.place.enabled or last
+            # Value ranges of a log step's last micro-batch, read with the step's one read.
+            self.model.record_ranges = log_step and last
             with (
                 torch.autograd.set_detect_anomaly(anomaly, check_nan=True),
                 contextlib.nullcontext() if sync else self.forward.no_sync(),
@@ -387,7 +390,7 @@ class Trainer:
                 try:
                     with self._autocast():
                         out = self.forward(x)
-                    loss = energy_flow_loss(out.pred.float(), y, **loss_weights(t))
+                    loss = energy_flow_loss(out.pred.float(), y, **self.loss_weights)
                     loss = self.faults.on_loss(step, loss)
                     timer.lap("forward")
                     scaled = loss / t.grad_accum
@@ -403,7 +406,7 @@ class Trainer:
             timer.lap("backward")
             part = loss.detach() / t.grad_accum
             loss_sum = part if loss_sum is None else loss_sum + part
-            ranges = out.ranges if out.ranges is not None else ranges
+            ranges = out.ranges if last else None
             self.win["flow_steps"] += out.flow_steps  # python ints: known on the host already
             self.win["steps_used"] += out.steps_used
             self.win["samples"] += len(x) * self.place.world_size  # every rank's batch is this size
