@@ -69,10 +69,16 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
             )
     tracked = (
         tracking.mlflow_run(
-            tracking.run_name("embed"),
+            tracking.run_name(cfg),
             cfg.run.preset,
-            cfg.run.experiment,
-            tags={"stage": "embed", "dataset.sha256": source_sha[:16], **tracking.device_tags(teacher.device)},
+            tracking.embed_experiment(cfg.run.experiment),  # not among the model runs (store.py)
+            tags={
+                "stage": "embed",
+                "dataset.sha256": source_sha[:16],
+                **tracking.overrides_tag(cfg),
+                **tracking.device_tags(teacher.device),
+            },
+            stage="embed",
         )
         if main
         else contextlib.nullcontext()

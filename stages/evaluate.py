@@ -15,7 +15,7 @@ import pandas as pd
 
 from pipeline.core.atomic import atomic_path, write_json
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, repo_path
-from pipeline.data.shards import load_manifest, open_split
+from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.evaluate.retrieval import (
     BASELINES,
     LOWER_IS_BETTER,
@@ -80,14 +80,11 @@ def run(cfg) -> dict:
             columns=["id", "input", "target", "decoded", "correct", "group_correct"],
         ).to_csv(tmp, index=False)
     if run_info:
-        with tracking.mlflow_run(
-            "evaluate",
-            cfg.run.preset,
-            run_id=run_info["run_id"],
-            tags=tracking.stage_lock_tags("train"),
-            keep_status=True,
-        ):
-            tracking.log_metrics(metrics, model_id=run_info.get("model_id"))
+        manifest_path = shard_dir / "manifest.json"
+        # The metrics are measured on these shards: the logged model's page names them with the values.
+        dataset = tracking.shards_dataset(shard_dir, load_manifest(shard_dir), sha256_file(manifest_path))
+        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")):
+            tracking.log_metrics(metrics, model_id=run_info.get("model_id"), dataset=dataset)
             for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(path, "evaluate")
     for line in summary_lines(test_estimates, bank.size, len(test_items)):

@@ -45,7 +45,7 @@ def run(cfg) -> dict:
     train_metrics = {**train_metrics, **perf.totals}
     eval_metrics = None if diverged else read_json(METRICS_DIR / "eval.json", "evaluate")
     result = build_report(cfg, run_id, steps, events, train_metrics, eval_metrics, unmeasured=perf.missing)
-    with tracking.mlflow_run("report", cfg.run.preset, run_id=run_id, keep_status=True):
+    with tracking.adding_to_run(run_id, "report"):
         log_report(result)
     log.info(verdict_line(result))
     return result

@@ -199,12 +199,24 @@ def train_and_record(cfg, place) -> dict:
         **tracking.device_tags(select_device(cfg.train.device)),
     }
     with tracking.mlflow_run(
-        tracking.run_name("train"), cfg.run.preset, cfg.run.experiment, run_id=resume_run, tags=tags
+        tracking.run_name(cfg),
+        cfg.run.preset,
+        cfg.run.experiment,
+        run_id=resume_run,
+        tags={**tags, **tracking.overrides_tag(cfg)},
+        stage="train",
     ) as run:
         if resume_run is None:
             effective = cfg.train.batch_size * cfg.train.grad_accum * place.world_size
             tracking.log_params(
                 {**flatten(cfg), "train.processes": place.world_size, "train.effective_batch": effective}
+            )
+            # The data it trains on, linked to the embed run that made it (the UI's Dataset column).
+            shard_dir = repo_path(cfg.embed.out_dir)
+            tracking.log_shards_input(
+                tracking.shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json")),
+                manifest,
+                str(embed_run.get("run_id", "")),
             )
         if cfg.train.checkpoint_every:
             claim(ckpt_path.parent, CHECKPOINTS, "train.checkpoint_dir")

@@ -6,6 +6,7 @@ outputs, metrics and MLflow runs checked, a second `dvc repro` that re-runs only
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -107,28 +108,44 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
     root = project[0]
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("energy-flow")
-    # The workspace experiment (smoke-a) made one embed run and one model run.
+    # The workspace experiment (smoke-a) made one model run, and one embed run in an experiment
+    # of its own (it would crowd the comparison of models).
     runs = client.search_runs([exp.experiment_id], "tags.`dvc.exp_name` = 'smoke-a'")
-    by_stage = {r.data.tags.get("stage"): r for r in runs}
-    assert sorted(r.data.tags.get("stage") for r in runs) == ["embed", "train"], "one embed run and one model run"
-    embed_run, model_run = by_stage["embed"], by_stage["train"]
+    assert [r.data.tags.get("stage") for r in runs] == ["train"], "one model run among the models"
+    model_run = runs[0]
+    embed_exp = client.get_experiment_by_name("energy-flow-embed")
+    (embed_run,) = client.search_runs([embed_exp.experiment_id], "tags.`dvc.exp_name` = 'smoke-a'")
+    assert embed_run.data.tags["stage"] == "embed"
     assert embed_run.info.status == model_run.info.status == "FINISHED"
+    assert embed_run.info.run_name == model_run.info.run_name == "smoke-a"  # the DVC experiment's name
+    for e in (exp, embed_exp):
+        assert e.tags["mlflow.experimentKind"] == "custom_model_development"
     assert model_run.data.tags["embed.run_id"] == embed_run.info.run_id
     for tags in (embed_run.data.tags, model_run.data.tags):
-        assert tags["preset"] == "smoke" and len(tags["git.commit"]) == 40 and tags["git.dirty"] in ("true", "false")
+        assert tags["preset"] == "smoke" and len(tags["mlflow.source.git.commit"]) == 40
+        assert tags["mlflow.source.git.dirty"] in ("true", "false")
+    # The model run's dataset: the shards, by the manifest's digest, linked to the embed run.
+    (shards,) = model_run.inputs.dataset_inputs
+    manifest_sha = hashlib.sha256((root / "data" / "shards" / "manifest.json").read_bytes()).hexdigest()
+    assert shards.dataset.name == "qa_pairs.csv shards" and shards.dataset.digest == manifest_sha[:16]
+    input_tags = {t.key: t.value for t in shards.tags}
+    assert input_tags["embed.run_id"] == embed_run.info.run_id and input_tags["mlflow.data.context"] == "training"
+    assert input_tags["source.path"] == "data/raw/qa_pairs.csv" and int(input_tags["rows.train"]) > 0
     m = model_run.data.metrics
     for key in (
         "train/loss",
         "perf/samples_per_s",
         "eval/test/model/cosine",
         "eval/test/ridge/cosine",
-        "stability/memory_growth/pass",
-        "stability/stable",
+        "stability/verdict_code",
+        "stability/failed_checks",
         "eval/test/untrained/cosine",
     ):
         assert key in m and math.isfinite(m[key]), key
+    # The verdict is a tag and a handful of metrics; each check's evidence is a JSON artifact.
+    assert not [k for k in m if k.startswith("stability/") and k.count("/") > 1]
     verdict = assert_clean_tags(model_run.data.tags)
-    assert m["stability/stable"] == float(verdict == "stable")
+    assert (m["stability/verdict_code"] == 2) == (verdict == "unstable") and m["stability/failed_checks"] >= 0
     # Filterable by verdict, as in the UI's search box.
     assert model_run.info.run_id in [
         r.info.run_id for r in client.search_runs([exp.experiment_id], f"tags.`stability.verdict` = '{verdict}'")
@@ -136,7 +153,7 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
     assert model_run.data.params["train.lr"] == "0.003"  # the whole resolved config, flattened
     assert len(client.get_metric_history(model_run.info.run_id, "train/loss")) > 3  # a curve, not a point
     artifacts = {a.path for a in client.list_artifacts(model_run.info.run_id, "report")}
-    assert {"report/stability.html", "report/stability.md"} <= artifacts
+    assert {"report/stability.html", "report/stability.md", "report/stability_evidence.json"} <= artifacts
     assert "data/rows_used" in embed_run.data.metrics
 
 
@@ -265,7 +282,7 @@ def test_plain_repro_after_an_edit_reruns_train_evaluate_report_not_embed_and_is
     run_id = json.loads((root / "runs/train.json").read_text())["run_id"]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and "dvc.exp_name" not in run.data.tags
-    assert run.data.params["train.epochs"] == "1" and run.data.tags["git.dirty"] == "true"
+    assert run.data.params["train.epochs"] == "1" and run.data.tags["mlflow.source.git.dirty"] == "true"
     assert "eval/test/model/cosine" in run.data.metrics
     assert_clean_tags(run.data.tags)
 

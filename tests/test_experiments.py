@@ -55,8 +55,8 @@ def test_every_way_of_running_an_experiment_lands_in_the_one_store(smoke_experim
         assert params["train.lr"] == lr and params["model.lattice_width"] == "4", name  # whole config
         # Provenance: the baseline commit (a temp/queue copy runs on a private stash commit),
         # dirty because -S changed params.yaml, and the diff that made it so.
-        assert tags["git.commit"] == head and tags["dvc.exp_baseline"] == head, name
-        assert tags["git.dirty"] == "true" and len(tags["git.diff.sha256"]) == 16, name
+        assert tags["mlflow.source.git.commit"] == head and tags["dvc.exp_baseline"] == head, name
+        assert tags["mlflow.source.git.dirty"] == "true" and len(tags["git.diff.sha256"]) == 16, name
         assert len(tags["dvc.lock.sha256"]) == 16 and tags["preset"] == "smoke", name
         assert len(tags["dvc.train.sha256"]) == 16, name  # what dvc.lock records for this train stage
         assert tags["device"] == "cpu" and tags["host"] and tags["torch.version"] == torch.__version__, name
@@ -68,7 +68,9 @@ def test_every_way_of_running_an_experiment_lands_in_the_one_store(smoke_experim
         assert embed.inputs.dataset_inputs and embed.inputs.dataset_inputs[0].dataset.digest == tags["dataset.sha256"]
         # Curves, eval, system metrics.
         assert len(client.get_metric_history(run.info.run_id, "train/loss")) > 5, name
-        assert math.isfinite(metrics["eval/test/model/cosine"]) and "stability/stable" in metrics, name
+        assert math.isfinite(metrics["eval/test/model/cosine"]) and "stability/verdict_code" in metrics, name
+        assert run.info.run_name == name and tags["stage.evaluate.status"] == "FINISHED", name
+        assert run.inputs.dataset_inputs[0].dataset.name == "qa_pairs.csv shards", name
         assert metrics["system/cpu_utilization_percentage"] >= 0, name
         assert metrics["system/system_memory_usage_megabytes"] > 0, name
         # Artifacts outlive DVC's temporary copies: they are read back from the store.

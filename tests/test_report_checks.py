@@ -396,3 +396,23 @@ def test_stability_metrics_leave_time_and_memory_out_unless_measured():
     # Checks that are not measurements keep their figures in both.
     assert dvc["loss_spikes"] == full["loss_spikes"] and dvc["learning"] == full["learning"]
     assert len(dvc["loss_spikes"]) > 2
+
+
+def test_the_runs_table_gets_a_handful_of_stability_numbers_not_the_evidence():
+    from pipeline.report.build import summary_metrics
+
+    def result(verdict, *statuses):
+        checks = {f"c{i}": {"status": s} for i, s in enumerate(statuses)}
+        return {"verdict": verdict, "checks": checks, "failed": [n for n, c in checks.items() if c["status"] == "fail"]}
+
+    assert summary_metrics(result("stable", "pass", "pass", "skip")) == {
+        "stability/verdict_code": 0.0,
+        "stability/failed_checks": 0.0,
+        "stability/warned_checks": 0.0,
+        "stability/checks_run": 2.0,
+    }
+    warned = summary_metrics(result("stable", "pass", "warn", "n/a"))
+    assert warned["stability/verdict_code"] == 1 and warned["stability/warned_checks"] == 1
+    failed = summary_metrics(result("unstable", "fail", "fail", "warn", "pass"))
+    assert failed["stability/verdict_code"] == 2 and failed["stability/failed_checks"] == 2
+    assert failed["stability/checks_run"] == 4

@@ -260,9 +260,9 @@ def test_a_sweeps_runs_are_tagged_found_and_ranked_and_a_reused_run_joins_a_late
     # the earlier run. It joins the new sweep (sweep.lr2) and stays in the one that made it.
     tracking.set_sweep("lr2")
     monkeypatch.setenv("DVC_EXP_NAME", "lr2-1")
-    with tracking.mlflow_run("report", "smoke", run_id=ids["lr-2"], keep_status=True):
+    with tracking.adding_to_run(ids["lr-2"], "report"):
         pass
-    with tracking.mlflow_run("report", "smoke", run_id=outside, keep_status=True):  # in no sweep yet: joins it by name
+    with tracking.adding_to_run(outside, "report"):  # in no sweep yet: joins it by name
         pass
     monkeypatch.delenv("DVC_EXP_NAME")
     tags = client.get_run(ids["lr-2"]).data.tags

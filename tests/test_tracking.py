@@ -27,8 +27,8 @@ def test_default_uri_is_sqlite_at_the_repo_root_and_env_overrides(monkeypatch):
 def test_provenance_tags_name_commit_dirty_flag_and_preset():
     tags = tracking.provenance_tags("smoke")
     assert tags["preset"] == "smoke"
-    assert tags["git.dirty"] in ("true", "false", "unknown")
-    assert len(tags["git.commit"]) == 40 or tags["git.commit"] == "unknown"
+    assert tags["mlflow.source.git.dirty"] in ("true", "false", "unknown")
+    assert len(tags["mlflow.source.git.commit"]) == 40 or tags["mlflow.source.git.commit"] == "unknown"
 
 
 def test_run_ends_failed_on_error_and_finished_otherwise(tmp_path, monkeypatch):
@@ -47,11 +47,60 @@ def test_run_ends_failed_on_error_and_finished_otherwise(tmp_path, monkeypatch):
     assert client.get_run(ok.info.run_id).info.status == "FINISHED"
     assert client.get_run(ok.info.run_id).data.metrics == {"a/b": 1.0}  # non-finite values are not sent
     assert client.get_run(bad.info.run_id).info.status == "FAILED"
-    # Resuming adds to the same run (evaluate and report do this).
-    with tracking.mlflow_run("eval", "smoke", run_id=ok.info.run_id):
+    # Resuming adds to the same run (train from its checkpoint does this).
+    with tracking.mlflow_run("again", "smoke", run_id=ok.info.run_id):
         tracking.log_metrics({"test/cosine": 0.5})
     assert client.get_run(ok.info.run_id).data.metrics["test/cosine"] == 0.5
     assert mlflow.active_run() is None
+
+
+def test_a_stage_adding_to_a_finished_run_never_changes_its_status(tmp_path, monkeypatch):
+    """Evaluate and report add to the model's run without re-opening it: the run keeps FINISHED
+    (or FAILED) whatever they do; their own outcome is the tag stage.<stage>.status, RUNNING while
+    they work (what a stage killed outright leaves), then FINISHED, FAILED or KILLED."""
+    import mlflow
+    import pytest
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with tracking.mlflow_run("model", "smoke", experiment="t") as trained:
+        pass
+    with pytest.raises(RuntimeError):
+        with tracking.mlflow_run("diverged", "smoke", experiment="t") as diverged:
+            raise RuntimeError("blew up")
+    client = MlflowClient(tracking_uri=uri)
+    run_id = trained.info.run_id
+    with tracking.adding_to_run(run_id, "evaluate", tags={"extra": "x"}) as run:
+        assert run.info.run_id == run_id and mlflow.active_run() is None
+        assert client.get_run(run_id).info.status == "FINISHED"
+        assert client.get_run(run_id).data.tags["stage.evaluate.status"] == "RUNNING"
+        tracking.log_metrics({"eval/cosine": 0.5})
+        tracking.set_tags({"stability.verdict": "stable"})
+        tracking.log_params({"evaluate.k": 5})
+        (tmp_path / "eval.json").write_text("{}")
+        tracking.log_artifact_file(tmp_path / "eval.json", "evaluate")
+    after = client.get_run(run_id)
+    assert after.info.status == "FINISHED" and after.data.metrics["eval/cosine"] == 0.5
+    assert after.data.tags["stage.evaluate.status"] == "FINISHED" and after.data.tags["extra"] == "x"
+    assert after.data.tags["stability.verdict"] == "stable" and after.data.params["evaluate.k"] == "5"
+    assert [f.path for f in client.list_artifacts(run_id, "evaluate")] == ["evaluate/eval.json"]
+    for target, status in ((run_id, "FINISHED"), (diverged.info.run_id, "FAILED")):
+        with pytest.raises(ValueError):
+            with tracking.adding_to_run(target, "report"):
+                raise ValueError("the report failed")
+        got = client.get_run(target)
+        assert got.info.status == status and got.data.tags["stage.report.status"] == "FAILED"
+    with pytest.raises(KeyboardInterrupt):
+        with tracking.adding_to_run(run_id, "report"):
+            raise KeyboardInterrupt
+    got = client.get_run(run_id)
+    assert got.info.status == "FINISHED" and got.data.tags["stage.report.status"] == "KILLED"
+    # Afterwards, logging goes to the active run again, not to the one added to.
+    with tracking.mlflow_run("next", "smoke", experiment="t") as nxt:
+        tracking.log_metrics({"b": 1.0})
+    assert client.get_run(nxt.info.run_id).data.metrics == {"b": 1.0}
+    assert "b" not in client.get_run(run_id).data.metrics
 
 
 def test_metric_buffer_sends_what_it_holds_on_error_and_when_its_interval_is_up(tmp_path, monkeypatch):
@@ -105,14 +154,14 @@ def test_git_provenance_sees_a_dirty_tree_and_ignores_dvc_housekeeping(tmp_path,
     monkeypatch.setattr(tracking, "REPO_ROOT", repo)
     monkeypatch.delenv("DVC_EXP_BASELINE_REV", raising=False)
     base = _git(repo, "rev-parse", "HEAD")
-    assert tracking.git_provenance() == ({"git.commit": base, "git.dirty": "false"}, "")
+    assert tracking.git_provenance() == ({"mlflow.source.git.commit": base, "mlflow.source.git.dirty": "false"}, "")
     # DVC rewrites dvc.lock and .gitignore while the pipeline runs: not the user's change.
     (repo / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
     (repo / ".gitignore").write_text("/models\n/metrics\n")
-    assert tracking.git_provenance()[0]["git.dirty"] == "false"
+    assert tracking.git_provenance()[0]["mlflow.source.git.dirty"] == "false"
     (repo / "params.yaml").write_text("lr: 0.01\n")
     tags, diff = tracking.git_provenance()
-    assert tags["git.dirty"] == "true" and "-lr: 0.003" in diff and "+lr: 0.01" in diff
+    assert tags["mlflow.source.git.dirty"] == "true" and "-lr: 0.003" in diff and "+lr: 0.01" in diff
     assert "dvc.lock" not in diff and len(tags["git.diff.sha256"]) == 16
 
 
@@ -126,7 +175,11 @@ def test_git_provenance_of_a_dvc_temp_experiment_diffs_against_its_baseline(tmp_
     _git(repo, "commit", "-qam", "stash: the experiment's params")
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", baseline)
     tags, diff = tracking.git_provenance()
-    assert tags["git.commit"] == baseline and tags["git.dirty"] == "true" and "+lr: 0.01" in diff
+    assert (
+        tags["mlflow.source.git.commit"] == baseline
+        and tags["mlflow.source.git.dirty"] == "true"
+        and "+lr: 0.01" in diff
+    )
     monkeypatch.setenv("DVC_EXP_NAME", "lr-b")
     tags = tracking.provenance_tags("smoke")
     assert tags["dvc.exp_name"] == "lr-b" and tags["dvc.exp_baseline"] == baseline
@@ -146,10 +199,37 @@ def test_a_new_run_is_tagged_and_keeps_its_diff_and_device(tmp_path, monkeypatch
         pass
     client = MlflowClient(uri)
     tags = client.get_run(run.info.run_id).data.tags
-    assert tags["device"] == "cpu" and "cores" in tags["device.name"] and tags["git.dirty"] == "true"
+    assert tags["device"] == "cpu" and "cores" in tags["device.name"] and tags["mlflow.source.git.dirty"] == "true"
     assert tags["torch.version"] and tags["host"] and tags["preset"] == "smoke"
     patch = client.download_artifacts(run.info.run_id, tracking.DIFF_ARTIFACT, str(tmp_path))
     assert "+lr: 0.01" in Path(patch).read_text()
+
+
+def test_runs_carry_mlflows_own_source_tags_and_the_experiment_is_a_training_one(tmp_path, monkeypatch):
+    """The commit is MLflow's own tag (its UI shows it on the run page), and under `dvc exp run`
+    it is the experiment's baseline, not MLflow's guess (the temp copy's stash commit); the
+    source is the stage's script, not the absolute path of a temp copy. The experiment carries
+    the kind MLflow 3 tells model training from GenAI with, also one made before the kind was set."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    baseline = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("DVC_EXP_BASELINE_REV", baseline)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(uri)
+    mlflow.set_tracking_uri(uri)
+    old = client.create_experiment("before", artifact_location=(tmp_path / "a").as_uri())
+    with tracking.mlflow_run("r", "smoke", experiment="t", stage="train") as run:
+        pass
+    with tracking.mlflow_run("r", "smoke", experiment="before", stage="embed"):
+        pass
+    tags = client.get_run(run.info.run_id).data.tags
+    assert tags["mlflow.source.git.commit"] == baseline and tags["mlflow.source.name"] == "stages/train.py"
+    assert "git.commit" not in tags and "git.dirty" not in tags  # no copies under other names
+    for exp in (client.get_experiment(run.info.experiment_id), client.get_experiment(old)):
+        assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tracking.embed_experiment("energy-flow") == "energy-flow-embed"
 
 
 def test_a_new_experiment_keeps_artifacts_next_to_the_database_not_the_working_dir(tmp_path, monkeypatch):

@@ -63,28 +63,39 @@ def build_report(
     return {**result, "plots": plots}
 
 
+# The verdict as one sortable number: 0 stable, 1 stable with warnings, 2 unstable.
+VERDICT_CODES = {"stable": 0, "warned": 1, "unstable": 2}
+
+
+def summary_metrics(result: Mapping) -> dict[str, float]:
+    """The handful of numbers a runs table needs to sort and filter models by stability; each
+    check's evidence stays in reports/stability_evidence.json (an artifact beside the HTML)."""
+    statuses = [c["status"] for c in result["checks"].values()]
+    warned = statuses.count("warn")
+    code = VERDICT_CODES["unstable" if result["verdict"] != "stable" else "warned" if warned else "stable"]
+    return {
+        "stability/verdict_code": float(code),
+        "stability/failed_checks": float(statuses.count("fail")),
+        "stability/warned_checks": float(warned),
+        "stability/checks_run": float(sum(s in ("pass", "warn", "fail") for s in statuses)),
+    }
+
+
 def log_report(result: Mapping) -> None:
-    """Into the active MLflow run: the verdict as tags (filterable) and as a 1/0 metric
-    (sortable), each check's pass and numeric evidence as metrics, the files as artifacts."""
+    """Into the model's MLflow run: the verdict and the failed and warned checks as tags
+    (filterable: tags.`stability.verdict` = 'unstable'), summary_metrics (sortable), the
+    reports, plots and the evidence JSON as artifacts under report/."""
     if not tracking.enabled():
         return
-    import mlflow
-
-    mlflow.set_tags({"stability.verdict": result["verdict"], "stability.failed": ",".join(result["failed"]) or "none"})
-    flat = stability_metrics(result, measured=True)
-    tracking.log_metrics(
+    warned = [n for n, c in result["checks"].items() if c["status"] == "warn"]
+    tracking.set_tags(
         {
-            "stability/stable": float(result["verdict"] == "stable"),
-            **{f"stability/{name}/pass": float(c["pass"]) for name, c in result["checks"].items()},
-            **{
-                f"stability/{name}/{k}": v
-                for name, c in flat.items()
-                if isinstance(c, dict)
-                for k, v in c.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-            },
+            "stability.verdict": result["verdict"],
+            "stability.failed": ",".join(result["failed"]) or "none",
+            "stability.warned": ",".join(warned) or "none",
         }
     )
+    tracking.log_metrics(summary_metrics(result))
     for path in REPORT_FILES:
         tracking.log_artifact_file(path, "report")
     for path in result["plots"].values():

@@ -36,7 +36,16 @@ log = logging.getLogger(__name__)
 # run-specific, or two identical runs would never give identical hashes in dvc.lock.
 # ENERGY_FLOW_RUNS_DIR moves it (the tests' stage processes use it, to leave the project's alone).
 RUNS_DIR = Path(os.environ.get("ENERGY_FLOW_RUNS_DIR") or REPO_ROOT / "runs")
-DIFF_ARTIFACT = "git/diff.patch"  # a dirty run's uncommitted changes, against git.commit
+DIFF_ARTIFACT = "git/diff.patch"  # a dirty run's uncommitted changes, against GIT_COMMIT
+GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own source tags (mlflow.utils.mlflow_tags)
+GIT_DIRTY = "mlflow.source.git.dirty"
+SOURCE_NAME = "mlflow.source.name"
+# The experiment's kind: MLflow 3 tells GenAI experiments (traces) from model training with it.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+# Embed runs have an experiment of their own, `<run.experiment>-embed`: one embed run feeds many
+# model runs, and in the model experiment it would be a row with none of the model's columns
+# (no eval metrics, no stability verdict) between the rows a researcher compares.
+EMBED_EXPERIMENT_SUFFIX = "-embed"
 # Files DVC itself rewrites while a pipeline runs: a change there does not make the code dirty.
 _DVC_HOUSEKEEPING = (":(exclude)dvc.lock", ":(exclude,glob)**/.gitignore")
 
@@ -250,7 +259,9 @@ def git_provenance() -> tuple[dict[str, str], str]:
     (dvc.lock, .gitignore), which DVC rewrites mid-pipeline."""
     commit = os.environ.get("DVC_EXP_BASELINE_REV") or _git("rev-parse", "HEAD")
     diff = _git("diff", "--no-color", "--no-ext-diff", commit, "--", ".", *_DVC_HOUSEKEEPING) if commit else None
-    tags = {"git.commit": commit or "unknown", "git.dirty": "unknown" if diff is None else str(bool(diff)).lower()}
+    # MLflow's own tags (its UI shows the commit on the run page), set explicitly: MLflow's git
+    # context would record the temp copy's stash commit under --temp / --queue.
+    tags = {GIT_COMMIT: commit or "unknown", GIT_DIRTY: "unknown" if diff is None else str(bool(diff)).lower()}
     if diff:
         tags["git.diff.sha256"] = hashlib.sha256(diff.encode()).hexdigest()[:16]
     return tags, diff or ""
@@ -311,23 +322,39 @@ def stage_lock_tags(stage: str) -> dict[str, str]:
     return {f"dvc.{stage}.sha256": digest}
 
 
-def run_name(stage: str) -> str:
-    """What the UI lists a run as: under `dvc exp run` the model run takes the experiment's name
-    (so `dvc exp show` and MLflow's runs line up by name) and the embed run `<name>-embed`;
-    otherwise the stage's name."""
-    exp = os.environ.get("DVC_EXP_NAME")
-    if not exp:
-        return stage
-    return exp if stage == "train" else f"{exp}-{stage}"
+def run_name(cfg) -> str:
+    """What the UI lists a run as: under `dvc exp run`, the experiment's name (so `dvc exp show`
+    and MLflow's runs line up by name); otherwise the preset and what differs from it
+    (`default`, `default lr=0.001`; pipeline/core/run_label.py). The stage is the tag `stage`,
+    and embed runs have an experiment of their own, so the name need not say it."""
+    from pipeline.core.run_label import run_label
+
+    return os.environ.get("DVC_EXP_NAME") or run_label(cfg)
+
+
+def overrides_tag(cfg) -> dict[str, str]:
+    """`run.overrides`: every difference from the preset, in full (the name may be cut)."""
+    from pipeline.core.run_label import differences
+
+    diff = differences(cfg)
+    return {"run.overrides": json.dumps(diff, separators=(",", ":"), default=str)[:5000]} if diff else {}
+
+
+def embed_experiment(experiment: str) -> str:
+    return experiment + EMBED_EXPERIMENT_SUFFIX
 
 
 def _set_experiment(name: str) -> None:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    if mlflow.get_experiment_by_name(name) is None:
+    found = mlflow.get_experiment_by_name(name)
+    if found is None:
         with contextlib.suppress(MlflowException):  # a parallel queue worker made it first
-            mlflow.create_experiment(name, artifact_location=artifact_location(tracking_uri()))
+            mlflow.create_experiment(name, artifact_location=artifact_location(tracking_uri()), tags=EXPERIMENT_KIND)
+    elif not found.tags.get(next(iter(EXPERIMENT_KIND))):  # a store from before the kind was set
+        for key, value in EXPERIMENT_KIND.items():
+            mlflow.MlflowClient().set_experiment_tag(found.experiment_id, key, value)
     mlflow.set_experiment(name)
 
 
@@ -338,19 +365,16 @@ def mlflow_run(
     experiment: str = "energy-flow",
     run_id: str | None = None,
     tags: dict | None = None,
-    keep_status: bool = False,
+    stage: str = "",
 ) -> Iterator[Any]:
-    """Start (or, with run_id, resume) a run; end it FINISHED, FAILED or KILLED on every path
-    (KILLED for Ctrl-C and SIGTERM, which stages/_cli.py turns into an exception), after the
-    asynchronous metric queue is flushed: MLflow's end_run does not wait for it, so a run could
-    read FINISHED with its last metrics still in flight.
+    """Start (or, with run_id, resume: the train stage from its checkpoint) a run; end it
+    FINISHED, FAILED or KILLED on every path (KILLED for Ctrl-C and SIGTERM, which
+    stages/_cli.py turns into an exception), after the asynchronous metric queue is flushed:
+    MLflow's end_run does not wait for it, so a run could read FINISHED with its last metrics
+    still in flight. A stage that adds to another stage's run uses adding_to_run instead.
 
     With tracking off it yields a stand-in whose run id is "". A run_id of "" (a model trained
-    with tracking off) starts a new run.
-
-    keep_status: a stage that adds to another stage's finished run (evaluate and report add to the
-    train run) ends it with the status it had: the model trained whatever happens after. Its own
-    outcome is the tag `stage.<run_name>.status` (FINISHED, FAILED or KILLED)."""
+    with tracking off) starts a new run."""
     if not enabled():
         yield _NO_RUN
         return
@@ -363,20 +387,22 @@ def mlflow_run(
     # event the flush sets, and the flush returns as soon as the values are stored.
     if not MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.defined:
         MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(1)
-    previous = None  # keep_status: the resumed run's status when this stage began
     if not run_id:
         _set_experiment(experiment)
+        prov, diff = provenance(preset)
+        if stage:
+            prov[SOURCE_NAME] = f"stages/{stage}.py"  # not the absolute path of a --temp copy
         # Off here even if MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING is set: train's metric buffer samples
         # them (pipeline.tracking.metric_buffer), and a second sampler would log each metric twice.
-        run = mlflow.start_run(run_name=run_name, log_system_metrics=False)
-        prov, diff = provenance(preset)
-        mlflow.set_tags({**prov, **sweep_tags(), **(tags or {})})
+        # The tags go in with the start: they override MLflow's own git context, which under
+        # --temp would name DVC's stash commit.
+        run = mlflow.start_run(
+            run_name=run_name, log_system_metrics=False, tags={**prov, **sweep_tags(), **(tags or {})}
+        )
         if diff:
             mlflow.log_text(diff, DIFF_ARTIFACT)
     else:
-        found = mlflow.get_run(run_id) if keep_status or _SWEEP else None
-        if keep_status:
-            previous = found.info.status
+        found = mlflow.get_run(run_id) if _SWEEP else None
         run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
         tags = {**(sweep_tags(found.data.tags) if found else {}), **(tags or {})}
         if tags:
@@ -393,12 +419,61 @@ def mlflow_run(
     finally:
         try:
             mlflow.flush_async_logging()
-            if previous is not None:
-                mlflow.set_tag(f"stage.{run_name}.status", status)
         finally:
-            mlflow.end_run(status=previous if previous in ("FINISHED", "FAILED", "KILLED") else status)
+            mlflow.end_run(status=status)
             if status == "KILLED":
                 KILLED_RUNS.append(run.info.run_id)
+
+
+# The run a stage adds to (adding_to_run), while it does: every logging function here goes there.
+_ADDING_TO = ""
+
+
+def stage_status_tag(stage: str) -> str:
+    return f"stage.{stage}.status"
+
+
+@contextlib.contextmanager
+def adding_to_run(run_id: str, stage: str, tags: dict | None = None) -> Iterator[Any]:
+    """Add a stage's results to another stage's run (evaluate and report add to the model's run)
+    without re-opening it: the run keeps the status its own stage gave it (the model trained,
+    or the run diverged, whatever happens after), also when this stage is killed outright.
+    This stage's own outcome is the tag `stage.<stage>.status`: RUNNING while it works, then
+    FINISHED, FAILED or KILLED. Yields the run (a stand-in with run id "" when tracking is off
+    or there is no run)."""
+    global _ADDING_TO
+    if not enabled() or not run_id:
+        yield _NO_RUN
+        return
+    import mlflow
+
+    use_store()
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    _log_tags(client, run_id, {**sweep_tags(run.data.tags), **(tags or {}), stage_status_tag(stage): "RUNNING"})
+    _ADDING_TO = run_id
+    status = "FINISHED"
+    try:
+        yield run
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        _ADDING_TO = ""
+        try:
+            mlflow.flush_async_logging()
+        finally:
+            client.set_tag(run_id, stage_status_tag(stage), status)
+
+
+def _log_tags(client, run_id: str, tags: dict[str, str]) -> None:
+    from mlflow.entities import RunTag
+
+    if tags:
+        client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
 # Runs this process ended KILLED (stages/_cli.py says so when a signal stops a stage, and only then).
@@ -428,19 +503,32 @@ def set_tags(tags: dict[str, str]) -> None:
         return
     import mlflow
 
-    mlflow.set_tags(tags)
+    if _ADDING_TO:
+        _log_tags(mlflow.MlflowClient(), _ADDING_TO, tags)
+    else:
+        mlflow.set_tags(tags)
 
 
-def log_metrics(metrics: dict[str, float], step: int | None = None, model_id: str | None = None) -> None:
+def log_metrics(
+    metrics: dict[str, float], step: int | None = None, model_id: str | None = None, dataset: Any = None
+) -> None:
     """One batched, asynchronous call per log boundary (never one call per metric). `model_id`
-    (MLflow 3's logged model): the values also show on that model's page."""
+    (MLflow 3's logged model): the values also show on that model's page; `dataset` (an MLflow
+    dataset, e.g. shards_dataset's): the data they were measured on."""
     if not enabled():
         return
     import mlflow
 
     clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
     if clean:
-        mlflow.log_metrics(clean, step=step, synchronous=False, model_id=model_id or None)
+        mlflow.log_metrics(
+            clean,
+            step=step,
+            synchronous=False,
+            run_id=_ADDING_TO or None,
+            model_id=model_id or None,
+            dataset=dataset,
+        )
 
 
 def log_params(params: dict[str, Any]) -> None:
@@ -452,7 +540,7 @@ def log_params(params: dict[str, Any]) -> None:
     # first (pipeline/tracking/redact.py): a param is kept forever and shown to everyone with the UI.
     items = [(k, v[:6000]) for k, v in redact_params(params).items()]
     for i in range(0, len(items), 100):
-        mlflow.log_params(dict(items[i : i + 100]))
+        mlflow.log_params(dict(items[i : i + 100]), run_id=_ADDING_TO or None)
 
 
 def run_file(stage: str) -> Path:
@@ -529,7 +617,7 @@ def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:
         return
     import mlflow
 
-    mlflow.log_artifact(str(path), artifact_path=artifact_path)
+    mlflow.log_artifact(str(path), artifact_path=artifact_path, run_id=_ADDING_TO or None)
 
 
 def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = None) -> None:
@@ -546,4 +634,41 @@ def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = 
         # interpreted in multiple ways: LocalArtifactDatasetSource, LocalArtifactDatasetSource".
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
         dataset = mlflow.data.from_pandas(df, source=source, name=name, digest=digest)
+    mlflow.log_input(dataset, context=context, tags=tags)
+
+
+def shards_dataset(shard_dir: Path, manifest: dict, manifest_sha256: str):
+    """The embedding shards as an MLflow dataset (no data loaded): named after the source file
+    they were embedded from, digest = the first 16 hex digits of manifest.json's sha256 (the
+    manifest holds every shard's digest, so equal digests mean equal shards; the UI's Dataset
+    column shows it), source = the shard directory. None with tracking off."""
+    if not enabled():
+        return None
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.data.sources import LocalArtifactDatasetSource
+
+    source = str((manifest.get("source") or {}).get("path") or shard_dir)
+    name = f"{source.rstrip('/').rsplit('/', 1)[-1]} shards"
+    return MetaDataset(
+        LocalArtifactDatasetSource(str(Path(shard_dir).resolve())), name=name, digest=manifest_sha256[:16]
+    )
+
+
+def log_shards_input(dataset, manifest: dict, embed_run_id: str, context: str = "training") -> None:
+    """The shards as an input of the active run, linked to the embed run that made them (input
+    tags: embed.run_id, the source file and its digest, the teacher, rows per split)."""
+    if not enabled() or dataset is None:
+        return
+    import mlflow
+
+    src = manifest.get("source") or {}
+    tags = {
+        "embed.run_id": embed_run_id or "unknown",
+        "source.path": str(src.get("path", "")),
+        "source.sha256": str(src.get("sha256", ""))[:16],
+        "teacher": str((manifest.get("teacher") or {}).get("name", "")),
+    }
+    for split, info in (manifest.get("splits") or {}).items():
+        if isinstance(info, dict) and "count" in info:
+            tags[f"rows.{split}"] = str(info["count"])
     mlflow.log_input(dataset, context=context, tags=tags)

@@ -1,0 +1,70 @@
+"""A run's name when DVC gives it none: the preset and what differs from it, e.g. `default lr=0.001`.
+
+`dvc repro` after an edit of params.yaml, or a stage started by hand with overrides, makes a
+model that is not the preset's; naming the run `train` (what the stage is) said nothing about
+which model it is. The preset as committed in conf/ is the reference: params.yaml is the default
+preset's composition, so an unchanged `dvc repro` is plainly `default`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from omegaconf import DictConfig
+
+from pipeline.core.config import flatten, load_config
+from pipeline.core.errors import ConfigError
+
+# Keys that label a run rather than make it (which store, which sweep): never part of its name.
+LABEL_KEYS = frozenset({"run.preset", "run.experiment", "run.sweep", "run.tracking"})
+# MLflow keeps 250 characters of a name; the runs table shows about 40. The full list of
+# differences is the tag `run.overrides` (store.provenance), so the name may be cut.
+MAX_NAME = 80
+MAX_VALUE = 32
+
+
+def differences(cfg: DictConfig) -> dict[str, Any]:
+    """`key -> value` for every key of `cfg` that differs from its preset (and fault) as conf/
+    composes it, in the config's order ({} when the preset cannot be composed: a params.yaml of one's own)."""
+    groups = [f"preset={cfg.run.preset}", *([f"fault={_fault(cfg)}"] if _fault(cfg) != "none" else [])]
+    try:
+        reference = flatten(load_config(groups))
+    except ConfigError:
+        return {}
+    mine = flatten(cfg)
+    return {k: v for k, v in mine.items() if k not in LABEL_KEYS and reference.get(k, object()) != v}
+
+
+def _fault(cfg: DictConfig) -> str:
+    return str(flatten(cfg).get("fault.kind", "none"))
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, float):
+        text = format(value, "g")
+    elif isinstance(value, (list, dict)):
+        text = json.dumps(value, separators=(",", ":"))
+    else:
+        text = str(value)
+    return text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 1] + "…"
+
+
+def short_keys(keys: list[str], all_keys: list[str]) -> dict[str, str]:
+    """Each key by its last part where no other key of the config ends the same (`lr` for
+    train.lr), else in full (`fault.name`)."""
+    leaves: dict[str, int] = {}
+    for k in all_keys:
+        leaf = k.rsplit(".", 1)[-1]
+        leaves[leaf] = leaves.get(leaf, 0) + 1
+    return {k: k.rsplit(".", 1)[-1] if leaves.get(k.rsplit(".", 1)[-1]) == 1 else k for k in keys}
+
+
+def run_label(cfg: DictConfig, diff: dict[str, Any] | None = None) -> str:
+    """`<preset>`, then `fault=<kind>` for a deliberate fault (conf/fault/), then `key=value` for
+    each difference from the two, cut to MAX_NAME characters."""
+    diff = differences(cfg) if diff is None else diff
+    names = short_keys(list(diff), list(flatten(cfg)))
+    fault = [f"fault={_fault(cfg)}"] if _fault(cfg) != "none" else []
+    label = " ".join([str(cfg.run.preset), *fault, *(f"{names[k]}={_show(v)}" for k, v in diff.items())])
+    return label if len(label) <= MAX_NAME else label[: MAX_NAME - 1] + "…"
