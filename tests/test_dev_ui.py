@@ -13,6 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.core.paths import REPO_ROOT
+from pipeline.tracking.views import VIEW_TAG
 from tests.helpers.mlflow_server import free_port, kill_group
 
 pytestmark = pytest.mark.integration
@@ -21,7 +22,8 @@ pytestmark = pytest.mark.integration
 @pytest.mark.slow  # 10-17 s (the UI server's start): the default suite keeps its 10 minutes
 def test_dev_ui_serves_the_store_on_loopback(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    MlflowClient(uri).create_experiment("ui-check", artifact_location=(tmp_path / "a").as_uri())
+    # A store from before the experiments had a kind and a saved view: ./dev ui brings it up to date.
+    exp_id = MlflowClient(uri).create_experiment("energy-flow", artifact_location=(tmp_path / "a").as_uri())
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     proc = subprocess.Popen(
@@ -45,8 +47,12 @@ def test_dev_ui_serves_the_store_on_loopback(tmp_path):
             except OSError:
                 assert time.monotonic() < deadline, "the UI did not answer within 120 s"
                 time.sleep(0.5)
-        assert "ui-check" in names
+        assert "energy-flow" in names
         assert listening_addresses(port) == {"127.0.0.1"}  # loopback only, not 0.0.0.0
+        link = f"http://127.0.0.1:{port}/#/experiments/{exp_id}/runs?workflowType=machine_learning&viewStateShareKey=evaluation"
+        assert link in proc.stdout.read1().decode()
+        tags = MlflowClient(uri).get_experiment(exp_id).tags
+        assert tags["mlflow.experimentKind"] == "custom_model_development" and VIEW_TAG in tags
     finally:
         kill_group(proc)
 
@@ -57,6 +63,7 @@ def test_dev_ui_points_at_a_tracking_server_instead_of_starting_one():
         [str(REPO_ROOT / "dev"), "ui"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0 and "is a tracking server already" in proc.stderr
+    assert "http://127.0.0.1:5999  (the tracking server does not answer:" in proc.stdout
 
 
 def listening_addresses(port: int) -> set[str]:

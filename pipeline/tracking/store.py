@@ -344,17 +344,25 @@ def embed_experiment(experiment: str) -> str:
     return experiment + EMBED_EXPERIMENT_SUFFIX
 
 
-def _set_experiment(name: str) -> None:
+def _set_experiment(name: str, models: bool = False) -> None:
+    """Make `name` the active experiment, creating it if needed, of the model-training kind;
+    `models`: the model experiment, whose runs table gets the saved view (views.py)."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    from pipeline.tracking.views import ensure_view
+
+    client = mlflow.MlflowClient()
     found = mlflow.get_experiment_by_name(name)
     if found is None:
         with contextlib.suppress(MlflowException):  # a parallel queue worker made it first
             mlflow.create_experiment(name, artifact_location=artifact_location(tracking_uri()), tags=EXPERIMENT_KIND)
+        found = mlflow.get_experiment_by_name(name)
     elif not found.tags.get(next(iter(EXPERIMENT_KIND))):  # a store from before the kind was set
         for key, value in EXPERIMENT_KIND.items():
-            mlflow.MlflowClient().set_experiment_tag(found.experiment_id, key, value)
+            client.set_experiment_tag(found.experiment_id, key, value)
+    if models:
+        ensure_view(client, found.experiment_id, found.tags)
     mlflow.set_experiment(name)
 
 
@@ -388,7 +396,7 @@ def mlflow_run(
     if not MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.defined:
         MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(1)
     if not run_id:
-        _set_experiment(experiment)
+        _set_experiment(experiment, models=stage != "embed")
         prov, diff = provenance(preset)
         if stage:
             prov[SOURCE_NAME] = f"stages/{stage}.py"  # not the absolute path of a --temp copy

@@ -1,0 +1,75 @@
+"""The MLflow UI's saved view of the model experiment: the runs table with the columns models are
+compared by (test metrics with the paired difference from ridge, the stability verdict, what
+differs from the preset, the dataset and the logged model), best group top-1 first.
+
+MLflow 3.17's runs table shows no metric or param column until someone picks them (a run has
+200+ metrics: curves, system metrics, every eval CI), and no URL parameter picks columns. A view
+saved as the experiment tag `mlflow.sharedViewState.<key>` does: the link
+`#/experiments/<id>/runs?viewStateShareKey=evaluation` (what `./dev ui` prints) opens it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+VIEW_KEY = "evaluation"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+
+METRICS = (
+    "eval/test/model/group_top1",
+    "eval/test/model/cosine",
+    "eval/test/model/mrr",
+    "eval/test/model_vs_ridge/group_top1",
+    "eval/test/model_vs_ridge/cosine",
+    "eval/test/model_vs_identity/group_top1",
+    "stability/verdict_code",
+    "stability/failed_checks",
+)
+TAGS = ("stability.verdict", "run.overrides")
+ATTRIBUTES = ("Dataset", "Models")
+
+
+def view_state() -> dict:
+    """The view as the UI stores it: selected columns, their order and widths, the sort."""
+    metrics = [f"metrics.`{k}`" for k in METRICS]
+    tags = [f"tags.`{k}`" for k in TAGS]
+    attributes = [f"attributes.`{k}`" for k in ATTRIBUTES]
+    order = ["attributes.`Run Name`", "runDateAndNestInfo", *metrics, *tags, *attributes, "duration"]
+    # The UI applies widths only to the columns in columnOrder; a run name such as
+    # "default lr=0.001 epochs=3" needs about 260 px, a metric key's header about 200.
+    widths = {"attributes.`Run Name`": 260, **{c: 200 for c in metrics}, "tags.`run.overrides`": 240}
+    return {
+        "orderByKey": metrics[0],
+        "orderByAsc": False,
+        "selectedColumns": [*attributes, *metrics, *tags],
+        "columnOrder": order,
+        "columnWidths": widths,
+    }
+
+
+def view_tag_value(now_ms: int | None = None) -> str:
+    """The tag's value: the envelope the UI reads (name, times, the state as a JSON string)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    envelope = {"name": "Evaluation", "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(view_state())}
+    return json.dumps(envelope)
+
+
+def ensure_view(client, experiment_id: str, tags: dict) -> None:
+    """Save the view on the experiment, or bring an older one up to date (its columns changed)."""
+    current = tags.get(VIEW_TAG)
+    try:
+        same = current is not None and json.loads(json.loads(current)["state"]) == view_state()
+    except (ValueError, KeyError, TypeError):
+        same = False
+    if not same:
+        client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value())
+
+
+def runs_url(base: str, experiment_id: str) -> str:
+    """The model experiment's runs table in the saved view. workflowType: MLflow 3.17 opens an
+    experiment on its GenAI overview (traces, tokens) unless told it is model training; the
+    experiment's kind tag does not decide it in this version, the link (or the sidebar's toggle,
+    remembered by the browser) does."""
+    query = f"workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
