@@ -1,0 +1,234 @@
+"""Serving benchmark: what answering questions costs with the answer model (pipeline/serve/), in
+this process and through the REST server, against the teacher's own encoding of the same
+questions. The last stdout line is one JSON object; progress lines go to stderr.
+
+Arms, interleaved round by round (each round runs every arm once, in this order, with a reference
+probe, bench/probe.py, before each arm and after the last):
+- in_process_single / in_process_batch: the pyfunc's predict (mlflow.pyfunc.load_model) on one
+  question at a time (each request a different question) and on a batch of `--batch` questions;
+- teacher_encode: the teacher's own `encode` of the same batch (embed.batch_size batches), the
+  floor any text-in model pays: a question has to be embedded before anything else happens;
+- rest_single / rest_batch: the same two requests as JSON through `mlflow models serve
+  --env-manager local` (uvicorn + FastAPI, one worker) on a loopback port, dataframe_split with
+  params k.
+
+Figures: latency p50 and p99 of one question (ms; and in probes: the latency over the median
+probe, a machine-independent reading), the batch's throughput (questions per second; each round's
+span, median over rounds) and ratios within the same round, taken per round and their median:
+in_process_batch_over_teacher_encode (goal <= 1.5) and rest_batch_over_in_process_batch.
+parts_ms splits one in-process batch into its parts (timed apart, once per round, median):
+encode (the teacher, as the embed stage calls it), model (the energy-flow model in batches of
+train.batch_size), topk (cosines to the bank and torch.topk).
+
+The model: --model URI (any MLflow model URI or local directory; a runs:/ URI is looked up in
+MLFLOW_TRACKING_URI or the project's store), by default the workspace's trained model
+(models/model.pt and the shards in embed.out_dir, with params.yaml's batch sizes) saved as an
+answer model into a temporary directory. Questions: the shipped dataset's (data/raw/qa_pairs.csv),
+distinct, in file order. No GPU needed. A missed goal is reported in goals_met, not as an exit
+status; an error exits non-zero. Never writes to the project's mlflow.db.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bench.model_server import invoke, model_server, questions_payload
+from bench.probe import Probe, machine
+from pipeline.core.paths import REPO_ROOT
+
+GOALS = {"in_process_batch_over_teacher_encode": 1.5}
+QUESTIONS_CSV = REPO_ROOT / "data" / "raw" / "qa_pairs.csv"
+ARMS = ("in_process_single", "in_process_batch", "teacher_encode", "rest_single", "rest_batch")
+
+
+def say(msg: str) -> None:
+    print(f"[bench.serve] {msg}", file=sys.stderr, flush=True)
+
+
+def shipped_questions(n: int) -> list[str]:
+    questions = pd.read_csv(QUESTIONS_CSV)["question"].astype(str).drop_duplicates().tolist()
+    if len(questions) < n:
+        raise SystemExit(f"{QUESTIONS_CSV}: {len(questions)} distinct questions; --batch {n} needs that many")
+    return questions[:n]
+
+
+def workspace_model(dest: Path) -> str:
+    """The workspace's trained model saved as an answer model under `dest`."""
+    from omegaconf import OmegaConf
+
+    from pipeline.core.paths import repo_path
+    from pipeline.serve.log import save_answer_model
+
+    params = OmegaConf.load(REPO_ROOT / "params.yaml")
+    model = repo_path(params.train.out_dir) / "model.pt"
+    if not model.is_file():
+        raise SystemExit(f"{model} not found: run ./dev repro first, or pass --model URI")
+    path = dest / "answer-model"
+    save_answer_model(path, model, repo_path(params.embed.out_dir), params.train.batch_size, params.embed.batch_size)
+    return str(path)
+
+
+def percentiles_ms(seconds: list[float]) -> dict:
+    ms = np.asarray(seconds) * 1000
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "count": int(ms.size)}
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def parts(answerer, questions: list[str]) -> dict[str, float]:
+    """One batch's parts, timed apart: what predict does, step by step."""
+    import torch.nn.functional as F
+
+    from pipeline.embed.teacher import encode_texts
+    from pipeline.evaluate.retrieval import predict
+
+    t0 = time.perf_counter()
+    x = encode_texts(answerer.teacher, questions, answerer.embed_batch_size, progress=False)
+    t1 = time.perf_counter()
+    pred = torch.from_numpy(predict(answerer.model, x, answerer.train_batch_size))
+    t2 = time.perf_counter()
+    torch.topk(F.normalize(pred, dim=1) @ answerer.bank_vectors.T, 5, dim=1)
+    t3 = time.perf_counter()
+    return {"encode": 1000 * (t1 - t0), "model": 1000 * (t2 - t1), "topk": 1000 * (t3 - t2)}
+
+
+def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe: Probe, rest: bool = True) -> dict:
+    import mlflow
+
+    questions = shipped_questions(max(batch, singles))
+    batch_q, frame = questions[:batch], pd.DataFrame({"question": questions[:batch]})
+    t0 = time.perf_counter()
+    model = mlflow.pyfunc.load_model(model_uri)
+    load_s = time.perf_counter() - t0
+    answerer = model.unwrap_python_model()
+    teacher, embed_bs = answerer.teacher, answerer.embed_batch_size
+    params = {"k": k}
+    spans: dict[str, list[float]] = {a: [] for a in ARMS}
+    probes: list[float] = []
+    part_ms: list[dict] = []
+    per_round = max(1, singles // rounds)
+
+    def one(q: str) -> None:
+        model.predict(pd.DataFrame({"question": [q]}), params=params)
+
+    def encode() -> None:
+        with torch.inference_mode():
+            teacher.encode(batch_q, batch_size=embed_bs, show_progress_bar=False, convert_to_numpy=True)
+
+    # Untimed warm-up: torch's threads and allocator, the tokenizer's caches.
+    model.predict(frame, params=params)
+    encode()
+    with model_server(model_uri) if rest else _no_server() as url:
+        if rest:  # its first request imports and warms the server's side
+            invoke(url, questions_payload(batch_q, k))
+        start_s = time.perf_counter() - t0 - load_s
+        for r in range(rounds):
+            say(f"round {r + 1}/{rounds}")
+            singles_now = questions[r * per_round : (r + 1) * per_round] or questions[:per_round]
+            probes.append(probe())
+            spans["in_process_single"] += [timed(lambda q=q: one(q)) for q in singles_now]
+            probes.append(probe())
+            spans["in_process_batch"].append(timed(lambda: model.predict(frame, params=params)))
+            probes.append(probe())
+            spans["teacher_encode"].append(timed(encode))
+            probes.append(probe())
+            part_ms.append(parts(answerer, batch_q))
+            if rest:
+                probes.append(probe())
+                spans["rest_single"] += [
+                    timed(lambda q=q: _ok(invoke(url, questions_payload([q], k)))) for q in singles_now
+                ]
+                probes.append(probe())
+                spans["rest_batch"].append(timed(lambda: _ok(invoke(url, questions_payload(batch_q, k)))))
+            probes.append(probe())
+    probe_ms = float(np.median(probes)) * 1000
+    out: dict = {"model": model_uri, "load_s": load_s, "server_start_and_warm_up_s": start_s if rest else None}
+    for mode in ("in_process", "rest") if rest else ("in_process",):
+        single = percentiles_ms(spans[f"{mode}_single"])
+        single.update(p50_probes=single["p50_ms"] / probe_ms, p99_probes=single["p99_ms"] / probe_ms)
+        b = spans[f"{mode}_batch"]
+        out[mode] = {
+            "single": single,
+            "batch_s_median": float(np.median(b)),
+            "batch_questions_per_s": float(batch / np.median(b)),
+            "batch_s_rounds": b,
+        }
+    enc = spans["teacher_encode"]
+    out["teacher_encode"] = {
+        "batch_s_median": float(np.median(enc)),
+        "batch_questions_per_s": float(batch / np.median(enc)),
+        "batch_s_rounds": enc,
+    }
+    ratios = [a / b for a, b in zip(spans["in_process_batch"], enc)]
+    out["in_process_batch_over_teacher_encode"] = float(np.median(ratios))
+    out["in_process_batch_over_teacher_encode_rounds"] = ratios
+    if rest:
+        rest_ratios = [a / b for a, b in zip(spans["rest_batch"], spans["in_process_batch"])]
+        out["rest_batch_over_in_process_batch"] = float(np.median(rest_ratios))
+    out["parts_ms"] = {p: float(np.median([d[p] for d in part_ms])) for p in ("encode", "model", "topk")}
+    out["embed_batch_size"], out["train_batch_size"] = embed_bs, answerer.train_batch_size
+    out["bank_size"] = len(answerer.texts)
+    return out
+
+
+def _ok(result: tuple[int, dict]) -> None:
+    status, body = result
+    if status != 200:
+        raise RuntimeError(f"the model server answered {status}: {body}")
+
+
+class _no_server:
+    def __enter__(self):
+        return ""
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", metavar="URI", help="the answer model (default: the workspace's, saved to a temp dir)")
+    ap.add_argument("--batch", type=int, default=256, help="questions in the batch request (default 256)")
+    ap.add_argument("--singles", type=int, default=200, help="one-question requests per arm, all rounds (default 200)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of every arm (default 5)")
+    ap.add_argument("-k", type=int, default=5, help="answers per question (default 5)")
+    ap.add_argument("--no-rest", action="store_true", help="in process only (no server)")
+    ap.add_argument("--quick", action="store_true", help="a fast check of the benchmark: batch 8, 6 singles, 2 rounds")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.batch, args.singles, args.rounds = 8, 6, 2
+    t0 = time.perf_counter()
+    probe = Probe()
+    res = {"device": f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
+    res.update(batch=args.batch, singles=args.singles, rounds=args.rounds, k=args.k, questions=str(QUESTIONS_CSV))
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
+        uri = args.model or workspace_model(Path(tmp))
+        say(f"model {uri}")
+        res.update(measure(uri, args.batch, args.singles, args.rounds, args.k, probe, rest=not args.no_rest))
+    res["goals"] = GOALS
+    res["goals_met"] = {
+        "in_process_batch_over_teacher_encode": res["in_process_batch_over_teacher_encode"]
+        <= GOALS["in_process_batch_over_teacher_encode"]
+    }
+    res.update(machine(probe))
+    res["bench_seconds"] = time.perf_counter() - t0
+    say(f"{res['bench_seconds']:.1f} s")
+    print(json.dumps(res))
+    return res
+
+
+if __name__ == "__main__":
+    main()
