@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 import time
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Iterator
@@ -57,6 +58,15 @@ def requirements(teacher: str) -> list[str]:
         except PackageNotFoundError:
             raise PipelineError(f"{name} is not installed here; the answer model needs it to load") from None
     return out
+
+
+@contextlib.contextmanager
+def _no_input_example_warning() -> Iterator[None]:
+    """MLflow warns that no input example was given: one would load the teacher at log time (an
+    example is run through the model), and the explicit signature already says what it takes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*An input example was not provided")
+        yield
 
 
 @contextlib.contextmanager
@@ -128,7 +138,7 @@ def log_answer_model(
     if mlflow.active_run() is None:
         raise PipelineError("log_answer_model logs into the active MLflow run, and none is active: call it inside one")
     t0 = time.perf_counter()
-    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts:
+    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts, _no_input_example_warning():
         info = mlflow.pyfunc.log_model(name=NAME, **parts)
     size = parts["metadata"]["bank_size"]
     log.info("logged the answer model (%d bank texts) in %.1f s", size, time.perf_counter() - t0)
@@ -146,6 +156,6 @@ def save_answer_model(
     exist or be empty): `mlflow.pyfunc.load_model(path)` and `mlflow models serve -m path` take it."""
     import mlflow
 
-    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts:
+    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts, _no_input_example_warning():
         mlflow.pyfunc.save_model(str(path), **parts)
     return Path(path)
