@@ -158,3 +158,22 @@ def test_a_bank_that_is_not_the_logged_one_is_refused(model_dir, tmp_path):
     bank_file.write_bytes(b"not an npz")
     with pytest.raises(PipelineError, match=r"answer_bank\.npz: not a readable answer bank"):
         load_bank(bank_file, meta["bank_sha256"])
+
+
+def test_ask_refuses_a_model_that_is_not_an_answer_model(model_dir, tmp_path):
+    """An embedding-to-embedding model (the pytorch flavour logged before) is named as such from
+    its MLmodel alone, before anything loads."""
+    from tools.ask import check_answer_model
+
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    mlmodel = yaml.safe_load((copy / "MLmodel").read_text())
+    mlmodel["flavors"]["python_function"]["loader_module"] = "mlflow.pytorch"
+    mlmodel["signature"] = {
+        "inputs": '[{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 384]}}]',
+        "outputs": '[{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 384]}}]',
+    }
+    (copy / "MLmodel").write_text(yaml.safe_dump(mlmodel))
+    with pytest.raises(PipelineError, match="is not an answer model \\(it takes a tensor of embeddings"):
+        check_answer_model(str(copy))
+    check_answer_model(str(model_dir))  # the answer model passes

@@ -67,10 +67,12 @@ def check_answer_model(uri: str) -> None:
     alone: loading an embedding-to-embedding model only to fail on the first question is slow
     and says little."""
     from mlflow.exceptions import MlflowException
-    from mlflow.models import get_model_info
+    from mlflow.models import Model
 
     try:
-        info = get_model_info(uri)
+        # Model.load reads MLmodel alone (get_model_info would also look the model's id up in the
+        # tracking store, which a downloaded model directory's id is not in).
+        info = Model.load(uri)
     except (MlflowException, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PipelineError(
@@ -78,10 +80,12 @@ def check_answer_model(uri: str) -> None:
             "(run ./dev repro), or a --model URI that holds one"
         ) from None
     loader = (info.flavors.get("python_function") or {}).get("loader_module")
-    inputs = info.signature.inputs.input_names() if info.signature and info.signature.inputs else []
+    schema = info.signature.inputs if info.signature else None
+    inputs = [] if schema is None or schema.is_tensor_spec() else schema.input_names()
     if loader != ANSWER_LOADER or "question" not in inputs:
+        takes = f"columns {inputs}" if inputs else "a tensor of embeddings" if schema is not None else "no signature"
         raise PipelineError(
-            f"{uri} is not an answer model (its input is {inputs or 'unnamed tensors'}, loader {loader}): it was "
+            f"{uri} is not an answer model (it takes {takes}; loader {loader}): it was "
             "logged before the model answered questions (an embedding-to-embedding model); re-run the train "
             "stage (./dev repro -f train, or dvc exp run) to log one, or pass --model URI"
         )
