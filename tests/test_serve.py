@@ -177,3 +177,31 @@ def test_ask_refuses_a_model_that_is_not_an_answer_model(model_dir, tmp_path):
     with pytest.raises(PipelineError, match="is not an answer model \\(it takes a tensor of embeddings"):
         check_answer_model(str(copy))
     check_answer_model(str(model_dir))  # the answer model passes
+
+
+def test_it_logs_into_the_run_a_stage_adds_to_and_refuses_without_a_run(project, tmp_path, monkeypatch):
+    """evaluate adds to the model's run without re-opening it (adding_to_run): no MLflow run is
+    active there, and the model must still land in that run."""
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    from pipeline.serve.log import log_answer_model
+    from pipeline.tracking import store as tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with _use_tracking_uri(uri):
+        tracking.use_store()
+        client = mlflow.MlflowClient(uri)
+        exp = client.create_experiment("serve", artifact_location=str(tmp_path / "mlruns"))
+        run_id = client.create_run(exp).info.run_id
+        client.set_terminated(run_id)  # the train stage's run, ended
+        args = (project.model_path, project.shard_dir, project.batch_size, project.embed_batch_size)
+        with pytest.raises(PipelineError, match="log_answer_model logs into the active MLflow run"):
+            log_answer_model(*args)
+        with tracking.adding_to_run(run_id, "evaluate"):
+            info = log_answer_model(*args)
+        assert info.run_id == run_id and client.get_run(run_id).info.status == "FINISHED"
+        logged = mlflow.models.Model.load(f"runs:/{run_id}/model")
+        assert logged.model_id == info.model_id
+        assert logged.metadata["bank_sha256"] == bank_from_shards(project.shard_dir).sha256
+        assert client.get_logged_model(info.model_id).experiment_id == exp

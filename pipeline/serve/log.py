@@ -1,6 +1,7 @@
-"""Log the trained model as the text-in, text-out pyfunc of answerer.py into the active MLflow run,
-under the name `model`, so `runs:/<run_id>/model` loads it (mlflow.pyfunc.load_model) and serves
-it (mlflow models serve); or save the same model to a local directory (save_answer_model).
+"""Log the trained model as the text-in, text-out pyfunc of answerer.py into the active MLflow run
+(or the run a stage adds to) under the name `model`, so `runs:/<run_id>/model` loads it
+(mlflow.pyfunc.load_model) and serves it (mlflow models serve); or save the same model to a local
+directory (save_answer_model).
 
 The model holds no pickle: its code is answerer.py itself (models-from-code) plus the `pipeline`
 package (code_paths, so it loads without this repository); its artifacts are the trained model
@@ -122,24 +123,39 @@ def log_answer_model(
     batch_size: int,
     embed_batch_size: int = DEFAULT_EMBED_BATCH_SIZE,
 ):
-    """Log the answer model into the ACTIVE MLflow run as `model`; returns MLflow's ModelInfo
-    (None with the project's tracking off: run.tracking=disabled, or optional and unreachable).
+    """Log the answer model as `model` into the run this process logs to: the active MLflow run,
+    or the run a stage adds to (pipeline.tracking.store.adding_to_run: evaluate adds to the model's
+    run without re-opening it). Returns MLflow's ModelInfo (None with the project's tracking off:
+    run.tracking=disabled, a rank other than 0, or optional and unreachable).
 
     model_path: the trained model file (models/model.pt); shard_dir: the shards it was trained on
     (embed.out_dir: the bank and the teacher come from them); batch_size: train.batch_size (the
     model predicts in batches of it); embed_batch_size: embed.batch_size (questions are embedded
     in batches of it, as the shards' texts were)."""
     import mlflow
+    from mlflow.models import Model
 
     from pipeline.tracking import store as tracking
 
     if not tracking.enabled():
         return None
-    if mlflow.active_run() is None:
-        raise PipelineError("log_answer_model logs into the active MLflow run, and none is active: call it inside one")
+    run_id = tracking.current_run_id()
+    if not run_id:
+        raise PipelineError(
+            "log_answer_model logs into the active MLflow run (or the run a stage adds to), and there is "
+            "none: call it inside mlflow.start_run() or pipeline.tracking.store.adding_to_run()"
+        )
     t0 = time.perf_counter()
     with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts, _no_input_example_warning():
-        info = mlflow.pyfunc.log_model(name=NAME, **parts)
+        # What mlflow.pyfunc.log_model does, with the run named: it logs to the active run only.
+        info = Model.log(
+            artifact_path=None,
+            name=NAME,
+            flavor=mlflow.pyfunc,
+            run_id=run_id,
+            flavor_name="pyfunc.ModelFromCode",  # what mlflow.pyfunc.log_model names a models-from-code model
+            **parts,
+        )
     size = parts["metadata"]["bank_size"]
     log.info("logged the answer model (%d bank texts) in %.1f s", size, time.perf_counter() - t0)
     return info
