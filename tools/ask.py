@@ -3,7 +3,7 @@
     ./dev ask "What is the capital of France?" ["Another question?" ...] [-k N] [--model URI]
     python -m tools.ask ...            # the same, with the environment already active
 
-The model is the answer model the train stage logged (pipeline/serve/: the teacher embeds the
+The model is the answer model the pipeline logs to the model's run (pipeline/serve/: the teacher embeds the
 question, the energy-flow model maps it, the nearest texts of the answer bank are the answers),
 loaded in this process with mlflow.pyfunc.load_model. By default it is the model of the run that
 runs/train.json names (the last train stage here), `runs:/<run_id>/model` in the project's store
@@ -76,7 +76,7 @@ def check_answer_model(uri: str) -> None:
     except (MlflowException, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PipelineError(
-            f"no MLflow model at {uri} ({first}); expected the answer model the train stage logs as `model` "
+            f"no MLflow model at {uri} ({first}); expected the answer model the pipeline logs as `model` "
             "(run ./dev repro), or a --model URI that holds one"
         ) from None
     loader = (info.flavors.get("python_function") or {}).get("loader_module")
