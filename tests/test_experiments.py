@@ -2,8 +2,10 @@
 in the workspace, `--temp` and `--queue` + `dvc queue start` (tests/conftest.py) all land in the
 repo's one MLflow store, fully tagged; each model run holds a loadable MLflow model; and DVC's
 own views (`dvc exp show`, `dvc metrics diff`, `dvc plots diff`) show the same numbers as
-MLflow; and the real MLflow UI's compare page shows two of them side by side in headless Chromium
-(tests/helpers/; tests/test_mlflow_browser.py checks that harness on synthetic runs).
+MLflow; and the real MLflow UI shows them in headless Chromium, through one `mlflow server`: the
+runs table `./dev ui` links to (eval columns, best first), the compare page (two of them side by
+side, and what differs) and a logged model's page (its dataset and eval metrics); screenshots in
+test-artifacts/ (tests/helpers/; tests/test_mlflow_browser.py checks that harness on synthetic runs).
 The experiments are the session's `smoke_experiments` (tests/conftest.py)."""
 
 from __future__ import annotations
@@ -203,21 +205,46 @@ def test_dvc_plots_diff_shows_both_experiments_training_curves(smoke_experiments
     assert "smoke-a" in html and "smoke-b" in html and "train/loss" in html
 
 
-def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(smoke_experiments, store):
+@pytest.fixture(scope="module")
+def mlflow_ui(smoke_experiments, store):
+    """One real `mlflow server` over the project's store for this module's browser tests (a start
+    takes 6-15 s on 2 cores): its base URL."""
+    from tests.helpers.mlflow_server import start_mlflow_server
+
+    client, _, _ = store
+    with start_mlflow_server(client.tracking_uri, smoke_experiments.root / "served-artifacts") as base_url:
+        yield base_url
+
+
+def _shards_digest(runs) -> str:
+    """The digest of the model runs' dataset (the shards' manifest), one for all three runs."""
+    digests = set()
+    for name, run in runs.items():
+        (dataset_input,) = run.inputs.dataset_inputs
+        assert dataset_input.dataset.name == "qa_pairs.csv shards", name
+        digests.add(dataset_input.dataset.digest)
+    (digest,) = digests
+    assert len(digest) == 16 and int(digest, 16) >= 0
+    return digest
+
+
+def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(store, mlflow_ui):
     """The real `mlflow server` over the project's store, its run-comparison page in headless
     Chromium: both model runs by name and id, the param that differs (train.lr) with both values
     on one row, shared params, and the headline metrics with both runs' values as the UI rounds
-    them (the Metrics grid is scrolled through, as a person would). The screenshot, taken with
-    "Show diff only" switched on, is kept in test-artifacts/mlflow-compare-smoke.png."""
+    them (the Metrics grid is scrolled through, as a person would). Then "Show diff only" switched
+    on: the eval metrics that differ stay, both values on one row, the equal ones (eval/bank_size)
+    and the equal params go. The screenshot, taken with the diff on, is kept in
+    test-artifacts/mlflow-compare-smoke.png."""
     from pipeline.core.paths import REPO_ROOT
     from tests.helpers.browser import (
         GRID_ROWS_HEADING,
+        QUIET_ASSISTANT_JS,
         SHOW_DIFF_ONLY_JS,
         compare_runs_url,
         format_metric,
-        open_page,
+        view_page,
     )
-    from tests.helpers.mlflow_server import start_mlflow_server
 
     client, exp, runs = store
     pair = [runs["smoke-a"], runs["smoke-b"]]
@@ -228,15 +255,15 @@ def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(smoke_e
         for keys in HEADLINE.values()
         for key in keys
     ]
-    with start_mlflow_server(client.tracking_uri, smoke_experiments.root / "served-artifacts") as base_url:
-        text = open_page(
-            compare_runs_url(base_url, exp.experiment_id, ids),
-            expect=["Comparing 2 Runs from 1 Experiment", "smoke-a", "smoke-b", *ids, lr, *metric_rows],
-            screenshot=REPO_ROOT / "test-artifacts" / "mlflow-compare-smoke.png",
-            scroll_grids=True,
-            before_screenshot=SHOW_DIFF_ONLY_JS,
-        )  # the picture: what sets the two runs apart
-    page, grid = text.split(GRID_ROWS_HEADING)
+    view = view_page(
+        compare_runs_url(mlflow_ui, exp.experiment_id, ids),
+        expect=["Comparing 2 Runs from 1 Experiment", "smoke-a", "smoke-b", *ids, lr, *metric_rows],
+        screenshot=REPO_ROOT / "test-artifacts" / "mlflow-compare-smoke.png",
+        scroll_grids=True,
+        before_screenshot=SHOW_DIFF_ONLY_JS,  # the picture: what sets the two runs apart
+        init_script=QUIET_ASSISTANT_JS,
+    )
+    page, grid = view.text.split(GRID_ROWS_HEADING)
     lines = page.splitlines()
     assert lr in lines and "model.lattice_width\t4\t4" in lines and "run.preset\tsmoke\tsmoke" in lines
     assert "dvc.exp_name\tsmoke-a\tsmoke-b" in lines  # the tags, with the DVC experiment names
@@ -246,3 +273,112 @@ def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(smoke_e
     shown = {row.split("\t")[0] for row in rows}
     assert shown == set(pair[0].data.metrics) | set(pair[1].data.metrics)
     assert any(key.startswith("system/") for key in shown)
+
+    # Show diff only: the eval metrics that differ, each with both values on one row; the equal
+    # ones hidden (the bank of answers is the same data for both), and the equal params.
+    a, b = (r.data.metrics for r in pair)
+    evals = sorted(k for k in a.keys() & b.keys() if k.startswith("eval/"))
+    differ = [k for k in evals if a[k] != b[k]]
+    same = [k for k in evals if a[k] == b[k]]
+    assert "eval/test/model/cosine" in differ and "eval/bank_size" in same
+    diff_page, diff_grid = view.text_after.split(GRID_ROWS_HEADING)
+    diff_rows = diff_grid.strip().splitlines()
+    for key in differ:
+        assert f"{key}\t{format_metric(a[key])}\t{format_metric(b[key])}" in diff_rows, key
+    assert not {row.split("\t")[0] for row in diff_rows} & set(same)
+    diff_lines = diff_page.splitlines()
+    assert lr in diff_lines and "model.lattice_width\t4\t4" not in diff_lines
+
+
+def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store, mlflow_ui):
+    """The link `./dev ui` prints (views.runs_url) in headless Chromium: the runs table, not the
+    GenAI overview MLflow 3.17 lands on by default, in the saved view "Evaluation": the three runs
+    by name, the eval columns with each run's values as the table prints them (unrounded), the
+    stability verdict, the dataset (name and digest) and the logged model, rows sorted by test
+    group top-1, best first. The screenshot is kept in test-artifacts/mlflow-runs-table.png."""
+    from pipeline.core.paths import REPO_ROOT
+    from pipeline.tracking.views import runs_url
+    from tests.helpers.browser import QUIET_ASSISTANT_JS, RUNS_TABLE_ROWS_JS, js_number, view_page
+
+    client, exp, runs = store
+    digest = _shards_digest(runs)
+    columns = ("eval/test/model/group_top1", "eval/test/model/cosine", "eval/test/model_vs_ridge/group_top1")
+    values = [js_number(run.data.metrics[key]) for run in runs.values() for key in columns]
+    view = view_page(
+        runs_url(mlflow_ui, exp.experiment_id),
+        expect=[
+            "You're viewing a shared view",
+            *EXPERIMENTS,
+            *columns,
+            "stability.verdict",
+            "Dataset",
+            "Models",
+            f"qa_pairs.csv shards ({digest})",
+            *values,
+        ],
+        screenshot=REPO_ROOT / "test-artifacts" / "mlflow-runs-table.png",
+        # The view is ~3000 px wide and the grid renders only the columns near the viewport: at
+        # 2600 px the Models column (the rightmost but one) is not in the page at all.
+        width=3200,
+        height=700,
+        init_script=QUIET_ASSISTANT_JS,
+        read_js=RUNS_TABLE_ROWS_JS,
+    )
+    # The runs tab of the model experiment (the app rewrites the URL with the view's sort).
+    assert f"/#/experiments/{exp.experiment_id}/runs?" in view.url and "/overview" not in view.url, view.url
+    assert "orderByKey=metrics.%60eval%2Ftest%2Fmodel%2Fgroup_top1%60&orderByAsc=false" in view.url, view.url
+    names = [row["attributes.`Run Name`"].splitlines()[-1] for row in view.read]
+    assert sorted(names) == sorted(EXPERIMENTS), view.read
+    for name, row in zip(names, view.read):
+        run = runs[name]
+        for key in columns:
+            assert row[f"metrics.`{key}`"] == js_number(run.data.metrics[key]), (name, key, row)
+        assert row["tags.`stability.verdict`"] == run.data.tags["stability.verdict"], (name, row)
+        assert row["attributes.`Dataset`"].splitlines()[:2] == [f"qa_pairs.csv shards ({digest})", "Training"], row
+        (output,) = run.outputs.model_outputs
+        assert row["attributes.`Models`"] == client.get_logged_model(output.model_id).name, (name, row)
+    top1 = [runs[name].data.metrics["eval/test/model/group_top1"] for name in names]
+    assert top1 == sorted(top1, reverse=True), list(zip(names, top1))
+
+
+def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, mlflow_ui):
+    """smoke-a's logged model (the Models tab's row) in headless Chromium: the run it came from,
+    the dataset it was trained and evaluated on (MLflow writes the digest with a "#" on this
+    page), and its eval metrics, each tied to that dataset, with the run's values unrounded. The
+    screenshot, with the metrics searched for "eval/test/model/", is kept in
+    test-artifacts/mlflow-model-page.png."""
+    from pipeline.core.paths import REPO_ROOT
+    from tests.helpers.browser import QUIET_ASSISTANT_JS, js_number, type_into_js, view_page
+
+    client, exp, runs = store
+    run = runs["smoke-a"]
+    (output,) = run.outputs.model_outputs
+    model = client.get_logged_model(output.model_id)
+    dataset = f"qa_pairs.csv shards (#{_shards_digest(runs)})"
+    key = "eval/test/model/group_top1"
+    # A row of the Metrics table: Metric | Dataset | Source run | Value.
+    row = "\n".join([key, dataset, "smoke-a", js_number(run.data.metrics[key])])
+    view = view_page(
+        f"{mlflow_ui}/#/experiments/{exp.experiment_id}/models/{model.model_id}?workflowType=machine_learning",
+        expect=[model.name, model.model_id, "Datasets used", dataset, "Source run", row],
+        screenshot=REPO_ROOT / "test-artifacts" / "mlflow-model-page.png",
+        full_page=False,  # the metrics box scrolls by itself; the rest of the page is parameters
+        height=1300,
+        before_screenshot=type_into_js("Search metrics", "eval/test/model/"),
+        init_script=QUIET_ASSISTANT_JS,
+    )
+    lines = view.text.splitlines()
+    about = lines[lines.index("About this logged model") :]  # the panel on the right
+    assert about[about.index("Source run") + 1] == "smoke-a"
+    assert about[about.index("Model ID") + 1] == model.model_id
+    assert about[about.index("Datasets used") + 1] == dataset
+    # The Runs box: the run and its input.
+    assert "\n".join(["Run", "Input", "smoke-a", dataset]) in view.text
+    # The metrics searched for: the test split's eval metrics of the model, every one tied to the
+    # dataset, with the run's value.
+    table = view.text_after.split("\nMetric\nDataset\nSource run\nValue\n", 1)[1].split("\nParameters (", 1)[0]
+    cells = table.splitlines()
+    shown = {cells[i]: cells[i + 1 : i + 4] for i in range(0, len(cells), 4)}
+    metrics = run.data.metrics
+    expected = {k: [dataset, "smoke-a", js_number(v)] for k, v in metrics.items() if k.startswith("eval/test/model/")}
+    assert shown == expected

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from playwright.sync_api import Page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -146,6 +148,86 @@ def format_metric(value: float) -> str:
     return str(int(rounded)) if rounded == int(rounded) else repr(rounded)
 
 
+def js_number(value: float) -> str:
+    """A metric value as the runs table (and the logged model page) shows it: JavaScript's
+    String(value), unrounded, in Python. 1.0 -> "1", 0.7436999999999999 as is, 1e-05 ->
+    "0.00001", 1e-07 -> "1e-7", 1e21 -> "1e+21" (ECMAScript's Number::toString on the shortest
+    digits that read back as the same double, which are Python's repr's)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    if value == 0:
+        return "0"
+    sign = "-" if value < 0 else ""
+    exact = Decimal(repr(abs(value))).normalize()
+    digits = "".join(map(str, exact.as_tuple().digits))
+    k = len(digits)
+    n = exact.as_tuple().exponent + k  # value = 0.<digits> x 10^n
+    if k <= n <= 21:
+        return sign + digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return sign + digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return sign + "0." + "0" * -n + digits
+    e = n - 1
+    mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+    return f"{sign}{mantissa}e{'+' if e > 0 else '-'}{abs(e)}"
+
+
+# Reads the MLflow runs table (an ag-grid) row by row, in the order shown: a list with one
+# {column id: cell text} per row, by the grid's row-index (its DOM order can differ). Column ids
+# are the UI's own: "attributes.`Run Name`", "metrics.`KEY`", "tags.`KEY`", "attributes.`Dataset`",
+# "attributes.`Models`", ... The grid renders only the columns near the viewport (horizontal
+# virtualisation): a column far to the right is missing from a row unless the viewport is wide.
+RUNS_TABLE_ROWS_JS = r"""() => {
+  const rows = {};
+  for (const cell of document.querySelectorAll('[role=row][row-index] [role=gridcell][col-id]')) {
+    const i = cell.closest('[role=row]').getAttribute('row-index');
+    (rows[i] ??= {})[cell.getAttribute('col-id')] = cell.innerText.trim();
+  }
+  return Object.keys(rows).sort((a, b) => a - b).map(i => rows[i]);
+}"""
+
+
+def type_into_js(placeholder: str, text: str) -> str:
+    """A function for page.evaluate (e.g. open_page's before_screenshot) that types `text` into
+    the page's input whose placeholder is `placeholder` (e.g. "Search metrics" on the logged model
+    page), as a person would: the value set the way React notices, then an input event."""
+    return r"""async () => {
+  const input = [...document.querySelectorAll('input')].find(i => i.placeholder === %s);
+  const setValue = Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set;
+  setValue.call(input, %s);
+  input.dispatchEvent(new Event('input', {bubbles: true}));
+  await new Promise(r => setTimeout(r, 300));
+}""" % (json.dumps(placeholder), json.dumps(text))
+
+
+# An init script (open_page's/view_page's `init_script`) that keeps the "MLflow Assistant" side
+# panel shut. MLflow 3.17 opens it (about 350 px, over the page's right side) on a browser's first
+# visit, which every fresh test browser is; these two localStorage keys say it was opened once
+# already and closed, so it stays a small floating button.
+QUIET_ASSISTANT_JS = (
+    "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false');"
+    "localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');"
+)
+
+
+@dataclass(frozen=True)
+class PageView:
+    """What view_page saw. `text`: the visible text once every expected string was in it (with
+    the grids' rows after GRID_ROWS_HEADING when they were scrolled through). `url`: the page's
+    URL then, after the app's own redirects and rewrites (a single-page app changes its hash
+    route as it loads). `text_after`: the visible text read again after `before_screenshot` ran
+    (what the screenshot shows), None without it. `read`: what `read_js` returned, None without
+    it."""
+
+    text: str
+    url: str
+    text_after: str | None = None
+    read: Any = None
+
+
 def open_page(
     url: str,
     expect: Sequence[str],
@@ -157,10 +239,43 @@ def open_page(
     full_page: bool = True,
     scroll_grids: bool = False,
     before_screenshot: str | None = None,
+    init_script: str | None = None,
 ) -> str:
     """Open `url` in headless Chromium (a `width` x `height` viewport), wait until every string in
     `expect` is in the page's visible text (document.body.innerText), wait `settle` seconds more
     so charts finish drawing, save a PNG screenshot at `screenshot` and return the visible text.
+    view_page (the same, with more of what it saw) describes the arguments."""
+    return view_page(
+        url,
+        expect,
+        screenshot,
+        timeout=timeout,
+        width=width,
+        height=height,
+        settle=settle,
+        full_page=full_page,
+        scroll_grids=scroll_grids,
+        before_screenshot=before_screenshot,
+        init_script=init_script,
+    ).text
+
+
+def view_page(
+    url: str,
+    expect: Sequence[str],
+    screenshot: Path,
+    timeout: float = 60,
+    width: int = 1600,
+    height: int = 1200,
+    settle: float = 1.0,
+    full_page: bool = True,
+    scroll_grids: bool = False,
+    before_screenshot: str | None = None,
+    init_script: str | None = None,
+    read_js: str | None = None,
+) -> PageView:
+    """open_page, returning a PageView: the visible text, the URL the page ended on, the text
+    after `before_screenshot` and what `read_js` returned.
 
     `full_page`: the whole page in the picture. The MLflow UI scrolls an inner panel, not the
     document, so Playwright's full-page capture alone would stop at the fold: the viewport is
@@ -172,7 +287,15 @@ def open_page(
     line GRID_ROWS_HEADING, one "name<TAB>value<TAB>value..." line per row.
 
     `before_screenshot`: a JavaScript function run (awaited) once the text is checked, before the
-    picture, e.g. to switch the page to a view that shows the point of the test at a glance.
+    picture, e.g. to switch the page to a view that shows the point of the test at a glance; the
+    text is then read again (PageView.text_after).
+
+    `init_script`: JavaScript run in the page before any of its own scripts, on every load (e.g.
+    QUIET_ASSISTANT_JS, or localStorage the app reads as it starts).
+
+    `read_js`: a JavaScript function run (awaited) after `before_screenshot`, for what innerText
+    does not tell (e.g. which cell is in which row and column); its result, as JSON turns it into
+    Python, is PageView.read.
 
     Raises AssertionError naming the missing strings, with the start of the text seen and any
     JavaScript exceptions, if they do not all appear within `timeout` seconds; the screenshot is
@@ -181,6 +304,8 @@ def open_page(
     with chromium_page(width, height, timeout) as page:
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)[:300]))
+        if init_script:
+            page.context.add_init_script(init_script)
         page.goto(url)
         args = [list(expect), scroll_grids, GRID_ROWS_HEADING]
         try:
@@ -189,10 +314,15 @@ def open_page(
         except PlaywrightTimeout:
             pass  # what is missing is worked out below, from the text as it is now
         text = page.evaluate(_PAGE_TEXT_JS, args[1:])
+        final_url = page.url
         missing = [s for s in expect if s not in text]
+        text_after = read = None
         if before_screenshot and not missing:
             page.evaluate(before_screenshot)
             page.wait_for_timeout(settle * 1000)
+            text_after = page.evaluate(_PAGE_TEXT_JS, args[1:])
+        if read_js and not missing:
+            read = page.evaluate(read_js)
         if full_page:
             _fit_viewport(page, width, height, settle)
         with atomic_path(screenshot) as out:
@@ -204,7 +334,7 @@ def open_page(
                 + (f"JavaScript exceptions: {errors[:5]!r}\n" if errors else "")
                 + f"Visible text (first 2000 chars):\n{text[:2000]}"
             )
-        return text
+        return PageView(text, final_url, text_after, read)
 
 
 # How tall the viewport must be for nothing to be scrolled out of sight: the document's own height,
