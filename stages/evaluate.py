@@ -4,7 +4,9 @@ untrained) scored on the same val and test items: cosine, MSE, exact-text and gr
 paired bootstrap 95 % CI, and the model's paired difference from each baseline (CI and p-value).
 Writes metrics/eval.json, reports/eval_items.parquet (one row per test item: ranks, top-5 bank
 ids, cosine; `./dev compare` reads it) and reports/eval_samples.csv (decoded examples).
-Logs them once, to the model's MLflow run and its logged model, under eval/... keys."""
+Logs them once, to the model's MLflow run and its logged model, under eval/... keys. The logged
+model is the trained model as a text-in, text-out service (pipeline/serve/: questions in, the
+bank's nearest answers out), logged to the model's run as `model` with the bank it was scored on."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from pipeline.evaluate.retrieval import (
 )
 from pipeline.evaluate.stats import verdict
 from pipeline.model.model_file import check_input_dim, load_model, untrained_model
+from pipeline.serve.log import log_answer_model
 from pipeline.tracking import store as tracking
 
 from ._cli import run_stage
@@ -84,7 +87,11 @@ def run(cfg) -> dict:
         # The metrics are measured on these shards: the logged model's page names them with the values.
         dataset = tracking.shards_dataset(shard_dir, load_manifest(shard_dir), sha256_file(manifest_path))
         with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")):
-            tracking.log_metrics(metrics, model_id=run_info.get("model_id"), dataset=dataset)
+            # The model as a service, logged here rather than by train: it answers from this very
+            # bank (its digest in the model's metadata), and train does not depend on serving code.
+            logged = log_answer_model(model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size)
+            tracking.set_tags({"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {})
+            tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
             for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(path, "evaluate")
     for line in summary_lines(test_estimates, bank.size, len(test_items)):
@@ -113,7 +120,13 @@ def summary_lines(estimates: dict, bank_size: int, items: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("evaluate", __doc__, "run, embed.out_dir, train.out_dir, train.batch_size, evaluate", run, argv)
+    return run_stage(
+        "evaluate",
+        __doc__,
+        "run, embed.out_dir, embed.batch_size, train.out_dir, train.batch_size, evaluate",
+        run,
+        argv,
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """train: train the energy-flow model on the embedding shards; write the model, its MLflow run id,
 per-window telemetry with gradient health (a DVC plot), skipped / flagged steps and
-metrics/train.json. The MLflow run (named after the DVC experiment, if any) gets the whole config
-as params, the curves, system metrics (CPU, memory, GPU) and the model as an MLflow model
+metrics/train.json. The MLflow run (named after the DVC experiment, else the preset and its
+overrides) gets the whole config as params, the shards as its dataset, the curves and system
+metrics (CPU, memory, GPU); the evaluate stage adds the model as an MLflow model
 (runs:/<run_id>/model). Writes a resumable checkpoint every train.checkpoint_every steps: a
 killed train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends
 with the same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips
@@ -35,7 +36,6 @@ from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.model.model_file import model_shapes, save_model
 from pipeline.tracking import store as tracking
-from pipeline.tracking.logged_model import log_trained_model
 from pipeline.tracking.metric_buffer import MetricBuffer
 from pipeline.train import memory_estimate
 from pipeline.train.loop import Checkpointing, TrainingDiverged, select_device, train_model
@@ -256,7 +256,6 @@ def train_and_record(cfg, place) -> dict:
         save_model(model_dir / "model.pt", result.model, cfg.model, extra={"seed": int(cfg.run.seed)})
         model_sha = sha256_file(model_dir / "model.pt")
         tracking.set_tags({"train.model_sha256": model_sha})
-        logged = log_trained_model(result.model)  # runs:/<run_id>/model, loadable with mlflow.pytorch
         summary = result.summary
         write_train_metrics(summary, settings)
         # At the last step, so MLflow's table shows these run totals (the latest value), not the
@@ -271,7 +270,6 @@ def train_and_record(cfg, place) -> dict:
                 "experiment_id": run.info.experiment_id,
                 "tracking_uri": tracking.tracking_uri(),
                 "model_sha256": model_sha,
-                "model_id": getattr(logged, "model_id", None) or "",
             },
         )
     # The model is written: the checkpoint has done its job, and a forced re-run must train anew.

@@ -459,6 +459,9 @@ def adding_to_run(run_id: str, stage: str, tags: dict | None = None) -> Iterator
     client = mlflow.MlflowClient()
     run = client.get_run(run_id)
     _log_tags(client, run_id, {**sweep_tags(run.data.tags), **(tags or {}), stage_status_tag(stage): "RUNNING"})
+    # A model logged to the run (evaluate's) belongs to the run's experiment: MLflow puts it in
+    # the active experiment, which is otherwise "Default".
+    mlflow.set_experiment(experiment_id=run.info.experiment_id)
     _ADDING_TO = run_id
     status = "FINISHED"
     try:
@@ -475,6 +478,17 @@ def adding_to_run(run_id: str, stage: str, tags: dict | None = None) -> Iterator
             mlflow.flush_async_logging()
         finally:
             client.set_tag(run_id, stage_status_tag(stage), status)
+
+
+def current_run_id() -> str:
+    """The run this process logs to: the one a stage adds to (adding_to_run), else the active
+    run's, else ""."""
+    if _ADDING_TO or not enabled():
+        return _ADDING_TO
+    import mlflow
+
+    active = mlflow.active_run()
+    return active.info.run_id if active else ""
 
 
 def _log_tags(client, run_id: str, tags: dict[str, str]) -> None:
