@@ -189,6 +189,11 @@ def test_it_logs_into_the_run_a_stage_adds_to_and_refuses_without_a_run(project,
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    # adding_to_run makes the run's experiment the active one (a module global and
+    # MLFLOW_EXPERIMENT_ID): both go back as they were for the tests after this one.
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "")  # (delenv alone restores nothing when it was unset)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID")
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", mlflow.tracking.fluent._active_experiment_id)
     with _use_tracking_uri(uri):
         tracking.use_store()
         client = mlflow.MlflowClient(uri)
