@@ -15,7 +15,6 @@ import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
@@ -85,50 +84,61 @@ def test_every_way_of_running_an_experiment_lands_in_the_one_store(smoke_experim
     assert len({runs[name].data.tags["dvc.train.sha256"] for name in EXPERIMENTS}) == len(EXPERIMENTS)
 
 
-def _model_pt(root, rev: str, env):
-    """The experiment's models/model.pt, read from DVC's cache at that experiment's revision."""
-    from pipeline.model.model_file import load_model
-
+def _dvc_read(root, path: str, rev: str, env) -> bytes:
+    """A DVC output at that experiment's revision, read from DVC's cache."""
     code = (
-        "import sys, dvc.api; sys.stdout.buffer.write(dvc.api.read('models/model.pt', repo='.', rev=sys.argv[1], "
-        "mode='rb'))"
+        "import sys, dvc.api; sys.stdout.buffer.write(dvc.api.read(sys.argv[1], repo='.', rev=sys.argv[2], mode='rb'))"
     )
-    raw = subprocess.run([sys.executable, "-c", code, rev], cwd=root, env=env, capture_output=True, check=True).stdout
-    path = root / ".." / f"model-{rev}.pt"
-    path.write_bytes(raw)
-    return load_model(path)[0]
+    return subprocess.run(
+        [sys.executable, "-c", code, path, rev], cwd=root, env=env, capture_output=True, check=True
+    ).stdout
 
 
-def test_the_logged_mlflow_model_reloads_and_predicts_exactly_like_the_dvc_model(smoke_experiments, store, tmp_path):
+def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, store, tmp_path):
+    """runs:/<run_id>/model of each experiment is its own trained model as a text-in, text-out
+    pyfunc: its model file is the experiment's models/model.pt, its bank the one evaluate scored
+    (the run's eval.bank_sha256), and asked the test questions it gives the evaluate stage's own
+    top-5 answers (reports/eval_items.parquet of that experiment). It loads where this repository
+    is not importable (the pipeline package travels with it) and holds no pickle."""
+    import hashlib
+
     import mlflow.pyfunc
-    import mlflow.pytorch
+    import pandas as pd
 
     from pipeline.data.shards import open_split
+    from pipeline.evaluate.retrieval import build_bank
 
     client, _, runs = store
     root = smoke_experiments.root
     mlflow.set_tracking_uri(client.tracking_uri)
-    x = torch.as_tensor(np.asarray(open_split(root / "data/shards", "test").inputs[:40]), dtype=torch.float32)
+    splits = [open_split(root / "data/shards", s) for s in ("train", "val", "test")]
+    bank = build_bank(splits)
+    text_of = dict(zip(bank.ids, bank.texts))
+    questions = [str(q) for q in splits[2].input_texts]
     for name in ("smoke-a", "smoke-b"):
-        uri = f"runs:/{runs[name].info.run_id}/model"
-        signature = mlflow.models.get_model_info(uri).signature
-        for spec in (signature.inputs.inputs[0], signature.outputs.inputs[0]):
-            assert spec.type == np.dtype("float32") and spec.shape == (-1, 384), name
-        reference = _model_pt(root, name, smoke_experiments.env)
-        with torch.no_grad():
-            expected = reference(x).pred
-            got = mlflow.pytorch.load_model(uri)(x)
-        assert torch.equal(got, expected), name
-        pyfunc = mlflow.pyfunc.load_model(uri)
-        assert np.array_equal(np.asarray(pyfunc.predict(x.numpy())), expected.numpy()), name
-    # The model carries the pipeline package: it loads where this repository is not importable.
+        run = runs[name]
+        uri = f"runs:/{run.info.run_id}/model"
+        info = mlflow.models.get_model_info(uri)
+        assert info.signature.inputs.input_names() == ["question"], name
+        assert info.metadata["bank_sha256"] == run.data.tags["eval.bank_sha256"], name
+        model_pt = _dvc_read(root, "models/model.pt", name, smoke_experiments.env)
+        assert info.metadata["model_sha256"] == hashlib.sha256(model_pt).hexdigest(), name
+        assert [o.model_id for o in run.outputs.model_outputs] == [info.model_id], name  # one model per run
+        items_path = tmp_path / f"{name}-items.parquet"
+        items_path.write_bytes(_dvc_read(root, "reports/eval_items.parquet", name, smoke_experiments.env))
+        items = pd.read_parquet(items_path)
+        assert items["input"].tolist() == questions, name
+        got = mlflow.pyfunc.load_model(uri).predict(pd.DataFrame({"question": questions}), params={"k": 5})
+        assert got["answers"].tolist() == [[text_of[i] for i in top5] for top5 in items["top5"]], name
+    # It loads where this repository is not importable, with no pickle.
     elsewhere = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, mlflow.pytorch; mlflow.set_tracking_uri(sys.argv[1]); "
-            "assert 'pipeline' not in sys.modules; m = mlflow.pytorch.load_model(sys.argv[2]); "
-            "print(type(m).__module__, type(m).__name__)",
+            "import sys, mlflow, pandas as pd; mlflow.set_tracking_uri(sys.argv[1]); "
+            "m = mlflow.pyfunc.load_model(sys.argv[2]); "
+            "print(m.predict(pd.DataFrame({'question': ['What is the capital of France?']}), params={'k': 1})"
+            "['answers'][0][0]); print(sys.modules['pipeline'].__file__)",
             client.tracking_uri,
             f"runs:/{runs['smoke-a'].info.run_id}/model",
         ],
@@ -139,7 +149,8 @@ def test_the_logged_mlflow_model_reloads_and_predicts_exactly_like_the_dvc_model
         timeout=300,
     )
     assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
-    assert elsewhere.stdout.split()[-2:] == ["pipeline.tracking.logged_model", "EmbeddingPredictor"]
+    answer, package = elsewhere.stdout.strip().splitlines()[-2:]
+    assert answer in bank.texts and str(root) not in package and "/code/pipeline/" in package
     # Different params, different models: the comparison is not of two copies.
     assert (
         runs["smoke-a"].data.metrics["eval/test/model/cosine"] != runs["smoke-b"].data.metrics["eval/test/model/cosine"]
