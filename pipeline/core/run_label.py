@@ -19,7 +19,7 @@ from pipeline.core.errors import ConfigError
 # Keys that label a run rather than make it (which store, which sweep): never part of its name.
 LABEL_KEYS = frozenset({"run.preset", "run.experiment", "run.sweep", "run.tracking"})
 # MLflow keeps 250 characters of a name; the runs table shows about 40. The full list of
-# differences is the tag `run.overrides` (store.provenance), so the name may be cut.
+# differences is the tag `run.overrides` (store.overrides_tag), so the name may be cut.
 MAX_NAME = 80
 MAX_VALUE = 32
 

@@ -415,22 +415,34 @@ def mlflow_run(
         tags = {**(sweep_tags(found.data.tags) if found else {}), **(tags or {})}
         if tags:
             mlflow.set_tags(tags)
-    status = "FINISHED"
-    try:
-        yield run
-    except KeyboardInterrupt:  # Ctrl-C, and SIGTERM (errors.Terminated)
-        status = "KILLED"
-        raise
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
+
+    def end(status: str) -> None:
         try:
             mlflow.flush_async_logging()
         finally:
             mlflow.end_run(status=status)
             if status == "KILLED":
                 KILLED_RUNS.append(run.info.run_id)
+
+    with _outcome(end):
+        yield run
+
+
+@contextlib.contextmanager
+def _outcome(finish) -> Iterator[None]:
+    """Run the body, then `finish(status)`: FINISHED, KILLED (Ctrl-C, and SIGTERM, which
+    stages/_cli.py turns into errors.Terminated) or FAILED (any other exception), re-raised."""
+    status = "FINISHED"
+    try:
+        yield
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        finish(status)
 
 
 # The run a stage adds to (adding_to_run), while it does: every logging function here goes there.
@@ -463,21 +475,17 @@ def adding_to_run(run_id: str, stage: str, tags: dict | None = None) -> Iterator
     # the active experiment, which is otherwise "Default".
     mlflow.set_experiment(experiment_id=run.info.experiment_id)
     _ADDING_TO = run_id
-    status = "FINISHED"
-    try:
-        yield run
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    except BaseException:
-        status = "FAILED"
-        raise
-    finally:
+
+    def end(status: str) -> None:
+        global _ADDING_TO
         _ADDING_TO = ""
         try:
             mlflow.flush_async_logging()
         finally:
             client.set_tag(run_id, stage_status_tag(stage), status)
+
+    with _outcome(end):
+        yield run
 
 
 def current_run_id() -> str:
