@@ -333,14 +333,22 @@ def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store
         width=1600,
         height=700,
         init_script=QUIET_ASSISTANT_JS,
-        read_js=RUNS_TABLE_ROWS_JS,
+        # The cells, and where each column's header ends (the grid keeps a few columns beyond
+        # the window in the page, so a cell being there does not mean it is seen).
+        read_js=f"""() => ({{rows: ({RUNS_TABLE_ROWS_JS})(), width: window.innerWidth,
+            right: Object.fromEntries([...document.querySelectorAll('[role=columnheader][col-id]')]
+                .map(h => [h.getAttribute('col-id'), h.getBoundingClientRect().right]))}})""",
     )
+    rows = view.read["rows"]
+    # Everything up to the logged model is on screen at a laptop's width, without scrolling.
+    for column in ("attributes.`Dataset`", "attributes.`Models`", "tags.`stability.verdict`"):
+        assert 0 < view.read["right"][column] <= view.read["width"], (column, view.read["right"])
     # The runs tab of the model experiment (the app rewrites the URL with the view's sort).
     assert f"/#/experiments/{exp.experiment_id}/runs?" in view.url and "/overview" not in view.url, view.url
     assert "orderByKey=metrics.%60eval%2Ftest%2Fmodel%2Fgroup_top1%60&orderByAsc=false" in view.url, view.url
-    names = [row["attributes.`Run Name`"].splitlines()[-1] for row in view.read]
-    assert sorted(names) == sorted(EXPERIMENTS), view.read
-    for name, row in zip(names, view.read):
+    names = [row["attributes.`Run Name`"].splitlines()[-1] for row in rows]
+    assert sorted(names) == sorted(EXPERIMENTS), rows
+    for name, row in zip(names, rows):
         run = runs[name]
         for key in columns:
             assert row[f"metrics.`{key}`"] == js_number(run.data.metrics[key]), (name, key, row)
