@@ -126,3 +126,12 @@ def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
             temp.communicate()
     assert temp.returncode == 0, f"{' '.join(temp_cmd)} failed ({temp.returncode}):\n{temp_out[-6000:]}"
     return SmokeExperiments(root, env, log, smoke_a)
+
+
+@pytest.fixture(scope="session")
+def answer_project(tmp_path_factory):
+    """A project copy with a smoke model trained and logged as the answer model (about 30 s):
+    built once for every module that asks it questions (tests/test_serve*.py, bench.serve's)."""
+    from tests.helpers.answer_model import make_answer_project
+
+    return make_answer_project(tmp_path_factory.mktemp("serve-project"))

@@ -6,15 +6,15 @@ import math
 import pytest
 
 from bench import serve as bench
-from tests.helpers.answer_model import AnswerProject, make_answer_project
+from tests.helpers.answer_model import AnswerProject
 from tests.helpers.bench_runs import bench_json
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="session")
-def project(tmp_path_factory) -> AnswerProject:
-    return make_answer_project(tmp_path_factory.mktemp("serve-project"))
+def project(answer_project) -> AnswerProject:
+    return answer_project  # (tests/conftest.py: one project for every module that asks the model)
 
 
 @pytest.mark.slow  # a quick benchmark run with its own server (~30 s on 2 cores): not in the default suite

@@ -23,14 +23,14 @@ from pipeline.data.shards import open_split
 from pipeline.evaluate.retrieval import build_bank, predict
 from pipeline.model.model_file import load_model
 from pipeline.serve.bank import AnswerBank, bank_digest, bank_from_shards, load_bank, save_bank
-from tests.helpers.answer_model import AnswerProject, make_answer_project
+from tests.helpers.answer_model import AnswerProject
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="session")
-def project(tmp_path_factory) -> AnswerProject:
-    return make_answer_project(tmp_path_factory.mktemp("serve-project"))
+def project(answer_project) -> AnswerProject:
+    return answer_project  # (tests/conftest.py: one project for every module that asks the model)
 
 
 @pytest.fixture(scope="module")

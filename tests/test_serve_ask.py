@@ -10,14 +10,14 @@ import pytest
 
 from pipeline.core.paths import REPO_ROOT
 from pipeline.serve.bank import bank_from_shards
-from tests.helpers.answer_model import AnswerProject, make_answer_project
+from tests.helpers.answer_model import AnswerProject
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="session")
-def project(tmp_path_factory) -> AnswerProject:
-    return make_answer_project(tmp_path_factory.mktemp("serve-project"))
+def project(answer_project) -> AnswerProject:
+    return answer_project  # (tests/conftest.py: one project for every module that asks the model)
 
 
 def ask(project: AnswerProject, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

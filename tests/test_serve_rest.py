@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from bench.model_server import invoke, model_server, questions_payload
-from tests.helpers.answer_model import AnswerProject, make_answer_project
+from tests.helpers.answer_model import AnswerProject
 
 pytestmark = pytest.mark.integration
 
@@ -18,8 +18,8 @@ QUESTIONS = ["What is the capital of France?", "Which currency does Japan use?",
 
 
 @pytest.fixture(scope="session")
-def project(tmp_path_factory) -> AnswerProject:
-    return make_answer_project(tmp_path_factory.mktemp("serve-project"))
+def project(answer_project) -> AnswerProject:
+    return answer_project  # (tests/conftest.py: one project for every module that asks the model)
 
 
 @pytest.fixture(scope="module")

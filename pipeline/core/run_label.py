@@ -8,6 +8,7 @@ preset's composition, so an unchanged `dvc repro` is plainly `default`.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -27,13 +28,22 @@ MAX_VALUE = 32
 def differences(cfg: DictConfig) -> dict[str, Any]:
     """`key -> value` for every key of `cfg` that differs from its preset (and fault) as conf/
     composes it, in the config's order ({} when the preset cannot be composed: a params.yaml of one's own)."""
-    groups = [f"preset={cfg.run.preset}", *([f"fault={_fault(cfg)}"] if _fault(cfg) != "none" else [])]
-    try:
-        reference = flatten(load_config(groups))
-    except ConfigError:
+    groups = (f"preset={cfg.run.preset}", *([f"fault={_fault(cfg)}"] if _fault(cfg) != "none" else []))
+    reference = _reference(groups)
+    if reference is None:
         return {}
     mine = flatten(cfg)
     return {k: v for k, v in mine.items() if k not in LABEL_KEYS and reference.get(k, object()) != v}
+
+
+@functools.lru_cache(maxsize=8)
+def _reference(groups: tuple[str, ...]) -> dict[str, Any] | None:
+    """The preset's (and fault's) config as conf/ composes it, flattened; None if it cannot be
+    composed. Once per process: a stage names its run and tags its overrides from it."""
+    try:
+        return flatten(load_config(list(groups)))
+    except ConfigError:
+        return None
 
 
 def _fault(cfg: DictConfig) -> str:
