@@ -346,9 +346,13 @@ def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store
     # The runs tab of the model experiment (the app rewrites the URL with the view's sort).
     assert f"/#/experiments/{exp.experiment_id}/runs?" in view.url and "/overview" not in view.url, view.url
     assert "orderByKey=metrics.%60eval%2Ftest%2Fmodel%2Fgroup_top1%60&orderByAsc=false" in view.url, view.url
+    # (Other modules' runs may share the store: tests/test_e2e.py repros in the same project,
+    # and its runs are named after the preset and their overrides, e.g. "smoke epochs=1".)
     names = [row["attributes.`Run Name`"].splitlines()[-1] for row in rows]
-    assert sorted(names) == sorted(EXPERIMENTS), rows
+    assert set(EXPERIMENTS) <= set(names), rows
     for name, row in zip(names, rows):
+        if name not in EXPERIMENTS:
+            continue
         run = runs[name]
         for key in columns:
             assert row[f"metrics.`{key}`"] == js_number(run.data.metrics[key]), (name, key, row)
@@ -356,8 +360,10 @@ def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store
         assert row["attributes.`Dataset`"].splitlines()[:2] == [f"qa_pairs.csv shards ({digest})", "Training"], row
         (output,) = run.outputs.model_outputs
         assert row["attributes.`Models`"] == client.get_logged_model(output.model_id).name, (name, row)
-    top1 = [runs[name].data.metrics["eval/test/model/group_top1"] for name in names]
-    assert top1 == sorted(top1, reverse=True), list(zip(names, top1))
+    # Best group top-1 first (runs without one, e.g. a killed train stage's, come last).
+    shown = [row["metrics.`eval/test/model/group_top1`"] for row in rows]
+    top1 = [float(v) for v in shown if v != "-"]
+    assert top1 == sorted(top1, reverse=True) and shown[: len(top1)] == [v for v in shown if v != "-"], shown
 
 
 def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, mlflow_ui):
