@@ -86,8 +86,8 @@ def check_answer_model(uri: str) -> None:
         takes = f"columns {inputs}" if inputs else "a tensor of embeddings" if schema is not None else "no signature"
         raise PipelineError(
             f"{uri} is not an answer model (it takes {takes}; loader {loader}): it was "
-            "logged before the model answered questions (an embedding-to-embedding model); re-run the train "
-            "stage (./dev repro -f train, or dvc exp run) to log one, or pass --model URI"
+            "logged before the model answered questions (an embedding-to-embedding model); re-run the evaluate "
+            "stage, which logs the answer model to the model's run (./dev repro -f evaluate), or pass --model URI"
         )
 
 
