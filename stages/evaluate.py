@@ -86,12 +86,13 @@ def run(cfg) -> dict:
         manifest_path = shard_dir / "manifest.json"
         # The metrics are measured on these shards: the logged model's page names them with the values.
         dataset = tracking.shards_dataset(shard_dir, load_manifest(shard_dir), sha256_file(manifest_path))
-        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")) as run:
+        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")):
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.
-            # At the run's last step: the model gets the run's totals, not its step-0 telemetry.
-            steps = int(run.data.metrics.get("train/steps", 0)) if run.info.run_id else 0
-            logged = log_answer_model(model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size, step=steps)
+            # At step 0: MLflow copies the run's metrics at the model's step into it. With the
+            # last step's run totals copied, the model page's metric search (MLflow 3.17) kept
+            # them in its list for any search, above the eval metrics searched for.
+            logged = log_answer_model(model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size)
             tracking.set_tags({"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {})
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
             for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):

@@ -406,6 +406,4 @@ def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, m
     shown = {cells[i]: cells[i + 1 : i + 4] for i in range(0, len(cells), 4)}
     metrics = run.data.metrics
     expected = {k: [dataset, "smoke-a", js_number(v)] for k, v in metrics.items() if k.startswith("eval/test/model/")}
-    # (MLflow's search also keeps the run's totals it copied into the model at its last training
-    # step, with no dataset: only the eval rows are asserted.)
-    assert {k: v for k, v in shown.items() if k.startswith("eval/")} == expected
+    assert shown == expected
