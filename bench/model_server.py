@@ -11,28 +11,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from tests.helpers.mlflow_server import free_port, kill_group
+from tests.helpers.mlflow_server import free_port, serving
 
 # Loading the model means loading the teacher: ~5-10 s on 2 cores; a busy machine can take 6x.
 START_TIMEOUT_S = 120.0
 # Offline: the bundled teacher loads from its package, and nothing may reach a hub.
 SERVER_ENV = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "PYTHONUNBUFFERED": "1"}
 SERVER_ENV |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-def _tail(log, lines: int = 40) -> str:
-    fd = log.fileno()
-    text = os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace").splitlines()
-    return "\n".join(text[-lines:]) if text else "(empty)"
 
 
 @contextlib.contextmanager
@@ -47,25 +38,8 @@ def model_server(model_uri: str, tracking_uri: str = "", timeout: float = START_
     if tracking_uri:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     base_url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryFile(prefix="mlflow-models-serve-") as log:  # a pipe nobody reads could fill
-        proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{' '.join(args)} exited with {proc.returncode}:\n{_tail(log)}")
-                with contextlib.suppress(urllib.error.URLError, OSError):
-                    with urllib.request.urlopen(f"{base_url}/ping", timeout=5) as resp:
-                        if resp.status == 200:
-                            break
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{' '.join(args)} did not answer /ping in {timeout:g} s:\n{_tail(log)}")
-                time.sleep(0.2)
-            yield base_url
-        finally:
-            kill_group(proc)
+    with serving(args, env, f"{base_url}/ping", timeout):
+        yield base_url
 
 
 def invoke(base_url: str, payload: dict, timeout: float = 120.0) -> tuple[int, dict]:

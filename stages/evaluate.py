@@ -45,7 +45,8 @@ SPLITS = ("val", "test")
 def run(cfg) -> dict:
     shard_dir, model_path = repo_path(cfg.embed.out_dir), repo_path(cfg.train.out_dir) / "model.pt"
     model, payload = load_model(model_path)
-    check_input_dim(model_path, payload, load_manifest(shard_dir), shard_dir)  # before any work
+    manifest = load_manifest(shard_dir)
+    check_input_dim(model_path, payload, manifest, shard_dir)  # before any work
     # The run that trained this very model (found by its digest if runs/train.json names another).
     run_info = tracking.read_run_file("train", model_path) if tracking.enabled() else {}
     untrained = untrained_model(payload)
@@ -85,7 +86,7 @@ def run(cfg) -> dict:
     if run_info:
         manifest_path = shard_dir / "manifest.json"
         # The metrics are measured on these shards: the logged model's page names them with the values.
-        dataset = tracking.shards_dataset(shard_dir, load_manifest(shard_dir), sha256_file(manifest_path))
+        dataset = tracking.shards_dataset(shard_dir, manifest, sha256_file(manifest_path))
         with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")):
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.

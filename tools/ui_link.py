@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipeline.core.config import load_config
     from pipeline.tracking import store as tracking
-    from pipeline.tracking.views import ensure_view, runs_url
+    from pipeline.tracking.views import runs_url
 
     name = args.experiment or str(load_config([]).run.experiment)
     reason = tracking.unreachable_reason(tracking.tracking_uri())
@@ -32,11 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if found is None:
         print(f"{args.base}  (no experiment {name!r} in the store yet: `./dev repro` trains the first model)")
         return 0
-    client = mlflow.MlflowClient()
-    for key, value in tracking.EXPERIMENT_KIND.items():
-        if found.tags.get(key) != value:
-            client.set_experiment_tag(found.experiment_id, key, value)
-    ensure_view(client, found.experiment_id, found.tags)
+    tracking.tag_experiment(mlflow.MlflowClient(), found, models=True)
     print(runs_url(args.base, found.experiment_id))
     return 0
 

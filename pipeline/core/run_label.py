@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import functools
 import json
+from collections import Counter
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core.config import flatten, load_config
 from pipeline.core.errors import ConfigError
@@ -47,7 +48,7 @@ def _reference(groups: tuple[str, ...]) -> dict[str, Any] | None:
 
 
 def _fault(cfg: DictConfig) -> str:
-    return str(flatten(cfg).get("fault.kind", "none"))
+    return str(OmegaConf.select(cfg, "fault.kind", default="none"))
 
 
 def _show(value: Any) -> str:
@@ -62,12 +63,9 @@ def _show(value: Any) -> str:
 
 def short_keys(keys: list[str], all_keys: list[str]) -> dict[str, str]:
     """Each key by its last part where no other key of the config ends the same (`lr` for
-    train.lr), else in full (`fault.name`)."""
-    leaves: dict[str, int] = {}
-    for k in all_keys:
-        leaf = k.rsplit(".", 1)[-1]
-        leaves[leaf] = leaves.get(leaf, 0) + 1
-    return {k: k.rsplit(".", 1)[-1] if leaves.get(k.rsplit(".", 1)[-1]) == 1 else k for k in keys}
+    train.lr), else in full (`train.batch_size`: embed has a batch_size too)."""
+    leaves = Counter(k.rsplit(".", 1)[-1] for k in all_keys)
+    return {k: k.rsplit(".", 1)[-1] if leaves[k.rsplit(".", 1)[-1]] == 1 else k for k in keys}
 
 
 def run_label(cfg: DictConfig, diff: dict[str, Any] | None = None) -> str:

@@ -72,7 +72,7 @@ class EnergyFlowAnswerer(mlflow.pyfunc.PythonModel):
             return pd.DataFrame({ANSWERS: [], SCORES: []})
         x = encode_texts(self.teacher, questions, self.embed_batch_size, progress=False)
         # The shards hold vectors at embed.dtype (float16 halves them): the model saw them so.
-        x = x.astype(self.embed_dtype).astype(np.float32)
+        x = x.astype(self.embed_dtype, copy=False).astype(np.float32, copy=False)  # no copy at float32
         pred = torch.from_numpy(model_predict(self.model, x, self.train_batch_size))
         scores, idx = torch.topk(F.normalize(pred, dim=1) @ self.bank_vectors.T, k, dim=1)
         return pd.DataFrame({ANSWERS: [list(row) for row in self.texts[idx.numpy()]], SCORES: scores.double().tolist()})

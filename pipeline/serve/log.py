@@ -122,7 +122,6 @@ def log_answer_model(
     shard_dir: str | os.PathLike,
     batch_size: int,
     embed_batch_size: int = DEFAULT_EMBED_BATCH_SIZE,
-    step: int = 0,
 ):
     """Log the answer model as `model` into the run this process logs to: the active MLflow run,
     or the run a stage adds to (pipeline.tracking.store.adding_to_run: evaluate adds to the model's
@@ -132,9 +131,7 @@ def log_answer_model(
     model_path: the trained model file (models/model.pt); shard_dir: the shards it was trained on
     (embed.out_dir: the bank and the teacher come from them); batch_size: train.batch_size (the
     model predicts in batches of it); embed_batch_size: embed.batch_size (questions are embedded
-    in batches of it, as the shards' texts were); step: the training step the model is the
-    output of (MLflow copies the run's metrics at that step into the logged model: at the last
-    step they are the run's totals, at step 0 the memory estimate and the first telemetry row)."""
+    in batches of it, as the shards' texts were)."""
     import mlflow
     from mlflow.models import Model
 
@@ -156,7 +153,6 @@ def log_answer_model(
             name=NAME,
             flavor=mlflow.pyfunc,
             run_id=run_id,
-            step=int(step),
             flavor_name="pyfunc.ModelFromCode",  # what mlflow.pyfunc.log_model names a models-from-code model
             **parts,
         )

@@ -350,20 +350,25 @@ def _set_experiment(name: str, models: bool = False) -> None:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from pipeline.tracking.views import ensure_view
-
-    client = mlflow.MlflowClient()
     found = mlflow.get_experiment_by_name(name)
     if found is None:
         with contextlib.suppress(MlflowException):  # a parallel queue worker made it first
             mlflow.create_experiment(name, artifact_location=artifact_location(tracking_uri()), tags=EXPERIMENT_KIND)
         found = mlflow.get_experiment_by_name(name)
-    elif not found.tags.get(next(iter(EXPERIMENT_KIND))):  # a store from before the kind was set
-        for key, value in EXPERIMENT_KIND.items():
-            client.set_experiment_tag(found.experiment_id, key, value)
-    if models:
-        ensure_view(client, found.experiment_id, found.tags)
+    tag_experiment(mlflow.MlflowClient(), found, models)
     mlflow.set_experiment(name)
+
+
+def tag_experiment(client, experiment, models: bool) -> None:
+    """Give an experiment its kind, and the model experiment its saved view (views.py), where a
+    store from before them lacks them or holds an older view; nothing is written otherwise."""
+    from pipeline.tracking.views import ensure_view
+
+    for key, value in EXPERIMENT_KIND.items():
+        if experiment.tags.get(key) != value:
+            client.set_experiment_tag(experiment.experiment_id, key, value)
+    if models:
+        ensure_view(client, experiment.experiment_id, experiment.tags)
 
 
 @contextlib.contextmanager

@@ -228,36 +228,13 @@ class PageView:
     read: Any = None
 
 
-def open_page(
-    url: str,
-    expect: Sequence[str],
-    screenshot: Path,
-    timeout: float = 60,
-    width: int = 1600,
-    height: int = 1200,
-    settle: float = 1.0,
-    full_page: bool = True,
-    scroll_grids: bool = False,
-    before_screenshot: str | None = None,
-    init_script: str | None = None,
-) -> str:
-    """Open `url` in headless Chromium (a `width` x `height` viewport), wait until every string in
-    `expect` is in the page's visible text (document.body.innerText), wait `settle` seconds more
-    so charts finish drawing, save a PNG screenshot at `screenshot` and return the visible text.
-    view_page (the same, with more of what it saw) describes the arguments."""
-    return view_page(
-        url,
-        expect,
-        screenshot,
-        timeout=timeout,
-        width=width,
-        height=height,
-        settle=settle,
-        full_page=full_page,
-        scroll_grids=scroll_grids,
-        before_screenshot=before_screenshot,
-        init_script=init_script,
-    ).text
+def open_page(url: str, expect: Sequence[str], screenshot: Path, **options) -> str:
+    """Open `url` in headless Chromium, wait until every string in `expect` is in the page's
+    visible text (document.body.innerText), wait a little more so charts finish drawing, save a
+    PNG screenshot at `screenshot` and return the visible text: view_page's text (it describes
+    the options: width, height, timeout, settle, full_page, scroll_grids, before_screenshot,
+    init_script)."""
+    return view_page(url, expect, screenshot, **options).text
 
 
 def view_page(

@@ -119,31 +119,40 @@ def start_mlflow_server(
     ]
     env = {**os.environ, **SERVER_ENV}
     env.pop("MLFLOW_TRACKING_URI", None)  # the server is told its store; don't let this confuse it
-    # Output goes to a temp file, not a pipe: nobody reads a pipe while the tests run, and a full
-    # pipe would block the server.
-    with tempfile.TemporaryFile(prefix="mlflow-server-") as log:
+    with serving(args, env, f"{base_url}/health", timeout):
+        yield base_url
+
+
+@contextlib.contextmanager
+def serving(args: list[str], env: dict, ready_url: str, timeout: float) -> Iterator[None]:
+    """Run `args` in a process group of its own (MLflow's CLI starts uvicorn as a child) until the
+    block ends, then kill the whole group; enter the block once `ready_url` answers HTTP 200.
+    Output goes to a temp file, not a pipe: nobody reads a pipe while the tests run, and a full
+    pipe would block the server. Raises RuntimeError (with the tail of that output) if the
+    process exits early or `ready_url` does not answer within `timeout` seconds."""
+    with tempfile.TemporaryFile(prefix="mlflow-serve-") as log:
         proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
         try:
-            _wait_for_server(proc, base_url, timeout, log, args)
-            yield base_url
+            _wait_for_server(proc, ready_url, timeout, log, args)
+            yield
         finally:
             kill_group(proc)
 
 
-def _wait_for_server(proc: subprocess.Popen, base_url: str, timeout: float, log, args) -> None:
+def _wait_for_server(proc: subprocess.Popen, ready_url: str, timeout: float, log, args) -> None:
     deadline = time.monotonic() + timeout
     last_error = "no answer yet"
     while True:
         if proc.poll() is not None:
             raise RuntimeError(
-                f"mlflow server exited with status {proc.returncode} before answering "
-                f"{base_url}/health.\nCommand: {' '.join(args)}\n"
+                f"{Path(args[0]).name} {args[1]} exited with status {proc.returncode} before answering "
+                f"{ready_url}.\nCommand: {' '.join(args)}\n"
                 f"Its output (last lines):\n{_tail(log)}"
             )
         try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=5) as resp:
+            with urllib.request.urlopen(ready_url, timeout=5) as resp:
                 if resp.status == 200:
                     return
                 last_error = f"HTTP {resp.status}"
@@ -151,7 +160,7 @@ def _wait_for_server(proc: subprocess.Popen, base_url: str, timeout: float, log,
             last_error = str(e)
         if time.monotonic() > deadline:
             raise RuntimeError(
-                f"mlflow server did not answer {base_url}/health within {timeout:g} s "
+                f"{Path(args[0]).name} {args[1]} did not answer {ready_url} within {timeout:g} s "
                 f"(last error: {last_error}).\nCommand: {' '.join(args)}\n"
                 f"Its output (last lines):\n{_tail(log)}"
             )
