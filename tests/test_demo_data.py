@@ -44,7 +44,7 @@ def test_columns():
 
 def test_count(rows):
     # Within the pipeline's time budget, and enough facts for group-aware retrieval.
-    assert 4500 <= len(rows) <= 6000
+    assert 5500 <= len(rows) <= 7000
     facts = {r["fact"] for r in rows}
     assert len(facts) >= 700
     per_fact = defaultdict(int)

@@ -16,10 +16,12 @@ The data is built to discriminate, not to be matched by word overlap with the qu
   number and vice versa; a book's answer names another book by the same author), so the
   question's own embedding often lands on the answer to a sibling fact, while a map fitted on
   the training pairs learns which answer form each question takes;
-- confusable facts that differ only in a number, year or season: every element from 1 to 56 and
-  the run 72-83 (neighbouring atomic numbers), Summer and Winter Olympic host cities by year
-  (1924-1992 have both), countries sharing a currency (the euro, the CFA francs, the US dollar)
-  or a continent, planets by order from the Sun.
+- confusable facts that differ only in a number, year or season: all 118 elements (neighbouring
+  atomic numbers; the lanthanides and heavy elements, whose names all end in -ium), the 47 US
+  presidents by number, FIFA World Cup hosts and winners by year, Summer and Winter Olympic host
+  cities by year (1924-1992 have both), countries sharing a currency (the euro, the CFA francs,
+  the US dollar) or a continent, planets by order from the Sun. These are the items that tell
+  models apart: a model must hold the fact, since the question's wording does not give it away.
 
 No network, no external data: all facts are written out here. Where a fact is disputed, depends
 on a convention, or is about to change (shared capitals, transcontinental countries, several
@@ -184,9 +186,9 @@ COUNTRIES: tuple[tuple[str, str | None, str | None, str | None, str | None], ...
     ("Zambia", "Lusaka", "the Zambian kwacha", "Africa", "English"),
 )
 
-# (atomic number, symbol, name). IUPAC spellings (aluminium, caesium, sulfur). Every element from
-# 1 to 56 plus the sixth-period run 72-83 and a few well-known heavy ones, so that neighbours on the
-# periodic table (facts that differ only in one number) are both present.
+# (atomic number, symbol, name). IUPAC spellings (aluminium, caesium, sulfur). Every element, 1 to
+# 118: neighbours on the periodic table (facts that differ only in one number; the lanthanides and
+# the heavy elements, whose names all end in -ium) are what a model must tell apart by memory.
 ELEMENTS: tuple[tuple[int, str, str], ...] = (
     (1, "H", "hydrogen"),
     (2, "He", "helium"),
@@ -244,6 +246,21 @@ ELEMENTS: tuple[tuple[int, str, str], ...] = (
     (54, "Xe", "xenon"),
     (55, "Cs", "caesium"),
     (56, "Ba", "barium"),
+    (57, "La", "lanthanum"),
+    (58, "Ce", "cerium"),
+    (59, "Pr", "praseodymium"),
+    (60, "Nd", "neodymium"),
+    (61, "Pm", "promethium"),
+    (62, "Sm", "samarium"),
+    (63, "Eu", "europium"),
+    (64, "Gd", "gadolinium"),
+    (65, "Tb", "terbium"),
+    (66, "Dy", "dysprosium"),
+    (67, "Ho", "holmium"),
+    (68, "Er", "erbium"),
+    (69, "Tm", "thulium"),
+    (70, "Yb", "ytterbium"),
+    (71, "Lu", "lutetium"),
     (72, "Hf", "hafnium"),
     (73, "Ta", "tantalum"),
     (74, "W", "tungsten"),
@@ -256,10 +273,41 @@ ELEMENTS: tuple[tuple[int, str, str], ...] = (
     (81, "Tl", "thallium"),
     (82, "Pb", "lead"),
     (83, "Bi", "bismuth"),
+    (84, "Po", "polonium"),
+    (85, "At", "astatine"),
     (86, "Rn", "radon"),
+    (87, "Fr", "francium"),
     (88, "Ra", "radium"),
+    (89, "Ac", "actinium"),
+    (90, "Th", "thorium"),
+    (91, "Pa", "protactinium"),
     (92, "U", "uranium"),
+    (93, "Np", "neptunium"),
     (94, "Pu", "plutonium"),
+    (95, "Am", "americium"),
+    (96, "Cm", "curium"),
+    (97, "Bk", "berkelium"),
+    (98, "Cf", "californium"),
+    (99, "Es", "einsteinium"),
+    (100, "Fm", "fermium"),
+    (101, "Md", "mendelevium"),
+    (102, "No", "nobelium"),
+    (103, "Lr", "lawrencium"),
+    (104, "Rf", "rutherfordium"),
+    (105, "Db", "dubnium"),
+    (106, "Sg", "seaborgium"),
+    (107, "Bh", "bohrium"),
+    (108, "Hs", "hassium"),
+    (109, "Mt", "meitnerium"),
+    (110, "Ds", "darmstadtium"),
+    (111, "Rg", "roentgenium"),
+    (112, "Cn", "copernicium"),
+    (113, "Nh", "nihonium"),
+    (114, "Fl", "flerovium"),
+    (115, "Mc", "moscovium"),
+    (116, "Lv", "livermorium"),
+    (117, "Ts", "tennessine"),
+    (118, "Og", "oganesson"),
 )
 
 # Last atomic number of each period (row) of the periodic table: period of Z = 1 + how many of
@@ -331,6 +379,90 @@ OLYMPICS: tuple[tuple[int, str, str, str | None], ...] = (
 OLYMPICS_NO_REVERSE = frozenset(
     {("Tokyo", "Summer"), ("Stockholm", "Summer"), ("Cortina d'Ampezzo", "Winter"), ("Salt Lake City", "Winter")}
 )
+
+# (number, name, year the term began), in order. Grover Cleveland (22nd and 24th) and Donald Trump
+# (45th and 47th) served two non-consecutive terms: "which number president was he?" has two
+# answers for them, so it is not asked.
+PRESIDENTS: tuple[tuple[int, str, int], ...] = (
+    (1, "George Washington", 1789),
+    (2, "John Adams", 1797),
+    (3, "Thomas Jefferson", 1801),
+    (4, "James Madison", 1809),
+    (5, "James Monroe", 1817),
+    (6, "John Quincy Adams", 1825),
+    (7, "Andrew Jackson", 1829),
+    (8, "Martin Van Buren", 1837),
+    (9, "William Henry Harrison", 1841),
+    (10, "John Tyler", 1841),
+    (11, "James K. Polk", 1845),
+    (12, "Zachary Taylor", 1849),
+    (13, "Millard Fillmore", 1850),
+    (14, "Franklin Pierce", 1853),
+    (15, "James Buchanan", 1857),
+    (16, "Abraham Lincoln", 1861),
+    (17, "Andrew Johnson", 1865),
+    (18, "Ulysses S. Grant", 1869),
+    (19, "Rutherford B. Hayes", 1877),
+    (20, "James A. Garfield", 1881),
+    (21, "Chester A. Arthur", 1881),
+    (22, "Grover Cleveland", 1885),
+    (23, "Benjamin Harrison", 1889),
+    (24, "Grover Cleveland", 1893),
+    (25, "William McKinley", 1897),
+    (26, "Theodore Roosevelt", 1901),
+    (27, "William Howard Taft", 1909),
+    (28, "Woodrow Wilson", 1913),
+    (29, "Warren G. Harding", 1921),
+    (30, "Calvin Coolidge", 1923),
+    (31, "Herbert Hoover", 1929),
+    (32, "Franklin D. Roosevelt", 1933),
+    (33, "Harry S. Truman", 1945),
+    (34, "Dwight D. Eisenhower", 1953),
+    (35, "John F. Kennedy", 1961),
+    (36, "Lyndon B. Johnson", 1963),
+    (37, "Richard Nixon", 1969),
+    (38, "Gerald Ford", 1974),
+    (39, "Jimmy Carter", 1977),
+    (40, "Ronald Reagan", 1981),
+    (41, "George H. W. Bush", 1989),
+    (42, "Bill Clinton", 1993),
+    (43, "George W. Bush", 2001),
+    (44, "Barack Obama", 2009),
+    (45, "Donald Trump", 2017),
+    (46, "Joe Biden", 2021),
+    (47, "Donald Trump", 2025),
+)
+
+# (year, host country, winner, host asked). Tournaments up to 2022, facts that differ only in the
+# year. 2002 had two hosts: its host is context in the answers, never asked. "In which year did X
+# host it?" only for a country that hosted once and is not due to host again (not the 2026 hosts,
+# not the 2030 ones: Spain, Portugal, Morocco, Uruguay, Argentina, Paraguay), and not Germany or
+# West Germany (one country or two?). "When did X win it?" is never asked: most winners won several.
+WORLD_CUPS: tuple[tuple[int, str, str, bool], ...] = (
+    (1930, "Uruguay", "Uruguay", True),
+    (1934, "Italy", "Italy", True),
+    (1938, "France", "Italy", True),
+    (1950, "Brazil", "Uruguay", True),
+    (1954, "Switzerland", "West Germany", True),
+    (1958, "Sweden", "Brazil", True),
+    (1962, "Chile", "Brazil", True),
+    (1966, "England", "England", True),
+    (1970, "Mexico", "Brazil", True),
+    (1974, "West Germany", "West Germany", True),
+    (1978, "Argentina", "Argentina", True),
+    (1982, "Spain", "Italy", True),
+    (1986, "Mexico", "Argentina", True),
+    (1990, "Italy", "West Germany", True),
+    (1994, "the United States", "Brazil", True),
+    (1998, "France", "France", True),
+    (2002, "South Korea and Japan", "Brazil", False),
+    (2006, "Germany", "Italy", True),
+    (2010, "South Africa", "Spain", True),
+    (2014, "Brazil", "Germany", True),
+    (2018, "Russia", "France", True),
+    (2022, "Qatar", "Argentina", True),
+)
+WORLD_CUP_REVERSE = frozenset({"Switzerland", "Sweden", "Chile", "England", "South Africa", "Russia", "Qatar"})
 
 PLANETS: tuple[str, ...] = (
     "Mercury",
@@ -867,6 +999,68 @@ TEMPLATES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
             "The inventor of {inv} was {who}.",
         ),
     ),
+    # Neighbours on the periodic table, asked both ways (one fact: X is followed by Y). The answer
+    # about "what follows X" also names X, as does the one about what follows X's predecessor:
+    # the question's direction decides which is right.
+    "element_next": (
+        (
+            "Which element comes right after {el} on the periodic table?",
+            "What is the next element after {el}?",
+            "Which element follows {el} in the periodic table?",
+            "Which element comes just before {el2} on the periodic table?",
+            "What element precedes {el2} in the periodic table?",
+        ),
+        (
+            "{El2} (element {n2}) comes right after {el} (element {n}) on the periodic table.",
+            "On the periodic table, {el} (element {n}) is followed by {el2} (element {n2}).",
+            "The element after {el}, number {n}, is {el2}, number {n2}.",
+        ),
+    ),
+    # Presidents by number: facts that differ only in a number (and the year in the answers).
+    "president_order": (
+        (
+            "Who was the {nth} president of the United States?",
+            "Name the {nth} president of the United States.",
+            "Who served as the {nth} US president?",
+            "Who was president number {n} of the United States?",
+            "{Rname} was which number president of the United States?",
+            "What number president of the United States was {rname}?",
+        ),
+        (
+            "{Name} was the {nth} president of the United States, taking office in {year}.",
+            "The {nth} president of the United States was {name}, who took office in {year}.",
+            "In {year}, {name} took office as the {nth} president of the United States.",
+        ),
+    ),
+    # FIFA World Cups by year: the host and the winner of one year are two facts; each answer
+    # names the other as context, as the capital and currency answers do.
+    "world_cup_host": (
+        (
+            "Which country hosted the {y} FIFA World Cup?",
+            "Where was the {y} FIFA World Cup held?",
+            "The {y} World Cup took place in which country?",
+            "Name the host country of the {y} FIFA World Cup.",
+            "In which year did {rhost} host the FIFA World Cup?",
+        ),
+        (
+            "The {y} FIFA World Cup was held in {host}, and {winner} won it.",
+            "{Host} hosted the FIFA World Cup in {y}, which {winner} won.",
+            "In {y}, the FIFA World Cup took place in {host} and was won by {winner}.",
+        ),
+    ),
+    "world_cup_winner": (
+        (
+            "Which country won the {y} FIFA World Cup?",
+            "Who won the {y} World Cup?",
+            "Name the winner of the {y} FIFA World Cup.",
+            "Which team became world champions at the {y} FIFA World Cup?",
+        ),
+        (
+            "{Winner} won the {y} FIFA World Cup, played in {host}.",
+            "The {y} FIFA World Cup, held in {host}, was won by {winner}.",
+            "At the {y} FIFA World Cup in {host}, {winner} became world champions.",
+        ),
+    ),
     # Host cities: facts that differ only in the year or the season. The reverse questions (the
     # last two) only for a city that hosted that season once (see OLYMPICS_NO_REVERSE).
     "olympics": (
@@ -936,6 +1130,12 @@ def _also(currency: str | None, language: str | None) -> str:
     return ", and " + " and ".join(parts) if parts else ""
 
 
+def _ordinal(number: int) -> str:
+    """16 -> '16th', 22 -> '22nd', 11 -> '11th'."""
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
 def _period(number: int) -> str:
     return str(1 + sum(number > end for end in PERIOD_ENDS))
 
@@ -977,6 +1177,9 @@ def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
                 "protons": "proton" if number == 1 else "protons",
             },
         )
+    for (number, _, name), (number2, _, name2) in zip(ELEMENTS, ELEMENTS[1:]):
+        fields = {"el": name, "n": str(number), "el2": name2, "n2": str(number2)}
+        yield "element_next", _slug(name), fields
     for i, planet in enumerate(PLANETS):
         yield "planet_order", _slug(planet), {"p": planet, "ord": ORDINALS[i], "num": NUMBER_WORDS[i]}
     for planet, pred, ans1, ans2 in PLANET_FEATURES:
@@ -1002,6 +1205,19 @@ def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
         )
     for invention, inventor in INVENTIONS:
         yield "inventor", _slug(invention.removeprefix("the ")), {"inv": invention, "who": inventor}
+    twice = {name for _, name, _ in PRESIDENTS if sum(n == name for _, n, _ in PRESIDENTS) > 1}
+    for number, name, year in PRESIDENTS:
+        fields = {"n": str(number), "nth": _ordinal(number), "name": name, "year": str(year)}
+        if name not in twice:
+            fields["rname"] = name
+        yield "president_order", str(number), fields
+    for year, host, winner, host_asked in WORLD_CUPS:
+        fields = {"y": str(year), "host": host, "winner": winner}
+        if host in WORLD_CUP_REVERSE:
+            fields["rhost"] = host
+        if host_asked:
+            yield "world_cup_host", str(year), fields
+        yield "world_cup_winner", str(year), fields
     hosted: dict[tuple[str, str], int] = {}
     for _, season, city, _ in OLYMPICS:
         hosted[city, season] = hosted.get((city, season), 0) + 1
@@ -1071,9 +1287,10 @@ def main(argv: list[str] | None = None) -> int:
             "Write the shipped demo dataset: a CSV of question -> answer sentence pairs "
             "(columns id,fact,question,answer,topic; `fact` is the group id of the fact a row "
             "states) generated deterministically from built-in tables of true facts (country "
-            "capitals, currencies and official languages; chemical element symbols and atomic "
-            "numbers; planets; animal young, groups and sounds; book authors; inventors; "
-            "Olympic host cities), each fact asked in several phrasings. No network access; "
+            "capitals, currencies and official languages; chemical element symbols, atomic "
+            "numbers and neighbours; planets; animal young, groups and sounds; book authors; inventors; "
+            "Olympic host cities; US presidents by number; FIFA World Cup hosts and winners), "
+            "each fact asked in several phrasings. No network access; "
             "the output is byte-identical on every run."
         ),
     )
