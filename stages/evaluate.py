@@ -1,9 +1,11 @@
-"""evaluate: the trained model and three baselines (identity; ridge fitted on train; the same model
-untrained) scored on the same val and test items: cosine, MSE, exact-text and group retrieval
-(top-1, top-5, MRR) over a bank of every distinct target text of the dataset; on test each with a
-paired bootstrap 95 % CI, and the model's paired difference from each baseline (CI and p-value).
+"""evaluate: the trained model and three baselines (identity; ridge fitted on train; nearest, the
+answer of the nearest training question) scored on the same val and test items: cosine, MSE,
+exact-text and group retrieval (top-1, top-5, MRR) over a bank of every distinct target text of the
+dataset; on test each with a paired bootstrap 95 % CI, and the model's paired difference from each
+baseline (CI and p-value).
 Writes metrics/eval.json, reports/eval_items.parquet (one row per test item: ranks, top-5 bank
-ids, cosine; `./dev compare` reads it) and reports/eval_samples.csv (decoded examples).
+ids, cosine; in its metadata the preset, arm, seed and data it came from; `./dev compare` reads
+it) and reports/eval_samples.csv (decoded examples).
 Logs them once, to the model's MLflow run and its logged model, under eval/... keys. The logged
 model is the trained model as a text-in, text-out service (pipeline/serve/: questions in, the
 bank's nearest answers out), logged to the model's run as `model` with the bank it was scored on."""
@@ -15,9 +17,11 @@ import sys
 
 import pandas as pd
 
+from pipeline.core.arm import arm_of, data_digest
 from pipeline.core.atomic import atomic_path, write_json
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, repo_path
 from pipeline.data.shards import load_manifest, open_split, sha256_file
+from pipeline.evaluate.item_tables import TableMeta, write_items
 from pipeline.evaluate.retrieval import (
     BASELINES,
     LOWER_IS_BETTER,
@@ -29,7 +33,7 @@ from pipeline.evaluate.retrieval import (
     sample_table,
 )
 from pipeline.evaluate.stats import verdict
-from pipeline.model.model_file import check_input_dim, load_model, untrained_model
+from pipeline.model.model_file import check_input_dim, load_model
 from pipeline.serve.log import log_answer_model
 from pipeline.tracking import store as tracking
 
@@ -49,7 +53,6 @@ def run(cfg) -> dict:
     check_input_dim(model_path, payload, manifest, shard_dir)  # before any work
     # The run that trained this very model (found by its digest if runs/train.json names another).
     run_info = tracking.read_run_file("train", model_path) if tracking.enabled() else {}
-    untrained = untrained_model(payload)
     shards = {
         s: open_split(shard_dir, s, need_rows=why)
         for s, why in (("train", "to fit the ridge baseline on"), ("val", "to evaluate on"), ("test", "to evaluate on"))
@@ -62,10 +65,9 @@ def run(cfg) -> dict:
         # The batch size the model trained with: max_active_flows caps flows per *batch*, so a
         # bigger batch would give each sample fewer flows than it learned with.
         pred = predict(model, shards[split].inputs, cfg.train.batch_size)
-        untrained_pred = predict(untrained, shards[split].inputs, cfg.train.batch_size)
         flat, estimates, items = evaluate_split(
             split,
-            predictions(pred, shards[split], w, untrained_pred),
+            predictions(pred, shards[split], w, shards["train"]),
             shards[split],
             bank,
             ev.bootstrap_resamples,
@@ -77,7 +79,7 @@ def run(cfg) -> dict:
             test_items, test_estimates = items, estimates
     write_json(METRICS_DIR / "eval.json", metrics)
     with atomic_path(ITEMS_PARQUET) as tmp:
-        test_items.to_parquet(tmp, index=False)
+        write_items(test_items, tmp, table_meta(cfg, payload, manifest))
     with atomic_path(SAMPLES_CSV) as tmp:
         pd.DataFrame(
             sample_table(test_items, bank, ev.samples),
@@ -98,6 +100,14 @@ def run(cfg) -> dict:
     for line in summary_lines(test_estimates, bank.size, len(test_items)):
         log.info("%s", line)
     return metrics
+
+
+def table_meta(cfg, payload: dict, manifest: dict) -> TableMeta:
+    """What the item table came from. The seed is the one the model file records (the model's
+    own), the arm and preset the config's: under DVC both are the params.yaml that trained it."""
+    arm = arm_of(cfg, manifest)
+    seed = (payload.get("extra") or {}).get("seed", cfg.run.seed)
+    return TableMeta(str(cfg.run.preset), arm.digest, arm.name, int(seed), data_digest(manifest))
 
 
 def summary_lines(estimates: dict, bank_size: int, items: int) -> list[str]:

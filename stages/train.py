@@ -29,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.core import distributed
+from pipeline.core.arm import arm_of
 from pipeline.core.atomic import atomic_path, write_json
 from pipeline.core.config import flatten
 from pipeline.core.output_dirs import CHECKPOINTS, MODEL, claim
@@ -188,8 +189,12 @@ def train_and_record(cfg, place) -> dict:
         if tracking.enabled()
         else {}
     )
+    arm = arm_of(cfg, manifest)
     tags = {
         "stage": "train",
+        # Runs of one arm differ only in run.seed: the runs table groups replicates by this tag.
+        "arm": arm.tag,
+        "arm.digest": arm.digest,
         "embed.run_id": str(embed_run.get("run_id", "")),
         "dataset.sha256": str(manifest.get("source", {}).get("sha256", ""))[:16],
         "teacher": str(manifest["teacher"]["name"]),
@@ -250,7 +255,7 @@ def train_and_record(cfg, place) -> dict:
             raise diverged
         write_telemetry(result)
         claim(model_dir, MODEL, "train.out_dir")
-        # The seed lets evaluate rebuild the untrained starting point (the "untrained" baseline).
+        # The seed: evaluate records it in the item table (which replicate of its arm this is).
         # No run id in the file: identical runs make identical files (and DVC hashes). The link
         # from model to run is runs/train.json and the run's tag train.model_sha256.
         save_model(model_dir / "model.pt", result.model, cfg.model, extra={"seed": int(cfg.run.seed)})

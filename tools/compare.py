@@ -311,6 +311,22 @@ def _per_item(t: pd.DataFrame) -> dict[str, np.ndarray]:
     return item_metrics({c: t[c].to_numpy() for c in SCORE_COLUMNS})
 
 
+def shared_ids(tables: list[pd.DataFrame]) -> list[str]:
+    """The item ids every table holds, in the first table's order."""
+    common = set(tables[0]["id"])
+    for t in tables[1:]:
+        common &= set(t["id"])
+    return [i for i in tables[0]["id"] if i in common]
+
+
+def runs_values(tables: list[pd.DataFrame], ids: list[str]) -> dict[str, np.ndarray]:
+    """metric -> (runs, items): each predictor table's per-item values over `ids`, in that order."""
+    from pipeline.evaluate.retrieval import METRICS
+
+    per_run = [_per_item(t.set_index("id").loc[ids].reset_index()) for t in tables]
+    return {m: np.stack([r[m] for r in per_run]) for m in METRICS}
+
+
 def compare(
     a: Source, b: Source, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED, show: int = DEFAULT_SHOW
 ) -> dict:

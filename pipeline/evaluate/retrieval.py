@@ -13,11 +13,13 @@ only the split's own, which made top-5 trivial). Two ways of counting a hit:
 Ranks count the bank texts scoring strictly higher (a tie counts for the prediction). Everything
 is computed for blocks of items with one matrix product each, never a per-item loop.
 
-Baselines, computed in the same stage so the comparison is like for like:
-- identity: predict the input embedding itself;
+Baselines, computed in the same stage so the comparison is like for like, none of them trained
+by gradient descent and none with any training luck (the same numbers for every seed):
+- identity: predict the input embedding itself (copy the question);
 - ridge: a linear map fitted on train in closed form, W = (X'X + alpha I)^-1 X'Y (with a bias);
-- untrained: the same model at its initial weights (same config and seed), so "did training
-  teach it anything" is a measured difference, not a guess.
+- nearest: the target of the training row whose input is nearest by cosine (look the question
+  up among the training questions and give that row's answer): what memorising the training
+  pairs alone achieves. A model that does not beat it has learned no more than a lookup table.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch.nn.functional as F
 from pipeline.data.loader import BatchLoader
 from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate, intervals, p_value, resample_means
 
-PREDICTORS = ("model", "identity", "ridge", "untrained")
+PREDICTORS = ("model", "identity", "ridge", "nearest")
 BASELINES = PREDICTORS[1:]
 # Per-item metrics, each averaged over items; all but mse are better when higher.
 METRICS = ("cosine", "mse", "top1", "top5", "group_top1", "group_top5", "mrr")
@@ -236,14 +238,35 @@ def ridge_predict(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     return (np.hstack([np.asarray(x, dtype=np.float64), np.ones((len(x), 1))]) @ w).astype(np.float32)
 
 
-def predictions(
-    model_pred: np.ndarray, shard, ridge_w: np.ndarray, untrained_pred: np.ndarray | None = None
-) -> dict[str, np.ndarray]:
-    """Each predictor's outputs for the split's rows, model first."""
+NEAREST_BLOCK = 4096  # query rows x training rows scored at once: 4096 x 4096 float32 = 64 MiB
+
+
+def nearest_predict(train_inputs: np.ndarray, train_targets: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+    """For each input, the target of the training row whose input is nearest by cosine (the first
+    of equals). Blocks of queries against blocks of the (memory-mapped) training rows, keeping the
+    best so far, so a training split of any size is never held whole in memory."""
+    n = len(inputs)
+    best = np.full(n, -np.inf, dtype=np.float32)
+    where = np.zeros(n, dtype=np.int64)
+    queries = F.normalize(torch.from_numpy(np.asarray(inputs, dtype=np.float32)), dim=1)
+    for t0 in range(0, len(train_inputs), NEAREST_BLOCK):
+        keys = F.normalize(torch.from_numpy(np.asarray(train_inputs[t0 : t0 + NEAREST_BLOCK], dtype=np.float32)), dim=1)
+        for q0 in range(0, n, NEAREST_BLOCK):
+            top = (queries[q0 : q0 + NEAREST_BLOCK] @ keys.T).max(dim=1)
+            score, idx = top.values.numpy(), top.indices.numpy()
+            better = score > best[q0 : q0 + NEAREST_BLOCK]  # strictly: an earlier block wins ties
+            best[q0 : q0 + NEAREST_BLOCK][better] = score[better]
+            where[q0 : q0 + NEAREST_BLOCK][better] = idx[better] + t0
+    return np.asarray(train_targets[where], dtype=np.float32)
+
+
+def predictions(model_pred: np.ndarray, shard, ridge_w: np.ndarray, train=None) -> dict[str, np.ndarray]:
+    """Each predictor's outputs for the split's rows, model first; `train` (the train split) adds
+    the nearest-training-row baseline."""
     inputs = np.asarray(shard.inputs)
     preds = {"model": model_pred, "identity": inputs, "ridge": ridge_predict(ridge_w, inputs)}
-    if untrained_pred is not None:
-        preds["untrained"] = untrained_pred
+    if train is not None:
+        preds["nearest"] = nearest_predict(train.inputs, train.targets, inputs)
     return preds
 
 

@@ -148,19 +148,3 @@ def check_input_dim(path: str | Path, payload: dict, manifest: dict, shard_dir: 
             f"(teacher {teacher}); expected the shards it was trained on: re-run train on these shards "
             f"(dvc repro train), or point embed.out_dir at shards of the model's teacher"
         )
-
-
-def untrained_model(payload: dict, device: torch.device | str = "cpu") -> EnergyFlowModel:
-    """The saved model's starting point: its config built under its seed, exactly as the Trainer
-    does (torch.manual_seed(run.seed), then EnergyFlowModel.from_config). The global RNG is left
-    as it was."""
-    seed = (payload.get("extra") or {}).get("seed")
-    if seed is None:
-        raise PipelineError(
-            "the model file records no seed, so its untrained starting point cannot be rebuilt: "
-            "re-run the train stage (dvc repro train)"
-        )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(seed))
-        model = EnergyFlowModel.from_config(payload["model_config"], payload["dim"])
-    return model.to(device).eval()

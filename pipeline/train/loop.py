@@ -46,7 +46,7 @@ from pipeline.train.faults import FaultInjector
 from pipeline.train.resume_state import rng_state, save_state, set_rng_state
 from pipeline.train.step_health import NONFINITE, SPIKE, StepHealth, decode_kind
 from pipeline.train.stop_signals import DeferredStop
-from pipeline.train.telemetry import PHASES, PhaseTimer, device_memory_mb, reset_peak, rss_mb
+from pipeline.train.telemetry import PHASES, PhaseTimer, device_memory_mb, release_free_heap, reset_peak, rss_mb
 
 log = logging.getLogger(__name__)
 _EVENT_LOG_MAX = 10  # events printed one by one; the rest are counted (all are in the events file)
@@ -562,6 +562,7 @@ class Trainer:
         metrics = self.health.window_metrics(values)
         phases = self.timer.take()
         alloc, peak = device_memory_mb(self.device)
+        release_free_heap()  # (before "mem/rss_mb": see telemetry.release_free_heap)
         row = {
             "step": self.step,
             "epoch": self.epoch,

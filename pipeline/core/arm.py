@@ -1,0 +1,116 @@
+"""A run's arm: what it trained (its configuration and its data) without the training seed.
+
+Runs of one arm differ only in `run.seed` (the initialisation and the batch order): they are
+replicates, and the spread of their metrics is the luck of the training run. Comparing two arms
+is what a researcher means by "did my change help"; comparing two runs of one arm measures luck.
+
+What is left out of the arm, so that it names the same arm wherever and however the run was made:
+- the seed itself;
+- labels (the preset's name, the MLflow experiment, the sweep, the tracking mode): a preset's
+  values are in the other keys, so `preset=default` and the same values reached by overrides are
+  one arm;
+- how and where a run is carried out when that does not change what it computes: paths, the
+  embed stage's processes and batch size, checkpoint and logging cadence, threads and device
+  (the numerics differ in the last bits, not in what is learned), the evaluate stage's sampling
+  and bootstrap, the report's thresholds.
+A key not named here is part of the arm: a new parameter splits arms until it is listed, rather
+than silently merging runs that differ in it.
+
+The data is part of the arm by content, not by path: `data_digest` of the shards' manifest (each
+split's texts and the teacher), so the same config on an edited dataset is another arm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+SEED_KEY = "run.seed"
+# Not part of the arm (see the module doc for why each kind is left out).
+NOT_ARM_KEYS = frozenset(
+    {
+        SEED_KEY,
+        "run.preset",
+        "run.experiment",
+        "run.sweep",
+        "run.tracking",
+        "run.allow_external_paths",
+        "embed.out_dir",
+        "embed.cache_dir",
+        "embed.nproc",
+        "embed.batch_size",
+        "embed.device",
+        "embed.rows_per_shard",
+        "train.out_dir",
+        "train.checkpoint_dir",
+        "train.checkpoint_every",
+        "train.resume",
+        "train.memory_check",
+        "train.log_every",
+        "train.system_metrics_every_s",
+        "train.prefetch",
+        "train.threads",
+        "train.device",
+        "train.deterministic",
+        "train.detect_anomaly_steps",
+        "evaluate.samples",
+        "evaluate.bootstrap_resamples",
+        "evaluate.bootstrap_seed",
+    }
+)
+NOT_ARM_SECTIONS = ("report.",)  # the report judges a run; it does not make it
+DIGEST_CHARS = 10
+
+
+def in_arm(key: str) -> bool:
+    return key not in NOT_ARM_KEYS and not key.startswith(NOT_ARM_SECTIONS)
+
+
+def data_digest(manifest: Mapping[str, Any]) -> str:
+    """The shards' content as 16 hex characters: each split's texts file (ids, texts, groups) and
+    the teacher's weights and config. Not the vector files: their last bits may differ between
+    machines and caches while the data is the same."""
+    files = manifest.get("files", {})
+    parts = [
+        f"{split}:{files.get(str(info.get('texts', '')), {}).get('sha256', '')}"
+        for split, info in sorted(manifest.get("splits", {}).items())
+    ]
+    teacher = manifest.get("teacher", {})
+    parts += [f"teacher:{teacher.get('weights_sha256', '')}:{teacher.get('config_sha256', '')}"]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Arm:
+    digest: str  # DIGEST_CHARS hex characters of the arm's config and data
+    name: str  # the preset and what differs from it, seed left out: `default lr=0.001`
+
+    @property
+    def tag(self) -> str:
+        """One string for the MLflow tag `arm` (the runs table groups by it): name and digest."""
+        return f"{self.name} [{self.digest}]"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"digest": self.digest, "name": self.name}
+
+
+def arm_config(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The flattened config's keys that make the arm."""
+    return {k: v for k, v in flat.items() if in_arm(k)}
+
+
+def arm_digest(flat: Mapping[str, Any], data: str) -> str:
+    payload = json.dumps({"config": arm_config(flat), "data": data}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:DIGEST_CHARS]
+
+
+def arm_of(cfg, manifest: Mapping[str, Any]) -> Arm:
+    """The arm of a composed config trained on the shards `manifest` describes."""
+    from pipeline.core.config import flatten
+    from pipeline.core.run_label import differences, run_label
+
+    flat = flatten(cfg)
+    diff = {k: v for k, v in differences(cfg).items() if in_arm(k)}
+    return Arm(arm_digest(flat, data_digest(manifest)), run_label(cfg, diff))

@@ -1,0 +1,331 @@
+"""Is arm B better than arm A? An interval that covers both kinds of luck, and a decision from it.
+
+Each arm is one or more runs (replicates: the same arm, other seeds) scored on the same test
+items, or a baseline (identity, ridge, nearest: the same for every seed). For one metric:
+
+- the difference is B's mean minus A's mean, each the mean over its runs of the run's mean over
+  the items both arms share;
+- its interval covers the test items' luck and the training seeds' luck, in two levels:
+  * items: the paired bootstrap over items (stats.resample_means) of the per-item difference of
+    the two arms' run-averaged values: paired by item, it also carries the items that flip
+    between seeds (seed_variance.py);
+  * seeds: each arm's mean is off by the mean of its runs' luck, variance run_var / runs
+    (seed_variance.SeedVar: the variance of a run's mean, pooled from the arms' own replicates
+    and the committed reference when it matches). Not bootstrapped: a bootstrap over 1 to 5 seeds
+    cannot see how uncertain that variance itself is, and its intervals come out too narrow.
+    Each item resample is paired with a Student-t draw (the variance's degrees of freedom) scaled
+    to that standard deviation; the t quantiles are stratified and shuffled by a fixed seed, so
+    the result is deterministic. The run-mean variance holds the items that flip between seeds,
+    which the item bootstrap holds too: the item draws are shrunk by that part so that it counts
+    once (seed_variance.py).
+  Seeds are treated as independent between arms, even where both arms ran the same seeds: a
+  shared seed (same initial weights, same batch order) could only make two arms' luck alike
+  (correlation >= 0), which makes this interval wider than it need be, never narrower.
+- the outcome, at the interval's level:
+  * better / worse: the interval excludes 0;
+  * equivalent: the interval lies inside +-margin (a difference too small to matter; the
+    margin is the user's, with a default per metric: MARGINS);
+  * inconclusive: neither; with the seeds per arm that would likely settle it.
+  Where training luck is not covered (one run per arm and no matching reference), the outcome
+  is inconclusive whatever the interval: a difference inside the seed noise must never read as
+  "better". Its interval is then the items' alone, and says so.
+- the probability of improvement: the share of the draws where B beats A.
+
+`alpha_spending` gives the per-look levels that keep a sequence of looks (`./dev decide`, a look
+after each seed pair) at an overall error rate of at most alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy import stats as sps
+
+from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
+from pipeline.evaluate.seed_variance import SeedVar, components, pool
+from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, resample_means
+
+CONFIDENCE = 0.95
+# The default equivalence margin of each metric, in its own units: a difference smaller than this
+# is too small to act on. Retrieval rates: 1 percentage point of the test items; cosine: 0.002
+# (the default preset's seed-to-seed spread of its test cosine is of that order); mse: 2e-5 (about
+# 1 % of the default model's). Set per metric with --margin METRIC=VALUE.
+MARGINS: dict[str, float] = {
+    "cosine": 0.002,
+    "mse": 0.00002,
+    "top1": 0.01,
+    "top5": 0.01,
+    "group_top1": 0.01,
+    "group_top5": 0.01,
+    "mrr": 0.01,
+}
+MAX_SEEDS_ESTIMATE = 100  # "more than this many seeds" is said as "more seeds will not settle it"
+OUTCOMES = ("better", "worse", "equivalent", "inconclusive")
+
+
+@dataclass
+class ArmRuns:
+    """One side of a comparison: runs x items values per metric, on items shared with the other."""
+
+    label: str
+    seeds: list[int | None]
+    values: dict[str, np.ndarray]  # metric -> (runs, items)
+    deterministic: bool = False  # a baseline: no training, no seed luck
+
+    @property
+    def runs(self) -> int:
+        return len(self.seeds)
+
+
+@dataclass
+class Luck:
+    """What an interval covers: the items always; the seeds when `seed` is known."""
+
+    seed: dict[str, SeedVar] = field(default_factory=dict)  # per metric; empty: not covered
+    sources: list[str] = field(default_factory=list)  # where the seed variance came from, in words
+    needs_seeds: bool = True  # False when neither side was trained (baseline against baseline)
+
+    @property
+    def covers_seeds(self) -> bool:
+        return bool(self.seed) or not self.needs_seeds
+
+    def describe(self) -> str:
+        if not self.needs_seeds:
+            return "test items (neither side has training luck)"
+        if not self.seed:
+            return "test items only: training (seed) luck NOT covered"
+        df = next(iter(self.seed.values())).df
+        return f"test items and training seeds (seed variance from {'; '.join(self.sources)}; {df} degrees of freedom)"
+
+
+def luck_for(a: ArmRuns, b: ArmRuns, references: Sequence = ()) -> Luck:
+    """The seed luck each metric's comparison of a and b uses: the arms' own replicates and the
+    matching references, pooled over the items the arms share."""
+    trained = [x for x in (a, b) if not x.deterministic]
+    if not trained:
+        return Luck(needs_seeds=False)
+    sources = [f"{x.runs} runs of {x.label}" for x in trained if x.runs >= 2]
+    sources += [ref.describe() for ref in references]
+    seed = {}
+    for m in METRICS:
+        items = next((x.values[m].shape[1] for x in (a, b) if m in x.values), 0)
+        own = [components(x.values[m]) for x in trained if x.runs >= 2 and m in x.values]
+        pooled = pool([*own, *(ref.metrics.get(m) for ref in references)], items)
+        if pooled is not None:
+            seed[m] = pooled
+    return Luck(seed, sources if seed else [])
+
+
+@dataclass
+class Decision:
+    metric: str
+    higher_is_better: bool
+    a: float
+    b: float
+    difference: float  # b - a
+    low: float
+    high: float
+    level: float  # of the interval
+    p_value: float
+    prob_b_better: float  # share of draws where B beats A
+    outcome: str
+    margin: float
+    why: str  # the outcome in words
+    seeds_needed: int | None = None  # per arm, to settle an inconclusive one (None: more seeds will not)
+    covers_seeds: bool = True
+
+    def as_dict(self) -> dict:
+        return {
+            "metric": self.metric,
+            "higher_is_better": self.higher_is_better,
+            "a": _r(self.a),
+            "b": _r(self.b),
+            "difference": _r(self.difference),
+            "ci_low": _r(self.low),
+            "ci_high": _r(self.high),
+            "level": self.level,
+            "p_value": _r(self.p_value),
+            "prob_b_better": _r(self.prob_b_better),
+            "outcome": self.outcome,
+            "margin": self.margin,
+            "why": self.why,
+            "seeds_needed": self.seeds_needed,
+            "covers_seeds": self.covers_seeds,
+        }
+
+
+def _arm_mean(x: ArmRuns, metric: str) -> np.ndarray:
+    return np.asarray(x.values[metric], dtype=np.float64).mean(axis=0)  # per item, over runs
+
+
+def _weight(*arms: ArmRuns) -> float:
+    """sum of 1 / runs over the trained arms: how much of one run's luck their means carry."""
+    return sum(1.0 / x.runs for x in arms if not x.deterministic)
+
+
+def t_draws(df: int, n: int, seed: int) -> np.ndarray:
+    """n stratified Student-t quantiles in a fixed shuffled order (the same on every machine)."""
+    q = sps.t.ppf((np.arange(n) + 0.5) / n, df)
+    return q[np.random.Generator(np.random.PCG64(seed)).permutation(n)]
+
+
+def draws(per_item: np.ndarray, var: SeedVar | None, arms: Sequence[ArmRuns], resamples: int, seed: int) -> np.ndarray:
+    """Resampled values of mean(per_item), with the luck of the `arms`' seeds when `var` is given
+    (see the module doc): item draws shrunk by the seed x item part they share with run_var."""
+    out = resample_means(per_item, resamples, seed)[:, 0]
+    w = _weight(*arms)
+    if var is None or w == 0:
+        return out
+    centre = float(np.mean(per_item))
+    spread = float(np.var(out))
+    if spread > 0:
+        twice = var.interaction * w / len(per_item)  # the flips' share of the item draws' variance
+        out = centre + (out - centre) * math.sqrt(max(0.0, spread - twice) / spread)
+    return out + math.sqrt(var.run_var * w) * t_draws(var.df, resamples, seed + 1)
+
+
+def compare_metric(
+    a: ArmRuns,
+    b: ArmRuns,
+    metric: str,
+    luck: Luck,
+    level: float = CONFIDENCE,
+    margin: float | None = None,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> Decision:
+    higher = metric not in LOWER_IS_BETTER
+    margin = MARGINS[metric] if margin is None else float(margin)
+    ma, mb = _arm_mean(a, metric), _arm_mean(b, metric)
+    d = mb - ma
+    var = luck.seed.get(metric)
+    covered = luck.covers_seeds and (var is not None or not luck.needs_seeds)
+    sample = draws(d, var if covered else None, (a, b), resamples, seed)
+    low, high = interval(sample, level)
+    diff = float(d.mean())
+    below, above = int((sample <= 0).sum()), int((sample >= 0).sum())
+    p = (
+        1.0
+        if not np.any(d) and (var is None or not covered)
+        else min(1.0, 2 * (min(below, above) + 1) / (resamples + 1))
+    )
+    better_share = float(((sample > 0) if higher else (sample < 0)).mean() + 0.5 * (sample == 0).mean())
+    out = Decision(
+        metric,
+        higher,
+        float(ma.mean()),
+        float(mb.mean()),
+        diff,
+        low,
+        high,
+        level,
+        p,
+        better_share,
+        "inconclusive",
+        margin,
+        "",
+        covers_seeds=covered,
+    )
+    if not covered:
+        out.why = (
+            "training luck is not covered (one run per arm and no seed-variance reference for this preset and data): "
+            "the difference may be the seeds'"
+        )
+        out.seeds_needed = max(2, needed_seeds(a, b, metric, d, None, level, margin) or 2)
+    elif low > 0 or high < 0:
+        out.outcome = "better" if (diff > 0) == higher else "worse"
+        out.why = f"the {_pct(level)} interval excludes 0"
+    elif -margin < low and high < margin:
+        out.outcome = "equivalent"
+        out.why = f"the {_pct(level)} interval lies inside +-{margin:g}"
+    else:
+        out.why = f"the {_pct(level)} interval holds 0 and reaches beyond +-{margin:g}"
+        out.seeds_needed = needed_seeds(a, b, metric, d, var, level, margin)
+    return out
+
+
+def needed_seeds(
+    a: ArmRuns, b: ArmRuns, metric: str, d: np.ndarray, var: SeedVar | None, level: float, margin: float
+) -> int | None:
+    """About how many seeds per arm would settle it, if the difference stays what it is now: the
+    fewest n whose interval (normal approximation) excludes 0 or fits in the margin. None when no
+    number of seeds would (the test items' own luck is wider than both)."""
+    trained = [x for x in (a, b) if not x.deterministic]
+    n_items = max(len(d), 1)
+    inter = var.interaction if var is not None else 0.0
+    run_var = var.run_var if var is not None else 0.0
+    now = sum(1.0 / x.runs for x in trained)
+    item_part = max(0.0, float(np.var(d, ddof=1)) - inter * now) if len(d) > 1 else 0.0  # the items' own
+    z = sps.norm.ppf(1 - (1 - level) / 2)
+    diff = abs(float(d.mean()))
+    for n in range(1, MAX_SEEDS_ESTIMATE + 1):
+        c = len(trained) / n
+        half = z * math.sqrt(item_part / n_items + run_var * c)
+        if half < diff or half < margin - diff:
+            return n
+    return None
+
+
+def compare_arms(
+    a: ArmRuns,
+    b: ArmRuns,
+    references: Sequence = (),
+    level: float = CONFIDENCE,
+    margins: Mapping[str, float] | None = None,
+    metrics: Sequence[str] = METRICS,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> tuple[dict[str, Decision], Luck]:
+    luck = luck_for(a, b, references)
+    margins = {**MARGINS, **(margins or {})}
+    out = {m: compare_metric(a, b, m, luck, level, margins[m], resamples, seed) for m in metrics}
+    return out, luck
+
+
+def arm_interval(
+    x: ArmRuns,
+    metric: str,
+    var: SeedVar | None,
+    level: float = CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> tuple[float, float, float]:
+    """(mean, low, high) of one arm's mean: the items' luck and (var given) its seeds'."""
+    m = _arm_mean(x, metric)
+    low, high = interval(draws(m, var, (x,), resamples, seed), level)
+    return float(m.mean()), low, high
+
+
+def interval(sample: np.ndarray, level: float) -> tuple[float, float]:
+    """The central `level` interval of the draws, each end taken outward (no interpolation
+    between draws: the interval is never narrower than the draws say)."""
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(sample, tail, method="lower")), float(np.percentile(sample, 100 - tail, method="higher"))
+
+
+# --------------------------------------------------------------------------- sequential looks
+
+
+def alpha_spending(looks: int, alpha: float = 1 - CONFIDENCE) -> list[float]:
+    """Per-look error rates for `looks` planned looks whose sum is alpha (Lan and DeMets'
+    Pocock-type spending function, alpha * ln(1 + (e - 1) t) at information fraction t = k /
+    looks). Whatever the looks' correlation, the chance that any look errs is at most their sum
+    (the union bound), so stopping at the first decisive look keeps the error rate <= alpha:
+    valid, and a little conservative. Pocock-type spends more early than O'Brien-Fleming-type,
+    so a clear difference stops after a few seed pairs."""
+    if looks < 1:
+        raise ValueError(f"looks must be >= 1; got {looks}")
+    spent = [alpha * math.log(1 + (math.e - 1) * k / looks) for k in range(looks + 1)]
+    return [spent[k] - spent[k - 1] for k in range(1, looks + 1)]
+
+
+def _pct(level: float) -> str:
+    text = f"{level * 100:.2f}".rstrip("0").rstrip(".")
+    return f"{text} %"
+
+
+def _r(x: float) -> float:
+    return round(float(x), 6) if math.isfinite(x) else x

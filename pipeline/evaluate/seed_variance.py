@@ -1,0 +1,215 @@
+"""Training luck: how far a metric moves when only the training seed changes.
+
+Scores of runs of one arm (pipeline/core/arm.py) on the same test items form a runs x items table
+x[s, i]. Read it as a two-way layout, x[s, i] = mu + a_i + u_s + e_si:
+- a_i, the item: how hard it is. The paired bootstrap over items covers its luck (stats.py);
+- u_s, the run: the seed's shift of the whole run (initialisation, batch order), the same on
+  every item. Its variance is what a bootstrap over items can never see: two runs of one config
+  differ by it on every test set;
+- e_si, seed x item: items that flip between seeds. A paired item bootstrap of two runs' per-item
+  differences already carries it (each item's difference holds both runs' e).
+So a comparison must add the variance of u to the item bootstrap, and no more: the spread of
+run means holds u and e (var(run means) = var(u) + var(e) / items), and e is in the bootstrap
+already. How it is added (decision.py): the seed part is drawn from the spread of run means,
+whose estimate is an exact scaled chi-square (a Student-t with runs - 1 degrees of freedom is
+then exact), and the item part is shrunk by the e it would count twice. Estimating var(u)
+alone by subtracting mean squares (the method of moments) was tried first: with 2 or 3 runs it
+often comes out near 0, and the intervals built on it said "better" for 6.6 to 7.6 % of A/A pairs
+at 95 % in simulation (tests/test_decision.py keeps the rate at or below 5 %).
+
+One run per arm cannot estimate it. The committed seed-variance reference does: for each shipped
+preset on the shipped data, the same estimate over >= 5 seeds of the preset itself
+(reference/seed_variance/<preset>.json, written by `./dev seeds`). A run matches a reference when
+its preset and its data digest (arm.data_digest: the test items and the teacher) are the
+reference's; estimates from several sources are pooled by their degrees of freedom.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT
+
+REFERENCE_DIR = REPO_ROOT / "reference" / "seed_variance"
+REFERENCE_FORMAT = 1
+MIN_REFERENCE_SEEDS = 5
+
+
+@dataclass(frozen=True)
+class SeedVar:
+    """One metric's training luck, from runs of one arm on the same items: run_var, the variance
+    of a run's mean over `items` items (u and e/items above), with df degrees of freedom (runs -
+    1, summed when pooled); interaction, the seed x item variance per item (e)."""
+
+    run_var: float
+    df: int
+    interaction: float
+    items: int
+
+    def run_var_at(self, items: int) -> float:
+        """The run-mean variance over `items` items instead (e averages over more or fewer)."""
+        return max(0.0, self.run_var + self.interaction * (1.0 / items - 1.0 / self.items))
+
+    @property
+    def seed_var(self) -> float:
+        """The whole-run shift alone, var(u) (floored at 0): for reading, not for intervals."""
+        return max(0.0, self.run_var - self.interaction / self.items)
+
+    @property
+    def sd(self) -> float:
+        return math.sqrt(self.seed_var)
+
+    @property
+    def run_sd(self) -> float:
+        return math.sqrt(self.run_var)
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "sd_run_means": _r(self.run_sd),
+            "df": self.df,
+            "sd_seed": _r(self.sd),
+            "sd_seed_x_item": _r(math.sqrt(self.interaction)),
+            "items": self.items,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SeedVar:
+        return cls(float(d["sd_run_means"]) ** 2, int(d["df"]), float(d["sd_seed_x_item"]) ** 2, int(d["items"]))
+
+
+def components(x: np.ndarray) -> SeedVar:
+    """The seed's luck from a runs x items table of one arm (at least 2 runs, 2 items)."""
+    x = np.asarray(x, dtype=np.float64)
+    runs, items = x.shape
+    if runs < 2 or items < 2:
+        raise ValueError(f"a runs x items table of at least 2 x 2 is needed; got {runs} x {items}")
+    run_means, item_means, grand = x.mean(axis=1), x.mean(axis=0), x.mean()
+    resid = x - run_means[:, None] - item_means[None, :] + grand
+    interaction = float(np.sum(resid**2)) / ((runs - 1) * (items - 1))
+    return SeedVar(float(np.var(run_means, ddof=1)), runs - 1, interaction, items)
+
+
+def pool(parts: Iterable[SeedVar | None], items: int) -> SeedVar | None:
+    """Estimates of one arm-independent seed luck pooled by their degrees of freedom, each taken
+    over `items` items; None when there are none."""
+    parts = [p for p in parts if p is not None and p.df > 0]
+    if not parts:
+        return None
+    df = sum(p.df for p in parts)
+    return SeedVar(
+        sum(p.df * p.run_var_at(items) for p in parts) / df,
+        df,
+        sum(p.df * p.interaction for p in parts) / df,
+        items,
+    )
+
+
+# --------------------------------------------------------------------------- the committed reference
+
+
+@dataclass
+class Reference:
+    """A preset's seed variance on one dataset, measured over its seeds (`./dev seeds`)."""
+
+    preset: str
+    data: str  # arm.data_digest of the shards it was measured on
+    arm: dict[str, str]  # digest and name of the arm measured
+    seeds: list[int]
+    items: int
+    metrics: dict[str, SeedVar]
+    per_seed: dict[str, list[float]]  # each metric's run mean, in the order of seeds
+    measured: dict[str, Any] = field(default_factory=dict)  # commit, command, date, machine, experiments
+    path: Path | None = None
+
+    def describe(self) -> str:
+        where = self.path.relative_to(REPO_ROOT) if self.path and self.path.is_relative_to(REPO_ROOT) else self.path
+        return f"the {self.preset} preset's seed-variance reference ({len(self.seeds)} seeds, {where})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": REFERENCE_FORMAT,
+            "preset": self.preset,
+            "data": self.data,
+            "arm": self.arm,
+            "seeds": self.seeds,
+            "items": self.items,
+            "metrics": {
+                m: {**v.as_dict(), "mean": _r(float(np.mean(self.per_seed[m]))), "per_seed": self.per_seed[m]}
+                for m, v in self.metrics.items()
+            },
+            "measured": self.measured,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: Path | None = None) -> Reference:
+        return cls(
+            str(d["preset"]),
+            str(d["data"]),
+            dict(d["arm"]),
+            [int(s) for s in d["seeds"]],
+            int(d["items"]),
+            {m: SeedVar.from_dict(v) for m, v in d["metrics"].items()},
+            {m: [float(x) for x in v["per_seed"]] for m, v in d["metrics"].items()},
+            dict(d.get("measured", {})),
+            path,
+        )
+
+
+def measure(
+    preset: str, data: str, arm: Mapping[str, str], seeds: Sequence[int], values: Mapping[str, np.ndarray], measured
+) -> Reference:
+    """A reference from replicates: `values[metric]` is the runs x items table, runs in `seeds` order."""
+    if len(seeds) < 2:
+        raise ValueError(f"the seed variance needs at least 2 seeds; got {len(seeds)}")
+    items = next(iter(values.values())).shape[1]
+    return Reference(
+        preset,
+        data,
+        dict(arm),
+        [int(s) for s in seeds],
+        items,
+        {m: components(x) for m, x in values.items()},
+        {m: [_r(v) for v in np.asarray(x).mean(axis=1)] for m, x in values.items()},
+        dict(measured),
+    )
+
+
+def reference_path(preset: str, directory: Path = REFERENCE_DIR) -> Path:
+    return Path(directory) / f"{preset}.json"
+
+
+def write_reference(ref: Reference, path: Path) -> None:
+    from pipeline.core.atomic import write_json
+
+    write_json(path, ref.as_dict())
+    ref.path = Path(path)
+
+
+def load_references(directory: Path = REFERENCE_DIR) -> list[Reference]:
+    """Every committed reference; a file that cannot be read is an error naming it (it is ours)."""
+    out = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            out.append(Reference.from_dict(json.loads(path.read_text()), path))
+        except (ValueError, KeyError, TypeError) as e:
+            raise PipelineError(
+                f"{path}: not a seed-variance reference ({type(e).__name__}: {e}); expected the file "
+                "`./dev seeds --preset NAME` writes: re-measure it, or remove it"
+            ) from None
+    return out
+
+
+def find_reference(preset: str, data: str, directory: Path = REFERENCE_DIR) -> Reference | None:
+    """The reference measured for `preset` on the data of digest `data`, if there is one."""
+    return next((r for r in load_references(directory) if r.preset == preset and r.data == data), None)
+
+
+def _r(x: float) -> float:
+    return round(float(x), 6)

@@ -1,0 +1,222 @@
+"""Replicates through DVC's experiment queue: train seeds of one or more arms, wait, read the results.
+
+A replicate is one DVC experiment of an arm with its own `run.seed` (pipeline/core/arm.py: runs of
+one arm differ only in the seed). `./dev seeds` (tools/seeds.py) queues the seeds of one arm to
+measure its seed variance; `./dev decide` (tools/decide.py) queues seed pairs of two arms. Both go
+through this module:
+
+- `plan` names each replicate `rep-<arm digest>-s<seed>`: a name says which arm and seed it
+  is, so an experiment of that name already made from this commit (an earlier `./dev decide`, a
+  run that was stopped) is read back instead of trained again;
+- `Queue` queues them (`dvc exp run --queue -n NAME -S ...`), starts the workers (`dvc queue start
+  -j N`: each in its own copy of the project under .dvc/tmp/exps, logging to the project's MLflow
+  store), waits, and stops what it started on every exit path (Ctrl-C included: the experiments
+  still running are killed, none outlives the command);
+- `collect` reads an experiment's item table and training curve from its commit, through DVC's
+  cache, as `./dev compare` does.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import pandas as pd
+
+from pipeline.core.arm import arm_digest
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT
+
+ITEMS = "reports/eval_items.parquet"
+STEPS = "telemetry/train_steps.csv"
+POLL_S = 2.0
+WORKER_GRACE_S = 15.0  # a worker may take this long to start and pick a task
+MAX_RESTARTS = 3
+DONE = ("Success", "Failed")
+
+
+class ReplicateError(PipelineError):
+    """A replicate that could not be queued, failed, or left nothing to read."""
+
+
+@dataclass(frozen=True)
+class Replicate:
+    name: str  # the DVC experiment's name
+    arm: str  # which arm of the plan it belongs to, as the caller labels it ("A", "B", "default")
+    seed: int
+    overrides: tuple[str, ...]  # Hydra overrides (`-S`), the seed not among them
+
+    def sets(self) -> list[str]:
+        return [*self.overrides, f"run.seed={self.seed}"]
+
+
+@dataclass
+class Result:
+    replicate: Replicate
+    items: pd.DataFrame
+    meta: object  # pipeline.evaluate.item_tables.TableMeta, or None for a table without it
+    steps: pd.DataFrame | None  # the training curve (telemetry/train_steps.csv), if it was kept
+    rev: str  # the experiment's commit
+
+
+def config_digest(overrides: Sequence[str]) -> str:
+    """The arm digest of a config composed from conf/ with `overrides`, data left out: what names
+    an arm before its data exists (a fresh clone has no shards until the first embed)."""
+    from pipeline.core.config import flatten, load_config
+
+    return arm_digest(flatten(load_config(list(overrides))), data="")
+
+
+def plan(prefix: str, arm: str, overrides: Sequence[str], seeds: Iterable[int]) -> list[Replicate]:
+    digest = config_digest(overrides)[:8]
+    return [Replicate(f"{prefix}-{digest}-s{s}", arm, int(s), tuple(overrides)) for s in seeds]
+
+
+def _dvc(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dvc", *args]
+
+
+def _run(cmd: list[str], root: Path, timeout: float = 600) -> str:
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        out = (proc.stdout + proc.stderr).strip()
+        raise ReplicateError(f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}): {out[-2000:]}")
+    return proc.stdout
+
+
+def experiment_rev(root: Path, name: str) -> str | None:
+    """The commit of the experiment `name` made from the current commit (HEAD), or None."""
+    from dvc.repo import Repo
+    from dvc.repo.experiments.utils import exp_refs_by_names
+
+    with Repo(str(root)) as repo:
+        head = repo.scm.get_rev()
+        refs = exp_refs_by_names(repo.scm, {name}).get(name, [])
+        ref = next((r for r in refs if r.baseline_sha == head), None)
+        return repo.scm.get_ref(str(ref)) if ref is not None else None
+
+
+def read_at_rev(root: Path, rev: str, path: str) -> bytes | None:
+    """A file as committed at `rev` (from git, or DVC's cache for an output), None if absent."""
+    import dvc.api
+    from dvc.exceptions import DvcException
+
+    try:
+        with dvc.api.open(path, repo=str(root), rev=rev, mode="rb") as f:
+            return f.read()
+    except (FileNotFoundError, DvcException):
+        return None
+
+
+def collect(root: Path, rep: Replicate, rev: str | None = None) -> Result:
+    """What the experiment of `rep` made: its item table (with metadata) and training curve."""
+    from pipeline.evaluate.item_tables import read_items
+
+    rev = rev or experiment_rev(root, rep.name)
+    if rev is None:
+        raise ReplicateError(f"{rep.name}: no such DVC experiment made from this commit (dvc exp show lists them)")
+    raw = read_at_rev(root, rev, ITEMS)
+    if raw is None:
+        raise ReplicateError(
+            f"{rep.name} (commit {rev[:8]}): no {ITEMS}: the experiment did not reach the evaluate stage "
+            f"(dvc queue logs {rep.name} shows why)"
+        )
+    items, meta = read_items(raw)
+    steps_raw = read_at_rev(root, rev, STEPS)
+    steps = pd.read_csv(io.BytesIO(steps_raw)) if steps_raw else None
+    return Result(rep, items, meta, steps, rev)
+
+
+class Queue:
+    """DVC's experiment queue for a set of replicates; a context manager that stops what it
+    started (and kills its running experiments when left by an error or Ctrl-C)."""
+
+    def __init__(self, root: Path = REPO_ROOT, jobs: int = 1, log: Callable[[str], None] = print):
+        self.root, self.jobs, self.log = Path(root), int(jobs), log
+        self._queued: list[str] = []
+        self._started = False
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        running = [n for n, s in self.status(self._queued).items() if s not in DONE] if self._queued else []
+        if kind is not None and running:
+            self.log(f"stopping: killing {len(running)} queued or running experiment(s): {', '.join(running)}")
+            subprocess.run(_dvc("queue", "kill", "--force", *running), cwd=self.root, capture_output=True)
+            subprocess.run(_dvc("queue", "remove", *running), cwd=self.root, capture_output=True)
+        # Only to live workers: DVC's broker keeps a stop that no worker took, and the next worker
+        # started (by the next command) would take it and quit after its first experiment.
+        if self._started and self.workers():
+            subprocess.run(_dvc("queue", "stop"), cwd=self.root, capture_output=True, timeout=300)
+
+    def workers(self) -> int:
+        from dvc.repo import Repo
+
+        with Repo(str(self.root)) as repo:
+            return len(repo.experiments.celery_queue.worker_status())
+
+    def submit(self, reps: Sequence[Replicate], replace: Sequence[str] = ()) -> None:
+        """Queue each replicate and start the workers once. `replace`: names of experiments that
+        exist but left nothing to read (DVC refuses a name in use without --force, which also
+        re-runs every stage)."""
+        for rep in reps:
+            args = ["exp", "run", "--queue", *(["--force"] if rep.name in replace else []), "-n", rep.name]
+            for s in rep.sets():
+                args += ["-S", s]
+            _run(_dvc(*args), self.root)
+            self._queued.append(rep.name)
+        if reps and not self._started:
+            _run(_dvc("queue", "start", "-j", str(self.jobs)), self.root)
+            self._started = True
+
+    def status(self, names: Iterable[str]) -> dict[str, str]:
+        """Each name's queue status: Queued, Running, Success, Failed (absent: not in the queue)."""
+        from dvc.repo import Repo
+
+        wanted = set(names)
+        with Repo(str(self.root)) as repo:
+            found = {t.get("name"): t.get("status") for t in repo.experiments.celery_queue.status()}
+        return {n: found.get(n, "Unknown") for n in wanted}
+
+    def wait(self, reps: Sequence[Replicate], done: Callable[[Replicate, str], None] | None = None) -> None:
+        """Until every replicate has finished; `done(rep, status)` as each does. A failed one
+        stops the wait with its log's tail (its arm cannot be compared without it)."""
+        left = {r.name: r for r in reps}
+        idle_since, restarts = None, 0
+        while left:
+            for name, status in self.status(left).items():
+                if status in DONE:
+                    rep = left.pop(name)
+                    if done is not None:
+                        done(rep, status)
+                    if status == "Failed":
+                        logs = subprocess.run(
+                            _dvc("queue", "logs", name), cwd=self.root, capture_output=True, text=True
+                        )
+                        raise ReplicateError(
+                            f"experiment {name} (arm {rep.arm}, seed {rep.seed}) failed; the end of its log "
+                            f"(dvc queue logs {name}):\n{(logs.stdout + logs.stderr)[-3000:]}"
+                        )
+            if left and not self.workers():
+                # Experiments left and no worker to run them (one quit, or was stopped by hand):
+                # start workers again, a few times, rather than wait for ever.
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > WORKER_GRACE_S:
+                    if restarts >= MAX_RESTARTS:
+                        raise ReplicateError(
+                            f"no DVC queue worker is running and {len(left)} experiment(s) are still queued "
+                            f"({', '.join(left)}); `dvc queue start` started workers {restarts} times"
+                        )
+                    self.log("no queue worker is running: starting them again (dvc queue start)")
+                    _run(_dvc("queue", "start", "-j", str(self.jobs)), self.root)
+                    restarts, idle_since = restarts + 1, None
+            else:
+                idle_since = None
+            if left:
+                time.sleep(POLL_S)

@@ -1,0 +1,195 @@
+"""Measure an arm's training luck: train it under several seeds and see how far each metric moves.
+
+    ./dev seeds [--preset default] [-S KEY=VALUE ...] [--seeds 8] [--first-seed 0] [-j 1]
+                [--write | --no-write] [--tables DIR] [--json]
+
+Queues one DVC experiment per seed (`rep-<arm>-s<seed>`, tools/replicates.py: through `dvc exp
+run --queue` and `dvc queue start -j N`; an experiment of that name already made from this commit
+is read back, not trained again), waits with a progress bar, then prints per headline metric the
+seeds' mean, the SD of the run means, and its split into the seed's own shift (what a comparison
+of single runs must add to the items' luck) and the items that flip between seeds
+(pipeline/evaluate/seed_variance.py).
+
+For a preset run as it is (no -S), the result is the preset's seed-variance reference,
+reference/seed_variance/<preset>.json (written unless --no-write; commit it): `./dev compare`,
+`./dev decide` and the evaluate stage widen single-seed intervals with it wherever the preset and
+the data match. --tables DIR keeps each seed's item table there (seed-<k>.parquet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.evaluate.retrieval import METRICS
+from pipeline.evaluate.seed_variance import MIN_REFERENCE_SEEDS, measure, reference_path, write_reference
+from tools.compare import Source, predictor_table, runs_values, shared_ids
+from tools.replicates import Queue, ReplicateError, collect, experiment_rev, plan
+
+HEADLINE = ("group_top1", "mrr", "cosine", "mse")
+
+
+def run_replicates(reps, jobs: int, root: Path = REPO_ROOT, label: str = "seeds"):
+    """Each replicate's Result: read back when its experiment exists, else queued and waited for."""
+    from tqdm import tqdm
+
+    done, todo, replace = {}, [], []
+    for rep in reps:
+        rev = experiment_rev(root, rep.name)
+        if rev is not None:
+            try:
+                done[rep.name] = collect(root, rep, rev)
+                continue
+            except ReplicateError:
+                replace.append(rep.name)  # made, but left nothing to read: train it again
+        todo.append(rep)
+    if done:
+        print(f"[{label}] {len(done)} of {len(reps)} already made from this commit: read back", file=sys.stderr)
+    if todo:
+        print(
+            f"[{label}] training {len(todo)} experiment(s) through DVC's queue with {jobs} worker(s): "
+            + ", ".join(r.name for r in todo),
+            file=sys.stderr,
+        )
+        bar = tqdm(total=len(todo), desc=label, unit="run", file=sys.stderr)
+        with Queue(root, jobs, log=lambda m: print(f"[{label}] {m}", file=sys.stderr)) as queue:
+            queue.submit(todo, replace=replace)
+
+            def finished(rep, status):
+                bar.update(1)
+                bar.set_postfix_str(f"seed {rep.seed}: {status}")
+
+            queue.wait(todo, finished)
+        bar.close()
+        for rep in todo:
+            done[rep.name] = collect(root, rep)
+    return [done[r.name] for r in reps]
+
+
+def measure_arm(results, preset: str, command: str):
+    metas = [r.meta for r in results]
+    if any(m is None for m in metas):
+        raise PipelineError("an item table carries no metadata (made by an older version): re-run it")
+    arms = {m.arm_digest for m in metas}
+    datas = {m.data for m in metas}
+    if len(arms) > 1 or len(datas) > 1:
+        raise PipelineError(f"the replicates are not one arm on one dataset: arms {sorted(arms)}, data {sorted(datas)}")
+    tables = [
+        predictor_table(Source(r.replicate.name, r.replicate.name, "dvc-experiment", "", r.items)) for r in results
+    ]
+    ids = shared_ids(tables)
+    values = runs_values(tables, ids)
+    measured = {
+        "command": command,
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": _machine(),
+        "experiments": [r.replicate.name for r in results],
+    }
+    arm = {"digest": metas[0].arm_digest, "name": metas[0].arm_name}
+    return measure(preset, metas[0].data, arm, [m.seed for m in metas], values, measured)
+
+
+def render(ref) -> str:
+    lines = [
+        f"Arm {ref.arm['name']} [{ref.arm['digest']}] on data {ref.data}: {len(ref.seeds)} seeds "
+        f"({', '.join(map(str, ref.seeds))}), {ref.items} test items.",
+        "run SD: the spread of the seeds' run means. seed SD: the part that shifts a whole run (what a "
+        "comparison of single runs must add to the items' luck); seed x item SD: items flipping between seeds.",
+        "",
+        f"{'metric':<12} {'mean':>9} {'run SD':>9} {'seed SD':>9} {'seed x item':>12}   per seed",
+    ]
+    for m in METRICS:
+        v, per = ref.metrics[m], ref.per_seed[m]
+        digits = 6 if m == "mse" else 4
+        lines.append(
+            f"{m:<12} {sum(per) / len(per):>9.{digits}f} {v.run_sd:>9.{digits}f} {v.sd:>9.{digits}f} "
+            f"{v.interaction**0.5:>12.{digits}f}   " + " ".join(f"{x:.{digits}f}" for x in per)
+        )
+    return "\n".join(lines)
+
+
+def _git(*args: str) -> str:
+    proc = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+    return proc.stdout.strip()
+
+
+def _machine() -> str:
+    from pipeline.core.numerics import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores"
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="./dev seeds", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--preset", default="default", help="the preset to measure (conf/preset/; default: default)")
+    ap.add_argument(
+        "-S",
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of the arm (Hydra syntax, as dvc exp run -S); repeatable",
+    )
+    ap.add_argument("--seeds", type=int, default=8, help="how many seeds (default 8; a reference needs at least 5)")
+    ap.add_argument("--first-seed", type=int, default=0, help="the first seed; the others follow it (default 0)")
+    ap.add_argument("-j", "--jobs", type=int, default=1, help="DVC queue workers (default 1; each holds a run)")
+    ap.add_argument(
+        "--write",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write reference/seed_variance/<preset>.json (default: yes for a preset without -S)",
+    )
+    ap.add_argument("--tables", type=Path, metavar="DIR", help="keep each seed's item table in DIR")
+    ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.seeds < 2:
+        ap.error(f"--seeds {args.seeds}: expected at least 2 (one seed has no spread)")
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: expected at least 1")
+    write = (not args.sets) if args.write is None else args.write
+    if write and args.seeds < MIN_REFERENCE_SEEDS:
+        ap.error(f"--seeds {args.seeds}: a reference needs at least {MIN_REFERENCE_SEEDS} (or --no-write)")
+    if write and args.sets:
+        ap.error("a reference is a preset's as it is: --write goes without -S (see --tables, --json)")
+    command = "./dev seeds " + " ".join(sys.argv[1:] if argv is None else argv)
+    try:
+        overrides = [f"preset={args.preset}", *args.sets]
+        reps = plan("rep", args.preset, overrides, range(args.first_seed, args.first_seed + args.seeds))
+        results = run_replicates(reps, args.jobs)
+        ref = measure_arm(results, args.preset, command.strip())
+    except (PipelineError, KeyboardInterrupt) as e:
+        print(f"seeds: {e if str(e) else 'interrupted'}", file=sys.stderr)
+        return 2 if isinstance(e, PipelineError) else 130
+    if args.tables:
+        args.tables.mkdir(parents=True, exist_ok=True)
+        for r in results:
+            from pipeline.evaluate.item_tables import write_items
+
+            write_items(r.items, args.tables / f"seed-{r.replicate.seed}.parquet", r.meta)
+    if write:
+        path = reference_path(args.preset)
+        write_reference(ref, path)
+        print(f"[seeds] wrote {path.relative_to(REPO_ROOT)}: commit it", file=sys.stderr)
+    print(json.dumps(ref.as_dict(), indent=2) if args.json else render(ref))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
