@@ -32,6 +32,7 @@ from pipeline.evaluate.retrieval import (
     ridge_fit,
     sample_table,
 )
+from pipeline.evaluate.seed_variance import find_reference
 from pipeline.evaluate.stats import verdict
 from pipeline.model.model_file import check_input_dim, load_model
 from pipeline.serve.log import log_answer_model
@@ -60,7 +61,14 @@ def run(cfg) -> dict:
     bank = build_bank([shards[s] for s in ("train", "val", "test")])
     w = ridge_fit(shards["train"].inputs, shards["train"].targets, cfg.evaluate.ridge_alpha)
     ev = cfg.evaluate
-    metrics = {"eval/bank_size": bank.size, "eval/bootstrap_resamples": ev.bootstrap_resamples}
+    # The preset's committed seed-variance reference, if it was measured on these very data: the
+    # model's intervals then cover its training seed's luck as well as the test items'.
+    reference = find_reference(str(cfg.run.preset), data_digest(manifest))
+    metrics = {
+        "eval/bank_size": bank.size,
+        "eval/bootstrap_resamples": ev.bootstrap_resamples,
+        "eval/test/seed_reference_seeds": len(reference.seeds) if reference else 0,
+    }
     for split in SPLITS:
         # The batch size the model trained with: max_active_flows caps flows per *batch*, so a
         # bigger batch would give each sample fewer flows than it learned with.
@@ -73,6 +81,7 @@ def run(cfg) -> dict:
             ev.bootstrap_resamples,
             ev.bootstrap_seed,
             with_ci=split == "test",
+            seed_luck=reference.metrics if reference and split == "test" else None,
         )
         metrics.update(flat)
         if split == "test":
@@ -93,13 +102,28 @@ def run(cfg) -> dict:
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.
             logged = log_answer_model(model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size)
-            tracking.set_tags({"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {})
+            tracking.set_tags(
+                {
+                    "eval.ci_covers": covers(reference, str(cfg.run.preset)),
+                    **({"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {}),
+                }
+            )
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
             for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(path, "evaluate")
-    for line in summary_lines(test_estimates, bank.size, len(test_items)):
+    for line in summary_lines(test_estimates, bank.size, len(test_items), covers(reference, str(cfg.run.preset))):
         log.info("%s", line)
     return metrics
+
+
+def covers(reference, preset: str) -> str:
+    """What the test intervals cover, in words (the MLflow tag eval.ci_covers, the log)."""
+    if reference is not None:
+        return f"test items and training seeds (the model's seed spread from {reference.describe()})"
+    return (
+        f"test items only: training (seed) luck is not covered (no seed-variance reference for the preset {preset} "
+        "on these data; `./dev seeds --preset NAME` measures one, `./dev compare` of several seeds covers it)"
+    )
 
 
 def table_meta(cfg, payload: dict, manifest: dict) -> TableMeta:
@@ -110,10 +134,13 @@ def table_meta(cfg, payload: dict, manifest: dict) -> TableMeta:
     return TableMeta(str(cfg.run.preset), arm.digest, arm.name, int(seed), data_digest(manifest))
 
 
-def summary_lines(estimates: dict, bank_size: int, items: int) -> list[str]:
+def summary_lines(estimates: dict, bank_size: int, items: int, covered: str = "test items") -> list[str]:
     """What a reader needs from the log: each predictor's headline numbers with CIs, then the
     model against each baseline in words."""
-    lines = [f"test: {items} items, retrieval over {bank_size} distinct target texts (95 % CIs)"]
+    lines = [
+        f"test: {items} items, retrieval over {bank_size} distinct target texts (95 % CIs)",
+        f"  the intervals cover: {covered}",
+    ]
     for who in ("model", *BASELINES):
         if f"{who}/cosine" in estimates:
             parts = [

@@ -15,8 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from pipeline.evaluate import seed_variance
+from pipeline.evaluate.item_tables import TableMeta, write_items
 from pipeline.evaluate.retrieval import METRICS
 from tools import compare as cmp
+from tools.item_sources import Side, Source, load_side
 
 pytestmark = pytest.mark.e2e
 
@@ -47,16 +50,35 @@ def table(n: int, hit_rate: float, seed: int, cos_mean: float = 0.5, ids=None) -
             "top5": [[f"b{j}" for j in range(5)]] * n,
         }
     )
-    for b in ("identity", "ridge", "untrained"):
+    for b in ("identity", "ridge", "nearest"):
         df[f"{b}_rank"], df[f"{b}_group_rank"] = rank + 30, group_rank + 30
         df[f"{b}_cosine"], df[f"{b}_mse"] = cosine - 0.3, mse + 0.003
     return df
 
 
-def write(tmp_path, name: str, df: pd.DataFrame) -> str:
+def write(tmp_path, name: str, df: pd.DataFrame, meta: TableMeta | None = None) -> str:
     path = tmp_path / f"{name}.parquet"
-    df.to_parquet(path, index=False)
+    if meta is None:
+        df.to_parquet(path, index=False)
+    else:
+        write_items(df, path, meta)
     return str(path)
+
+
+def meta(arm: str, seed: int, preset: str = "smoke", data: str = "d1") -> TableMeta:
+    return TableMeta(preset, f"{arm}digest", f"smoke {arm}", seed, data)
+
+
+def replicates(tmp_path, arm: str, hit_rate: float, cos_mean: float, seeds=(0, 1, 2), n: int = 600) -> str:
+    """Item tables of one arm's runs (a comma list of files): the same items, each seed moving
+    the whole run a little."""
+    paths = []
+    for s in seeds:
+        df = table(
+            n, hit_rate + 0.01 * (s - 1), seed=100 * s + int(hit_rate * 100), cos_mean=cos_mean + 0.003 * (s - 1)
+        )
+        paths.append(write(tmp_path, f"{arm}-s{s}", df, meta(arm, s)))
+    return ",".join(paths)
 
 
 def run_main(capsys, *args: str) -> tuple[int, str, str]:
@@ -71,36 +93,84 @@ def run_json(capsys, *args: str) -> tuple[dict, str]:
     return json.loads(out), err
 
 
-def test_a_clearly_better_model_wins_with_a_ci_around_the_true_difference(tmp_path, capsys):
-    a = write(tmp_path, "a", table(600, 0.3, seed=1, cos_mean=0.40))
-    b = write(tmp_path, "b", table(600, 0.7, seed=2, cos_mean=0.55))
+@pytest.fixture
+def reference_dir(tmp_path, monkeypatch):
+    """An empty seed-variance reference directory in place of the committed one."""
+    d = tmp_path / "references"
+    d.mkdir()
+    monkeypatch.setattr(seed_variance, "REFERENCE_DIR", d)
+    return d
+
+
+def test_replicates_of_a_clearly_better_arm_win_with_an_interval_around_the_true_difference(tmp_path, capsys):
+    a = replicates(tmp_path, "a", 0.3, 0.40)
+    b = replicates(tmp_path, "b", 0.7, 0.55)
     result, err = run_json(capsys, a, b)
-    assert err == "" and result["shared_items"] == 600 and result["difference"] == "b - a"
+    assert result["shared_items"] == 600 and result["difference"] == "b - a" and not result["same_arm"]
+    assert result["luck"]["covers_seeds"] and "3 runs of" in result["luck"]["covers"]
+    assert [r["seed"] for r in result["a"]["runs"]] == [0, 1, 2] and result["a"]["arm"]["digest"] == "adigest"
     truth = {"group_top1": 0.4, "cosine": 0.15, "mse": -0.15 / 192}  # population differences, B - A
     for m, true in truth.items():
         r = result["metrics"][m]
-        d = r["difference"]
-        assert d["ci95_low"] <= true <= d["ci95_high"], (m, d)
-        assert d["p_value"] < 0.01 and r["significant"] and r["better"] == "b", (m, r)
-        assert d["value"] == pytest.approx(r["b"]["value"] - r["a"]["value"], abs=2e-6)
-        assert r["a"]["ci95_low"] <= r["a"]["value"] <= r["a"]["ci95_high"]
-    assert result["metrics"]["group_top1"]["verdict"].startswith(f"{b} is better than {a} on group_top1: +0.")
+        assert r["ci_low"] <= true <= r["ci_high"], (m, r)
+        assert r["outcome"] == "better" and r["prob_b_better"] > 0.99, (m, r)
+        assert r["difference"] == pytest.approx(r["b"] - r["a"], abs=2e-6)
+    assert result["metrics"]["group_top1"]["verdict"].startswith("smoke b is better than smoke a on group_top1: +0.")
     assert "mse (lower is better)" in result["metrics"]["mse"]["verdict"]
-    assert result["metrics"]["mse"]["verdict"].startswith(f"{b} is better than")  # lower mse is better
-    # Swapped, B is the worse one.
     swapped, _ = run_json(capsys, b, a)
-    assert swapped["metrics"]["group_top1"]["verdict"].startswith(f"{a} is worse than {b} on group_top1: -0.")
-    assert swapped["metrics"]["group_top1"]["better"] == "a"
-    # The flips: A's hits that B missed and the other way, counted and listed (with --show's limit).
-    ta, tb = pd.read_parquet(a), pd.read_parquet(b)
-    a_only = ta["id"][(ta.group_rank == 1) & (tb.group_rank > 1)].tolist()
-    b_only = ta["id"][(ta.group_rank > 1) & (tb.group_rank == 1)].tolist()
+    assert swapped["metrics"]["group_top1"]["outcome"] == "worse"
+    assert swapped["metrics"]["group_top1"]["verdict"].startswith("smoke a is worse than smoke b on group_top1: -0.")
+    # The flips: items hit by most of A's runs and missed by most of B's, and the other way.
     f = result["flipped"]
-    assert (f["a_only"], f["b_only"]) == (len(a_only), len(b_only)) and f["metric"] == "group_top1"
-    assert [it["id"] for it in f["b_only_items"]] == b_only[: cmp.DEFAULT_SHOW]
-    first = f["a_only_items"][0]
-    assert first["a_group_rank"] == 1 and first["b_group_rank"] > 1
-    assert first["input"] == f"question {first['id']}" and first["target"] == f"answer {first['id']}"
+    assert f["metric"] == "group_top1" and f["b_only"] > f["a_only"] > 0
+    first = f["b_only_items"][0]
+    assert first["a_hit_rate"] < 0.5 < first["b_hit_rate"] and first["input"].startswith("question ")
+    # In words: the table, each verdict, and what the intervals cover.
+    rc, text, _ = run_main(capsys, a, b, "--show", "2")
+    assert rc == 0 and "3 runs (seeds 0, 1, 2)" in text and "the interval covers: test items and training seeds" in text
+    for m in METRICS:
+        assert any(line.startswith(f"{m} ") for line in text.splitlines()), m
+
+
+def test_single_runs_without_a_reference_are_never_better_and_say_why(tmp_path, capsys, reference_dir):
+    a = write(tmp_path, "a", table(600, 0.3, seed=1, cos_mean=0.40), meta("a", 0))
+    b = write(tmp_path, "b", table(600, 0.7, seed=2, cos_mean=0.55), meta("b", 0))
+    result, _ = run_json(capsys, a, b)
+    assert not result["luck"]["covers_seeds"] and "NOT covered" in result["luck"]["covers"]
+    assert {r["outcome"] for r in result["metrics"].values()} == {"inconclusive"}
+    assert all(r["seeds_needed"] >= 2 for r in result["metrics"].values())
+    rc, text, _ = run_main(capsys, a, b)
+    assert rc == 0 and "Training luck is NOT covered" in text and "./dev decide" in text
+
+
+def test_single_runs_with_the_presets_reference_are_covered(tmp_path, capsys, reference_dir):
+    # The preset's reference (as ./dev seeds writes it) for these data: 8 seeds of one arm.
+    rng = np.random.default_rng(0)
+    base = table(600, 0.5, seed=3, cos_mean=0.5)
+    per = []
+    for s in range(8):
+        df = base.copy()
+        df["cosine"] = base["cosine"] + rng.normal(0, 0.003) + rng.normal(0, 0.01, len(df))
+        per.append(df)
+    from tools.item_sources import predictor_table, runs_values
+
+    tables = [predictor_table(Source(f"s{i}", f"s{i}", "file", "", t)) for i, t in enumerate(per)]
+    values = runs_values(tables, list(base["id"]))
+    ref = seed_variance.measure("smoke", "d1", {"digest": "adigest", "name": "smoke a"}, list(range(8)), values, {})
+    seed_variance.write_reference(ref, reference_dir / "smoke.json")
+    a = write(tmp_path, "a", per[0], meta("a", 0))
+    gain = per[1].copy()
+    gain["cosine"] = gain["cosine"] + 0.05
+    b = write(tmp_path, "b", gain, meta("b", 0))
+    result, _ = run_json(capsys, a, b)
+    assert result["luck"]["covers_seeds"] and "reference" in result["luck"]["covers"]
+    assert result["luck"]["references"] == [str(reference_dir / "smoke.json")]
+    assert result["metrics"]["cosine"]["outcome"] == "better"
+    # Two seeds of one arm: luck, and said so.
+    same = write(tmp_path, "a1", per[2], meta("a", 1))
+    aa, err = run_json(capsys, a, same)
+    assert aa["same_arm"] and "differing only in their seeds" in err
+    assert aa["metrics"]["cosine"]["outcome"] in ("inconclusive", "equivalent")
 
 
 def test_identical_tables_differ_in_nothing(tmp_path, capsys):
@@ -109,48 +179,48 @@ def test_identical_tables_differ_in_nothing(tmp_path, capsys):
     assert result["a"]["label"] == f"{a} (A)" and result["b"]["label"] == f"{a} (B)"
     for m in METRICS:
         r = result["metrics"][m]
-        assert r["difference"] == {"value": 0.0, "ci95_low": 0.0, "ci95_high": 0.0, "p_value": 1.0}, m
-        assert not r["significant"] and r["better"] is None
-        assert r["verdict"].startswith("no significant difference between"), r["verdict"]
+        assert (r["difference"], r["ci_low"], r["ci_high"], r["p_value"]) == (0.0, 0.0, 0.0, 1.0), m
+        assert r["outcome"] == "inconclusive"  # one run a side: not covered, whatever the numbers
     assert result["flipped"]["a_only"] == result["flipped"]["b_only"] == 0
 
 
-def test_noise_that_cancels_out_is_no_significant_difference_and_its_flips_are_listed(tmp_path, capsys):
-    df = table(400, 0.5, seed=4)
-    noisy = df.copy()
-    hits, misses = df.index[df.group_rank == 1][:25], df.index[df.group_rank > 1][:25]
-    noisy.loc[hits, "group_rank"], noisy.loc[misses, "group_rank"] = 7, 1  # 25 flips each way: mean unchanged
-    noisy["cosine"] = df["cosine"] + np.random.default_rng(5).normal(0, 0.05, len(df))
-    a, b = write(tmp_path, "a", df), write(tmp_path, "b", noisy)
-    result, _ = run_json(capsys, a, b, "--show", "3")
-    g = result["metrics"]["group_top1"]
-    assert g["difference"]["value"] == 0 and g["difference"]["ci95_low"] < 0 < g["difference"]["ci95_high"]
-    assert g["difference"]["p_value"] > 0.5 and not g["significant"]
-    assert g["verdict"].startswith(f"no significant difference between {a} and {b} on group_top1: +0.000 [")
-    f = result["flipped"]
-    assert (f["a_only"], f["b_only"]) == (25, 25)
-    assert [it["id"] for it in f["a_only_items"]] == df.loc[hits[:3], "id"].tolist()
-    assert [it["id"] for it in f["b_only_items"]] == df.loc[misses[:3], "id"].tolist()
-    # The same in words.
-    rc, text, _ = run_main(capsys, a, b, "--show", "2")
-    assert rc == 0
-    for m in METRICS:
-        assert any(line.startswith(f"{m} ") for line in text.splitlines()), m
-        assert f"on {m}" in text
-    assert "25 hit by " in text and ", the first 2:" in text and f"input:  question {df.id[hits[0]]}" in text
+def test_a_side_must_be_replicates_of_one_arm_each_seed_once(tmp_path, capsys):
+    a0, a1 = (
+        write(tmp_path, "a0", table(50, 0.5, 1), meta("a", 0)),
+        write(tmp_path, "a1", table(50, 0.5, 2), meta("a", 1)),
+    )
+    b0 = write(tmp_path, "b0", table(50, 0.5, 3), meta("b", 0))
+    again = write(tmp_path, "a0-again", table(50, 0.5, 4), meta("a", 0))
+    for args, message in (
+        ([f"{a0},{b0}", a1], "A (" + f"{a0},{b0}) mixes arms"),
+        ([a1, f"{a0},{again}"], "holds seed 0 twice"),
+    ):
+        rc, out, err = run_main(capsys, *args)
+        assert rc == 2 and out == "" and err.count("\n") == 1 and message in err, (args, err)
 
 
 def test_the_same_seed_gives_the_same_numbers_and_resamples_below_1000_are_refused(tmp_path, capsys):
-    a = write(tmp_path, "a", table(200, 0.4, seed=6))
-    b = write(tmp_path, "b", table(200, 0.5, seed=7))
+    a = replicates(tmp_path, "a", 0.4, 0.5, n=200)
+    b = replicates(tmp_path, "b", 0.5, 0.5, n=200)
     first, _ = run_json(capsys, a, b, "--seed", "11")
     again, _ = run_json(capsys, a, b, "--seed", "11")
     other, _ = run_json(capsys, a, b, "--seed", "12")
     assert first == again and first["seed"] == 11 and first["resamples"] == RESAMPLES
-    assert first["metrics"]["cosine"]["difference"] != other["metrics"]["cosine"]["difference"]
+    assert first["metrics"]["cosine"]["ci_low"] != other["metrics"]["cosine"]["ci_low"]
     with pytest.raises(SystemExit) as e:
         cmp.main([a, b, "--resamples", "999"])
     assert e.value.code == 2 and "at least 1000" in capsys.readouterr().err
+
+
+def test_margins_decide_equivalence_and_are_checked(tmp_path, capsys):
+    a = replicates(tmp_path, "a", 0.5, 0.5, seeds=range(6), n=2000)
+    b = replicates(tmp_path, "b", 0.5, 0.5, seeds=range(6), n=2000)
+    wide, _ = run_json(capsys, a, b, "--margin", "cosine=0.05")
+    assert wide["metrics"]["cosine"]["margin"] == 0.05 and wide["metrics"]["cosine"]["outcome"] == "equivalent"
+    for bad in ("cosine", "cosine=-1", "acc=0.1", "cosine=x"):
+        with pytest.raises(SystemExit):
+            cmp.main([a, b, "--margin", bad])
+        assert "--margin" in capsys.readouterr().err
 
 
 def test_tables_of_different_splits_are_compared_on_shared_items_with_a_warning(tmp_path, capsys):
@@ -193,7 +263,7 @@ def test_bad_tables_and_arguments_are_one_line_errors(tmp_path, capsys):
     for args, expected in (
         ([good, broken], "no column group_rank"),
         ([good, str(tmp_path / "junk.parquet")], "not a readable parquet file"),
-        ([good, "--baseline", "lasso"], "baselines in it: identity, ridge, untrained"),
+        ([good, "--baseline", "lasso"], "baselines in it: identity, nearest, ridge"),
     ):
         rc, out, err = run_main(capsys, *args)
         assert rc == 2 and out == "" and err.count("\n") == 1 and expected in err, (args, err)
@@ -203,11 +273,18 @@ def test_bad_tables_and_arguments_are_one_line_errors(tmp_path, capsys):
 
 
 def test_a_model_against_a_baseline_of_its_own_table(tmp_path, capsys):
-    a = write(tmp_path, "a", table(300, 0.5, seed=12))
+    # Replicates of the model against the ridge baseline scored beside them: the baseline has no
+    # training luck, the model's seeds have.
+    a = replicates(tmp_path, "a", 0.5, 0.5)
     result, _ = run_json(capsys, a, "--baseline", "ridge")
     assert result["a"]["predictor"] == "ridge" and result["b"]["predictor"] == "model"
-    assert result["metrics"]["group_top1"]["verdict"].startswith(f"{a} is better than {a}:ridge on group_top1")
-    assert result["metrics"]["cosine"]["difference"]["value"] == pytest.approx(0.3)
+    assert result["luck"]["covers_seeds"] and "3 runs of smoke a" in result["luck"]["covers"]
+    assert result["metrics"]["group_top1"]["verdict"].startswith("smoke a is better than smoke a:ridge on group_top1")
+    assert result["metrics"]["cosine"]["difference"] == pytest.approx(0.3, abs=1e-6)
+    # One run and no reference: the baseline's side has no luck, the model's is not covered.
+    one = write(tmp_path, "one", table(300, 0.5, seed=12))
+    single, _ = run_json(capsys, one, "--baseline", "ridge")
+    assert not single["luck"]["covers_seeds"] and single["metrics"]["cosine"]["outcome"] == "inconclusive"
 
 
 def test_dev_compare_takes_a_path_relative_to_where_it_was_started(tmp_path):
@@ -224,7 +301,7 @@ def test_dev_compare_takes_a_path_relative_to_where_it_was_started(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
-    assert result["a"]["kind"] == result["b"]["kind"] == "file" and result["shared_items"] == 100
+    assert result["a"]["runs"][0]["kind"] == result["b"]["runs"][0]["kind"] == "file" and result["shared_items"] == 100
 
 
 def test_a_git_revision_and_the_workspace_of_a_repository(tmp_path, capsys):
@@ -254,8 +331,11 @@ def test_a_git_revision_and_the_workspace_of_a_repository(tmp_path, capsys):
     assert (new.table["group_rank"] == 1).mean() > 0.7 > (old.table["group_rank"] == 1).mean()
     ws = cmp.load("workspace", root=repo)
     assert ws.kind == "workspace" and ws.table.equals(pd.read_parquet(items))
-    result = cmp.compare(old, new, RESAMPLES)
-    assert result["metrics"]["group_top1"]["better"] == "b"
+    result = cmp.compare(Side("HEAD~1", [old]), Side("v2", [new]), RESAMPLES)
+    assert result["metrics"]["group_top1"]["difference"] > 0.4 and not result["luck"]["covers_seeds"]
+    # Several revisions as one side (replicates), resolved as names are.
+    both = load_side("HEAD~1,v2", root=repo)
+    assert [s.kind for s in both.sources] == ["git-revision", "git-revision"]
     with pytest.raises(cmp.CompareError, match="names no item table: .*not a git revision of .*not a DVC experiment"):
         cmp.load("nope", root=repo)
 
@@ -277,7 +357,11 @@ def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_exper
     assert by_name.returncode == 0, by_name.stderr[-3000:]
     assert by_name.stderr == ""  # one test split: no warning
     result = json.loads(by_name.stdout)
-    assert result["a"]["kind"] == result["b"]["kind"] == "dvc-experiment"
+    assert result["a"]["runs"][0]["kind"] == result["b"]["runs"][0]["kind"] == "dvc-experiment"
+    # The tables say what they came from: the smoke preset's arms, seed 0; its reference covers them.
+    assert result["a"]["preset"] == "smoke" and [r["seed"] for r in result["a"]["runs"]] == [0]
+    assert result["a"]["arm"]["digest"] != result["b"]["arm"]["digest"]  # another lr: another arm
+    assert result["luck"]["covers_seeds"] and "smoke preset's seed-variance reference" in result["luck"]["covers"]
     assert result["shared_items"] == result["a"]["items"] == result["b"]["items"] > 0
     assert set(result["metrics"]) == set(METRICS)
 
@@ -290,14 +374,15 @@ def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_exper
         # The experiment's table is the one its MLflow run logged: its means are the run's metrics.
         side = "a" if name == "smoke-a" else "b"
         for m in METRICS:
-            assert result["metrics"][m][side]["value"] == pytest.approx(
-                run.data.metrics[f"eval/test/model/{m}"], abs=2e-6
-            ), (name, m)
+            assert result["metrics"][m][side] == pytest.approx(run.data.metrics[f"eval/test/model/{m}"], abs=2e-6), (
+                name,
+                m,
+            )
 
     by_id = _compare_in(root, env, runs["smoke-a"].info.run_id, runs["smoke-b"].info.run_id, "--json", "--show", "5")
     assert by_id.returncode == 0 and by_id.stderr == "", by_id.stderr[-3000:]
     same = json.loads(by_id.stdout)
-    assert same["a"]["kind"] == same["b"]["kind"] == "mlflow-run"
+    assert same["a"]["runs"][0]["kind"] == same["b"]["runs"][0]["kind"] == "mlflow-run"
     assert same["a"]["label"] == f"smoke-a (run {runs['smoke-a'].info.run_id[:8]})"
     assert same["metrics"] == {
         m: {**r, "verdict": r["verdict"].replace("smoke-a", same["a"]["label"]).replace("smoke-b", same["b"]["label"])}
@@ -308,10 +393,9 @@ def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_exper
     # In words, a name against a run id, and the workspace (where smoke-a ran).
     text = _compare_in(root, env, "smoke-a", runs["smoke-b"].info.run_id)
     assert text.returncode == 0, text.stderr[-3000:]
-    assert "A = smoke-a: DVC experiment smoke-a (commit " in text.stdout
-    assert sum(
-        line.startswith(("no significant difference", "smoke-b (run")) for line in text.stdout.splitlines()
-    ) == len(METRICS)
+    assert "A = smoke-a (arm smoke [" in text.stdout and "DVC experiment smoke-a (commit " in text.stdout
+    verdicts = [line for line in text.stdout.splitlines() if line.startswith(("inconclusive on", "smoke-b (run"))]
+    assert len(verdicts) == len(METRICS)
     ws = _compare_in(root, env, "workspace", "smoke-b", "--json")
     assert ws.returncode == 0, ws.stderr[-3000:]
     assert json.loads(ws.stdout)["shared_items"] == result["shared_items"]

@@ -332,7 +332,8 @@ def test_any_override_loads_or_is_one_config_error(examples):
             "report.scaler_max_backoff_fraction=1.5",
             "parameter 'report.scaler_max_backoff_fraction' = 1.5: expected a fraction in [0, 1]",
         ),
-        ("report.learning_min_gain=-0.1", "parameter 'report.learning_min_gain' = -0.1: expected >= 0"),
+        ("report.learning_min_drop=-0.1", "parameter 'report.learning_min_drop' = -0.1: expected a share in [0, 1)"),
+        ("report.learning_min_drop=1", "parameter 'report.learning_min_drop' = 1.0: expected a share in [0, 1)"),
     ],
 )
 def test_the_reports_thresholds_are_refused_at_load(override, message):
@@ -354,7 +355,7 @@ def test_the_reports_thresholds_are_refused_at_load(override, message):
             "report.grad_max_critical_fraction=1",
             "report.nonfinite_warn_fraction=0",
         ],
-        ["report.warmup_steps=0", "report.learning_min_gain=0"],
+        ["report.warmup_steps=0", "report.learning_min_drop=0"],
     ],
 )
 def test_the_edges_of_the_reports_ranges_are_accepted(overrides):

@@ -258,7 +258,6 @@ def test_shards_with_an_empty_split_stop_train_and_evaluate_naming_it(tmp_path, 
 
     monkeypatch.setattr(evaluate, "load_model", lambda *a, **kw: (None, {"dim": 8}))
     monkeypatch.setattr(evaluate, "check_input_dim", lambda *a, **kw: None)
-    monkeypatch.setattr(evaluate, "untrained_model", lambda *a, **kw: None)
     monkeypatch.setattr(evaluate.tracking, "read_run_file", lambda *a: {"run_id": ""})
     code = evaluate.main(
         [

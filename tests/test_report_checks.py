@@ -16,11 +16,10 @@ pytestmark = pytest.mark.unit
 
 N = 500
 PARAMS = {"planned_steps": 10_000, "step_cap": 12, "min_steps_to_arrive": 4}  # the rest: defaults
-# A model that learned: well above its untrained self and the identity baseline.
+# A model that learned: above the identity baseline.
 EVAL = {
     "eval/test/model/cosine": 0.88,
     "eval/test/model/top1": 0.8,
-    "eval/test/untrained/cosine": 0.02,
     "eval/test/identity/cosine": 0.82,
     "eval/test/ridge/cosine": 0.9,
 }
@@ -363,8 +362,19 @@ def test_learning_check_states_each_paired_difference_with_its_interval():
         "eval/test/model_vs_identity/cosine/ci95_high": 0.01,
     }
     assert check_learning(noisy, resolve_params(PARAMS))["status"] == "pass"
+    # Below identity on cosine, but not on the headline (group top-1): said, not warned.
     below = {**noisy, "eval/test/model_vs_identity/cosine/ci95_high": -0.002}
-    assert check_learning(below, resolve_params(PARAMS))["status"] == "warn"
+    res = check_learning(below, resolve_params(PARAMS))
+    assert res["status"] == "pass" and "trails identity on cosine by -0.010" in res["summary"]
+    # Below a baseline on the headline: a warning (not a green "stable"), naming it.
+    worse = {
+        **ev,
+        "eval/test/model_vs_ridge/group_top1": -0.05,
+        "eval/test/model_vs_ridge/group_top1/ci95_low": -0.08,
+        "eval/test/model_vs_ridge/group_top1/ci95_high": -0.02,
+    }
+    res = check_learning(worse, resolve_params(PARAMS))
+    assert res["status"] == "warn" and "worse than ridge (-0.050 [-0.080, -0.020]) on group top-1" in res["summary"]
 
 
 def test_unmeasured_run_skips_memory_and_step_time_and_says_why():

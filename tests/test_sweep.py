@@ -1,7 +1,7 @@
 """Sweeps: `dvc exp run --queue -S run.sweep=NAME -S 'train.lr=a,b' ...` queues one experiment per
 combination, every MLflow run of them carries the sweep's tags (pipeline/tracking/store.py:
-sweep_tags), and `./dev compare --sweep NAME` (tools/sweep.py) ranks the model runs against the
-best with paired bootstrap CIs.
+sweep_tags), and `./dev compare --sweep NAME` (tools/sweep.py) ranks the arms (runs that differ
+only in the seed are replicates of one) against the top one, with intervals that cover the seeds.
 
 Unit: the ranking on synthetic item tables. Integration: the tags on real runs of a local store,
 found and ranked; two processes opening one fresh store at once. E2E (slow): a 2 x 2 smoke sweep
@@ -21,12 +21,12 @@ import pytest
 
 from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError
+from pipeline.evaluate.item_tables import TableMeta
 from tools import compare as cmp
 from tools import sweep
 from tools.compare import CompareError
 
 RESAMPLES = 1000  # the least the command takes; enough for these checks, and quick
-NO_DIFFERENCE = {"value": 0.0, "ci95_low": 0.0, "ci95_high": 0.0, "p_value": 1.0}
 
 
 def table(n: int, hit_rate: float, seed: int, cos_mean: float = 0.5, ids=None) -> pd.DataFrame:
@@ -50,62 +50,97 @@ def table(n: int, hit_rate: float, seed: int, cos_mean: float = 0.5, ids=None) -
     )
 
 
-def run(name: str, df: pd.DataFrame | None, lr: str, hidden: str = "64", **extra) -> sweep.SweepRun:
+def run(name: str, df: pd.DataFrame | None, lr: str, hidden: str = "64", seed: int | None = None, **extra):
+    """A sweep's model run; with `seed`, its table says which arm (by lr and hidden) and seed it is."""
     params = {"train.lr": lr, "model.carrier_hidden": hidden, "train.epochs": "12", "run.sweep": "s", **extra}
+    if seed is not None:
+        params["run.seed"] = str(seed)
     rid = (name.encode().hex() + "0" * 32)[:32]
-    return sweep.SweepRun(name, rid, name, "FINISHED", params, df, "" if df is not None else "no artifact")
+    meta = None
+    if seed is not None:
+        meta = TableMeta("smoke", f"arm{lr}{hidden}", f"smoke lr={lr}", seed, "data")
+    return sweep.SweepRun(name, rid, name, "FINISHED", params, df, "" if df is not None else "no artifact", meta)
 
 
 def found(*runs: sweep.SweepRun) -> sweep.Found:
     return sweep.Found("s", "sweep.s", "sqlite:///x/mlflow.db", list(runs))
 
 
+def replicates(prefix: str, lr: str, hit_rate: float, seeds=(0, 1, 2), spread: float = 0.01, n: int = 800):
+    """Runs of one arm: the same items, the hit rate moved a little by each seed."""
+    return [
+        run(
+            f"{prefix}-s{s}",
+            table(n, hit_rate + spread * (s - 1), 100 * s + len(prefix) + int(hit_rate * 100)),
+            lr,
+            seed=s,
+        )
+        for s in seeds
+    ]
+
+
 # --------------------------------------------------------------------------- unit: the ranking
 
 
 @pytest.mark.unit
-def test_the_best_run_comes_first_and_each_other_is_paired_against_it():
-    # Hit rates 0.30 / 0.50 / 0.55 on the same 800 items: 0.55 is best; 0.30 is far below it
-    # (0.25 apart: ~7 standard errors), 0.50 within noise of it (0.05 apart: ~1.4).
-    a, b, c = table(800, 0.30, 1), table(800, 0.50, 2), table(800, 0.55, 3)
-    runs = (run("s-1", a, "0.001"), run("s-2", b, "0.003"), run("s-3", c, "0.01"))
+def test_arms_not_runs_are_ranked_with_intervals_that_cover_the_seeds():
+    # Three arms of 3 seeds on the same 800 items: hit rates about 0.30, 0.50 and 0.55.
+    runs = [*replicates("a", "0.001", 0.30), *replicates("b", "0.003", 0.50), *replicates("c", "0.01", 0.55)]
     result = sweep.rank(found(*runs), resamples=RESAMPLES)
-    rows = result["runs"]
-    assert [r["experiment"] for r in rows] == ["s-3", "s-2", "s-1"] and [r["rank"] for r in rows] == [1, 2, 3]
+    arms = result["arms"]
+    assert [a["arm"]["name"] for a in arms] == ["smoke lr=0.01", "smoke lr=0.003", "smoke lr=0.001"]
+    assert [a["rank"] for a in arms] == [1, 2, 3] and all(a["seeds"] == [0, 1, 2] for a in arms)
     assert result["metric"] == "group_top1" and result["higher_is_better"] and result["items"] == 800
-    best = rows[0]
-    assert best["best"] and best["difference_from_best"] == NO_DIFFERENCE
-    assert not best["significantly_worse"]
-    for r, df in zip(rows, (c, b, a)):
-        mean = r["mean"]
-        assert mean["value"] == pytest.approx((df.group_rank == 1).mean(), abs=1e-6)
-        assert mean["ci95_low"] < mean["value"] < mean["ci95_high"]
-        d = r["difference_from_best"]
-        assert d["value"] == pytest.approx(mean["value"] - best["mean"]["value"], abs=2e-6)
-        assert d["ci95_low"] <= d["value"] <= d["ci95_high"]
-    worst, middle = rows[2], rows[1]
-    assert worst["significantly_worse"] and worst["difference_from_best"]["ci95_high"] < 0
-    assert worst["difference_from_best"]["p_value"] < 0.01
-    # Paired: the interval of the difference is narrower than the two means' intervals together.
-    width = middle["difference_from_best"]["ci95_high"] - middle["difference_from_best"]["ci95_low"]
-    assert width < (middle["mean"]["ci95_high"] - middle["mean"]["ci95_low"]) + (
-        best["mean"]["ci95_high"] - best["mean"]["ci95_low"]
-    )
-    # What the sweep varied, and nothing else (the label run.sweep is never a swept param).
+    assert result["covers_seeds"] and "training seeds" in result["covers"]
+    top = arms[0]
+    assert top["top"] and "difference_from_top" not in top
+    for a, prefix in zip(arms, "cba"):
+        tables = [r.table for r in runs if r.experiment.startswith(prefix)]
+        assert a["mean"]["value"] == pytest.approx(np.mean([(t.group_rank == 1).mean() for t in tables]), abs=1e-6)
+        assert a["mean"]["ci_low"] < a["mean"]["value"] < a["mean"]["ci_high"]
+    middle, worst = arms[1]["difference_from_top"], arms[2]["difference_from_top"]
+    assert worst["outcome"] == "worse" and worst["ci_high"] < 0 and worst["prob_b_better"] < 0.01
+    # 0.50 against 0.55 over 3 seeds: not separated, so there is no best, only a top arm.
+    assert middle["outcome"] != "worse" and result["best"] is None
+    assert result["not_separated_from_top"] == ["smoke lr=0.003"] and not top["best"]
+    # What the sweep varied, and nothing else (the seed and the label run.sweep never count).
     assert result["swept_params"] == ["train.lr"]
-    assert [r["params"] for r in rows] == [{"train.lr": "0.01"}, {"train.lr": "0.003"}, {"train.lr": "0.001"}]
-    # The same tables give the same numbers (the bootstrap is seeded).
-    assert sweep.rank(found(*runs), resamples=RESAMPLES) == result
+    assert [a["params"] for a in arms] == [{"train.lr": "0.01"}, {"train.lr": "0.003"}, {"train.lr": "0.001"}]
+    assert sweep.rank(found(*runs), resamples=RESAMPLES) == result  # seeded: the same numbers again
+    # Without the middle arm the top one is separated from every other: the best.
+    alone = sweep.rank(found(*[r for r in runs if not r.experiment.startswith("b")]), resamples=RESAMPLES)
+    assert alone["best"] == "smoke lr=0.01" and alone["arms"][0]["best"]
+
+
+@pytest.mark.unit
+def test_a_seed_run_twice_counts_once():
+    runs = [*replicates("a", "0.001", 0.3), *replicates("c", "0.01", 0.6)]
+    again = run("c-again", runs[-1].table, "0.01", seed=2)
+    result = sweep.rank(found(*runs, again), resamples=RESAMPLES)
+    assert [len(a["seeds"]) for a in result["arms"]] == [3, 3]
+
+
+@pytest.mark.unit
+def test_single_runs_without_a_reference_are_never_separated():
+    # One run per arm, tables that say nothing of their seed: the seeds' luck is not covered.
+    a, b = table(800, 0.2, 1), table(800, 0.7, 2)
+    result = sweep.rank(found(run("s-1", a, "0.001"), run("s-2", b, "0.01")), resamples=RESAMPLES)
+    assert not result["covers_seeds"] and "NOT covered" in result["covers"]
+    assert result["best"] is None and result["arms"][1]["difference_from_top"]["outcome"] == "inconclusive"
 
 
 @pytest.mark.unit
 def test_mse_ranks_the_lowest_first_and_every_metric_can_be_chosen():
-    low, high = table(400, 0.5, 4, cos_mean=0.7), table(400, 0.5, 5, cos_mean=0.4)  # higher cosine, lower mse
-    pair = found(run("s-1", high, "0.01"), run("s-2", low, "0.003"))
+    low = [run(f"l-s{s}", table(400, 0.5, 40 + s, cos_mean=0.7), "0.003", seed=s) for s in range(3)]
+    high = [run(f"h-s{s}", table(400, 0.5, 50 + s, cos_mean=0.4), "0.01", seed=s) for s in range(3)]
+    pair = found(*high, *low)
     result = sweep.rank(pair, metric="mse", resamples=RESAMPLES)
-    assert not result["higher_is_better"] and [r["experiment"] for r in result["runs"]] == ["s-2", "s-1"]
-    d = result["runs"][1]["difference_from_best"]
-    assert d["value"] > 0 and d["ci95_low"] > 0 and result["runs"][1]["significantly_worse"]  # higher mse: worse
+    assert not result["higher_is_better"] and [a["arm"]["name"] for a in result["arms"]] == [
+        "smoke lr=0.003",
+        "smoke lr=0.01",
+    ]
+    d = result["arms"][1]["difference_from_top"]
+    assert d["difference"] > 0 and d["ci_low"] > 0 and d["outcome"] == "worse"  # higher mse: worse
     for metric in ("cosine", "top1", "top5", "group_top5", "mrr"):
         assert sweep.rank(pair, metric, RESAMPLES)["metric"] == metric
     with pytest.raises(CompareError, match="--metric 'acc': expected one of cosine, mse"):
@@ -113,30 +148,22 @@ def test_mse_ranks_the_lowest_first_and_every_metric_can_be_chosen():
 
 
 @pytest.mark.unit
-def test_equal_runs_tie_by_name_and_differ_in_nothing():
-    df = table(300, 0.5, 6)
-    result = sweep.rank(found(run("s-2", df, "0.01"), run("s-1", df.copy(), "0.001")), resamples=RESAMPLES)
-    assert [r["experiment"] for r in result["runs"]] == ["s-1", "s-2"]
-    assert result["runs"][1]["difference_from_best"] == NO_DIFFERENCE
-    assert not result["runs"][1]["significantly_worse"]
-
-
-@pytest.mark.unit
-def test_a_run_without_a_table_is_left_out_with_a_warning_and_two_are_needed():
-    a, b = table(200, 0.4, 7), table(200, 0.6, 8)
-    result = sweep.rank(found(run("s-1", a, "0.001"), run("s-2", None, "0.003"), run("s-3", b, "0.01")), "mrr", 1000)
-    assert [r["experiment"] for r in result["runs"]] == ["s-3", "s-1"]
+def test_a_run_without_a_table_is_left_out_with_a_warning_and_two_arms_are_needed():
+    a, b = replicates("a", "0.001", 0.4, n=200), replicates("b", "0.01", 0.6, n=200)
+    missing = run("s-2", None, "0.003")
+    result = sweep.rank(found(*a, missing, *b), "mrr", 1000)
+    assert [x["arm"]["name"] for x in result["arms"]] == ["smoke lr=0.01", "smoke lr=0.001"]
     assert result["skipped"] == [
-        {"experiment": "s-2", "run_id": run("s-2", None, "").run_id, "status": "FINISHED", "reason": "no artifact"}
+        {"experiment": "s-2", "run_id": missing.run_id, "status": "FINISHED", "reason": "no artifact"}
     ]
     assert any(w.startswith("s-2 (run ") and w.endswith("left out: no artifact") for w in result["warnings"])
-    with pytest.raises(CompareError, match=r"only s-1 \(run [0-9a-f]{8}\) has an item table to rank: at least 2"):
-        sweep.rank(found(run("s-1", a, "0.001"), run("s-2", None, "0.003")), resamples=RESAMPLES)
+    with pytest.raises(CompareError, match="only the arm smoke lr=0.001 has an item table: at least 2 arms"):
+        sweep.rank(found(*a, missing), resamples=RESAMPLES)
     with pytest.raises(CompareError, match="none of them has an item table"):
-        sweep.rank(found(run("s-2", None, "0.003")), resamples=RESAMPLES)
+        sweep.rank(found(missing), resamples=RESAMPLES)
     # A table that is not the evaluate stage's is left out the same way, saying what it lacks.
-    bad = a.drop(columns=["group_rank"])
-    result = sweep.rank(found(run("s-1", a, "0.001"), run("s-2", bad, "0.003"), run("s-3", b, "0.01")), "mrr", 1000)
+    bad = run("s-3", a[0].table.drop(columns=["group_rank"]), "0.003", seed=0)
+    result = sweep.rank(found(*a, bad, *b), "mrr", 1000)
     assert "no column group_rank" in result["skipped"][0]["reason"]
 
 
@@ -155,27 +182,30 @@ def test_runs_on_partly_different_test_items_are_ranked_over_the_shared_ones():
 @pytest.mark.unit
 def test_swept_params_are_the_ones_that_differ_a_missing_one_included():
     runs = [
-        run("s-1", None, "0.001", "64"),
-        run("s-2", None, "0.001", "128", **{"run.sweep": "other", "run.experiment": "x"}),
+        run("s-1", None, "0.001", "64", seed=0),
+        run("s-2", None, "0.001", "128", seed=1, **{"run.sweep": "other", "run.experiment": "x"}),
         sweep.SweepRun("s-3", "c" * 32, "s-3", "FINISHED", {"train.lr": "0.001", "train.epochs": "12"}),
     ]
-    assert sweep.swept_params(runs) == ["model.carrier_hidden"]  # run.* labels never count
+    assert sweep.swept_params(runs) == ["model.carrier_hidden"]  # run.* labels and the seed never count
 
 
 @pytest.mark.unit
-def test_the_table_shows_the_best_first_with_its_params_and_intervals():
-    a, b = table(500, 0.3, 12), table(500, 0.6, 13)
-    result = sweep.rank(found(run("s-1", a, "0.001"), run("s-2", b, "0.01")), resamples=RESAMPLES)
+def test_the_table_shows_the_top_arm_first_with_its_params_seeds_and_intervals():
+    runs = [*replicates("a", "0.001", 0.3, n=500), *replicates("b", "0.01", 0.6, n=500)]
+    result = sweep.rank(found(*runs), resamples=RESAMPLES)
     text = sweep.render(result)
     lines = text.splitlines()
-    assert lines[0].startswith("Sweep s: 2 model runs tagged sweep.s in sqlite:///x/mlflow.db, ranked by group_top1")
+    assert lines[0].startswith(
+        "Sweep s: 2 arms (6 model runs) tagged sweep.s in sqlite:///x/mlflow.db, ranked by group_top1"
+    )
     head = next(i for i, line in enumerate(lines) if line.startswith("rank"))
-    assert lines[head].split() == "rank experiment run train.lr group_top1 95 % CI vs best 95 % CI p".split()
-    first, second = lines[head + 2].split(), lines[head + 3].split()
-    assert first[:4] == ["1", "s-2", result["runs"][0]["run_id"][:8], "0.01"] and first[-1] == "best"
-    assert second[:4] == ["2", "s-1", result["runs"][1]["run_id"][:8], "0.001"] and second[-1] == "*"
-    mean = result["runs"][1]["mean"]
-    assert f"[{mean['ci95_low']:.3f}, {mean['ci95_high']:.3f}]" in lines[head + 3]
+    assert lines[head].split()[:4] == ["rank", "arm", "seeds", "train.lr"]
+    first, second = lines[head + 2], lines[head + 3]
+    assert first.startswith("   1  smoke lr=0.01") and first.rstrip().endswith("best")
+    assert second.startswith("   2  smoke lr=0.001") and second.rstrip().endswith("worse") and "0,1,2" in second
+    mean = result["arms"][1]["mean"]
+    assert f"[{mean['ci_low']:.3f}, {mean['ci_high']:.3f}]" in second
+    assert lines[-1].startswith("Best: smoke lr=0.01")
 
 
 # --------------------------------------------------------------------------- unit: the param
@@ -250,9 +280,12 @@ def test_a_sweeps_runs_are_tagged_found_and_ranked_and_a_reused_run_joins_a_late
     assert cmp.main(["--sweep", "lr", "--json", "--resamples", "1000"]) == 0
     out = capsys.readouterr()
     result = json.loads(out.out)
-    assert [(r["experiment"], r["run_id"]) for r in result["runs"]] == [("lr-2", ids["lr-2"]), ("lr-1", ids["lr-1"])]
+    ranked = [(a["experiments"], a["run_ids"]) for a in result["arms"]]
+    assert ranked == [(["lr-2"], [ids["lr-2"]]), (["lr-1"], [ids["lr-1"]])]
     assert result["tag"] == "sweep.lr" and result["store"] == uri and result["swept_params"] == ["train.lr"]
-    assert result["runs"][1]["significantly_worse"] and result["skipped"][0]["experiment"] == "lr-3"
+    # One run an arm, tables that say nothing of their seeds, no reference: never separated.
+    assert result["arms"][1]["difference_from_top"]["outcome"] == "inconclusive" and result["best"] is None
+    assert result["skipped"][0]["experiment"] == "lr-3"
     assert "lr-3 (run " in out.err and "no artifact evaluate/eval_items.parquet" in out.err
     assert cmp.main(["--sweep", "lr", "--resamples", "1000"]) == 0
     assert sweep.render(result) == capsys.readouterr().out.rstrip("\n")
@@ -359,22 +392,25 @@ def test_a_queued_smoke_sweep_runs_every_combination_side_by_side_and_ranks_them
     assert sorted(r.data.tags["sweep.sw"] for r in runs) == sorted(combos)
     assert {r.data.tags["sweep"] for r in runs} == {"sw"} and {r.info.status for r in runs} == {"FINISHED"}
     assert not list(root.glob(".dvc/tmp/exps/**/mlflow.db")) and not list(root.glob(".dvc/tmp/exps/**/mlruns"))
-    # The ranking, as a user runs it from the project: all four, best first, with intervals.
+    # The ranking, as a user runs it from the project: four arms (one seed each), top first, with
+    # intervals that cover the seeds (the smoke preset's committed reference matches these data).
     ranked = _rank(root, env, "sw")
-    rows = ranked["runs"]
-    assert sorted(r["experiment"] for r in rows) == sorted(combos) and ranked["skipped"] == []
-    assert ranked["swept_params"] == ["model.carrier_hidden", "train.lr"]
-    means = [r["mean"]["value"] for r in rows]
-    assert rows[0]["best"] and means == sorted(means, reverse=True)
-    for r in rows:
-        assert (r["params"]["train.lr"], r["params"]["model.carrier_hidden"]) == combos[r["experiment"]]
-        assert r["mean"]["ci95_low"] <= r["mean"]["value"] <= r["mean"]["ci95_high"]
-        d = r["difference_from_best"]
-        assert d["ci95_low"] <= d["value"] <= 0 <= d["p_value"] <= 1
+    arms = ranked["arms"]
+    assert sorted(e for a in arms for e in a["experiments"]) == sorted(combos) and ranked["skipped"] == []
+    assert ranked["swept_params"] == ["model.carrier_hidden", "train.lr"] and ranked["covers_seeds"]
+    means = [a["mean"]["value"] for a in arms]
+    assert arms[0]["top"] and means == sorted(means, reverse=True)
+    for a in arms:
+        (experiment,) = a["experiments"]
+        assert (a["params"]["train.lr"], a["params"]["model.carrier_hidden"]) == combos[experiment]
+        assert a["seeds"] == [0] and a["mean"]["ci_low"] <= a["mean"]["value"] <= a["mean"]["ci_high"]
+        if not a["top"]:
+            d = a["difference_from_top"]
+            assert d["ci_low"] <= d["difference"] <= 0 <= d["p_value"] <= 1
     text = subprocess.run(
         [sys.executable, "-m", "tools.compare", "--sweep", "sw"], cwd=root, env=env, capture_output=True, text=True
     )
-    assert text.returncode == 0 and text.stdout.startswith("Sweep sw: 4 model runs tagged sweep.sw"), text.stderr
+    assert text.returncode == 0 and text.stdout.startswith("Sweep sw: 4 arms (4 model runs) tagged sweep.sw"), text
     # A second sweep repeating sw-1's combination: DVC restores its train and evaluate stages from
     # its cache, and the report stage puts the earlier run into this sweep too.
     again_cmd = "exp run --queue -n again -S preset=smoke -S run.sweep=again -S train.lr=0.001,0.02"
@@ -385,12 +421,12 @@ def test_a_queued_smoke_sweep_runs_every_combination_side_by_side_and_ranks_them
             wait_for_queue(root, env, name, timeout=1200)
     finally:
         subprocess.run(dvc("queue", "stop"), cwd=root, env=env, capture_output=True, timeout=120)
-    reused = next(r for r in rows if r["experiment"] == "sw-1")["run_id"]
+    (reused,) = next(a for a in arms if a["experiments"] == ["sw-1"])["run_ids"]
     tags = client.get_run(reused).data.tags
     assert tags["sweep"] == "sw" and tags["sweep.sw"] == "sw-1" and tags["sweep.again"] == "again-1"
     again = _rank(root, env, "again")
-    assert {r["experiment"] for r in again["runs"]} == {"again-1", "again-2"}
-    assert next(r for r in again["runs"] if r["experiment"] == "again-1")["run_id"] == reused
+    assert {e for a in again["arms"] for e in a["experiments"]} == {"again-1", "again-2"}
+    assert next(a for a in again["arms"] if a["experiments"] == ["again-1"])["run_ids"] == [reused]
 
 
 def _rank(root, env, name: str) -> dict:

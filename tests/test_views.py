@@ -5,7 +5,15 @@ import json
 import pytest
 
 from pipeline.tracking import store as tracking
-from pipeline.tracking.views import METRICS, VIEW_TAG, ensure_view, runs_url, view_state, view_tag_value
+from pipeline.tracking.views import (
+    ARMS_VIEW_TAG,
+    METRICS,
+    VIEW_TAG,
+    ensure_view,
+    runs_url,
+    view_state,
+    view_tag_value,
+)
 
 
 @pytest.mark.unit
@@ -23,6 +31,20 @@ def test_the_view_selects_sorts_and_sizes_the_eval_columns():
     assert runs_url("http://h:1/", "7") == (
         "http://h:1/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=evaluation"
     )
+    assert "groupBy" not in state
+
+
+@pytest.mark.unit
+def test_the_arms_view_groups_the_replicates_by_their_arm_tag():
+    grouped = view_state(grouped=True)
+    assert grouped["groupBy"] == {
+        "aggregateFunction": "average",
+        "groupByKeys": [{"mode": "tag", "groupByData": "arm"}],
+    }
+    assert {k: v for k, v in grouped.items() if k not in ("groupBy", "groupsExpanded")} == view_state()
+    envelope = json.loads(view_tag_value(now_ms=1, grouped=True))
+    assert envelope["name"] == "Arms" and json.loads(envelope["state"]) == grouped
+    assert runs_url("http://h:1", "7", "arms").endswith("viewStateShareKey=arms")
 
 
 @pytest.mark.integration
@@ -38,6 +60,7 @@ def test_the_model_experiment_gets_the_view_and_the_embed_experiment_does_not(tm
     client = MlflowClient(uri)
     models = client.get_experiment(model_run.info.experiment_id)
     assert json.loads(json.loads(models.tags[VIEW_TAG])["state"]) == view_state()
+    assert json.loads(json.loads(models.tags[ARMS_VIEW_TAG])["state"]) == view_state(grouped=True)
     assert VIEW_TAG not in client.get_experiment(embed_run.info.experiment_id).tags
     # An older view (other columns) is brought up to date; an equal one is left alone.
     client.set_experiment_tag(models.experiment_id, VIEW_TAG, json.dumps({"name": "x", "state": "{}"}))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,22 +83,38 @@ def _dvc(*args: str) -> list[str]:
 
 
 def _run(cmd: list[str], root: Path, timeout: float = 600) -> str:
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=timeout)
+    """A dvc command's output, or ReplicateError. Output goes through a file, not a pipe: `dvc
+    queue start` leaves workers behind that inherit its output, and a pipe would stay open (and
+    this call blocked) until they exit."""
+    with tempfile.TemporaryFile(mode="w+") as out:
+        try:
+            proc = subprocess.run(cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ReplicateError(f"`{' '.join(cmd[2:])}` did not finish in {timeout:.0f} s") from None
+        out.seek(0)
+        text = out.read()
     if proc.returncode != 0:
-        out = (proc.stdout + proc.stderr).strip()
-        raise ReplicateError(f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}): {out[-2000:]}")
-    return proc.stdout
+        raise ReplicateError(f"`{' '.join(cmd[2:])}` failed (exit {proc.returncode}): {text.strip()[-2000:]}")
+    return text
 
 
-def experiment_rev(root: Path, name: str) -> str | None:
-    """The commit of the experiment `name` made from the current commit (HEAD), or None."""
+def head(root: Path) -> str:
+    """The commit experiments queued now are based on (HEAD)."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        return repo.scm.get_rev()
+
+
+def experiment_rev(root: Path, name: str, baseline: str | None = None) -> str | None:
+    """The commit of the experiment `name` made from `baseline` (default: HEAD), or None."""
     from dvc.repo import Repo
     from dvc.repo.experiments.utils import exp_refs_by_names
 
     with Repo(str(root)) as repo:
-        head = repo.scm.get_rev()
+        base = baseline or repo.scm.get_rev()
         refs = exp_refs_by_names(repo.scm, {name}).get(name, [])
-        ref = next((r for r in refs if r.baseline_sha == head), None)
+        ref = next((r for r in refs if r.baseline_sha == base), None)
         return repo.scm.get_ref(str(ref)) if ref is not None else None
 
 
@@ -113,11 +130,12 @@ def read_at_rev(root: Path, rev: str, path: str) -> bytes | None:
         return None
 
 
-def collect(root: Path, rep: Replicate, rev: str | None = None) -> Result:
-    """What the experiment of `rep` made: its item table (with metadata) and training curve."""
+def collect(root: Path, rep: Replicate, rev: str | None = None, baseline: str | None = None) -> Result:
+    """What the experiment of `rep` (made from `baseline`, default HEAD) made: its item table (with
+    metadata) and training curve."""
     from pipeline.evaluate.item_tables import read_items
 
-    rev = rev or experiment_rev(root, rep.name)
+    rev = rev or experiment_rev(root, rep.name, baseline)
     if rev is None:
         raise ReplicateError(f"{rep.name}: no such DVC experiment made from this commit (dvc exp show lists them)")
     raw = read_at_rev(root, rev, ITEMS)
@@ -148,12 +166,14 @@ class Queue:
         running = [n for n, s in self.status(self._queued).items() if s not in DONE] if self._queued else []
         if kind is not None and running:
             self.log(f"stopping: killing {len(running)} queued or running experiment(s): {', '.join(running)}")
-            subprocess.run(_dvc("queue", "kill", "--force", *running), cwd=self.root, capture_output=True)
-            subprocess.run(_dvc("queue", "remove", *running), cwd=self.root, capture_output=True)
+            for cmd in (("queue", "kill", "--force", *running), ("queue", "remove", *running)):
+                subprocess.run(_dvc(*cmd), cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         # Only to live workers: DVC's broker keeps a stop that no worker took, and the next worker
         # started (by the next command) would take it and quit after its first experiment.
         if self._started and self.workers():
-            subprocess.run(_dvc("queue", "stop"), cwd=self.root, capture_output=True, timeout=300)
+            subprocess.run(
+                _dvc("queue", "stop"), cwd=self.root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300
+            )
 
     def workers(self) -> int:
         from dvc.repo import Repo
@@ -161,10 +181,29 @@ class Queue:
         with Repo(str(self.root)) as repo:
             return len(repo.experiments.celery_queue.worker_status())
 
+    def untracked(self) -> list[str]:
+        """Files git does not track and does not ignore: a queued experiment runs on a copy made
+        from git (commit and uncommitted changes of tracked files), so it does not see them."""
+        proc = subprocess.run(
+            ["git", "ls-files", "--others", "--exclude-standard"], cwd=self.root, capture_output=True, text=True
+        )
+        return [f for f in proc.stdout.splitlines() if f]
+
     def submit(self, reps: Sequence[Replicate], replace: Sequence[str] = ()) -> None:
         """Queue each replicate and start the workers once. `replace`: names of experiments that
         exist but left nothing to read (DVC refuses a name in use without --force, which also
         re-runs every stage)."""
+        missing = self.untracked()
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            self.log(
+                f"warning: {len(missing)} untracked file(s) will not be in the queued experiments (DVC copies what "
+                f"git tracks): {shown}; `git add` the ones the pipeline needs"
+            )
+        # A task of the same name left failed in the queue by an earlier attempt: out of the way.
+        stale = [n for n, st in self.status([r.name for r in reps]).items() if st == "Failed"]
+        if stale:
+            _run(_dvc("queue", "remove", *stale), self.root)
         for rep in reps:
             args = ["exp", "run", "--queue", *(["--force"] if rep.name in replace else []), "-n", rep.name]
             for s in rep.sets():

@@ -30,8 +30,8 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.evaluate.retrieval import METRICS
 from pipeline.evaluate.seed_variance import MIN_REFERENCE_SEEDS, measure, reference_path, write_reference
-from tools.compare import Source, predictor_table, runs_values, shared_ids
-from tools.replicates import Queue, ReplicateError, collect, experiment_rev, plan
+from tools.item_sources import Source, predictor_table, runs_values, shared_ids
+from tools.replicates import Queue, ReplicateError, collect, experiment_rev, head, plan
 
 HEADLINE = ("group_top1", "mrr", "cosine", "mse")
 
@@ -40,9 +40,12 @@ def run_replicates(reps, jobs: int, root: Path = REPO_ROOT, label: str = "seeds"
     """Each replicate's Result: read back when its experiment exists, else queued and waited for."""
     from tqdm import tqdm
 
+    # The commit the experiments are made from, fixed now: a commit made while they train must not
+    # make them unfindable (DVC files an experiment under the commit it was queued from).
+    baseline = head(root)
     done, todo, replace = {}, [], []
     for rep in reps:
-        rev = experiment_rev(root, rep.name)
+        rev = experiment_rev(root, rep.name, baseline)
         if rev is not None:
             try:
                 done[rep.name] = collect(root, rep, rev)
@@ -69,7 +72,7 @@ def run_replicates(reps, jobs: int, root: Path = REPO_ROOT, label: str = "seeds"
             queue.wait(todo, finished)
         bar.close()
         for rep in todo:
-            done[rep.name] = collect(root, rep)
+            done[rep.name] = collect(root, rep, baseline=baseline)
     return [done[r.name] for r in reps]
 
 

@@ -1,21 +1,26 @@
-"""Rank the model runs of one sweep against its best, item by item: `./dev compare --sweep NAME`.
+"""Rank the arms of one sweep against its best: `./dev compare --sweep NAME`.
 
-A sweep is what one `dvc exp run --queue -S run.sweep=NAME -S 'train.lr=1e-3,3e-3,1e-2' ...`
-queues (one experiment per combination). Every MLflow run its stages start or add to carries the
-tag `sweep.NAME` (pipeline/tracking/store.py: sweep_tags), whose value is the DVC experiment's
-name; this finds the sweep's model runs (tags.stage = 'train') by it, in every experiment of the
-project's store (or MLFLOW_TRACKING_URI), reads each run's item table (the evaluate stage's
-evaluate/eval_items.parquet artifact) and ranks the runs by one metric's mean over the test
-items they share:
+A sweep is what one `dvc exp run --queue -S run.sweep=NAME -S 'train.lr=1e-3,3e-3' -S
+'run.seed=0,1,2' ...` queues (one experiment per combination). Every MLflow run its stages start or
+add to carries the tag `sweep.NAME`, whose value is the DVC experiment's name; this finds the
+sweep's model runs (tags.stage = 'train') by it, in every experiment of the project's store (or
+MLFLOW_TRACKING_URI), and reads each run's item table (evaluate/eval_items.parquet).
 
-- the best run is the one with the highest mean (the lowest for mse);
-- each run's mean has its 95 % bootstrap CI; its difference from the best (run - best) is paired
-  over the same items, with its 95 % CI and two-sided p-value: all columns are resampled together
-  (pipeline/evaluate/stats.py), so the differences keep the items' pairing;
-- the params that differ between the ranked runs (what the sweep varied) are shown per run.
+It ranks arms, not runs: runs that differ only in run.seed are replicates of one arm
+(pipeline/core/arm.py; the item table's metadata says which), and an arm's figure is the mean over
+its replicates. For the ranking metric, over the test items all runs share:
+
+- each arm's mean, with an interval that covers the test items and the training seeds (the seed
+  spread pooled from every arm with several seeds, and the preset's committed seed-variance
+  reference when the runs' preset and data match it; pipeline/evaluate/decision.py);
+- each arm's difference from the top arm (arm - top), with its interval, the probability that the
+  arm beats the top one, and the outcome (worse / equivalent / inconclusive);
+- "best" only for a top arm that every other arm is worse than; otherwise the top arm is named
+  with the arms it is not separated from ("run more seeds");
+- the params that differ between the arms (what the sweep varied; the seed and labels left out).
 
 A run without an item table (diverged, failed or still running) is left out with a warning; with
-fewer than two runs left there is nothing to rank (exit 2).
+fewer than two arms left there is nothing to rank (exit 2).
 """
 
 from __future__ import annotations
@@ -24,25 +29,26 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
-from pipeline.evaluate.stats import CONFIDENCE, DEFAULT_RESAMPLES, DEFAULT_SEED, intervals, p_value, resample_means
-from tools.compare import (
+from pipeline.evaluate.decision import CONFIDENCE, ArmRuns, arm_interval, compare_metric, luck_for
+from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+from tools.item_sources import (
     MLFLOW_ARTIFACT,
-    SCORE_COLUMNS,
     CompareError,
     Source,
-    _quiet_mlflow,
-    _r,
-    _read_parquet,
     predictor_table,
+    quiet_mlflow,
+    read_table,
+    runs_values,
+    shared_ids,
 )
 
 DEFAULT_METRIC = "group_top1"  # the headline retrieval metric (metrics/eval.json)
-# Params that label a run and change nothing in it (dvc.yaml's header): a run DVC restored from its
-# cache into a later sweep was logged under another run.sweep, which must not count as a swept param.
-LABEL_PARAMS = ("run.sweep", "run.experiment")
+# Params that are not what a sweep varies between arms: labels (dvc.yaml's header: a run DVC
+# restored from its cache into a later sweep was logged under another run.sweep) and the seed
+# (runs that differ in it are replicates of one arm).
+LABEL_PARAMS = ("run.sweep", "run.experiment", "run.seed")
 MISSING = "-"  # a param one run has and another lacks
 
 
@@ -57,6 +63,22 @@ class SweepRun:
     params: dict[str, str]
     table: pd.DataFrame | None = None  # the evaluate stage's item table; None when it has none
     missing: str = ""  # why there is no table
+    meta: object = None  # the table's metadata (item_tables.TableMeta): arm, seed, preset, data
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def arm(self) -> str:
+        """The run's arm: the table's, else the run's tag, else the run alone."""
+        if self.meta is not None:
+            return self.meta.arm_digest
+        return self.tags.get("arm.digest") or f"run:{self.run_id}"
+
+    @property
+    def seed(self) -> int | None:
+        if self.meta is not None:
+            return self.meta.seed
+        raw = self.params.get("run.seed")
+        return int(raw) if raw not in (None, "") and str(raw).lstrip("-").isdigit() else None
 
 
 @dataclass
@@ -91,7 +113,7 @@ def find(sweep: str) -> Found:
     tag = member_tag(sweep)
     if uri.startswith("sqlite:///") and not os.path.isfile(uri[len("sqlite:///") :]):
         raise CompareError(f"no MLflow store at {shown} to look for the sweep {sweep!r} in (no run was tracked there)")
-    _quiet_mlflow()
+    quiet_mlflow()
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
@@ -120,6 +142,7 @@ def find(sweep: str) -> Found:
             run_name=r.info.run_name or "",
             status=r.info.status,
             params=dict(r.data.params),
+            tags=dict(r.data.tags),
         )
         names[run.experiment] = names.get(run.experiment, 0) + 1
         with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
@@ -132,7 +155,7 @@ def find(sweep: str) -> Found:
                 )
             else:
                 try:
-                    run.table = _read_parquet(local, run.run_id)
+                    run.table, run.meta = read_table(local, run.run_id)
                 except CompareError as e:
                     run.missing = str(e)
         found.runs.append(run)
@@ -158,115 +181,151 @@ def _search(client, experiment_ids: list[str], filter_string: str) -> list:
 # --------------------------------------------------------------------------- ranking
 
 
+@dataclass
+class Arm:
+    digest: str
+    name: str
+    runs: list[SweepRun]
+
+
+def group_arms(runs: list[SweepRun]) -> list[Arm]:
+    """The runs by arm (replicates together), each arm's runs by seed; a seed run twice counts once."""
+    arms: dict[str, Arm] = {}
+    for run in runs:
+        name = run.meta.arm_name if run.meta is not None else run.tags.get("arm", "").rsplit(" [", 1)[0]
+        arm = arms.setdefault(run.arm, Arm(run.arm, name or run.experiment, []))
+        if run.seed is not None and any(r.seed == run.seed for r in arm.runs):
+            continue
+        arm.runs.append(run)
+    for arm in arms.values():
+        arm.runs.sort(key=lambda r: (r.seed is None, r.seed or 0, r.experiment))
+    return list(arms.values())
+
+
 def rank(
-    found: Found, metric: str = DEFAULT_METRIC, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
+    found: Found,
+    metric: str = DEFAULT_METRIC,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    margins: dict[str, float] | None = None,
 ) -> dict:
-    """The ranking as one JSON-able dict (the runs best first; see the module doc)."""
-    from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS, item_metrics
+    """The ranking as one JSON-able dict (the arms best first; see the module doc)."""
+    from pipeline.evaluate.decision import MARGINS
+    from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
+    from pipeline.evaluate.seed_variance import find_reference
 
     if metric not in METRICS:
         raise CompareError(f"--metric {metric!r}: expected one of {', '.join(METRICS)}")
     warnings_ = list(found.warnings)
-    skipped, ranked, tables = [], [], []
+    skipped, usable, tables = [], [], []
     for run in found.runs:
         why = run.missing
         if run.table is not None:
             try:
                 tables.append(predictor_table(Source(run.run_id, _label(run), "mlflow-run", "", run.table)))
-                ranked.append(run)
+                usable.append(run)
                 continue
             except CompareError as e:
                 why = str(e)
         skipped.append({"experiment": run.experiment, "run_id": run.run_id, "status": run.status, "reason": why})
         warnings_.append(f"{_label(run)} left out: {why}")
-    if len(ranked) < 2:
-        have = f"only {_label(ranked[0])} has" if ranked else "none of them has"
+    arms = group_arms(usable)
+    if len(arms) < 2:
+        have = f"only the arm {arms[0].name} has" if arms else "none of them has"
         raise CompareError(
             f"the sweep {found.sweep!r} has {len(found.runs)} model run(s) tagged {found.tag} in {found.store}, "
-            f"and {have} an item table to rank: at least 2 are needed"
+            f"and {have} an item table: at least 2 arms are needed"
             + (" (" + "; ".join(f"{s['experiment']}: {s['reason']}" for s in skipped) + ")" if skipped else "")
         )
-    shared = set(tables[0]["id"])
-    for t in tables[1:]:
-        shared &= set(t["id"])
-    if not shared:
+    table_of = {r.run_id: t for r, t in zip(usable, tables)}
+    ids = shared_ids([table_of[r.run_id] for a in arms for r in a.runs])
+    if not ids:
         raise CompareError(
             f"the sweep {found.sweep!r}'s runs share no test item id: they were evaluated on different test splits "
             "(dataset, split salt or fractions), so there is nothing to pair"
         )
-    order = [i for i in tables[0]["id"] if i in shared]  # the first run's item order
-    sizes = [len(t) for t in tables]
-    if any(s != len(order) for s in sizes):
+    sizes = {len(table_of[r.run_id]) for a in arms for r in a.runs}
+    if sizes != {len(ids)}:
         warnings_.append(
-            f"the runs hold {min(sizes)} to {max(sizes)} test items, of which {len(order)} are shared by all "
-            f"(different test splits?): the ranking is over the {len(order)} shared items only"
+            f"the runs hold {min(sizes)} to {max(sizes)} test items, of which {len(ids)} are shared by all "
+            f"(different test splits?): the ranking is over the {len(ids)} shared items only"
         )
-    values = np.stack(
-        [item_metrics({c: t.set_index("id").loc[order, c].to_numpy() for c in SCORE_COLUMNS})[metric] for t in tables],
-        axis=1,
-    )  # (items, runs)
-    k = values.shape[1]
+    values = [
+        ArmRuns(a.name, [r.seed for r in a.runs], runs_values([table_of[r.run_id] for r in a.runs], ids)) for a in arms
+    ]
+    refs = {}
+    for run in usable:
+        if run.meta is not None:
+            ref = find_reference(run.meta.preset, run.meta.data)
+            if ref is not None:
+                refs[ref.path] = ref
+    # One seed spread for the whole sweep: every arm's replicates and the matching references.
+    luck = luck_for(*values, references=list(refs.values()))
+    var = luck.seed.get(metric)
     higher = metric not in LOWER_IS_BETTER
-    means = values.mean(axis=0)
-    # Best first; equal means by experiment name, then run id, so the order never depends on the store's.
-    keys = [(-m if higher else m, r.experiment, r.run_id) for m, r in zip(means, ranked)]
-    order_idx = sorted(range(k), key=lambda j: keys[j])
-    best = order_idx[0]
-    diffs = values - values[:, [best]]
-    resampled = resample_means(np.concatenate([values, diffs], axis=1), resamples, seed)  # one set: all paired
-    lows, highs = intervals(resampled)
-    swept = swept_params(ranked)
+    margin = {**MARGINS, **(margins or {})}[metric]
+    means = [float(v.values[metric].mean()) for v in values]
+    order = sorted(range(len(arms)), key=lambda j: (-means[j] if higher else means[j], arms[j].name, arms[j].digest))
+    top = order[0]
+    swept = swept_params([a.runs[0] for a in arms])
     rows = []
-    for place, j in enumerate(order_idx, start=1):
-        run = ranked[j]
-        diff = {
-            "value": _r(diffs[:, j].mean()),
-            "ci95_low": _r(lows[k + j]),
-            "ci95_high": _r(highs[k + j]),
-            "p_value": _r(p_value(diffs[:, j], resampled[:, k + j])),
+    for place, j in enumerate(order, start=1):
+        arm, v = arms[j], values[j]
+        mean, low, high = arm_interval(v, metric, var if luck.covers_seeds else None, CONFIDENCE, resamples, seed)
+        row = {
+            "rank": place,
+            "arm": {"digest": arm.digest, "name": arm.name},
+            "seeds": [r.seed for r in arm.runs],
+            "experiments": [r.experiment for r in arm.runs],
+            "run_ids": [r.run_id for r in arm.runs],
+            "params": {p: arm.runs[0].params.get(p, MISSING) for p in swept},
+            "mean": {"value": _r(mean), "ci_low": _r(low), "ci_high": _r(high)},
+            "top": j == top,
         }
-        significant = j != best and (diff["ci95_low"] > 0 or diff["ci95_high"] < 0)
-        rows.append(
-            {
-                "rank": place,
-                "experiment": run.experiment,
-                "run_id": run.run_id,
-                "run_name": run.run_name,
-                "status": run.status,
-                "params": {p: run.params.get(p, MISSING) for p in swept},
-                "mean": {"value": _r(means[j]), "ci95_low": _r(lows[j]), "ci95_high": _r(highs[j])},
-                "difference_from_best": diff,
-                "significantly_worse": significant,
-                "best": j == best,
-            }
-        )
+        if j != top:
+            d = compare_metric(values[top], v, metric, luck, CONFIDENCE, margin, resamples, seed)
+            row["difference_from_top"] = d.as_dict()
+        rows.append(row)
+    others = [r["difference_from_top"]["outcome"] for r in rows if not r["top"]]
+    separated = all(o == "worse" for o in others)
+    rows[0]["best"] = separated
+    tied = [r["arm"]["name"] for r in rows if not r["top"] and r["difference_from_top"]["outcome"] != "worse"]
     return {
         "sweep": found.sweep,
         "tag": found.tag,
         "store": found.store,
         "metric": metric,
         "higher_is_better": higher,
-        "items": len(order),
+        "items": len(ids),
         "resamples": resamples,
         "seed": seed,
         "confidence": CONFIDENCE,
-        "difference": "run - best",
+        "margin": margin,
+        "covers": luck.describe(),
+        "covers_seeds": luck.covers_seeds,
+        "difference": "arm - top",
         "swept_params": swept,
-        "runs": rows,
+        "best": rows[0]["arm"]["name"] if separated else None,
+        "not_separated_from_top": tied,
+        "arms": rows,
         "skipped": skipped,
         "warnings": warnings_,
     }
 
 
 def swept_params(runs: list[SweepRun]) -> list[str]:
-    """The params whose values differ between the runs (what the sweep varied), sorted; label-only
-    ones left out."""
+    """The params whose values differ between the runs (what the sweep varied), sorted; the seed
+    and label-only ones left out."""
     keys = sorted({k for r in runs for k in r.params} - set(LABEL_PARAMS))
     return [k for k in keys if len({r.params.get(k, MISSING) for r in runs}) > 1]
 
 
 def _label(run: SweepRun) -> str:
     return f"{run.experiment} (run {run.run_id[:8]})"
+
+
+def _r(x) -> float:
+    return round(float(x), 6)
 
 
 def _fmt(x: float, metric: str, sign: bool = False) -> str:
@@ -277,45 +336,65 @@ def _fmt(x: float, metric: str, sign: bool = False) -> str:
 def render(result: dict) -> str:
     m = result["metric"]
     direction = "higher is better" if result["higher_is_better"] else "lower is better"
+    nruns = sum(len(a["seeds"]) for a in result["arms"])
     lines = [
-        f"Sweep {result['sweep']}: {len(result['runs'])} model runs tagged {result['tag']} in {result['store']}, "
-        f"ranked by {m} ({direction}) over {result['items']} shared test items.",
-        f"Mean: {round(result['confidence'] * 100)} % bootstrap CI. vs best: the run's mean minus the best's, "
-        f"paired over the same items ({result['resamples']} resamples, seed {result['seed']}), two-sided p.",
+        f"Sweep {result['sweep']}: {len(result['arms'])} arms ({nruns} model runs) tagged {result['tag']} in "
+        f"{result['store']}, ranked by {m} ({direction}) over {result['items']} shared test items.",
+        f"mean: over the arm's seeds, with its 95 % interval; vs top: the arm's mean minus the top arm's, with its "
+        f"interval and P(better than the top arm). The intervals cover: {result['covers']}.",
         "",
     ]
-    head = ["rank", "experiment", "run", *result["swept_params"], m, "95 % CI", "vs best", "95 % CI", "p"]
+    head = [
+        "rank",
+        "arm",
+        "seeds",
+        *result["swept_params"],
+        m,
+        "95 % interval",
+        "vs top",
+        "95 % interval",
+        "P",
+        "outcome",
+    ]
     body = []
-    for row in result["runs"]:
-        d, mean = row["difference_from_best"], row["mean"]
-        run = row["run_id"][:8] + (f" ({row['run_name']})" if row["run_name"] not in ("", row["experiment"]) else "")
-        if row["best"]:
-            versus = ["best", "", ""]
+    for row in result["arms"]:
+        mean = row["mean"]
+        if row["top"]:
+            versus = ["top", "", "", "best" if row.get("best") else "top, not separated"]
         else:
+            d = row["difference_from_top"]
             versus = [
-                _fmt(d["value"], m, True),
-                f"[{_fmt(d['ci95_low'], m, True)}, {_fmt(d['ci95_high'], m, True)}]",
-                f"{d['p_value']:.3g}" + (" *" if row["significantly_worse"] else ""),
+                _fmt(d["difference"], m, True),
+                f"[{_fmt(d['ci_low'], m, True)}, {_fmt(d['ci_high'], m, True)}]",
+                f"{d['prob_b_better']:.2f}",
+                d["outcome"],
             ]
         body.append(
             [
                 str(row["rank"]),
-                row["experiment"],
-                run,
+                row["arm"]["name"],
+                ",".join(str(s) for s in row["seeds"]),
                 *(row["params"][p] for p in result["swept_params"]),
                 _fmt(mean["value"], m),
-                f"[{_fmt(mean['ci95_low'], m)}, {_fmt(mean['ci95_high'], m)}]",
-                *versus,
+                f"[{_fmt(mean['ci_low'], m)}, {_fmt(mean['ci_high'], m)}]",
+                *versus[:3],
+                versus[3],
             ]
         )
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    first = 3 + len(result["swept_params"])  # the metric's mean; then its CI, vs best, its CI, p
-    numeric = {0, first, first + 2, first + 4}  # right-aligned; the intervals left-aligned
+    first = 3 + len(result["swept_params"])
+    numeric = {0, first, first + 2, first + 4}
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
     lines += [line(head).rstrip(), "-" * len(line(head).rstrip())]
     lines += [line(r).rstrip() for r in body]
-    lines.append("(* worse than the best: the 95 % interval of the difference excludes 0)")
+    if result["best"]:
+        lines.append(f"Best: {result['best']}, worse than it on {m}: every other arm (its interval excludes 0).")
+    else:
+        lines.append(
+            f"No best arm: the top arm is not separated from {', '.join(result['not_separated_from_top'])} on {m} "
+            "(an interval that holds 0): run more seeds of those arms before choosing."
+        )
     return "\n".join(lines)

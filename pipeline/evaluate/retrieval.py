@@ -144,11 +144,17 @@ def summarise(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
     with_ci: bool = True,
+    seed_luck: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Estimate]]:
     """Means with 95 % CIs for every predictor and metric, and model - baseline paired differences
     with CI and p-value, all from one set of bootstrap resamples of the items (so all are paired).
     Returns (flat metrics for eval.json and MLflow, {who/metric: Estimate}). with_ci=False: the
-    means alone (val: the split training was guided by, not the one decisions rest on)."""
+    means alone (val: the split training was guided by, not the one decisions rest on).
+
+    seed_luck (metric -> seed_variance.SeedVar, from the preset's committed reference): the
+    model's intervals (its mean, and its differences from the baselines) then cover the training
+    seed's luck too, added to the item draws as decision.py does; the baselines have none. The
+    flat metrics say which: eval/<split>/ci_covers_seeds is 1 or 0."""
     if not with_ci:
         flat = {
             metric_key(split, who, m): round(float(np.mean(vals[m])), 6)
@@ -169,6 +175,13 @@ def summarise(
             names.append((f"model_vs_{b}", m))
     values = np.stack(columns, axis=1)
     means = resample_means(values, resamples, seed)
+    if seed_luck:
+        from pipeline.evaluate.decision import with_seed_luck
+
+        for j, (who, m) in enumerate(names):
+            if (who == "model" or who.startswith("model_vs_")) and m in seed_luck:
+                centre = float(values[:, j].mean())
+                means[:, j] = with_seed_luck(means[:, j], centre, len(values), seed_luck[m], 1.0, seed)
     lows, highs = intervals(means)
     flat, estimates = {}, {}
     for j, (who, m) in enumerate(names):
@@ -178,6 +191,7 @@ def summarise(
         for part, v in est.as_dict().items():
             flat[metric_key(split, who, m, "" if part == "value" else part)] = round(v, 6)
     flat[f"eval/{split}/items"] = len(values)
+    flat[f"eval/{split}/ci_covers_seeds"] = int(bool(seed_luck))
     return flat, estimates
 
 
@@ -278,10 +292,12 @@ def evaluate_split(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
     with_ci: bool = True,
+    seed_luck: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Estimate], pd.DataFrame]:
     """(flat metrics with CIs, estimates by who/metric, item table) for one split."""
     scores = {who: score_items(pred, shard, bank) for who, pred in preds.items()}
-    flat, estimates = summarise(name, {who: item_metrics(sc) for who, sc in scores.items()}, resamples, seed, with_ci)
+    per_item = {who: item_metrics(sc) for who, sc in scores.items()}
+    flat, estimates = summarise(name, per_item, resamples, seed, with_ci, seed_luck)
     return flat, estimates, item_table(shard, bank, scores)
 
 

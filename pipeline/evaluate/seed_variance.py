@@ -40,6 +40,7 @@ from pipeline.core.paths import REPO_ROOT
 REFERENCE_DIR = REPO_ROOT / "reference" / "seed_variance"
 REFERENCE_FORMAT = 1
 MIN_REFERENCE_SEEDS = 5
+OUTLIER_Z = 3.5  # robust z beyond which a seed's run mean is "another mode" (Reference.outliers)
 
 
 @dataclass(frozen=True)
@@ -71,11 +72,14 @@ class SeedVar:
         return math.sqrt(self.run_var)
 
     def as_dict(self) -> dict[str, float | int]:
+        # The two SDs it is built from, to 6 significant digits; the seed's own SD (for reading)
+        # from those, so that a reloaded reference says exactly what the file says.
+        kept = SeedVar(_sig(self.run_sd) ** 2, self.df, _sig(math.sqrt(self.interaction)) ** 2, self.items)
         return {
-            "sd_run_means": _r(self.run_sd),
+            "sd_run_means": _sig(kept.run_sd),
             "df": self.df,
-            "sd_seed": _r(self.sd),
-            "sd_seed_x_item": _r(math.sqrt(self.interaction)),
+            "sd_seed": _sig(kept.sd),
+            "sd_seed_x_item": _sig(math.sqrt(kept.interaction)),
             "items": self.items,
         }
 
@@ -127,6 +131,20 @@ class Reference:
     per_seed: dict[str, list[float]]  # each metric's run mean, in the order of seeds
     measured: dict[str, Any] = field(default_factory=dict)  # commit, command, date, machine, experiments
     path: Path | None = None
+
+    def outliers(self, metric: str) -> list[tuple[int, float, float]]:
+        """Seeds whose run mean lies more than OUTLIER_Z robust SDs (1.4826 x the median absolute
+        deviation) from the median: (seed, run mean, robust z). Seeds of a preset can split into
+        modes (the smoke preset: 2 of 20 take a flow step more and end far lower); a single run
+        may then fall in the other mode, which a spread measured as a variance does not foresee."""
+        values = np.asarray(self.per_seed.get(metric, []), dtype=float)
+        if len(values) < MIN_REFERENCE_SEEDS:
+            return []
+        med = float(np.median(values))
+        mad = 1.4826 * float(np.median(np.abs(values - med)))
+        if mad <= 0:
+            return []
+        return [(s, float(v), abs(v - med) / mad) for s, v in zip(self.seeds, values) if abs(v - med) / mad > OUTLIER_Z]
 
     def describe(self) -> str:
         where = self.path.relative_to(REPO_ROOT) if self.path and self.path.is_relative_to(REPO_ROOT) else self.path
@@ -181,8 +199,8 @@ def measure(
     )
 
 
-def reference_path(preset: str, directory: Path = REFERENCE_DIR) -> Path:
-    return Path(directory) / f"{preset}.json"
+def reference_path(preset: str, directory: Path | None = None) -> Path:
+    return Path(directory or REFERENCE_DIR) / f"{preset}.json"
 
 
 def write_reference(ref: Reference, path: Path) -> None:
@@ -192,10 +210,10 @@ def write_reference(ref: Reference, path: Path) -> None:
     ref.path = Path(path)
 
 
-def load_references(directory: Path = REFERENCE_DIR) -> list[Reference]:
+def load_references(directory: Path | None = None) -> list[Reference]:
     """Every committed reference; a file that cannot be read is an error naming it (it is ours)."""
     out = []
-    for path in sorted(Path(directory).glob("*.json")):
+    for path in sorted(Path(directory or REFERENCE_DIR).glob("*.json")):
         try:
             out.append(Reference.from_dict(json.loads(path.read_text()), path))
         except (ValueError, KeyError, TypeError) as e:
@@ -206,10 +224,14 @@ def load_references(directory: Path = REFERENCE_DIR) -> list[Reference]:
     return out
 
 
-def find_reference(preset: str, data: str, directory: Path = REFERENCE_DIR) -> Reference | None:
+def find_reference(preset: str, data: str, directory: Path | None = None) -> Reference | None:
     """The reference measured for `preset` on the data of digest `data`, if there is one."""
     return next((r for r in load_references(directory) if r.preset == preset and r.data == data), None)
 
 
 def _r(x: float) -> float:
     return round(float(x), 6)
+
+
+def _sig(x: float) -> float:
+    return float(f"{float(x):.6g}")

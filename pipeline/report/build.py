@@ -13,7 +13,7 @@ import pandas as pd
 
 from pipeline.core.atomic import write_json, write_text
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR
-from pipeline.report.checks import TRAIN_KEYS, run_checks, stability_metrics
+from pipeline.report.checks import TRAIN_KEYS, headline_verdict, run_checks, stability_metrics
 from pipeline.report.plots import make_plots
 from pipeline.report.render import render_html, render_markdown
 from pipeline.tracking import store as tracking
@@ -90,7 +90,9 @@ def log_report(result: Mapping) -> None:
     warned = [n for n, c in result["checks"].items() if c["status"] == "warn"]
     tracking.set_tags(
         {
-            "stability.verdict": result["verdict"],
+            # "stable" only with no warning (a stable run whose model trails a baseline is
+            # "stable, with warnings" in the runs table, not a green "stable").
+            "stability.verdict": headline_verdict(result),
             "stability.failed": ",".join(result["failed"]) or "none",
             "stability.warned": ",".join(warned) or "none",
         }
@@ -106,4 +108,7 @@ def log_report(result: Mapping) -> None:
 
 def verdict_line(result: Mapping) -> str:
     failed = f" (failed: {', '.join(result['failed'])})" if result["failed"] else ""
-    return f"verdict: {result['verdict']}{failed} -> {REPORT_FILES[1].relative_to(REPORTS_DIR.parent)}"
+    warned = [n for n, c in result["checks"].items() if c["status"] == "warn"]
+    warnings = f" (warnings: {', '.join(warned)})" if warned and not result["failed"] else ""
+    where = REPORT_FILES[1].relative_to(REPORTS_DIR.parent)
+    return f"verdict: {headline_verdict(result)}{failed}{warnings} -> {where}"

@@ -279,8 +279,8 @@ def plot_learning(eval_metrics: Mapping | None, p: Mapping) -> Figure | None:
     split = next((s for s in ("test", "val") if f"eval/{s}/model/cosine" in eval_metrics), None)
     if split is None:
         return None
-    names = ("model", "untrained", "identity", "ridge")
-    colours = ("#1f77b4", "#9e9e9e", "#bcbd22", "#2ca02c")
+    names = ("model", "identity", "ridge", "nearest")
+    colours = ("#1f77b4", "#bcbd22", "#2ca02c", "#9467bd")
     metrics = [
         m for m in ("group_top1", "group_top5", "mrr", "cosine", "top1") if f"eval/{split}/model/{m}" in eval_metrics
     ]

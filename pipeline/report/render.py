@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.report.checks import CHECK_ORDER, STATUSES
+from pipeline.report.checks import CHECK_ORDER, STATUSES, headline_verdict
 
 # Which plot shows the evidence for which check; plots not listed go under "Other plots".
 CHECK_PLOTS = {
@@ -29,7 +29,7 @@ CHECK_PLOTS = {
 }
 EVAL_METRICS = ("group_top1", "group_top5", "mrr", "cosine", "mse", "top1", "top5")
 EVAL_SPLITS = ("test", "val")
-EVAL_MODELS = ("model", "identity", "ridge")  # then the others found (untrained)
+EVAL_MODELS = ("model", "identity", "ridge", "nearest")  # then any others found
 STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#b26a00", "fail": "#c62828", "skip": "#616161", "n/a": "#607d8b"}
 
 # Units of evidence values and metrics, by key (the part after the last "/"): (pattern, unit,
@@ -56,10 +56,12 @@ _UNITS: tuple[tuple[str, str, float], ...] = (
     ("_norm", "(L2 norm)", 1.0),
     ("_rise", "%", 100.0),  # loss_regression: the smoothed loss above its running best, a fraction
     ("regressions", "regression(s)", 1.0),
+    ("loss_drop", "%", 100.0),  # learning: the share the training loss fell by
+    ("min_drop", "%", 100.0),
+    ("seed_reference_seeds", "seeds", 1.0),
     ("loss", "(loss)", 1.0),
     ("_sigma", "std above the trailing mean", 1.0),
     ("cosine", "(cosine)", 1.0),
-    ("gain", "(cosine)", 1.0),
     ("vs_", "(cosine)", 1.0),
     ("top1", "%", 100.0),
     ("top5", "%", 100.0),
@@ -146,7 +148,8 @@ def _ordered_checks(result: Mapping) -> list[tuple[str, Mapping]]:
 
 
 def verdict_parts(result: Mapping) -> tuple[str, str]:
-    """('STABLE'|'UNSTABLE', the rest of the line: failed checks first, then warnings)."""
+    """('STABLE'|'STABLE, WITH WARNINGS'|'UNSTABLE', the rest of the line: failed checks first,
+    then warnings)."""
     checks = _ordered_checks(result)
     by = {s: [n for n, c in checks if c["status"] == s] for s in ("fail", "warn", "skip")}
     parts = []
@@ -158,7 +161,7 @@ def verdict_parts(result: Mapping) -> tuple[str, str]:
         parts.append("skipped: " + ", ".join(by["skip"]))
     applicable = [n for n, c in checks if c["status"] != "n/a"]
     rest = "; ".join(parts) if parts else f"all {len(applicable)} checks passed"
-    return str(result["verdict"]).upper(), rest
+    return headline_verdict(result).upper(), rest
 
 
 def _flatten(d: Mapping, prefix: str = "") -> dict[str, Any]:
@@ -301,15 +304,16 @@ def render_html(
     verdict, rest = verdict_parts(result)
     per_check, others = _plot_sections(plots)
     shown: dict[Path, str] = {}  # a plot shared by two checks (loss) is drawn once, under the first
-    colour = STATUS_COLOURS["pass" if result["verdict"] == "stable" else "fail"]
+    headline = headline_verdict(result)
+    colour = STATUS_COLOURS[{"stable": "pass", "unstable": "fail"}.get(headline, "warn")]
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         "<title>Stability report</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>Stability report</h1>",
-        # The verdict first, as a coloured banner (green stable, red unstable): the one line a
-        # reader needs before anything else.
+        # The verdict first, as a coloured banner (green stable, amber with warnings, red
+        # unstable): the one line a reader needs before anything else.
         f'<p class="verdict" style="background:{colour}"><strong>Verdict: {e(verdict)}</strong> — {e(rest)}</p>',
         "<table><tr><th>check</th><th>status</th><th>summary</th></tr>",
     ]

@@ -15,6 +15,11 @@ import time
 
 VIEW_KEY = "evaluation"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+# The same columns with the runs grouped by arm: replicates (runs that differ only in the seed) as
+# one row with their count, the average of each metric over them.
+ARMS_VIEW_KEY = "arms"
+ARMS_VIEW_TAG = f"mlflow.sharedViewState.{ARMS_VIEW_KEY}"
+ARM_TAG = "arm"
 
 # What a researcher ranks models by; every other metric is a column the Columns menu adds.
 METRICS = (
@@ -34,8 +39,10 @@ LAST_TAGS = ("run.overrides",)  # long: last, where it may run off the screen
 WIDTHS = {"run_name": 180, "metric": 130, "verdict": 100, "Dataset": 190, "Models": 100, "overrides": 220}
 
 
-def view_state() -> dict:
-    """The view as the UI stores it: selected columns, their order and widths, the sort."""
+def view_state(grouped: bool = False) -> dict:
+    """The view as the UI stores it: selected columns, their order and widths, the sort; grouped:
+    the runs grouped by their arm (tag `arm`, pipeline/core/arm.py), each group a row with the
+    arm's name, its run count (the replicates) and the average of each column over them."""
     metrics = [f"metrics.`{k}`" for k in METRICS]
     tags = [f"tags.`{k}`" for k in TAGS]
     attributes = [f"attributes.`{k}`" for k in ATTRIBUTES]
@@ -48,37 +55,43 @@ def view_state() -> dict:
         **{f"attributes.`{k}`": WIDTHS[k] for k in ATTRIBUTES},
         **{c: WIDTHS["overrides"] for c in last},
     }
-    return {
+    state = {
         "orderByKey": metrics[0],
         "orderByAsc": False,
         "selectedColumns": [*attributes, *metrics, *tags, *last],
         "columnOrder": order,
         "columnWidths": widths,
     }
+    if grouped:
+        state["groupBy"] = {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": ARM_TAG}]}
+        state["groupsExpanded"] = {}
+    return state
 
 
-def view_tag_value(now_ms: int | None = None) -> str:
+def view_tag_value(now_ms: int | None = None, grouped: bool = False) -> str:
     """The tag's value: the envelope the UI reads (name, times, the state as a JSON string)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    envelope = {"name": "Evaluation", "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(view_state())}
+    name = "Arms" if grouped else "Evaluation"
+    envelope = {"name": name, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(view_state(grouped))}
     return json.dumps(envelope)
 
 
 def ensure_view(client, experiment_id: str, tags: dict) -> None:
-    """Save the view on the experiment, or bring an older one up to date (its columns changed)."""
-    current = tags.get(VIEW_TAG)
-    try:
-        same = current is not None and json.loads(json.loads(current)["state"]) == view_state()
-    except (ValueError, KeyError, TypeError):
-        same = False
-    if not same:
-        client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value())
+    """Save the views on the experiment, or bring older ones up to date (their columns changed)."""
+    for tag, grouped in ((VIEW_TAG, False), (ARMS_VIEW_TAG, True)):
+        current = tags.get(tag)
+        try:
+            same = current is not None and json.loads(json.loads(current)["state"]) == view_state(grouped)
+        except (ValueError, KeyError, TypeError):
+            same = False
+        if not same:
+            client.set_experiment_tag(experiment_id, tag, view_tag_value(grouped=grouped))
 
 
-def runs_url(base: str, experiment_id: str) -> str:
+def runs_url(base: str, experiment_id: str, view: str = VIEW_KEY) -> str:
     """The model experiment's runs table in the saved view. workflowType: MLflow 3.17 opens an
     experiment on its GenAI overview (traces, tokens) unless told it is model training; the
     experiment's kind tag does not decide it in this version, the link (or the sidebar's toggle,
     remembered by the browser) does."""
-    query = f"workflowType=machine_learning&viewStateShareKey={VIEW_KEY}"
+    query = f"workflowType=machine_learning&viewStateShareKey={view}"
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"

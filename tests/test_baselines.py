@@ -1,0 +1,116 @@
+"""The evaluate stage's baselines beside the model (pipeline/evaluate/retrieval.py): identity,
+ridge and nearest (the answer of the nearest training question), scored on the same items; and
+the model's intervals widened by the training seed's luck when a seed-variance reference is given."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.data.shards import SplitShard
+from pipeline.evaluate.retrieval import (
+    BASELINES,
+    METRICS,
+    NEAREST_BLOCK,
+    build_bank,
+    evaluate_split,
+    item_metrics,
+    nearest_predict,
+    predictions,
+    ridge_fit,
+    score_items,
+)
+from pipeline.evaluate.seed_variance import SeedVar
+
+pytestmark = pytest.mark.unit
+
+
+def make_shard(n: int = 40, dim: int = 16, seed: int = 0, split: str = "test") -> SplitShard:
+    """A split of n rows whose targets repeat 10 distinct texts (the retrieval bank)."""
+    rng = np.random.default_rng(seed)
+    bank = np.random.default_rng(99).normal(size=(10, dim)).astype(np.float32)
+    which = np.arange(n) % 10
+    texts = np.array([f"target {i}" for i in which], dtype=object)
+    return SplitShard(
+        split=split,
+        ids=np.array([f"{split}{i}" for i in range(n)], dtype=object),
+        input_texts=np.array([f"input {i}" for i in range(n)], dtype=object),
+        target_texts=texts,
+        groups=texts,
+        inputs=(bank[which] + rng.normal(0, 0.5, size=(n, dim))).astype(np.float32),
+        targets=bank[which],
+        dim=dim,
+        count=n,
+    )
+
+
+def test_the_baselines_are_identity_ridge_and_nearest():
+    assert BASELINES == ("identity", "ridge", "nearest")
+
+
+def test_nearest_is_the_target_of_the_most_similar_training_input_across_blocks(monkeypatch):
+    rng = np.random.default_rng(0)
+    train_x = rng.normal(size=(50, 8)).astype(np.float32)
+    train_y = rng.normal(size=(50, 8)).astype(np.float32)
+    queries = train_x[[3, 17, 42]] * 2.5 + 1e-4  # scaled copies: cosine-nearest is the original row
+    want = train_y[[3, 17, 42]]
+    assert np.array_equal(nearest_predict(train_x, train_y, queries), want)
+    # Blocks smaller than the data (a training split larger than memory is read block by block):
+    # the same answer; an earlier block wins ties.
+    monkeypatch.setattr("pipeline.evaluate.retrieval.NEAREST_BLOCK", 7)
+    assert np.array_equal(nearest_predict(train_x, train_y, queries), want)
+    twins = np.concatenate([train_x, train_x])  # every row twice: the first copy's target
+    assert np.array_equal(nearest_predict(twins, np.concatenate([train_y, -train_y]), queries), want)
+    assert NEAREST_BLOCK >= 1024
+
+
+def test_evaluate_split_scores_the_nearest_baseline_when_the_train_split_is_given():
+    test, train = make_shard(seed=1), make_shard(80, seed=2, split="train")
+    rng = np.random.default_rng(1)
+    model_pred = (test.targets + rng.normal(0, 0.1, size=test.targets.shape)).astype(np.float32)
+    w = ridge_fit(train.inputs, train.targets, alpha=1.0)
+    bank = build_bank([train, test])
+    without, _, _ = evaluate_split("test", predictions(model_pred, test, w), test, bank)
+    with_nearest, _, items = evaluate_split("test", predictions(model_pred, test, w, train), test, bank)
+    keys = {k for k in with_nearest if k.startswith(("eval/test/nearest/", "eval/test/model_vs_nearest/"))}
+    assert {f"eval/test/nearest/{m}" for m in METRICS} <= keys and not keys & set(without)
+    assert {k: with_nearest[k] for k in without} == without  # the rest unchanged (the same resamples)
+    expected = item_metrics(score_items(nearest_predict(train.inputs, train.targets, test.inputs), test, bank))
+    assert {m: with_nearest[f"eval/test/nearest/{m}"] for m in METRICS} == {
+        m: round(float(expected[m].mean()), 6) for m in METRICS
+    }
+    assert "nearest_rank" in items.columns and "nearest_group_rank" in items.columns
+    # The inputs are noisy copies of their targets: their nearest training row has the same answer.
+    assert with_nearest["eval/test/nearest/group_top1"] == 1.0
+
+
+def test_a_seed_reference_widens_the_models_intervals_and_says_so():
+    test, train = make_shard(seed=3), make_shard(80, seed=4, split="train")
+    rng = np.random.default_rng(2)
+    model_pred = (test.targets + rng.normal(0, 0.3, size=test.targets.shape)).astype(np.float32)
+    preds = predictions(model_pred, test, ridge_fit(train.inputs, train.targets, 1.0), train)
+    bank = build_bank([train, test])
+    items_only, _, _ = evaluate_split("test", preds, test, bank)
+    luck = {m: SeedVar(0.01**2, 7, 0.02**2, len(test.ids)) for m in METRICS}
+    covered, _, _ = evaluate_split("test", preds, test, bank, seed_luck=luck)
+    assert items_only["eval/test/ci_covers_seeds"] == 0 and covered["eval/test/ci_covers_seeds"] == 1
+
+    def width(flat, key):
+        return flat[f"{key}/ci95_high"] - flat[f"{key}/ci95_low"]
+
+    for key in ("eval/test/model/cosine", "eval/test/model_vs_ridge/cosine"):
+        assert width(covered, key) > width(items_only, key), key
+    for key in ("eval/test/ridge/cosine", "eval/test/identity/group_top1"):  # no training, no seed luck
+        assert width(covered, key) == width(items_only, key), key
+    assert covered["eval/test/model/cosine"] == items_only["eval/test/model/cosine"]  # the means stay
+
+
+def test_evaluate_split_val_means_only():
+    shard = make_shard(seed=5, split="val")
+    w = ridge_fit(shard.inputs, shard.targets, alpha=1.0)
+    out, est, _ = evaluate_split(
+        "val", predictions(np.asarray(shard.inputs), shard, w), shard, build_bank([shard]), with_ci=False
+    )
+    assert est == {} and not any(k.endswith(("ci95_low", "ci95_high")) for k in out)
+    # The model predicted the inputs: it scores exactly like the identity baseline.
+    assert all(out[f"eval/val/model/{m}"] == out[f"eval/val/identity/{m}"] for m in METRICS)
