@@ -44,7 +44,7 @@ REFERENCE = Path(__file__).with_name("smoke_reference.json")
 LOSS_RTOL = 1e-5
 METRIC_ATOL = 1e-4
 VECTOR_RTOL = 1e-5
-PREDICTORS = ("model", "identity", "ridge", "untrained", "model_vs_identity", "model_vs_ridge", "model_vs_untrained")
+PREDICTORS = ("model", "identity", "ridge", "nearest", "model_vs_identity", "model_vs_ridge", "model_vs_nearest")
 EXACT = ("eval/bank_size", "eval/test/items", "eval/val/items")
 REFRESH_HINT = "if the change is intended, refresh the reference: ./dev reference --refresh (and commit it)"
 

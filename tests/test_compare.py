@@ -399,3 +399,14 @@ def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_exper
     ws = _compare_in(root, env, "workspace", "smoke-b", "--json")
     assert ws.returncode == 0, ws.stderr[-3000:]
     assert json.loads(ws.stdout)["shared_items"] == result["shared_items"]
+
+
+def test_the_committed_default_run_is_comparable_from_git_on_a_fresh_clone():
+    """reports/eval_items.parquet is in git (dvc.yaml: cache: false), so `./dev compare main ...`
+    works where DVC's cache holds nothing: the table is read from the commit, with its metadata."""
+    from pipeline.core.paths import REPO_ROOT
+
+    committed = cmp.load("HEAD", root=REPO_ROOT)
+    assert committed.kind == "git-revision" and len(committed.table) > 0
+    meta = committed.meta
+    assert meta is not None and meta.preset == "default" and meta.seed == 0 and meta.arm_name == "default"

@@ -182,7 +182,10 @@ def test_dvc_exp_show_and_metrics_diff_list_the_headline_metrics_mlflow_has(smok
             assert diff[path][key]["old"] == shown["smoke-a"][path][key], key
             assert diff[path][key]["new"] == shown["smoke-b"][path][key], key
     for name in EXPERIMENTS:
-        assert shown[name]["metrics/stability.json"]["verdict"] == runs[name].data.tags["stability.verdict"]
+        stability = shown[name]["metrics/stability.json"]
+        warned = any(isinstance(c, dict) and c.get("status") == "warn" for c in stability.values())
+        headline = "stable, with warnings" if stability["verdict"] == "stable" and warned else stability["verdict"]
+        assert headline == runs[name].data.tags["stability.verdict"], name
 
 
 def test_dvc_plots_diff_shows_both_experiments_training_curves(smoke_experiments, store, tmp_path):
@@ -364,6 +367,33 @@ def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store
     shown = [row["metrics.`eval/test/model/group_top1`"] for row in rows]
     top1 = [float(v) for v in shown if v != "-"]
     assert top1 == sorted(top1, reverse=True) and shown[: len(top1)] == [v for v in shown if v != "-"], shown
+
+
+def test_dev_ui_arms_link_groups_the_runs_by_arm_with_their_count(store, mlflow_ui):
+    """`./dev ui`'s second link (views.runs_url(..., "arms")) in headless Chromium: the same table
+    grouped by the tag `arm`: a row per arm, named after it, with the number of its runs (the
+    replicates: runs that differ only in the seed). The three smoke experiments differ in
+    train.lr: three arms, one run each. The screenshot is kept in test-artifacts/mlflow-arms.png."""
+    from pipeline.core.paths import REPO_ROOT
+    from pipeline.tracking.views import ARMS_VIEW_KEY, runs_url
+    from tests.helpers.browser import QUIET_ASSISTANT_JS, view_page
+
+    client, exp, runs = store
+    arms = {run.data.tags["arm"] for run in runs.values()}
+    assert len(arms) == len(EXPERIMENTS)  # another lr: another arm
+    view = view_page(
+        runs_url(mlflow_ui, exp.experiment_id, ARMS_VIEW_KEY),
+        expect=["Group by: arm", *(f"Group: {arm}" for arm in arms), *EXPERIMENTS],
+        screenshot=REPO_ROOT / "test-artifacts" / "mlflow-arms.png",
+        width=1600,
+        height=700,
+        init_script=QUIET_ASSISTANT_JS,
+    )
+    for arm in arms:
+        # The group's row: its name, then its run count (other modules may add runs of one arm).
+        line = next(line for line in view.text.splitlines() if line == f"Group: {arm}")
+        after = view.text.splitlines()[view.text.splitlines().index(line) + 1]
+        assert after.isdigit() and int(after) >= 1, (arm, after)
 
 
 def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, mlflow_ui):

@@ -38,7 +38,7 @@ EVAL = {
     "eval/val/model/cosine": 0.80,
     "eval/test/ridge/cosine": 0.74,
     "eval/test/identity/cosine": 0.31,
-    "eval/test/untrained/cosine": 0.02,
+    "eval/test/nearest/cosine": 0.02,
 }
 BANNER = {"stable": STATUS_COLOURS["pass"], "unstable": STATUS_COLOURS["fail"]}
 OTHER = {"stable": "unstable", "unstable": "stable"}

@@ -25,7 +25,7 @@ def test_the_committed_reference_is_complete(reference):
     steps = [s for s, _ in reference["loss"]]
     assert steps == sorted(steps) and len(steps) >= 10 and all(np.isfinite(v) for _, v in reference["loss"])
     for split in ("val", "test"):
-        for who in ("model", "identity", "ridge", "untrained"):
+        for who in ("model", "identity", "ridge", "nearest"):
             for metric in ("cosine", "mse", "mrr", "top1", "top5", "group_top1", "group_top5"):
                 assert f"eval/{split}/{who}/{metric}" in reference["eval"]
     assert not any(k.endswith(("ci95_low", "ci95_high", "p_value")) for k in reference["eval"])

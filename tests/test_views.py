@@ -41,7 +41,11 @@ def test_the_arms_view_groups_the_replicates_by_their_arm_tag():
         "aggregateFunction": "average",
         "groupByKeys": [{"mode": "tag", "groupByData": "arm"}],
     }
-    assert {k: v for k, v in grouped.items() if k not in ("groupBy", "groupsExpanded")} == view_state()
+    plain = view_state()
+    assert {k: v for k, v in grouped.items() if k not in ("groupBy", "groupsExpanded", "columnWidths")} == {
+        k: v for k, v in plain.items() if k != "columnWidths"
+    }
+    assert grouped["columnWidths"]["attributes.`Run Name`"] > plain["columnWidths"]["attributes.`Run Name`"]
     envelope = json.loads(view_tag_value(now_ms=1, grouped=True))
     assert envelope["name"] == "Arms" and json.loads(envelope["state"]) == grouped
     assert runs_url("http://h:1", "7", "arms").endswith("viewStateShareKey=arms")

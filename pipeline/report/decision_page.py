@@ -107,11 +107,14 @@ def metrics_plot(result: Mapping[str, Any]) -> str | None:
         ax.plot([mid], [i], "o", color=colour)
     ax.axvspan(-1, 1, color="#1565c0", alpha=0.12, lw=0)
     ax.axvline(0, color="#444", lw=0.8)
+    # Linear within a few margins, logarithmic beyond: one metric hundreds of margins off (mse's
+    # margin is tiny) must not squash the others to a point.
+    ax.set_xscale("symlog", linthresh=2)
     ax.set_yticks(
         range(len(names)), [f"{m}{' (lower better)' if not metrics[m]['higher_is_better'] else ''}" for m in names]
     )
     ax.invert_yaxis()
-    ax.set_xlabel("B - A in margins (right: B better; shaded: within the margin)")
+    ax.set_xlabel("B - A in margins (right: B better; shaded: within the margin; log scale beyond 2)")
     ax.grid(alpha=0.3, axis="x")
     return _png(fig)
 

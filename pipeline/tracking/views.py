@@ -36,7 +36,15 @@ LAST_TAGS = ("run.overrides",)  # long: last, where it may run off the screen
 # at all. With these widths the eval columns, the verdict, the dataset and the model fit a
 # 1600 px window beside MLflow's sidebar (checked in the browser test's screenshot); a metric's
 # header is cut with "…" (hover shows the full key), a dataset's name too.
-WIDTHS = {"run_name": 180, "metric": 130, "verdict": 100, "Dataset": 190, "Models": 100, "overrides": 220}
+WIDTHS = {
+    "run_name": 180,
+    "arm_group": 320,
+    "metric": 130,
+    "verdict": 100,
+    "Dataset": 190,
+    "Models": 100,
+    "overrides": 220,
+}
 
 
 def view_state(grouped: bool = False) -> dict:
@@ -65,6 +73,8 @@ def view_state(grouped: bool = False) -> dict:
     if grouped:
         state["groupBy"] = {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": ARM_TAG}]}
         state["groupsExpanded"] = {}
+        # A group's row is named "Group: <arm> [<digest>]" in the run-name column: room for it.
+        state["columnWidths"] = {**widths, "attributes.`Run Name`": WIDTHS["arm_group"]}
     return state
 
 
