@@ -28,7 +28,10 @@ items, or a baseline (identity, ridge, nearest: the same for every seed). For on
   * inconclusive: neither; with the seeds per arm that would likely settle it.
   Where training luck is not covered (one run per arm and no matching reference), the outcome
   is inconclusive whatever the interval: a difference inside the seed noise must never read as
-  "better". Its interval is then the items' alone, and says so.
+  "better". Its interval is then the items' alone, and says so. One run a side is one draw of
+  the seed's luck: it is not called better or worse for a gap within the widest gap between two
+  seeds of the reference, nor at all on a metric whose reference seeds split into modes
+  (single_run_within_gap; seed_variance.Reference.outliers).
 - the probability of improvement: the share of the draws where B beats A.
 
 `alpha_spending` gives the per-look levels that keep a sequence of looks (`./dev decide`, a look
@@ -63,7 +66,6 @@ MARGINS: dict[str, float] = {
     "mrr": 0.01,
 }
 MAX_SEEDS_ESTIMATE = 100  # "more than this many seeds" is said as "more seeds will not settle it"
-OUTCOMES = ("better", "worse", "equivalent", "inconclusive")
 
 
 @dataclass
