@@ -2,7 +2,7 @@
 seed_variance.py): the seed spread from replicates, its reference, the outcomes, the sequential
 plan, and the false-positive rate of A/A comparisons in simulation, where the truth is known.
 
-The simulated runs follow the layout the method assumes (seed_variance.py): per item a difficulty
+The simulated runs follow the layout the method assumes (pipeline/evaluate/seed_variance.py): per item a difficulty
 shared by every run, per run a shift of the whole run, per run and item the flips, with sizes of
 the order measured on the default preset (tests/test_replicates.py checks the same on real runs)."""
 
@@ -206,7 +206,7 @@ def test_aa_false_positive_rate_is_at_most_5_percent_and_the_item_only_method_is
 def test_alpha_spending_sums_to_alpha_and_spends_early_looks_less():
     spend = alpha_spending(5, 0.05)
     assert sum(spend) == pytest.approx(0.05) and all(s > 0 for s in spend)
-    assert spend == sorted(spend, reverse=True)  # Pocock-type: a little more early, never nothing
+    assert spend == sorted(spend, reverse=True)  # a little more early, never nothing
     plan = SequentialPlan(5, 2)
     assert list(plan.levels) == [2, 3, 4, 5] and all(0.95 < lv < 1 for lv in plan.levels.values())
     with pytest.raises(ValueError):

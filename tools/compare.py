@@ -259,7 +259,7 @@ def render(result: dict, show: int = DEFAULT_SHOW) -> str:
         ci = f"[{_fmt(r['ci_low'], m, True)}, {_fmt(r['ci_high'], m, True)}]"
         outcome = r["outcome"]
         if outcome == "inconclusive" and r["seeds_needed"]:
-            outcome += f" (~{r['seeds_needed']} seeds/arm)"
+            outcome += f" (~{r['seeds_needed']} seeds per arm)"
         lines.append(
             f"{m:<12} {_fmt(r['a'], m):>9} {_fmt(r['b'], m):>9} {_fmt(r['difference'], m, True):>10}   "
             f"{ci:<24} {r['prob_b_better']:>7.2f}  {outcome}"

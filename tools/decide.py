@@ -17,10 +17,10 @@ first clear answer:
 
 Looking after every round and stopping early must not make a false "better" likelier: each look's
 interval is taken at its own level from an alpha-spending plan over the planned looks
-(decision.alpha_spending: Pocock-type, spent with a union bound), so the chance that any look
-errs is at most 5 %. The first look comes after round 1 when the preset has a committed
-seed-variance reference (reference/seed_variance/<preset>.json) for the data the runs are scored
-on, else after round 2 (each arm's own two seeds give the first estimate of the seed spread).
+(decision.alpha_spending: a little more of it at the early looks; the looks' error rates add up to
+5 %), so the chance that any look errs is at most 5 %. The first look comes after round 1 when
+the preset has a committed seed-variance reference (reference/seed_variance/<preset>.json) for
+the data the runs are scored on, else after round 2 (each arm's own two seeds give the first estimate of the seed spread).
 
 A change that leaves the arm as it is (`-S run.seed=100`, `-S train.log_every=10`: pipeline/core/
 arm.py) is an A/A comparison: B's seeds then start at 1000 (or the -S run.seed given), so that the
@@ -241,7 +241,8 @@ def run(args) -> dict:
         "method": {
             "interval": "paired bootstrap over test items + Student-t draw of the seed spread "
             "(pipeline/evaluate/decision.py)",
-            "sequential": "Pocock-type alpha spending over the planned looks, union bound (decision.alpha_spending)",
+            "sequential": "alpha spent over the planned looks, alpha * ln(1 + (e - 1) t) by fraction t "
+            "(decision.alpha_spending)",
             "alpha": round(1 - CONFIDENCE, 6),
             "first_look": plan.first_look,
             "levels": {str(k): round(v, 6) for k, v in plan.levels.items()},

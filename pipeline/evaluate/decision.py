@@ -8,7 +8,7 @@ items, or a baseline (identity, ridge, nearest: the same for every seed). For on
 - its interval covers the test items' luck and the training seeds' luck, in two levels:
   * items: the paired bootstrap over items (stats.resample_means) of the per-item difference of
     the two arms' run-averaged values: paired by item, it also carries the items that flip
-    between seeds (seed_variance.py);
+    between seeds (pipeline/evaluate/seed_variance.py);
   * seeds: each arm's mean is off by the mean of its runs' luck, variance run_var / runs
     (seed_variance.SeedVar: the variance of a run's mean, pooled from the arms' own replicates
     and the committed reference when it matches). Not bootstrapped: a bootstrap over 1 to 5 seeds
@@ -17,7 +17,7 @@ items, or a baseline (identity, ridge, nearest: the same for every seed). For on
     to that standard deviation; the t quantiles are stratified and shuffled by a fixed seed, so
     the result is deterministic. The run-mean variance holds the items that flip between seeds,
     which the item bootstrap holds too: the item draws are shrunk by that part so that it counts
-    once (seed_variance.py).
+    once (pipeline/evaluate/seed_variance.py).
   Seeds are treated as independent between arms, even where both arms ran the same seeds: a
   shared seed (same initial weights, same batch order) could only make two arms' luck alike
   (correlation >= 0), which makes this interval wider than it need be, never narrower.
@@ -374,12 +374,13 @@ def interval(sample: np.ndarray, level: float) -> tuple[float, float]:
 
 
 def alpha_spending(looks: int, alpha: float = 1 - CONFIDENCE) -> list[float]:
-    """Per-look error rates for `looks` planned looks whose sum is alpha (Lan and DeMets'
-    Pocock-type spending function, alpha * ln(1 + (e - 1) t) at information fraction t = k /
-    looks). Whatever the looks' correlation, the chance that any look errs is at most their sum
-    (the union bound), so stopping at the first decisive look keeps the error rate <= alpha:
-    valid, and a little conservative. Pocock-type spends more early than O'Brien-Fleming-type,
-    so a clear difference stops after a few seed pairs."""
+    """Per-look error rates for `looks` planned looks whose sum is alpha: by look k, alpha *
+    ln(1 + (e - 1) t) of it is spent, t = k / looks (a curve that spends a little more at the
+    early looks than at the late ones, and something at every look). Whatever the looks'
+    correlation, the chance that any look errs is at most the sum of their rates, so stopping at
+    the first decisive look keeps the error rate <= alpha: valid, and a little conservative.
+    Spending early lets a clear difference stop after a few seed pairs; a curve that saved
+    nearly all of alpha for the last look would make every early look all but blind."""
     if looks < 1:
         raise ValueError(f"looks must be >= 1; got {looks}")
     spent = [alpha * math.log(1 + (math.e - 1) * k / looks) for k in range(looks + 1)]

@@ -153,7 +153,7 @@ def summarise(
 
     seed_luck (metric -> seed_variance.SeedVar, from the preset's committed reference): the
     model's intervals (its mean, and its differences from the baselines) then cover the training
-    seed's luck too, added to the item draws as decision.py does; the baselines have none. The
+    seed's luck too, added to the item draws as pipeline/evaluate/decision.py does; the baselines have none. The
     flat metrics say which: eval/<split>/ci_covers_seeds is 1 or 0."""
     if not with_ci:
         flat = {

@@ -1,6 +1,6 @@
 """The page of a `./dev decide` decision (tools/decide.py): the outcome first, then the looks, each
 metric's interval, both arms' training loss with their seeds' spread, and the items that flipped.
-HTML from a Jinja2 template (templates/decision.html.j2), plots as PNGs embedded in it, so the page
+HTML from a Jinja2 template (pipeline/report/templates/decision.html.j2), plots as PNGs embedded in it, so the page
 is one self-contained file beside the stability report."""
 
 from __future__ import annotations
