@@ -20,7 +20,8 @@ interval is taken at its own level from an alpha-spending plan over the planned 
 (decision.alpha_spending: a little more of it at the early looks; the looks' error rates add up to
 5 %), so the chance that any look errs is at most 5 %. The first look comes after round 1 when
 the preset has a committed seed-variance reference (reference/seed_variance/<preset>.json) for
-the data the runs are scored on, else after round 2 (each arm's own two seeds give the first estimate of the seed spread).
+the data the runs are scored on, else after round 2 (each arm's own two seeds give the first
+estimate of the seed spread).
 
 A change that leaves the arm as it is (`-S run.seed=100`, `-S train.log_every=10`: pipeline/core/
 arm.py) is an A/A comparison: B's seeds then start at 1000 (or the -S run.seed given), so that the
