@@ -64,6 +64,7 @@ def run(cfg) -> dict:
     # The preset's committed seed-variance reference, if it was measured on these very data: the
     # model's intervals then cover its training seed's luck as well as the test items'.
     reference = find_reference(str(cfg.run.preset), data_digest(manifest))
+    covered = covers(reference, str(cfg.run.preset))
     metrics = {
         "eval/bank_size": bank.size,
         "eval/bootstrap_resamples": ev.bootstrap_resamples,
@@ -104,14 +105,14 @@ def run(cfg) -> dict:
             logged = log_answer_model(model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size)
             tracking.set_tags(
                 {
-                    "eval.ci_covers": covers(reference, str(cfg.run.preset)),
+                    "eval.ci_covers": covered,
                     **({"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {}),
                 }
             )
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
             for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(path, "evaluate")
-    for line in summary_lines(test_estimates, bank.size, len(test_items), covers(reference, str(cfg.run.preset))):
+    for line in summary_lines(test_estimates, bank.size, len(test_items), covered):
         log.info("%s", line)
     return metrics
 

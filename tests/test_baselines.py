@@ -11,7 +11,6 @@ from pipeline.data.shards import SplitShard
 from pipeline.evaluate.retrieval import (
     BASELINES,
     METRICS,
-    NEAREST_BLOCK,
     build_bank,
     evaluate_split,
     item_metrics,
@@ -61,7 +60,6 @@ def test_nearest_is_the_target_of_the_most_similar_training_input_across_blocks(
     assert np.array_equal(nearest_predict(train_x, train_y, queries), want)
     twins = np.concatenate([train_x, train_x])  # every row twice: the first copy's target
     assert np.array_equal(nearest_predict(twins, np.concatenate([train_y, -train_y]), queries), want)
-    assert NEAREST_BLOCK >= 1024
 
 
 def test_evaluate_split_scores_the_nearest_baseline_when_the_train_split_is_given():

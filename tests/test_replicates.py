@@ -24,7 +24,6 @@ import pytest
 
 from pipeline.evaluate.decision import ArmRuns, SequentialPlan, compare_metric, look, luck_for
 from pipeline.evaluate.item_tables import read_items
-from pipeline.evaluate.retrieval import METRICS
 from pipeline.evaluate.seed_variance import measure
 from tools.item_sources import Source, predictor_table, runs_values, shared_ids
 
@@ -184,4 +183,3 @@ def test_the_linear_path_is_found_better_than_the_prototype(capsys):
     a, b = ArmRuns("none", [0], pick(none, [0])), ArmRuns("linear", [0], pick(linear, [0]))
     d = look(plan, 1, a, b, "group_top1", [ref], resamples=RESAMPLES)
     assert d is not None and d.outcome == "better"
-    assert set(METRICS) >= set(called)

@@ -86,16 +86,10 @@ def arm_runs(side: Side, ids: list[str], tables: list) -> ArmRuns:
 
 
 def references_for(*sides: Side) -> list:
-    """The committed seed-variance references that match a side's preset and data."""
-    from pipeline.evaluate.seed_variance import find_reference
+    """The committed seed-variance references that match a trained side's preset and data."""
+    from pipeline.evaluate.seed_variance import matching_references
 
-    found = {}
-    for side in sides:
-        if side.predictor == "model" and side.preset and side.data:
-            ref = find_reference(side.preset, side.data)
-            if ref is not None:
-                found[ref.path] = ref
-    return list(found.values())
+    return matching_references(m for side in sides if side.predictor == "model" for m in side.metas)
 
 
 def compare(
@@ -199,7 +193,8 @@ def _r(x) -> float:
     return round(float(x), 6)
 
 
-def _fmt(x: float, metric: str, sign: bool = False) -> str:
+def fmt_value(x: float, metric: str, sign: bool = False) -> str:
+    """A metric's value as the tables print it: 6 decimals for mse, 3 for the others."""
     digits = 6 if metric == "mse" else 3
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
@@ -210,7 +205,7 @@ def verdict_line(d, name_a: str, name_b: str, covered: bool = True) -> str:
     m = d.metric
     what = m if d.higher_is_better else f"{m} (lower is better)"
     numbers = (
-        f"{_fmt(d.difference, m, True)} [{_fmt(d.low, m, True)}, {_fmt(d.high, m, True)}], "
+        f"{fmt_value(d.difference, m, True)} [{fmt_value(d.low, m, True)}, {fmt_value(d.high, m, True)}], "
         f"P({name_b} better) {d.prob_b_better:.2f}"
     )
     if d.outcome in ("better", "worse"):
@@ -256,12 +251,12 @@ def render(result: dict, show: int = DEFAULT_SHOW) -> str:
     head = f"{'metric':<12} {'A':>9} {'B':>9} {'B - A':>10}   {level + ' interval':<24} {'P(B>A)':>7}  outcome"
     lines += [head, "-" * len(head)]
     for m, r in result["metrics"].items():
-        ci = f"[{_fmt(r['ci_low'], m, True)}, {_fmt(r['ci_high'], m, True)}]"
+        ci = f"[{fmt_value(r['ci_low'], m, True)}, {fmt_value(r['ci_high'], m, True)}]"
         outcome = r["outcome"]
         if outcome == "inconclusive" and r["seeds_needed"]:
             outcome += f" (~{r['seeds_needed']} seeds per arm)"
         lines.append(
-            f"{m:<12} {_fmt(r['a'], m):>9} {_fmt(r['b'], m):>9} {_fmt(r['difference'], m, True):>10}   "
+            f"{m:<12} {fmt_value(r['a'], m):>9} {fmt_value(r['b'], m):>9} {fmt_value(r['difference'], m, True):>10}   "
             f"{ci:<24} {r['prob_b_better']:>7.2f}  {outcome}"
         )
     margins = ", ".join(f"{m} {r['margin']:g}" for m, r in result["metrics"].items())

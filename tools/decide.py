@@ -46,9 +46,10 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT, REPORTS_DIR
 from pipeline.evaluate.decision import CONFIDENCE, MARGINS, ArmRuns, SequentialPlan, compare_arms, look
 from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
-from pipeline.evaluate.seed_variance import find_reference, load_references
+from pipeline.evaluate.seed_variance import load_references
+from pipeline.evaluate.seed_variance import matching_references as seed_references
 from pipeline.evaluate.stats import DEFAULT_RESAMPLES
-from tools.item_sources import Source, predictor_table, runs_values, shared_ids
+from tools.item_sources import predictor_table, runs_values, shared_ids
 from tools.replicates import Replicate, config_digest, plan
 from tools.seeds import run_replicates
 
@@ -130,7 +131,7 @@ def make_plan(args) -> Plan:
 
 
 def arms_so_far(state: State) -> tuple[ArmRuns, ArmRuns, list[str], list]:
-    tables = {k: [predictor_table(_source(r)) for r in v] for k, v in state.results.items()}
+    tables = {k: [predictor_table(r.source()) for r in v] for k, v in state.results.items()}
     ids = shared_ids(tables["A"] + tables["B"])
     arms = tuple(
         ArmRuns(k, [r.replicate.seed for r in state.results[k]], runs_values(tables[k], ids)) for k in ("A", "B")
@@ -138,19 +139,8 @@ def arms_so_far(state: State) -> tuple[ArmRuns, ArmRuns, list[str], list]:
     return arms[0], arms[1], ids, tables["A"][0]
 
 
-def _source(result) -> Source:
-    rep = result.replicate
-    return Source(rep.name, rep.name, "dvc-experiment", f"DVC experiment {rep.name}", result.items, meta=result.meta)
-
-
 def matching_references(state: State) -> list:
-    metas = [r.meta for rs in state.results.values() for r in rs if r.meta is not None]
-    found = {}
-    for m in metas:
-        ref = find_reference(m.preset, m.data)
-        if ref is not None:
-            found[ref.path] = ref
-    return list(found.values())
+    return seed_references(r.meta for rs in state.results.values() for r in rs)
 
 
 def look_after(state: State, plan: Plan, args, rounds: int) -> Look | None:
@@ -296,7 +286,7 @@ def default_name(plan: Plan) -> str:
 
 
 def render(result: dict) -> str:
-    from tools.compare import _fmt
+    from tools.compare import fmt_value
 
     m = result["metric"]
     d = result["decision"]
@@ -312,11 +302,12 @@ def render(result: dict) -> str:
         f"{'metric':<12} {'A':>9} {'B':>9} {'B - A':>10}   {'interval':<24} {'P(B>A)':>7}  outcome",
     ]
     for metric, r in result["metrics"].items():
-        ci = f"[{_fmt(r['ci_low'], metric, True)}, {_fmt(r['ci_high'], metric, True)}]"
+        ci = f"[{fmt_value(r['ci_low'], metric, True)}, {fmt_value(r['ci_high'], metric, True)}]"
         mark = "  <- decides" if metric == m else ""
         lines.append(
-            f"{metric:<12} {_fmt(r['a'], metric):>9} {_fmt(r['b'], metric):>9} "
-            f"{_fmt(r['difference'], metric, True):>10}   {ci:<24} {r['prob_b_better']:>7.2f}  {r['outcome']}{mark}"
+            f"{metric:<12} {fmt_value(r['a'], metric):>9} {fmt_value(r['b'], metric):>9} "
+            f"{fmt_value(r['difference'], metric, True):>10}   {ci:<24} {r['prob_b_better']:>7.2f}  "
+            f"{r['outcome']}{mark}"
         )
     lines += [
         f"(Only {m} decides; the other metrics are shown at the same level, for reading.)",

@@ -64,6 +64,15 @@ class Result:
     steps: pd.DataFrame | None  # the training curve (telemetry/train_steps.csv), if it was kept
     rev: str  # the experiment's commit
 
+    def source(self):
+        """The item table as tools.item_sources reads any other (for predictor_table and the rest)."""
+        from tools.item_sources import Source
+
+        name = self.replicate.name
+        return Source(
+            name, name, "dvc-experiment", f"DVC experiment {name} (commit {self.rev[:8]})", self.items, meta=self.meta
+        )
+
 
 def config_digest(overrides: Sequence[str]) -> str:
     """The arm digest of a config composed from conf/ with `overrides`, data left out: what names

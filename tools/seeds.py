@@ -30,7 +30,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.evaluate.retrieval import METRICS
 from pipeline.evaluate.seed_variance import MIN_REFERENCE_SEEDS, measure, reference_path, write_reference
-from tools.item_sources import Source, predictor_table, runs_values, shared_ids
+from tools.item_sources import predictor_table, runs_values, shared_ids
 from tools.replicates import Queue, ReplicateError, collect, experiment_rev, head, plan
 
 HEADLINE = ("group_top1", "mrr", "cosine", "mse")
@@ -84,9 +84,7 @@ def measure_arm(results, preset: str, command: str):
     datas = {m.data for m in metas}
     if len(arms) > 1 or len(datas) > 1:
         raise PipelineError(f"the replicates are not one arm on one dataset: arms {sorted(arms)}, data {sorted(datas)}")
-    tables = [
-        predictor_table(Source(r.replicate.name, r.replicate.name, "dvc-experiment", "", r.items)) for r in results
-    ]
+    tables = [predictor_table(r.source()) for r in results]
     ids = shared_ids(tables)
     values = runs_values(tables, ids)
     measured = {

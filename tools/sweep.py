@@ -212,7 +212,7 @@ def rank(
     """The ranking as one JSON-able dict (the arms best first; see the module doc)."""
     from pipeline.evaluate.decision import MARGINS
     from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
-    from pipeline.evaluate.seed_variance import find_reference
+    from pipeline.evaluate.seed_variance import matching_references
 
     if metric not in METRICS:
         raise CompareError(f"--metric {metric!r}: expected one of {', '.join(METRICS)}")
@@ -253,14 +253,8 @@ def rank(
     values = [
         ArmRuns(a.name, [r.seed for r in a.runs], runs_values([table_of[r.run_id] for r in a.runs], ids)) for a in arms
     ]
-    refs = {}
-    for run in usable:
-        if run.meta is not None:
-            ref = find_reference(run.meta.preset, run.meta.data)
-            if ref is not None:
-                refs[ref.path] = ref
     # One seed spread for the whole sweep: every arm's replicates and the matching references.
-    luck = luck_for(*values, references=list(refs.values()))
+    luck = luck_for(*values, references=matching_references(run.meta for run in usable))
     var = luck.seed.get(metric)
     higher = metric not in LOWER_IS_BETTER
     margin = {**MARGINS, **(margins or {})}[metric]
@@ -328,12 +322,9 @@ def _r(x) -> float:
     return round(float(x), 6)
 
 
-def _fmt(x: float, metric: str, sign: bool = False) -> str:
-    digits = 6 if metric == "mse" else 3
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
 def render(result: dict) -> str:
+    from tools.compare import fmt_value
+
     m = result["metric"]
     direction = "higher is better" if result["higher_is_better"] else "lower is better"
     nruns = sum(len(a["seeds"]) for a in result["arms"])
@@ -364,8 +355,8 @@ def render(result: dict) -> str:
         else:
             d = row["difference_from_top"]
             versus = [
-                _fmt(d["difference"], m, True),
-                f"[{_fmt(d['ci_low'], m, True)}, {_fmt(d['ci_high'], m, True)}]",
+                fmt_value(d["difference"], m, True),
+                f"[{fmt_value(d['ci_low'], m, True)}, {fmt_value(d['ci_high'], m, True)}]",
                 f"{d['prob_b_better']:.2f}",
                 d["outcome"],
             ]
@@ -375,8 +366,8 @@ def render(result: dict) -> str:
                 row["arm"]["name"],
                 ",".join(str(s) for s in row["seeds"]),
                 *(row["params"][p] for p in result["swept_params"]),
-                _fmt(mean["value"], m),
-                f"[{_fmt(mean['ci_low'], m)}, {_fmt(mean['ci_high'], m)}]",
+                fmt_value(mean["value"], m),
+                f"[{fmt_value(mean['ci_low'], m)}, {fmt_value(mean['ci_high'], m)}]",
                 *versus[:3],
                 versus[3],
             ]

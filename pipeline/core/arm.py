@@ -92,9 +92,6 @@ class Arm:
         """One string for the MLflow tag `arm` (the runs table groups by it): name and digest."""
         return f"{self.name} [{self.digest}]"
 
-    def as_dict(self) -> dict[str, str]:
-        return {"digest": self.digest, "name": self.name}
-
 
 def arm_config(flat: Mapping[str, Any]) -> dict[str, Any]:
     """The flattened config's keys that make the arm."""

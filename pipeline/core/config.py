@@ -468,7 +468,8 @@ class ReportConfig:
     scaler_min_scale: float = 1.0
     scaler_max_backoff_fraction: float = 0.05
     # The training loss must fall by at least this share between its first and last logged rows
-    # (medians of 3), or the run learned nothing: the clean smoke and default runs fall by ~45-50 %.
+    # (medians of 3), or the run learned nothing (the runs that train fall by far more: `loss_drop`
+    # in the learning check's evidence, reports/stability_evidence.json).
     learning_min_drop: float = 0.05
     # Loss regression: the smoothed training loss (a centred median over the logged rows) held more
     # than regression_rise above its running best for more than regression_min_steps steps. The

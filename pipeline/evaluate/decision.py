@@ -53,9 +53,9 @@ from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, resample_me
 
 CONFIDENCE = 0.95
 # The default equivalence margin of each metric, in its own units: a difference smaller than this
-# is too small to act on. Retrieval rates: 1 percentage point of the test items; cosine: 0.002
-# (the default preset's seed-to-seed spread of its test cosine is of that order); mse: 2e-5 (about
-# 1 % of the default model's). Set per metric with --margin METRIC=VALUE.
+# is too small to act on. Retrieval rates: 1 percentage point of the test items; cosine and mse:
+# of the order of one seed's spread of the default preset (sd_run_means in
+# reference/seed_variance/default.json). Set per metric with --margin METRIC=VALUE.
 MARGINS: dict[str, float] = {
     "cosine": 0.002,
     "mse": 0.00002,
@@ -292,13 +292,12 @@ def compare_metric(
 
 
 def single_run_within_gap(a: ArmRuns, b: ArmRuns, diff: float, gap: tuple[float, float, float] | None) -> bool:
-    """SINGLE_RUN_GUARD: a trained side of one run, and a gap no wider than the widest between two
-    seeds of the reference. The interval's seed draw assumes a seed's luck is spread like a bell;
-    a preset's seeds can split into modes instead (the smoke preset: 2 of 20 seeds take a flow step
-    more and end 0.05-0.07 lower in test cosine, where the rest lie within 0.03), and one run can
-    fall in the other mode. Leaving each seed out of the other 19's reference in turn, 9.5-11 % of
-    single-run A/A pairs were called better or worse without this guard, none with it
-    (tests/test_replicates.py)."""
+    """A trained side of one run, and a gap no wider than the widest between two seeds of the
+    reference. The interval's seed draw assumes a seed's luck is spread like a bell; a preset's
+    seeds can split into modes instead (reference/seed_variance/smoke.json: two of its seeds lie
+    far below the others on cosine), and one run can fall in the other mode. With this guard and
+    the one for such modes, single-run A/A pairs of real smoke seeds are called better or worse at
+    most 5 % of the time (tests/test_replicates.py prints the rates)."""
     return single_run(a, b) and gap is not None and abs(diff) <= gap[0]
 
 

@@ -13,9 +13,9 @@ run means holds u and e (var(run means) = var(u) + var(e) / items), and e is in 
 already. How it is added (decision.py): the seed part is drawn from the spread of run means,
 whose estimate is an exact scaled chi-square (a Student-t with runs - 1 degrees of freedom is
 then exact), and the item part is shrunk by the e it would count twice. Estimating var(u)
-alone by subtracting mean squares (the method of moments) was tried first: with 2 or 3 runs it
-often comes out near 0, and the intervals built on it said "better" for 6.6 to 7.6 % of A/A pairs
-at 95 % in simulation (tests/test_decision.py keeps the rate at or below 5 %).
+alone by subtracting mean squares (the method of moments) is no substitute: with 2 or 3 runs it
+often comes out near 0, and intervals built on it are too narrow (tests/test_decision.py holds the
+A/A rate of the method used to at most 5 %).
 
 One run per arm cannot estimate it. The committed seed-variance reference does: for each shipped
 preset on the shipped data, the same estimate over >= 5 seeds of the preset itself
@@ -135,8 +135,9 @@ class Reference:
     def outliers(self, metric: str) -> list[tuple[int, float, float]]:
         """Seeds whose run mean lies more than OUTLIER_Z robust SDs (1.4826 x the median absolute
         deviation) from the median: (seed, run mean, robust z). Seeds of a preset can split into
-        modes (the smoke preset: 2 of 20 take a flow step more and end far lower); a single run
-        may then fall in the other mode, which a spread measured as a variance does not foresee."""
+        modes (reference/seed_variance/smoke.json: two seeds far below the rest on cosine); a
+        single run may then fall in the other mode, which a spread measured as a variance does not
+        foresee."""
         values = np.asarray(self.per_seed.get(metric, []), dtype=float)
         if len(values) < MIN_REFERENCE_SEEDS:
             return []
@@ -227,6 +228,18 @@ def load_references(directory: Path | None = None) -> list[Reference]:
 def find_reference(preset: str, data: str, directory: Path | None = None) -> Reference | None:
     """The reference measured for `preset` on the data of digest `data`, if there is one."""
     return next((r for r in load_references(directory) if r.preset == preset and r.data == data), None)
+
+
+def matching_references(metas: Iterable) -> list[Reference]:
+    """The references that match item tables' metadata (item_tables.TableMeta; None skipped), each
+    once: what a comparison of those tables pools its seed spread with."""
+    found: dict[tuple[str, str], Reference] = {}
+    for m in metas:
+        if m is not None and (m.preset, m.data) not in found:
+            ref = find_reference(m.preset, m.data)
+            if ref is not None:
+                found[(m.preset, m.data)] = ref
+    return list(found.values())
 
 
 def _r(x: float) -> float:

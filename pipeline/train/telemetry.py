@@ -76,10 +76,10 @@ _TRIM = _malloc_trim()
 def release_free_heap() -> None:
     """Hand the C heap's free pages back to the system before RSS is read. The compacting flow
     loop frees and allocates tensors of a different size every flow step (the live-flow count
-    changes); glibc keeps the freed pieces, and RSS climbed 60-90 MB over a 1,400-step default
-    run that held nothing: the memory_growth check read it as a leak. After a trim RSS counts what
-    is held, so a real leak (fault=leak) still climbs and a clean run stays flat. One call per
-    logged row, well under a millisecond of a step's ~100."""
+    changes); glibc keeps the freed pieces, so RSS climbed through a default run that held nothing
+    and the memory_growth check read it as a leak. After a trim RSS counts what is held: a real
+    leak (fault=leak, the fault matrix) still climbs, a clean run (the default run's report) does
+    not. One call per logged row: a walk of the heap's free lists, not of its tensors."""
     if _TRIM is not None:
         _TRIM(0)
 
