@@ -51,7 +51,7 @@ import sys
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.evaluate.decision import CONFIDENCE, MARGINS, ArmRuns, compare_arms
+from pipeline.evaluate.decision import CONFIDENCE, MARGINS, ArmRuns, compare_arms, format_metric
 from pipeline.evaluate.retrieval import METRICS
 from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
 from tools.item_sources import (
@@ -141,7 +141,7 @@ def compare(
             "covers_seeds": luck.covers_seeds,
             "covers": luck.describe(),
             "sources": luck.sources,
-            "references": [str(r.path) for r in refs],
+            "references": [r.shown_path for r in refs],
         },
         "level": level,
         "resamples": resamples,
@@ -193,19 +193,13 @@ def _r(x) -> float:
     return round(float(x), 6)
 
 
-def fmt_value(x: float, metric: str, sign: bool = False) -> str:
-    """A metric's value as the tables print it: 6 decimals for mse, 3 for the others."""
-    digits = 6 if metric == "mse" else 3
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
 def verdict_line(d, name_a: str, name_b: str, covered: bool = True) -> str:
     """The decision in words: "B is better than A on cosine: +0.012 [+0.004, +0.020], P(B better)
     0.99", "... equivalent ...", or "inconclusive on ...: <why>; <what would settle it>"."""
     m = d.metric
     what = m if d.higher_is_better else f"{m} (lower is better)"
     numbers = (
-        f"{fmt_value(d.difference, m, True)} [{fmt_value(d.low, m, True)}, {fmt_value(d.high, m, True)}], "
+        f"{format_metric(d.difference, m, True)} [{format_metric(d.low, m, True)}, {format_metric(d.high, m, True)}], "
         f"P({name_b} better) {d.prob_b_better:.2f}"
     )
     if d.outcome in ("better", "worse"):
@@ -251,13 +245,13 @@ def render(result: dict, show: int = DEFAULT_SHOW) -> str:
     head = f"{'metric':<12} {'A':>9} {'B':>9} {'B - A':>10}   {level + ' interval':<24} {'P(B>A)':>7}  outcome"
     lines += [head, "-" * len(head)]
     for m, r in result["metrics"].items():
-        ci = f"[{fmt_value(r['ci_low'], m, True)}, {fmt_value(r['ci_high'], m, True)}]"
+        ci = f"[{format_metric(r['ci_low'], m, True)}, {format_metric(r['ci_high'], m, True)}]"
         outcome = r["outcome"]
         if outcome == "inconclusive" and r["seeds_needed"]:
             outcome += f" (~{r['seeds_needed']} seeds per arm)"
         lines.append(
-            f"{m:<12} {fmt_value(r['a'], m):>9} {fmt_value(r['b'], m):>9} {fmt_value(r['difference'], m, True):>10}   "
-            f"{ci:<24} {r['prob_b_better']:>7.2f}  {outcome}"
+            f"{m:<12} {format_metric(r['a'], m):>9} {format_metric(r['b'], m):>9} "
+            f"{format_metric(r['difference'], m, True):>10}   {ci:<24} {r['prob_b_better']:>7.2f}  {outcome}"
         )
     margins = ", ".join(f"{m} {r['margin']:g}" for m, r in result["metrics"].items())
     lines += [

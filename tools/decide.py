@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,18 +45,27 @@ from pathlib import Path
 from pipeline.core.arm import SEED_KEY
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT, REPORTS_DIR
-from pipeline.evaluate.decision import CONFIDENCE, MARGINS, ArmRuns, SequentialPlan, compare_arms, look
+from pipeline.evaluate.decision import (
+    CONFIDENCE,
+    MARGINS,
+    ArmRuns,
+    SequentialPlan,
+    compare_arms,
+    format_metric,
+    look,
+)
 from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
 from pipeline.evaluate.seed_variance import load_references
 from pipeline.evaluate.seed_variance import matching_references as seed_references
 from pipeline.evaluate.stats import DEFAULT_RESAMPLES
 from tools.item_sources import predictor_table, runs_values, shared_ids
-from tools.replicates import Replicate, config_digest, plan
-from tools.seeds import run_replicates
+from tools.replicates import add_overrides, config_digest, run_replicates
+from tools.replicates import plan as plan_replicates
 
 DECISIONS_DIR = REPORTS_DIR / "decisions"
 AA_SEED_OFFSET = 1000  # B's first seed when B is the same arm as A (an A/A comparison)
 DEFAULT_MAX_SEEDS = 5
+NAME_CHARS = "A-Za-z0-9._=-"  # a decision's name names its files
 
 
 @dataclass
@@ -161,14 +171,14 @@ def final_table(state: State, args, level: float) -> tuple[dict, dict]:
     }
     extra = {
         "covers": luck.describe(),
-        "references": [str(r.path) for r in refs],
+        "references": [r.shown_path for r in refs],
         "items": len(ids),
         "flipped": flipped(a, b, ids, texts, args.show),
     }
     return metrics, extra
 
 
-def progress_line(lk: Look, metric: str, plan: Plan) -> str:
+def progress_line(lk: Look, metric: str) -> str:
     d = lk.decision
     digits = 6 if metric == "mse" else 4
     state = {"inconclusive": "go on"}.get(d["outcome"], f"stop: {d['outcome'].upper()}")
@@ -196,8 +206,8 @@ def run(args) -> dict:
     outcome = None
     for k in range(args.max_seeds):
         reps = [
-            *plan_round("A", plan.a_sets, plan.a_seeds[k]),
-            *plan_round("B", plan.b_sets, plan.b_seeds[k]),
+            *plan_replicates("rep", "A", plan.a_sets, [plan.a_seeds[k]]),
+            *plan_replicates("rep", "B", plan.b_sets, [plan.b_seeds[k]]),
         ]
         say(
             f"round {k + 1}/{args.max_seeds}: A seed {plan.a_seeds[k]} ({reps[0].name}), "
@@ -210,7 +220,7 @@ def run(args) -> dict:
             say(f"round {k + 1}: no look yet (the seed spread needs 2 seeds per arm without a matching reference)")
             continue
         state.looks.append(lk)
-        say(progress_line(lk, args.metric, plan))
+        say(progress_line(lk, args.metric))
         if lk.decision["outcome"] != "inconclusive":
             outcome = lk.decision["outcome"]
             break
@@ -250,10 +260,6 @@ def run(args) -> dict:
     }
 
 
-def plan_round(arm: str, sets: list[str], seed: int) -> list[Replicate]:
-    return plan("rep", arm, sets, [seed])
-
-
 def arm_dict(key: str, sets: list[str], results: list) -> dict:
     meta = next((r.meta for r in results if r.meta is not None), None)
     return {
@@ -278,16 +284,12 @@ def curves(state: State) -> dict:
 
 
 def default_name(plan: Plan) -> str:
-    import re
-
     change = "-".join(s.split(".")[-1] for s in plan.b_sets[len(plan.a_sets) :]) or "same"
     base = plan.a_sets[0].split("=", 1)[1]
-    return re.sub(r"[^A-Za-z0-9._=-]+", "_", f"{base}-{change}")[:80]
+    return re.sub(f"[^{NAME_CHARS}]+", "_", f"{base}-{change}")[:80]
 
 
 def render(result: dict) -> str:
-    from tools.compare import fmt_value
-
     m = result["metric"]
     d = result["decision"]
     lines = [
@@ -302,11 +304,11 @@ def render(result: dict) -> str:
         f"{'metric':<12} {'A':>9} {'B':>9} {'B - A':>10}   {'interval':<24} {'P(B>A)':>7}  outcome",
     ]
     for metric, r in result["metrics"].items():
-        ci = f"[{fmt_value(r['ci_low'], metric, True)}, {fmt_value(r['ci_high'], metric, True)}]"
+        ci = f"[{format_metric(r['ci_low'], metric, True)}, {format_metric(r['ci_high'], metric, True)}]"
         mark = "  <- decides" if metric == m else ""
         lines.append(
-            f"{metric:<12} {fmt_value(r['a'], metric):>9} {fmt_value(r['b'], metric):>9} "
-            f"{fmt_value(r['difference'], metric, True):>10}   {ci:<24} {r['prob_b_better']:>7.2f}  "
+            f"{metric:<12} {format_metric(r['a'], metric):>9} {format_metric(r['b'], metric):>9} "
+            f"{format_metric(r['difference'], metric, True):>10}   {ci:<24} {r['prob_b_better']:>7.2f}  "
             f"{r['outcome']}{mark}"
         )
     lines += [
@@ -342,24 +344,11 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="./dev decide", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "-S",
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="the change B makes to A (Hydra syntax, as dvc exp run -S); repeatable",
+    add_overrides(
+        ap, "-S", "--set", dest="sets", help="the change B makes to A (Hydra syntax, as dvc exp run -S); repeatable"
     )
     ap.add_argument("--preset", default="default", help="the preset both arms start from (default: default)")
-    ap.add_argument(
-        "--baseline-set",
-        dest="baseline_sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an override of A (and so of B); repeatable",
-    )
+    add_overrides(ap, "--baseline-set", dest="baseline_sets", help="an override of A (and so of B); repeatable")
     ap.add_argument(
         "--metric", default="group_top1", choices=METRICS, help="the metric that decides (default group_top1)"
     )
@@ -391,10 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         args.margin = MARGINS[args.metric]
     elif args.margin < 0:
         ap.error(f"--margin {args.margin}: expected a number >= 0")
-    if (
-        args.name is not None
-        and not args.name.replace("-", "").replace("_", "").replace(".", "").replace("=", "").isalnum()
-    ):
+    if args.name is not None and not re.fullmatch(f"[{NAME_CHARS}]+", args.name):
         ap.error(f"--name {args.name!r}: letters, digits, '-', '_', '.', '=' only (it names files)")
     try:
         result = run(args)

@@ -130,19 +130,32 @@ def read_table(source, name: str):
         raise CompareError(f"{name}: not a readable parquet file ({type(e).__name__}: {e})") from None
 
 
-def _from_mlflow(run_id: str, tried: _Tried) -> Source | None:
+def read_client():
+    """(an MLflow client on the project's store, for reading; the store as shown, no password).
+    No client when the store is a sqlite file that does not exist: nothing was tracked there, and
+    a search must not create an empty store."""
     from pipeline.tracking import store as tracking
 
     uri = tracking.tracking_uri()
     shown = tracking.redact_text(uri)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
-        tried.add(f"no MLflow store at {shown} to look up run {run_id} in")  # (and none is created)
-        return None
+        return None, shown
     quiet_mlflow()
-    from mlflow.exceptions import MlflowException
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr holds warnings and errors only
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
+    return MlflowClient(tracking_uri=uri), shown
+
+
+def _from_mlflow(run_id: str, tried: _Tried) -> Source | None:
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking import store as tracking
+
+    client, shown = read_client()
+    if client is None:
+        tried.add(f"no MLflow store at {shown} to look up run {run_id} in")
+        return None
     try:
         run = client.get_run(run_id)
     except MlflowException:
@@ -152,7 +165,6 @@ def _from_mlflow(run_id: str, tried: _Tried) -> Source | None:
         tried.add(f"not looked up in the MLflow store {shown} ({type(e).__name__}: {tracking.redact_text(str(e))})")
         return None
     run_name = run.info.run_name or ""
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr holds warnings and errors only
     with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
         try:
             local = client.download_artifacts(run_id, MLFLOW_ARTIFACT, tmp)
@@ -429,18 +441,11 @@ def _glob(pattern: str, root: Path) -> list[Source]:
 def _arm_side(spec: str, key: str) -> Side:
     """Every evaluated model run of the MLflow store whose arm digest starts with `key` or whose
     arm name is `key`."""
-    from pipeline.tracking import store as tracking
-
     if not key:
         raise CompareError(f"{spec!r}: give an arm's digest (or its start) or its name after 'arm:'")
-    uri = tracking.tracking_uri()
-    shown = tracking.redact_text(uri)
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+    client, shown = read_client()
+    if client is None:
         raise CompareError(f"{spec}: no MLflow store at {shown} to look for the arm in")
-    quiet_mlflow()
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
     safe = key.replace("'", "''")
     try:
         ids = [e.experiment_id for e in client.search_experiments()]
@@ -456,7 +461,6 @@ def _arm_side(spec: str, key: str) -> Side:
             "whose name is it (the runs table's `arm` tag shows them)"
         )
     side = Side(spec, [])
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     latest: dict[str, object] = {}  # one run per seed: a seed trained twice is one model, the latest counts
     for run in sorted(runs.values(), key=lambda r: r.info.start_time or 0):
         latest[run.data.params.get("run.seed", run.info.run_id)] = run

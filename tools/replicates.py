@@ -14,10 +14,13 @@ through this module:
   still running are killed, none outlives the command);
 - `collect` reads an experiment's item table and training curve from its commit, through DVC's
   cache, as `./dev compare` does.
+- `run_replicates` puts them together: each replicate read back when its experiment exists,
+  the others queued, waited for with a progress bar, and read.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import subprocess
 import sys
@@ -268,3 +271,48 @@ class Queue:
                 idle_since = None
             if left:
                 time.sleep(POLL_S)
+
+
+def run_replicates(reps: Sequence[Replicate], jobs: int, root: Path = REPO_ROOT, label: str = "seeds") -> list[Result]:
+    """Each replicate's Result: read back when its experiment exists, else queued and waited for."""
+    from tqdm import tqdm
+
+    # The commit the experiments are made from, fixed now: a commit made while they train must not
+    # make them unfindable (DVC files an experiment under the commit it was queued from).
+    baseline = head(root)
+    done, todo, replace = {}, [], []
+    for rep in reps:
+        rev = experiment_rev(root, rep.name, baseline)
+        if rev is not None:
+            try:
+                done[rep.name] = collect(root, rep, rev)
+                continue
+            except ReplicateError:
+                replace.append(rep.name)  # made, but left nothing to read: train it again
+        todo.append(rep)
+    if done:
+        print(f"[{label}] {len(done)} of {len(reps)} already made from this commit: read back", file=sys.stderr)
+    if todo:
+        print(
+            f"[{label}] training {len(todo)} experiment(s) through DVC's queue with {jobs} worker(s): "
+            + ", ".join(r.name for r in todo),
+            file=sys.stderr,
+        )
+        bar = tqdm(total=len(todo), desc=label, unit="run", file=sys.stderr)
+        with Queue(root, jobs, log=lambda m: print(f"[{label}] {m}", file=sys.stderr)) as queue:
+            queue.submit(todo, replace=replace)
+
+            def finished(rep, status):
+                bar.update(1)
+                bar.set_postfix_str(f"seed {rep.seed}: {status}")
+
+            queue.wait(todo, finished)
+        bar.close()
+        for rep in todo:
+            done[rep.name] = collect(root, rep, baseline=baseline)
+    return [done[r.name] for r in reps]
+
+
+def add_overrides(ap: argparse.ArgumentParser, *flags: str, dest: str, help: str) -> None:
+    """A repeatable KEY=VALUE option of Hydra overrides (as `dvc exp run -S` takes them)."""
+    ap.add_argument(*flags, dest=dest, action="append", default=[], metavar="KEY=VALUE", help=help)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,50 +29,11 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.evaluate.retrieval import METRICS
 from pipeline.evaluate.seed_variance import MIN_REFERENCE_SEEDS, measure, reference_path, write_reference
+from pipeline.tracking.store import GIT_COMMIT, GIT_DIRTY, git_provenance
 from tools.item_sources import predictor_table, runs_values, shared_ids
-from tools.replicates import Queue, ReplicateError, collect, experiment_rev, head, plan
+from tools.replicates import add_overrides, plan, run_replicates
 
 HEADLINE = ("group_top1", "mrr", "cosine", "mse")
-
-
-def run_replicates(reps, jobs: int, root: Path = REPO_ROOT, label: str = "seeds"):
-    """Each replicate's Result: read back when its experiment exists, else queued and waited for."""
-    from tqdm import tqdm
-
-    # The commit the experiments are made from, fixed now: a commit made while they train must not
-    # make them unfindable (DVC files an experiment under the commit it was queued from).
-    baseline = head(root)
-    done, todo, replace = {}, [], []
-    for rep in reps:
-        rev = experiment_rev(root, rep.name, baseline)
-        if rev is not None:
-            try:
-                done[rep.name] = collect(root, rep, rev)
-                continue
-            except ReplicateError:
-                replace.append(rep.name)  # made, but left nothing to read: train it again
-        todo.append(rep)
-    if done:
-        print(f"[{label}] {len(done)} of {len(reps)} already made from this commit: read back", file=sys.stderr)
-    if todo:
-        print(
-            f"[{label}] training {len(todo)} experiment(s) through DVC's queue with {jobs} worker(s): "
-            + ", ".join(r.name for r in todo),
-            file=sys.stderr,
-        )
-        bar = tqdm(total=len(todo), desc=label, unit="run", file=sys.stderr)
-        with Queue(root, jobs, log=lambda m: print(f"[{label}] {m}", file=sys.stderr)) as queue:
-            queue.submit(todo, replace=replace)
-
-            def finished(rep, status):
-                bar.update(1)
-                bar.set_postfix_str(f"seed {rep.seed}: {status}")
-
-            queue.wait(todo, finished)
-        bar.close()
-        for rep in todo:
-            done[rep.name] = collect(root, rep, baseline=baseline)
-    return [done[r.name] for r in reps]
 
 
 def measure_arm(results, preset: str, command: str):
@@ -87,10 +47,11 @@ def measure_arm(results, preset: str, command: str):
     tables = [predictor_table(r.source()) for r in results]
     ids = shared_ids(tables)
     values = runs_values(tables, ids)
+    git, _ = git_provenance()  # the commit and dirty flag a tracked run records
     measured = {
         "command": command,
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "commit": git[GIT_COMMIT],
+        "dirty": git[GIT_DIRTY] == "true",
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "machine": _machine(),
         "experiments": [r.replicate.name for r in results],
@@ -118,11 +79,6 @@ def render(ref) -> str:
     return "\n".join(lines)
 
 
-def _git(*args: str) -> str:
-    proc = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
-    return proc.stdout.strip()
-
-
 def _machine() -> str:
     from pipeline.core.numerics import cpu_model
 
@@ -134,14 +90,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="./dev seeds", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--preset", default="default", help="the preset to measure (conf/preset/; default: default)")
-    ap.add_argument(
-        "-S",
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an override of the arm (Hydra syntax, as dvc exp run -S); repeatable",
+    add_overrides(
+        ap, "-S", "--set", dest="sets", help="an override of the arm (Hydra syntax, as dvc exp run -S); repeatable"
     )
     ap.add_argument("--seeds", type=int, default=8, help="how many seeds (default 8; a reference needs at least 5)")
     ap.add_argument("--first-seed", type=int, default=0, help="the first seed; the others follow it (default 0)")

@@ -25,20 +25,19 @@ fewer than two arms left there is nothing to rank (exit 2).
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from pipeline.evaluate.decision import CONFIDENCE, ArmRuns, arm_interval, compare_metric, luck_for
+from pipeline.evaluate.decision import CONFIDENCE, ArmRuns, arm_interval, compare_metric, format_metric, luck_for
 from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
 from tools.item_sources import (
     MLFLOW_ARTIFACT,
     CompareError,
     Source,
     predictor_table,
-    quiet_mlflow,
+    read_client,
     read_table,
     runs_values,
     shared_ids,
@@ -108,15 +107,10 @@ def find(sweep: str) -> Found:
         raise CompareError(
             f"--sweep {sweep!r}: not a sweep name (letters, digits, '.', '_' and '-', as run.sweep takes)"
         )
-    uri = tracking.tracking_uri()
-    shown = tracking.redact_text(uri)
     tag = member_tag(sweep)
-    if uri.startswith("sqlite:///") and not os.path.isfile(uri[len("sqlite:///") :]):
+    client, shown = read_client()
+    if client is None:
         raise CompareError(f"no MLflow store at {shown} to look for the sweep {sweep!r} in (no run was tracked there)")
-    quiet_mlflow()
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
     try:
         ids = [e.experiment_id for e in client.search_experiments()]
         runs = _search(client, ids, f"tags.`{tag}` LIKE '%' and tags.stage = 'train'")
@@ -134,7 +128,6 @@ def find(sweep: str) -> Found:
         )
     found = Found(sweep, tag, shown, [])
     names: dict[str, int] = {}
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # stderr holds warnings and errors only
     for r in sorted(runs, key=lambda r: (r.data.tags[tag], r.info.start_time or 0)):
         run = SweepRun(
             experiment=r.data.tags[tag],
@@ -323,8 +316,6 @@ def _r(x) -> float:
 
 
 def render(result: dict) -> str:
-    from tools.compare import fmt_value
-
     m = result["metric"]
     direction = "higher is better" if result["higher_is_better"] else "lower is better"
     nruns = sum(len(a["seeds"]) for a in result["arms"])
@@ -355,8 +346,8 @@ def render(result: dict) -> str:
         else:
             d = row["difference_from_top"]
             versus = [
-                fmt_value(d["difference"], m, True),
-                f"[{fmt_value(d['ci_low'], m, True)}, {fmt_value(d['ci_high'], m, True)}]",
+                format_metric(d["difference"], m, True),
+                f"[{format_metric(d['ci_low'], m, True)}, {format_metric(d['ci_high'], m, True)}]",
                 f"{d['prob_b_better']:.2f}",
                 d["outcome"],
             ]
@@ -366,10 +357,9 @@ def render(result: dict) -> str:
                 row["arm"]["name"],
                 ",".join(str(s) for s in row["seeds"]),
                 *(row["params"][p] for p in result["swept_params"]),
-                fmt_value(mean["value"], m),
-                f"[{fmt_value(mean['ci_low'], m)}, {fmt_value(mean['ci_high'], m)}]",
-                *versus[:3],
-                versus[3],
+                format_metric(mean["value"], m),
+                f"[{format_metric(mean['ci_low'], m)}, {format_metric(mean['ci_high'], m)}]",
+                *versus,
             ]
         )
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]

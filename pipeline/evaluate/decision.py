@@ -232,16 +232,13 @@ def compare_metric(
     ma, mb = _arm_mean(a, metric), _arm_mean(b, metric)
     d = mb - ma
     var = luck.seed.get(metric)
-    covered = luck.covers_seeds and (var is not None or not luck.needs_seeds)
-    sample = draws(d, var if covered else None, (a, b), resamples, seed)
+    covered = var is not None or not luck.needs_seeds
+    sample = draws(d, var, (a, b), resamples, seed)
     low, high = interval(sample, level)
     diff = float(d.mean())
     below, above = int((sample <= 0).sum()), int((sample >= 0).sum())
-    p = (
-        1.0
-        if not np.any(d) and (var is None or not covered)
-        else min(1.0, 2 * (min(below, above) + 1) / (resamples + 1))
-    )
+    # No difference on any item and no seed luck drawn: no draw can move, and the p-value is 1.
+    p = 1.0 if not np.any(d) and var is None else min(1.0, 2 * (min(below, above) + 1) / (resamples + 1))
     better_share = float(((sample > 0) if higher else (sample < 0)).mean() + 0.5 * (sample == 0).mean())
     out = Decision(
         metric,
@@ -427,6 +424,12 @@ def look(
     if not luck.covers_seeds:
         return None
     return compare_metric(a, b, metric, luck, level, margin, resamples, seed)
+
+
+def format_metric(x: float, metric: str, sign: bool = False) -> str:
+    """A metric's value as tables and pages show it: 6 decimals for mse, 3 for the others."""
+    digits = 6 if metric == "mse" else 3
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
 def _pct(level: float) -> str:

@@ -147,9 +147,15 @@ class Reference:
             return []
         return [(s, float(v), abs(v - med) / mad) for s, v in zip(self.seeds, values) if abs(v - med) / mad > OUTLIER_Z]
 
+    @property
+    def shown_path(self) -> str:
+        """Where the reference is, relative to the project when it is inside it."""
+        if self.path is not None and self.path.is_relative_to(REPO_ROOT):
+            return str(self.path.relative_to(REPO_ROOT))
+        return str(self.path)
+
     def describe(self) -> str:
-        where = self.path.relative_to(REPO_ROOT) if self.path and self.path.is_relative_to(REPO_ROOT) else self.path
-        return f"the {self.preset} preset's seed-variance reference ({len(self.seeds)} seeds, {where})"
+        return f"the {self.preset} preset's seed-variance reference ({len(self.seeds)} seeds, {self.shown_path})"
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -12,8 +12,10 @@ from typing import Any, Mapping
 
 import numpy as np
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from pipeline.evaluate.decision import format_metric
+from pipeline.report.plots import DPI, new_figure
 
 TEMPLATES = Path(__file__).parent / "templates"
 OUTCOME_COLOURS = {"better": "#2e7d32", "worse": "#c62828", "equivalent": "#1565c0", "inconclusive": "#b26a00"}
@@ -22,21 +24,15 @@ ARM_COLOURS = {"A": "#1f77b4", "B": "#d62728"}
 
 def _png(fig: Figure) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
+    fig.savefig(buf, format="png", dpi=DPI)
     return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _figure(width: float = 8.0, height: float = 3.4):
-    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
 
 
 def curves_plot(curves: Mapping[str, Mapping[str, Mapping[str, list]]]) -> str | None:
     """Each arm's training loss: the mean over its seeds, and the band from its lowest to highest."""
     if not any(curves.get(k) for k in ("A", "B")):
         return None
-    fig, ax = _figure()
+    fig, ax = new_figure()
     for arm, per_seed in curves.items():
         if not per_seed:
             continue
@@ -70,7 +66,7 @@ def looks_plot(result: Mapping[str, Any]) -> str | None:
     looks = result.get("looks") or []
     if not looks:
         return None
-    fig, ax = _figure(8.0, 3.0)
+    fig, ax = new_figure(height=3.0)
     margin = float(result["margin"])
     x = [lk["rounds"] for lk in looks]
     mid = [lk["difference"] for lk in looks]
@@ -94,7 +90,7 @@ def metrics_plot(result: Mapping[str, Any]) -> str | None:
     metrics = result.get("metrics") or {}
     if not metrics:
         return None
-    fig, ax = _figure(8.0, 0.45 * len(metrics) + 1.0)
+    fig, ax = new_figure(height=0.45 * len(metrics) + 1.0)
     names = list(metrics)
     for i, m in enumerate(names):
         d = metrics[m]
@@ -122,18 +118,11 @@ def metrics_plot(result: Mapping[str, Any]) -> str | None:
 def render_page(result: Mapping[str, Any]) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]))
 
-    def num(x: float) -> str:
-        return f"{x:+.4f}"
-
-    def val(metric: str, x: float, sign: bool = False) -> str:
-        digits = 6 if metric == "mse" else 3
-        return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
     plots = {
         "curves": curves_plot(result.get("curves") or {}),
         "looks": looks_plot(result),
         "metrics": metrics_plot(result),
     }
     return env.get_template("decision.html.j2").render(
-        r=result, plots=plots, num=num, val=val, colour=OUTCOME_COLOURS.get(result["outcome"], "#555")
+        r=result, plots=plots, fmt=format_metric, colour=OUTCOME_COLOURS.get(result["outcome"], "#555")
     )

@@ -25,10 +25,15 @@ FIGSIZE = (8.0, 3.5)  # 800x350 px: readable in a Markdown preview without scrol
 ZONE_COLOURS = {"healthy": "#2ca02c", "warning": "#f2c400", "critical": "#ff7f0e", "exploded": "#d62728"}
 
 
-def _figure(title: str, ylabel: str):
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+def new_figure(width: float = FIGSIZE[0], height: float = FIGSIZE[1]):
+    """(figure, axes) drawn off-screen (no pyplot: no global state, no display needed)."""
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    return fig, fig.add_subplot()
+
+
+def _figure(title: str, ylabel: str):
+    fig, ax = new_figure()
     ax.set_title(title, fontsize=11)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
