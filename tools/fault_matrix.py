@@ -117,10 +117,10 @@ CASES: tuple[Case, ...] = (
     ),
     # The LR x60 for steps 15-22: the loss climbs and stays up while it is high, then comes back, so
     # loss_regression warns (recovered) and nothing fails (loss_spikes may warn: a milder, recovered
-    # spike). Six epochs (88 steps): the schedule's LR at steps 15-22 is then still ~0.003, and
-    # there are steps left at a sane LR for the loss to come back. Measured: 145 % above the best
-    # from step 18 to 42; the evidence asks for the start within 6 steps of the fault and more than
-    # twice report.regression_rise at the peak.
+    # spike). Six epochs: the schedule's LR at steps 15-22 is then still high enough for x60 to be a
+    # real jump, and there are steps left at a sane LR for the loss to come back. The evidence asks
+    # for the start within 6 steps of the fault and more than twice report.regression_rise at the
+    # peak (what this run gave: loss_regression in reports/fault_matrix/smoke-lr_jump/stability.json).
     Case(
         "smoke",
         "lr_jump",

@@ -473,14 +473,13 @@ class ReportConfig:
     learning_min_drop: float = 0.05
     # Loss regression: the smoothed training loss (a centred median over the logged rows) held more
     # than regression_rise above its running best for more than regression_min_steps steps. The
-    # committed default run (1,368 steps, a row every 5) rises at most 3.0 % above its best with
-    # the 11-row median these defaults give (step 1,065; 9.2 % with a 5-row one, in the plateau of
-    # its last epochs), the clean smoke run not at all (its loss falls throughout); a real default
-    # run's regression rose 59 % for 95 steps, and fault=lr_jump's 67 % for 16 smoke steps. 25 % is
-    # 8x the healthy default's (3x the 5-row figure) and under half of either regression: room for
-    # a noisier model. 50 steps is about half that real regression's length, 10 rows at the default
-    # cadence (a shorter rise is the loss_spikes check's); the smoke preset's 30-step run sets its
-    # own (conf/preset/smoke.yaml).
+    # committed default run rises a few percent at most with the 11-row median these defaults give
+    # (loss_regression.max_rise in metrics/stability.json), the clean smoke run not at all (its loss
+    # falls throughout); a real default run's regression rose 59 % for 95 steps, and fault=lr_jump
+    # rises further (the fault matrix, `./dev faults`). 25 % is several times the healthy default's
+    # and under half of either regression: room for a noisier model. 50 steps is about half that
+    # real regression's length, 10 rows at the default cadence (a shorter rise is the loss_spikes
+    # check's); the smoke preset's 30-step run sets its own (conf/preset/smoke.yaml).
     regression_rise: float = 0.25
     regression_min_steps: int = 50
 
