@@ -148,14 +148,14 @@ def read_client():
 
 
 def _from_mlflow(run_id: str, tried: _Tried) -> Source | None:
-    from mlflow.exceptions import MlflowException
-
     from pipeline.tracking import store as tracking
 
     client, shown = read_client()
     if client is None:
         tried.add(f"no MLflow store at {shown} to look up run {run_id} in")
         return None
+    from mlflow.exceptions import MlflowException  # (after read_client has quieted MLflow's logging)
+
     try:
         run = client.get_run(run_id)
     except MlflowException:
