@@ -1,10 +1,24 @@
 """The vectorised energy-flow model: all B*F flows of a batch move as one tensor.
 
-The only Python loop is over flow steps. Each step costs one host read: the size of the compacted
-live set (boolean-mask indexing must know it to allocate). The adaptive-stop check reuses that
-number, so it adds no sync of its own. Finished flows are compacted out, so a step costs what its
-live flows cost. The stopping rule is the prototype's (docs/prototype.md): it first ran a fixed 50
-flow steps, then stopped once 95 % of flows had finished for 3 steps (at most 50) and reported 99 %
+The only Python loop is over flow steps, and it comes in two forms that compute the same thing
+(tests/test_flow_loops.py holds them to it, outputs and gradients):
+
+- **compact** (the CPU's): finished flows are compacted out, so a flow step costs what its live
+  flows cost. Each flow step costs one host read: the size of the live set (boolean-mask indexing
+  must know it to allocate); the adaptive-stop check reuses that number.
+- **masked** (the GPU's): every flow stays in the tensors to the end, finished ones masked out of
+  the deposits; the stopping rule is decided on the device. No host read inside the loop, and the
+  same shapes every batch, so a GPU never waits for the host and the whole loop can be captured
+  as a CUDA graph (pipeline/train/cuda_graph.py). It does the work of all flows at every step: on
+  a CPU, where work is time, that costs more than the reads it saves.
+
+`flow_loop` picks one ("auto": masked on CUDA, compact elsewhere); with masked, `fixed_steps`
+runs exactly that many flow steps (the trainer's choice, from the steps batches have needed) and
+reports in `unfinished` whether flows were still travelling: the compacting loop would have gone
+on, so the trainer does not apply that batch's update.
+
+The stopping rule is the prototype's (docs/prototype.md): it first ran a fixed 50 flow steps,
+then stopped once 95 % of flows had finished for 3 steps (at most 50) and reported 99 %
 done within 6 steps, 8.33x faster; bench.adaptive_stop measures ours on the seed preset (6 steps
 a batch against a fixed 50-step loop's 50: 7.9-8.6x less CPU time).
 """
@@ -34,23 +48,40 @@ class FlowOutput:
     # energies and the last carrier layer's hidden states over every live flow of every step,
     # and of the output surface. Else None.
     ranges: torch.Tensor | None = None
+    # The masked loop's counters stay on the device (steps_used, flow_steps, stragglers are 0-dim
+    # tensors then: reading them would be a sync); unfinished: a device bool, True when a
+    # fixed_steps loop stopped with flows still travelling. None from the compacting loop.
+    unfinished: torch.Tensor | None = None
 
 
 RANGE_KEYS = tuple(f"{what}_{stat}" for what in ("energy", "hidden", "surface") for stat in ("min", "max", "rms"))
 
 
+FLOW_LOOPS = ("auto", "compact", "masked")
+MASKED_CHECK_EVERY = 4  # flow steps between the host checks of a masked loop run to max_steps
+
+
 class _Ranges:
     """Running min / max / sum of squares of tensors, on their device (no host read); the count
-    is a host int (numel is known there)."""
+    is a host int (numel is known there), or a device tensor when only masked rows count."""
 
     def __init__(self):
         self.parts: list[torch.Tensor] = []
         self.count = 0
 
-    def add(self, t: torch.Tensor) -> None:
+    def add(self, t: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Add t's values, or only those of its rows where `rows` (a bool mask) is set."""
         t = t.detach().float()
-        self.parts.append(torch.stack([t.min(), t.max(), t.square().sum()]))
-        self.count += t.numel()
+        if rows is None:
+            self.parts.append(torch.stack([t.min(), t.max(), t.square().sum()]))
+            self.count += t.numel()
+            return
+        m = rows.view(-1, *([1] * (t.dim() - 1))).expand_as(t)
+        inf = torch.full((), float("inf"), device=t.device)
+        self.parts.append(
+            torch.stack([torch.where(m, t, inf).min(), torch.where(m, t, -inf).max(), (t * m).square().sum()])
+        )
+        self.count = self.count + m.sum()
 
     def stats(self) -> torch.Tensor:
         a = torch.stack(self.parts)
@@ -93,6 +124,8 @@ class EnergyFlowModel(nn.Module):
         self.max_steps, self.adaptive_stop = max_steps, adaptive_stop
         self.checkpoint_steps = checkpoint_steps
         self.record_ranges = False  # the trainer turns it on for the forward of a log step
+        self.flow_loop = "auto"  # FLOW_LOOPS; the trainer sets train.flow_loop
+        self.fixed_steps: int | None = None  # masked loop: run exactly this many flow steps
         self.input_mapper = EmbeddingMapper(dim, self.n_cells)
         self.lattice = EnergyLattice(self.W, self.H, self.D, cell_state_dim)
         self.neuron = SimpleNeuron(cell_state_dim, neuron_hidden)
@@ -129,6 +162,13 @@ class EnergyFlowModel(nn.Module):
     def step_bound(self) -> int:
         """No flow can take more steps than this: each step moves it forward >= min_forward."""
         return math.ceil(self.D / self.carrier.min_forward)
+
+    @property
+    def masked_step_cap(self) -> int:
+        """The most flow steps a masked loop needs to run: step_bound, plus one for a z summed in
+        floats that falls a hair short of the depth at step_bound, capped at max_steps (where
+        the compacting loop stops too)."""
+        return min(self.max_steps, self.step_bound + 1)
 
     @property
     def min_steps_to_arrive(self) -> int:
@@ -177,20 +217,51 @@ class EnergyFlowModel(nn.Module):
         hidden = tuple(x_in.new_zeros(n_total, self.carrier_hidden) for _ in range(self.carrier_layers))
         surface = x_in.new_zeros(B * self.n_cells)
 
-        use_ckpt = self.checkpoint_steps and self.training and torch.is_grad_enabled()
+        flows = (x, y, z, energy, hidden, sample)
+        ranges = (_Ranges(), _Ranges()) if self.record_ranges else None
+        if self.uses_masked_loop(x_in.device):
+            surface, counters = self._masked_loop(surface, flows, n_total, ranges)
+        else:
+            surface, counters = self._compact_loop(surface, flows, n_total, ranges)
+        surface = surface.view(B, self.n_cells)
+        pred = self.output_mapper(surface)
+        if self.skip is not None:
+            # In fp32 even under autocast: bf16 would round the near-identity map's copy of the
+            # input to 3 significant digits (a 384 x 384 product: nothing to save).
+            with torch.autocast(x_in.device.type, enabled=False):
+                pred = self.skip(x_in.float()) + pred.float()
+        elif self.residual == "identity":
+            pred = x_in + pred.to(x_in.dtype)  # in the input's precision: bf16 would round the copy
+        stats = None
+        if ranges is not None:
+            surface_ranges = _Ranges()
+            surface_ranges.add(surface)
+            stats = torch.cat([ranges[0].stats(), ranges[1].stats(), surface_ranges.stats()])
+        steps_used, flow_steps, stragglers, unfinished = counters
+        return FlowOutput(pred, surface, steps_used, flow_steps, n_total, stragglers, stats, unfinished)
+
+    def uses_masked_loop(self, device: torch.device) -> bool:
+        if self.flow_loop not in FLOW_LOOPS:
+            raise ValueError(f"flow_loop={self.flow_loop!r}: expected one of {', '.join(FLOW_LOOPS)}")
+        return self.flow_loop == "masked" or (self.flow_loop == "auto" and device.type == "cuda")
+
+    def _step(self, x, y, z, energy, hidden):
+        if self.checkpoint_steps and self.training and torch.is_grad_enabled():
+            return checkpoint(self._advance, x, y, z, energy, *hidden, use_reentrant=False)
+        return self._advance(x, y, z, energy, *hidden)
+
+    def _compact_loop(self, surface, flows, n_total, ranges):
+        """Finished flows leave the tensors; one host read per flow step (the live count)."""
+        x, y, z, energy, hidden, sample = flows
         steps_used, flow_steps, converged_for = 0, 0, 0
         n_alive = n_total
-        energy_ranges, hidden_ranges = (_Ranges(), _Ranges()) if self.record_ranges else (None, None)
         for _ in range(self.max_steps):
             flow_steps += n_alive
             steps_used += 1
-            if use_ckpt:
-                x, y, z, energy, *hidden = checkpoint(self._advance, x, y, z, energy, *hidden, use_reentrant=False)
-            else:
-                x, y, z, energy, *hidden = self._advance(x, y, z, energy, *hidden)
-            if energy_ranges is not None:
-                energy_ranges.add(energy)
-                hidden_ranges.add(hidden[-1])
+            x, y, z, energy, *hidden = self._step(x, y, z, energy, hidden)
+            if ranges is not None:
+                ranges[0].add(energy)
+                ranges[1].add(hidden[-1])
             arrived = z >= self.D
             dead = (energy.abs() < self.energy_min) & ~arrived
             # Masked deposit over all live flows: no host sync to find the arrived ones.
@@ -208,21 +279,58 @@ class EnergyFlowModel(nn.Module):
         if n_alive:
             # Stopped early: the stragglers deposit where they are, weighted by how far they got.
             surface = self._deposit(surface, sample, x, y, energy * (z / self.D).clamp(max=1))
-        surface = surface.view(B, self.n_cells)
-        pred = self.output_mapper(surface)
-        if self.skip is not None:
-            # In fp32 even under autocast: bf16 would round the near-identity map's copy of the
-            # input to 3 significant digits (a 384 x 384 product: nothing to save).
-            with torch.autocast(x_in.device.type, enabled=False):
-                pred = self.skip(x_in.float()) + pred.float()
-        elif self.residual == "identity":
-            pred = x_in + pred.to(x_in.dtype)  # in the input's precision: bf16 would round the copy
-        ranges = None
-        if energy_ranges is not None:
-            surface_ranges = _Ranges()
-            surface_ranges.add(surface)
-            ranges = torch.cat([energy_ranges.stats(), hidden_ranges.stats(), surface_ranges.stats()])
-        return FlowOutput(pred, surface, steps_used, flow_steps, n_total, n_alive, ranges)
+        return surface, (steps_used, flow_steps, n_alive, None)
+
+    def _masked_loop(self, surface, flows, n_total, ranges):
+        """Every flow stays; `live` masks the finished ones and `running` says whether the
+        compacting loop would still be going. Each flow's step is a function of its own row
+        only, so the rows of finished flows compute on without touching the live ones, and
+        everything they would add is multiplied by zero.
+
+        With fixed_steps: exactly that many flow steps and no host read. Without: up to
+        max_steps, with a host read every MASKED_CHECK_EVERY flow steps to stop once done
+        (evaluation, and training before the trainer has chosen fixed_steps)."""
+        x, y, z, energy, hidden, sample = flows
+        dev, dt = x.device, energy.dtype
+        live = torch.ones(n_total, dtype=torch.bool, device=dev)
+        running = torch.ones((), dtype=torch.bool, device=dev)
+        converged_for = torch.zeros((), dtype=torch.int64, device=dev)
+        steps_used = torch.zeros((), dtype=torch.int64, device=dev)
+        flow_steps = torch.zeros((), dtype=torch.int64, device=dev)
+        stragglers = torch.zeros((), dtype=torch.int64, device=dev)
+        n_steps = self.fixed_steps or self.max_steps
+        check_every = 0 if self.fixed_steps else MASKED_CHECK_EVERY
+        for i in range(n_steps):
+            flow_steps = flow_steps + live.sum()
+            steps_used = steps_used + running.long()
+            x, y, z, energy, *hidden = self._step(x, y, z, energy, hidden)
+            if ranges is not None:
+                ranges[0].add(energy, live)
+                ranges[1].add(hidden[-1], live)
+            arrived = live & (z >= self.D)
+            dead = live & (energy.abs() < self.energy_min) & ~arrived
+            live = live & ~(arrived | dead)
+            n_alive = live.sum()
+            done = n_alive == 0
+            converged = (1 - n_alive / n_total) >= self.convergence_threshold
+            converged_for = torch.where(converged, converged_for + 1, 0)
+            stop = running & ~done & (converged_for >= self.patience) if self.adaptive_stop else torch.zeros_like(done)
+            # One deposit for the arrived and, on an adaptive stop, the stragglers, weighted by
+            # how far they got (the two sets are disjoint).
+            weight = arrived.to(dt) + (z / self.D).clamp(max=1) * (live & stop).to(dt)
+            surface = self._deposit(surface, sample, x, y, energy * weight)
+            stragglers = stragglers + (live & stop).sum()
+            live = live & ~stop
+            running = running & ~done & ~stop
+            if check_every and (i + 1) % check_every == 0 and not bool(running):  # the chunk's host read
+                break
+        if n_steps == self.max_steps:
+            # The compacting loop stops here too: the stragglers deposit as after an adaptive stop.
+            surface = self._deposit(surface, sample, x, y, energy * (z / self.D).clamp(max=1) * live.to(dt))
+            unfinished = torch.zeros_like(running)
+        else:
+            unfinished = running  # flows still travelling: the compacting loop would go on
+        return surface, (steps_used, flow_steps, stragglers + live.sum(), unfinished)
 
 
 def energy_flow_loss(
