@@ -140,7 +140,7 @@ def test_dvc_yaml_params_exist_in_params_yaml():
         (
             ["fault=nan"],
             "fault=nan: there is no conf/fault/nan.yaml (did you mean fault=nan_loss?); expected one of: "
-            "inf_grad, leak, loss_spike, lr_jump, lr_spike, nan_loss, none",
+            "inf_grad, leak, loss_spike, lr_jump, lr_spike, nan_loss, none, sync_bound",
         ),
         (
             ["embed.delimiter=;"],
@@ -411,14 +411,14 @@ def test_every_choice_is_written_as_before_and_reads_as_its_string(key):
     [
         (
             "train.precision=f16",
-            "parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 "
+            "parameter 'train.precision' = 'f16': expected one of auto, fp32, tf32, bf16, fp16 "
             "(did you mean train.precision=fp16?)",
         ),
         ("embed.format=xml", "parameter 'embed.format' = 'xml': expected one of auto, csv, tsv, jsonl, json, parquet"),
         (
             "fault.kind=boom",
             "parameter 'fault.kind' = 'boom': expected one of none, nan_loss, inf_grad, loss_spike, lr_spike, "
-            "lr_jump, leak",
+            "lr_jump, leak, sync_bound",
         ),
         ("run.tracking=null", "parameter 'run.tracking' = None: expected one of required, optional, disabled"),
         ("embed.dtype=16", "parameter 'embed.dtype' = 16: expected one of float32, float16"),

@@ -2,14 +2,18 @@
 scaler react as they should, and persistent trouble stops the run with a clear error."""
 
 import math
+import sys
 import time
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 from pipeline.core.config import CONF_DIR, load_config
 from pipeline.core.errors import ConfigError, PipelineError
+from pipeline.train import faults
 from pipeline.train import loop as training
+from pipeline.train.faults import FaultInjector
 from pipeline.train.loop import Trainer, TrainingDiverged, lr_lambda
 from tests.helpers.synthetic import linear_task
 
@@ -123,6 +127,93 @@ def test_leak_keeps_every_step_graph_alive_and_its_activations():
     assert len(losses) == 12 and all(t.grad_fn is not None for t in losses)
     n = 2**20 // 4  # float32 elements in 1 MB
     assert block.size == 64 * n and (block[: 12 * n] == 1.0).all()  # 12 steps written, 1 MB each
+
+
+class _ReadsFrom(TorchFunctionMode):
+    """Counts host reads of a tensor's value (float(t), t.item()) made by code in one file (up the
+    stack: the trainer's own counter, when it samples the step, sits between that code and this)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path, self.count = path, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("__float__", "item") and _called_from(self.path):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _called_from(path: str) -> bool:
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename != path:
+        frame = frame.f_back
+    return frame is not None
+
+
+NAN = float("nan")
+
+
+def injector(*overrides) -> FaultInjector:
+    return FaultInjector(load_config(["preset=smoke", *overrides]).fault, torch.nn.Linear(2, 2))
+
+
+def test_sync_bound_preset_reads_the_loss_factor_times_a_micro_batch_from_its_step_on():
+    preset = load_config(["preset=smoke", "fault=sync_bound"]).fault
+    assert (preset.kind, preset.step, preset.factor) == ("sync_bound", 1, 40.0)
+    inj = injector("fault=sync_bound", "fault.step=3", "fault.factor=5")
+    loss = torch.tensor(0.5, requires_grad=True) * 2
+    with _ReadsFrom(faults.__file__) as reads:
+        assert inj.on_loss(1, loss) is loss and inj.on_loss(2, loss) is loss and reads.count == 0
+        assert inj.on_loss(3, loss) is loss and reads.count == 5  # the loss itself, untouched
+        inj.on_loss(3, loss)  # a second micro-batch of the step: reads again
+        inj.on_loss(10_000, loss)  # and it never stops
+        assert reads.count == 15
+    assert inj.take_overhead() == 0.0  # what the reads cost is the fault, not taken off the step time
+    with pytest.raises(ConfigError, match="fault.factor.*whole number of host reads"):
+        load_config(["fault=sync_bound", "fault.factor=2.5"])
+
+
+def test_sync_bound_stands_in_for_a_missing_gpu_and_marks_it_synthetic():
+    inj = injector("fault=sync_bound")
+    cpu = {"host_syncs": 45.0, "ops": 1800.0, "kernels": NAN, "kernel_us": NAN, "gpu_busy": NAN}
+    assert inj.device_figures(cpu, "cpu") == {
+        "host_syncs": 45.0,  # counted: always the real ones
+        "ops": 1800.0,
+        "kernels": 1800.0,  # one kernel per op dispatched
+        "kernel_us": 5.0,
+        "gpu_busy": 0.05,
+        "busy_synthetic": 1.0,
+    }
+    assert math.isnan(cpu["gpu_busy"]) and "busy_synthetic" not in cpu  # the sample itself is left alone
+    # On CUDA the profiler's figures stand, and so does a busy share measured anywhere.
+    cuda = {**cpu, "kernels": 900.0, "kernel_us": 30.0, "gpu_busy": 0.4}
+    assert inj.device_figures(cuda, "cuda") == {**cuda, "busy_synthetic": 0.0}
+    assert inj.device_figures(cuda, "cpu") == {**cuda, "busy_synthetic": 0.0}
+    assert math.isnan(inj.device_figures(cpu, "cuda")["gpu_busy"])  # not measured there: stays NaN
+    # A row no step was sampled for yet has nothing to stand in for.
+    unsampled = dict.fromkeys(cpu, NAN)
+    assert inj.device_figures(unsampled, "cpu")["busy_synthetic"] == 0.0
+    # Any other fault, or none, passes the sample through.
+    for other in ("fault=none", "fault=leak", "fault=nan_loss"):
+        out = injector(other).device_figures(cpu, "cpu")
+        assert out["busy_synthetic"] == 0.0 and math.isnan(out["gpu_busy"]) and out["ops"] == 1800.0
+    assert injector("fault=none").device_figures({**cpu, "busy_synthetic": 1.0}, "cpu")["busy_synthetic"] == 1.0
+
+
+def test_sync_bound_run_counts_its_reads_as_host_syncs_and_trains_the_same():
+    """Through the trainer: every step's 3 reads happen, its step counter sees them as host syncs,
+    the rows carry the synthetic device figures on this machine without a GPU, and the training
+    itself is the clean run's (a read changes no value)."""
+    clean = trainer().run()
+    with _ReadsFrom(faults.__file__) as reads:
+        res = trainer("fault=sync_bound", "fault.factor=3").run()
+    assert reads.count == 3 * STEPS
+    assert [r["train/loss"] for r in res.rows] == [r["train/loss"] for r in clean.rows]
+    sampled = [(a, b) for a, b in zip(clean.rows, res.rows) if math.isfinite(b["perf/host_syncs"])]
+    assert sampled and all(b["perf/host_syncs"] == a["perf/host_syncs"] + 3 for a, b in sampled)
+    if not torch.cuda.is_available():
+        assert all(b["perf/busy_synthetic"] == 1.0 and b["perf/gpu_busy"] == 0.05 for _, b in sampled)
+        assert all(a["perf/busy_synthetic"] == 0.0 and math.isnan(a["perf/gpu_busy"]) for a, _ in sampled)
 
 
 def test_fp16_scaler_backs_off_from_an_overflowing_scale_then_trains():
@@ -242,7 +333,7 @@ def test_anomaly_detection_names_the_backward_op():
 
 def test_fault_presets_compose_and_bad_fault_settings_are_refused():
     names = sorted(p.stem for p in (CONF_DIR / "fault").glob("*.yaml"))
-    assert names == ["inf_grad", "leak", "loss_spike", "lr_jump", "lr_spike", "nan_loss", "none"]
+    assert names == ["inf_grad", "leak", "loss_spike", "lr_jump", "lr_spike", "nan_loss", "none", "sync_bound"]
     for name in names:
         assert load_config(["preset=smoke", f"fault={name}"]).fault.kind == name
     with pytest.raises(ConfigError, match="fault.kind"):

@@ -10,8 +10,9 @@ What is left out of the arm, so that it names the same arm wherever and however 
   values are in the other keys, so `preset=default` and the same values reached by overrides are
   one arm;
 - how and where a run is carried out when that does not change what it computes: paths, the
-  embed stage's processes and batch size, checkpoint and logging cadence, threads and device
-  (the numerics differ in the last bits, not in what is learned), the evaluate stage's sampling
+  embed stage's processes and batch size, checkpoint and logging cadence, threads and device,
+  the flow loop's form and CUDA graph capture (the numerics differ in the last bits, not in what
+  is learned), the evaluate stage's sampling
   and bootstrap, the report's thresholds.
 A key not named here is part of the arm: a new parameter splits arms until it is listed, rather
 than silently merging runs that differ in it.
@@ -54,6 +55,8 @@ NOT_ARM_KEYS = frozenset(
         "train.threads",
         "train.device",
         "train.deterministic",
+        "train.flow_loop",
+        "train.cuda_graph",
         "train.detect_anomaly_steps",
         "evaluate.samples",
         "evaluate.bootstrap_resamples",

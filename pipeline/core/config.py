@@ -84,8 +84,24 @@ class ShardDtype(StrEnum):
 class Precision(StrEnum):
     auto = "auto"
     fp32 = "fp32"
+    # fp32 with TF32 matmuls on CUDA (Ampere and later: 10-bit mantissa inside matmuls, fp32
+    # range); the same as fp32 elsewhere. Never picked by auto: its effect on the eval has not
+    # been measured against the seed spread yet.
+    tf32 = "tf32"
     bf16 = "bf16"
     fp16 = "fp16"
+
+
+class FlowLoop(StrEnum):
+    auto = "auto"  # masked on CUDA, compact elsewhere (pipeline/model/energy_flow.py says why)
+    compact = "compact"  # finished flows leave the tensors: less work, one host read per flow step
+    masked = "masked"  # every flow to the end, finished ones masked: fixed shapes, no host read
+
+
+class CudaGraph(StrEnum):
+    auto = "auto"  # capture where it applies (CUDA, masked loop, one process); eager if capture fails
+    always = "always"  # capture, and stop with an error where it cannot
+    never = "never"  # launch every kernel from Python
 
 
 class ScalerRecovery(StrEnum):
@@ -107,6 +123,7 @@ class FaultKind(StrEnum):
     lr_spike = "lr_spike"
     lr_jump = "lr_jump"  # lr_spike's multiplier held for longer at a lower factor: a loss regression
     leak = "leak"
+    sync_bound = "sync_bound"  # host reads added to every step: a GPU left waiting on the host
 
 
 # Each section's values are checked by its `check`, right under its fields; Config.check runs
@@ -312,7 +329,15 @@ class TrainConfig:
     # what retrieval scores, being nearer the own answer than the others. 0 = off.
     nce_weight: float = 0.1
     nce_temperature: float = 0.05
-    precision: Precision = Precision.auto  # auto: bf16 on a CUDA GPU that has it, else fp32
+    # auto: on CUDA the faster of fp32 and bf16 for this model, timed on the first batch (bf16 is
+    # not faster for every model: its kernels are as many and as small); elsewhere fp32, so a CPU
+    # run gives the same numbers on every CPU (bf16 speed depends on the CPU's instructions).
+    precision: Precision = Precision.auto
+    # The flow loop (model.flow_loop): auto = masked on CUDA, compact elsewhere.
+    flow_loop: FlowLoop = FlowLoop.auto
+    # The masked loop's forward and backward captured once as a CUDA graph and replayed: one launch
+    # instead of thousands per step (pipeline/train/cuda_graph.py).
+    cuda_graph: CudaGraph = CudaGraph.auto
     scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
     max_consecutive_skips: int = 20  # non-finite (or skipped-spike) steps in a row before the run stops
     spike_k: float = 4.0  # loss spike: loss > mean + k * std of the trailing window of good losses
@@ -402,9 +427,13 @@ class FaultConfig:
     # First optimizer step hit (1-based). 15: the spike detector needs 10 losses of history, and
     # the smoke preset's 28 steps leave 13 to show recovery.
     step: int = 15
-    steps: int = 1  # how many consecutive steps (lr_spike, lr_jump; the others hit `step` only)
+    # How many consecutive steps (lr_spike, lr_jump; leak and sync_bound run from `step` to the
+    # end; the others hit `step` only).
+    steps: int = 1
     module: str = "carrier"  # inf_grad: the top-level module whose gradient is set to inf
-    factor: float = 1000.0  # loss_spike: loss multiplier; lr_spike, lr_jump: LR multiplier
+    # loss_spike: loss multiplier; lr_spike, lr_jump: LR multiplier; sync_bound: host reads added
+    # per micro-batch (a whole number).
+    factor: float = 1000.0
     # leak: MB kept alive per step on top of the step's autograd graph. The graph alone is a
     # fraction of a MB a step on the smoke model (`python -m bench.trainer --parts leak`:
     # rss_growth_mb_per_1k_steps_leak, run with leak_mb=0), lost in the allocator's noise over
@@ -417,6 +446,12 @@ class FaultConfig:
         _require(f.step > 0, "fault.step", "an optimizer step >= 1", f.step)
         _require(f.steps > 0, "fault.steps", "an integer > 0", f.steps)
         _require(f.factor > 0 and math.isfinite(f.factor), "fault.factor", "a finite number > 0", f.factor)
+        _require(
+            f.kind != FaultKind.sync_bound or f.factor == int(f.factor),
+            "fault.factor",
+            "a whole number of host reads per micro-batch with fault=sync_bound (e.g. 40)",
+            f.factor,
+        )
         _require(0 <= f.leak_mb <= 1024, "fault.leak_mb", "MB kept per step, in [0, 1024]", f.leak_mb)
         _require(f.rank >= -1, "fault.rank", "-1 (every rank) or a rank >= 0", f.rank)
 
@@ -482,6 +517,17 @@ class ReportConfig:
     # check's); the smoke preset's 30-step run sets its own (conf/preset/smoke.yaml).
     regression_rise: float = 0.25
     regression_min_steps: int = 50
+    # Device utilisation (CUDA runs): the median share of a sampled step's wall time the GPU spent
+    # running kernels. Under 0.6 the GPU idles 40 % of each step waiting on the host, which costs
+    # more throughput than most tuning wins back: worth a look (warn). Under 0.2 it idles four
+    # fifths of the time, so the run pays five times the GPU time its work needs (fail); the
+    # sync_bound fault's figures (0.05) sit far below that.
+    device_busy_warn: float = 0.6
+    device_busy_fail: float = 0.2
+    # More host reads per training step than this names a sync-bound step: the training loop's one
+    # read per step plus the fp16 GradScaler's one overflow test are what a step needs; every
+    # other read makes the host wait for the device before it can queue more work.
+    device_max_syncs: int = 2
 
     @staticmethod
     def check(r: DictConfig, t: DictConfig) -> None:
@@ -516,6 +562,25 @@ class ReportConfig:
             "report.regression_min_steps",
             "an integer >= 1 (optimizer steps the rise must outlast)",
             r.regression_min_steps,
+        )
+        _require(
+            0 <= r.device_busy_warn <= 1,
+            "report.device_busy_warn",
+            "a fraction in [0, 1] (the GPU's busy share below which the check warns)",
+            r.device_busy_warn,
+        )
+        _require(
+            0 <= r.device_busy_fail <= r.device_busy_warn,
+            "report.device_busy_fail",
+            f"a fraction in [0, report.device_busy_warn ({r.device_busy_warn})] (the GPU's busy share below which "
+            "the check fails)",
+            r.device_busy_fail,
+        )
+        _require(
+            r.device_max_syncs >= 0,
+            "report.device_max_syncs",
+            "an integer >= 0 (host reads per training step)",
+            r.device_max_syncs,
         )
 
 
@@ -695,7 +760,7 @@ def _choices(schema: DictConfig, key: str) -> type[Enum] | None:
 
 
 def choice_message(key: str, value: Any, choices: type[Enum]) -> str:
-    """ "parameter 'train.precision' = 'f16': expected one of auto, fp32, bf16, fp16 (did you mean
+    """ "parameter 'train.precision' = 'f16': expected one of auto, fp32, tf32, bf16, fp16 (did you mean
     train.precision=fp16?)": OmegaConf's own message names neither the parameter nor what to write."""
     names = [c.name for c in choices]
     close = difflib.get_close_matches(str(value), names, n=1) if isinstance(value, str) else []

@@ -1,13 +1,15 @@
 """Deliberate faults (the `fault` config group): how the detectors and the report are proven.
 
-Each fault hits optimizer steps [step, step + steps) (1-based), except `leak`, which starts at
-`step` and never stops, as the prototype's bug did. In distributed training `fault.rank` picks the one
-rank it hits (-1: all of them), which is how a NaN on one rank is shown to skip the step on all.
+Each fault hits optimizer steps [step, step + steps) (1-based), except `leak` (as the prototype's
+bug did) and `sync_bound`, which start at `step` and never stop. In distributed training
+`fault.rank` picks the one rank it hits (-1: all of them), which is how a NaN on one rank is shown
+to skip the step on all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Iterator
 
@@ -16,6 +18,19 @@ import torch
 from torch import nn
 
 from pipeline.core.errors import ConfigError
+
+# sync_bound's stand-in device figures on a machine without a GPU (device_figures): a GPU busy 5 %
+# of the step (below report.device_busy_fail, 0.2, by a margin no rounding closes), running one
+# 5 µs kernel per op dispatched (short of the ~20 µs a kernel needs to outlast its launch).
+SYNTHETIC_GPU_BUSY = 0.05
+SYNTHETIC_KERNEL_US = 5.0
+# Faults that start at fault.step and run to the end of training.
+_OPEN_ENDED = ("leak", "sync_bound")
+
+
+def _nan(value) -> bool:
+    """Not measured: NaN or absent."""
+    return value is None or math.isnan(value)
 
 
 class FaultInjector:
@@ -44,7 +59,7 @@ class FaultInjector:
     def hits(self, step: int) -> bool:
         if self.kind == "none":
             return False
-        if self.kind == "leak":
+        if self.kind in _OPEN_ENDED:
             return step >= self.first
         return self.first <= step <= self.last
 
@@ -58,7 +73,43 @@ class FaultInjector:
             return loss * self.factor
         if self.kind == "leak":
             self._kept.append(loss)  # the prototype's history list: not detached, its graph stays alive
+        if self.kind == "sync_bound":
+            self._read_to_host(loss)
         return loss
+
+    def _read_to_host(self, loss: torch.Tensor) -> None:
+        """int(factor) host reads of the loss, each a real one (float() of a tensor: on a GPU the
+        host waits for the device each time), so the trainer's counter sees them as host syncs.
+        Not taken off the step time: what they cost is the fault."""
+        value = loss.detach()
+        for _ in range(int(self.factor)):
+            float(value)
+
+    def device_figures(self, sample: dict, device_type: str) -> dict:
+        """A sampled step's figures (host_syncs, ops, kernels, kernel_us, gpu_busy, busy_synthetic),
+        as the telemetry will carry them. With sync_bound on a machine without a GPU the profiler
+        measured nothing (gpu_busy NaN), so the device check would have nothing to judge: the figures
+        a sync-bound GPU gives are filled in instead, marked busy_synthetic = 1.0 so the report says
+        they are synthetic (gpu_busy 0.05, kernel_us 5.0, one kernel per op the CPU dispatched). The
+        counts (host_syncs, ops) are always the real ones, and a row no step was sampled for yet
+        (ops NaN) gets nothing made up. Otherwise the sample is returned as it is, with
+        busy_synthetic 0.0 when missing."""
+        out = dict(sample)
+        if (
+            self.kind == "sync_bound"
+            and device_type != "cuda"
+            and _nan(out.get("gpu_busy"))
+            and not _nan(out.get("ops"))
+        ):
+            out.update(
+                gpu_busy=SYNTHETIC_GPU_BUSY,
+                kernels=float(out["ops"]),
+                kernel_us=SYNTHETIC_KERNEL_US,
+                busy_synthetic=1.0,
+            )
+        else:
+            out.setdefault("busy_synthetic", 0.0)
+        return out
 
     def after_step(self, step: int) -> None:
         """Called after the step's timed phases. The leak keeps a step's worth of activations.

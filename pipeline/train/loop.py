@@ -42,14 +42,27 @@ from pipeline.core.distributed import Dist, device_for, threads_per_process
 from pipeline.core.errors import PipelineError
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
+from pipeline.train.cuda_graph import FlowRunner, tf32_matmuls, why_eager
 from pipeline.train.faults import FaultInjector
 from pipeline.train.resume_state import rng_state, save_state, set_rng_state
-from pipeline.train.step_health import NONFINITE, SPIKE, StepHealth, decode_kind
+from pipeline.train.step_counters import StepSample, count_host, optimizer_host_tensors, profile_device
+from pipeline.train.step_health import NONFINITE, OVERRUN, SPIKE, StepHealth, decode_kind
 from pipeline.train.stop_signals import DeferredStop
-from pipeline.train.telemetry import PHASES, PhaseTimer, device_memory_mb, release_free_heap, reset_peak, rss_mb
+from pipeline.train.telemetry import (
+    PHASES,
+    PhaseTimer,
+    device_memory_mb,
+    device_row,
+    release_free_heap,
+    reset_peak,
+    rss_mb,
+    run_device_figures,
+    sample_due,
+)
 
 log = logging.getLogger(__name__)
 _EVENT_LOG_MAX = 10  # events printed one by one; the rest are counted (all are in the events file)
+FLOW_STEPS_OBSERVED = 10  # steps the masked loop runs at its cap before fitting its length
 
 
 class TrainingDiverged(PipelineError):
@@ -91,11 +104,21 @@ def select_device(name: str) -> torch.device:
 
 
 def select_precision(name: str, device: torch.device) -> Optional[torch.dtype]:
-    """The autocast dtype, or None for fp32. `auto` is bf16 on a CUDA GPU that has it (same range as
-    fp32, so no scaler), else fp32: on a CPU without AMX bf16 only adds casts."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else None
-    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    """The autocast dtype, or None for fp32 (and tf32, fp32 with TF32 matmuls). `auto` is fp32
+    here; on CUDA the trainer then times fp32 against bf16 on the first batch and keeps the faster
+    (precision_candidates)."""
+    if name in ("auto", "fp32", "tf32"):
+        return None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def precision_candidates(name: str, device: torch.device) -> list[Optional[torch.dtype]]:
+    """What `train.precision=auto` times on this device: fp32 and, on a CUDA GPU that has it, bf16
+    (same range as fp32, so no scaler). Off CUDA only fp32: a CPU's bf16 speed depends on its
+    instructions (AMX or not), and the same config must give the same numbers on every CPU."""
+    if name == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return [None, torch.bfloat16]
+    return [select_precision(name, device)]
 
 
 def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
@@ -168,6 +191,16 @@ class Trainer:
         self.amp_dtype = select_precision(t.precision, device)
         self.model = EnergyFlowModel.from_config(cfg.model, int(train_inputs.shape[1])).to(device)
         self.model.train()
+        # The flow loop (pipeline/model/energy_flow.py): the masked one runs a fixed number of flow
+        # steps with no host read. It starts at flow_cap, a count no batch can exceed (every flow
+        # has arrived by then, or the compacting loop stops there too), and after the first
+        # FLOW_STEPS_OBSERVED steps runs one more than any batch has needed; a batch that needs
+        # more is an overrun: its update is not applied and the count goes up (_fit_flow_steps).
+        self.model.flow_loop = str(t.flow_loop)
+        self.masked = self.model.uses_masked_loop(device)
+        self.flow_cap = self.model.masked_step_cap
+        self.model.fixed_steps = self.flow_cap if self.masked else None
+        self.flow_steps_seen = 0  # the most flow steps a batch has needed so far
         # The forward pass (and backward's gradient all-reduce) go through DDP; everything else
         # (health, checkpoints, evaluation) uses the model itself. All parameters take part in
         # every forward (checked: no gradient is None at batch 1, 4 or 16), so no unused-parameter
@@ -178,6 +211,19 @@ class Trainer:
             )
             if place.enabled
             else self.model
+        )
+        self.runner = FlowRunner(
+            self.model,
+            self.forward,
+            device,
+            str(t.cuda_graph),
+            why_eager(
+                self.model,
+                device,
+                processes=place.world_size,
+                grad_accum=t.grad_accum,
+                anomaly=t.detect_anomaly_steps > 0,
+            ),
         )
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay)
@@ -233,12 +279,17 @@ class Trainer:
         )
         self.faults = FaultInjector(cfg.fault, self.model, rank=place.rank)
         self.timer = PhaseTimer(device)
+        # The latest sampled step's counts (pipeline/train/step_counters.py), in every row until
+        # the next sample; `precision` what train.precision=auto timed and chose.
+        self.sample = StepSample()
+        self.precision_ms: dict[str, float] = {}
         self.val = (val_inputs, val_targets) if val_inputs is not None and len(val_inputs) else None
         self.on_log, self.progress, self.ckpt = on_log, progress, checkpointing
         self.result = TrainResult(self.model, module_names=list(self.health.module_names))
         # Position and counters: all of it goes into a checkpoint.
         self.step = self.epoch = self.epoch_step = 0
         self.consecutive_skips = self.skipped_total = self.spikes_total = self.samples_total = 0
+        self.overruns_total = 0
         self.elapsed_before = 0.0  # seconds trained by earlier (killed) processes of this run
         self.resumed_from = 0
         self.stop: Optional[DeferredStop] = None  # set while run() runs
@@ -263,6 +314,9 @@ class Trainer:
                 "skipped_total": self.skipped_total,
                 "spikes_total": self.spikes_total,
                 "samples_total": self.samples_total,
+                "overruns_total": self.overruns_total,
+                "flow_steps_seen": self.flow_steps_seen,
+                "fixed_steps": self.model.fixed_steps,
                 "elapsed": self.elapsed_before + time.perf_counter() - self.t_start,
             },
             "rows": self.result.rows,
@@ -283,6 +337,9 @@ class Trainer:
         c = state["counters"]
         self.consecutive_skips, self.skipped_total = c["consecutive_skips"], c["skipped_total"]
         self.spikes_total, self.samples_total, self.elapsed_before = c["spikes_total"], c["samples_total"], c["elapsed"]
+        self.overruns_total, self.flow_steps_seen = c.get("overruns_total", 0), c.get("flow_steps_seen", 0)
+        if self.masked and c.get("fixed_steps"):
+            self.model.fixed_steps = c["fixed_steps"]
         self.result.rows, self.result.events = list(state["rows"]), list(state["events"])
         self.result.summary = dict(state["summary"])
         self.resumed_from = self.step
@@ -303,6 +360,7 @@ class Trainer:
             torch.set_num_threads(threads_per_process(self.t.threads, self.place))
         if self.t.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        tf32 = tf32_matmuls(self.t.precision == "tf32" and self.device.type == "cuda")
         if self.amp_dtype is not None and self.device.type == "cpu":
             # fp16/bf16 matmuls on CPU go through oneDNN, whose two kernel caches keep one entry
             # (~0.6 MB) per matmul shape, up to 1024 each; live flows change the shapes every
@@ -314,7 +372,7 @@ class Trainer:
         try:
             # Log lines (epoch summaries, skipped steps) go through tqdm.write while the bar is up,
             # so they print above it instead of after it on the bar's own line.
-            with logging_redirect_tqdm() if self.progress else contextlib.nullcontext(), DeferredStop() as stop:
+            with logging_redirect_tqdm() if self.progress else contextlib.nullcontext(), DeferredStop() as stop, tf32:
                 self.stop = stop
                 return self._run()
         finally:
@@ -335,6 +393,9 @@ class Trainer:
             disable=not self.progress,
             mininterval=1.0,
         )
+        candidates = precision_candidates(t.precision, self.device)
+        if len(candidates) > 1 and self.step == 0:
+            self.amp_dtype = self._fastest_precision(candidates)
         reset_peak(self.device)
         self._new_window()
         while self.epoch < t.epochs:
@@ -359,20 +420,97 @@ class Trainer:
         self._summarise()
         return self.result
 
-    def _autocast(self):
-        if self.amp_dtype is None:
+    def _autocast(self, dtype="run"):
+        dtype = self.amp_dtype if dtype == "run" else dtype
+        if dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+        return torch.autocast(self.device.type, dtype=dtype, cache_enabled=self.runner.autocast_cache())
+
+    def _fastest_precision(self, candidates: list[Optional[torch.dtype]]) -> Optional[torch.dtype]:
+        """train.precision=auto on CUDA: time forward + backward of the first batch in each
+        candidate precision, as the run will execute it (graphs captured where they apply), and
+        keep the faster. The gradients are dropped: no update is made, nothing of the run moves."""
+        with contextlib.closing(self.loader.batches(0)) as first:  # closing stops a prefetch thread
+            x, y = (b.to(self.device) for b in next(first))
+        times = {}
+        for dtype in candidates:
+            name = "fp32" if dtype is None else "bf16"
+            spent = []
+            for i in range(5):  # the first two warm up (and capture)
+                torch.cuda.synchronize(self.device)
+                t0 = time.perf_counter()
+                with self._autocast(dtype):
+                    out = self.runner(x, dtype)
+                energy_flow_loss(out.pred.float(), y, **self.loss_weights).backward()
+                torch.cuda.synchronize(self.device)
+                spent.append(time.perf_counter() - t0)
+                self.opt.zero_grad(set_to_none=True)
+            times[name] = 1000 * float(np.median(spent[2:]))
+        self.precision_ms = times
+        best = min(times, key=times.get)
+        log.info(
+            "train.precision=auto: %s (forward + backward of one batch: %s)",
+            best,
+            ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()),
+        )
+        return None if best == "fp32" else torch.bfloat16
 
     def _train_step(self, batches) -> None:
-        t, timer = self.t, self.timer
         self.step += 1
         self.epoch_step += 1
         step = self.step
+        log_step = step % self.t.log_every == 0 or step == self.total_steps
+        # Now and then a step is counted (host reads, ops) or, on CUDA, profiled (kernels, busy):
+        # never both in one step, and neither step's time enters the row's step time.
+        kind = sample_due(step, self.device.type)
+        t0 = time.perf_counter()
+        if kind == "count":
+            with count_host(optimizer_host_tensors(self.opt)) as sample:
+                code, values, skip = self._step_work(batches, step, log_step)
+            self.sample.host_syncs, self.sample.ops = sample.host_syncs, sample.ops
+            self.sample.read_sites = sample.read_sites
+        elif kind == "profile":
+            with profile_device(self.device) as sample:
+                code, values, skip = self._step_work(batches, step, log_step)
+            for k in ("kernels", "kernel_us", "gpu_busy", "cuda_syncs"):
+                setattr(self.sample, k, getattr(sample, k))
+        else:
+            code, values, skip = self._step_work(batches, step, log_step)
+        if kind:
+            self.win["untimed_s"] += time.perf_counter() - t0
+            self.win["untimed_steps"] += 1
+        self.faults.after_step(step)  # outside the phases, and its time is taken off the window's
+        self.win["steps"] += 1
+        self.bar.update(1)
+        if code & (NONFINITE | SPIKE):
+            self._record_event(step, code, values[1], values[2], skip)
+        if code & OVERRUN:
+            # Not a fault: the masked loop was shorter than this batch needed. Its update was not
+            # applied (it would differ from the compacting loop's), and the loop is now longer.
+            self.result.events.append(
+                {"step": step, "kind": "flow_overrun", "action": f"skipped; flow steps now {self.model.fixed_steps}"}
+            )
+        if self.consecutive_skips >= self.t.max_consecutive_skips:
+            self._diverged(step)
+        if log_step:
+            self._close_window(values)
+            if self.ckpt and self.ckpt.every and step % self.ckpt.every == 0 and self.place.is_main:
+                if self.ckpt.before_save:
+                    self.ckpt.before_save()
+                save_state(self.ckpt.path, self.state_dict())
+            self._new_window()  # after logging and checkpointing: a row times training steps only
+        if self.stop is not None and self.stop.requested:
+            self._stop_here(step)
+
+    def _step_work(self, batches, step: int, log_step: bool) -> tuple[int, list[float], bool]:
+        """One optimizer step: forward and backward of each micro-batch, the health read-out (the
+        step's one host read) and the update (or its skip). Returns the code, the values read
+        and whether the update was skipped."""
+        t, timer = self.t, self.timer
         anomaly = step <= t.detect_anomaly_steps
-        log_step = step % t.log_every == 0 or step == self.total_steps
         ranges = None
         loss_sum = None
+        flow = None  # the masked loop's device counters: steps used (sum, max), flow steps, overrun
         for micro in range(t.grad_accum):
             t_data = time.perf_counter()
             x, y = (b.to(self.device, non_blocking=True) for b in next(batches))
@@ -389,7 +527,7 @@ class Trainer:
             ):
                 try:
                     with self._autocast():
-                        out = self.forward(x)
+                        out = self.runner(x, self.amp_dtype)
                     loss = energy_flow_loss(out.pred.float(), y, **self.loss_weights)
                     loss = self.faults.on_loss(step, loss)
                     timer.lap("forward")
@@ -407,8 +545,18 @@ class Trainer:
             part = loss.detach() / t.grad_accum
             loss_sum = part if loss_sum is None else loss_sum + part
             ranges = out.ranges if last else None
-            self.win["flow_steps"] += out.flow_steps  # python ints: known on the host already
-            self.win["steps_used"] += out.steps_used
+            if self.masked:  # device counters: read with the step's one read
+                used = torch.stack([out.steps_used, out.steps_used, out.flow_steps, out.unfinished.long()])
+                flow = (
+                    used
+                    if flow is None
+                    else torch.stack(
+                        [flow[0] + used[0], torch.maximum(flow[1], used[1]), flow[2] + used[2], flow[3] | used[3]]
+                    )
+                )
+            else:  # python ints: known on the host already
+                self.win["flow_steps"] += out.flow_steps
+                self.win["steps_used"] += out.steps_used
             self.win["samples"] += len(x) * self.place.world_size  # every rank's batch is this size
             self.samples_total += len(x) * self.place.world_size
             del out, loss, scaled  # nothing of this step's graph outlives it
@@ -420,11 +568,20 @@ class Trainer:
         self.faults.on_grads(step)  # before unscale_, so the scaler sees an injected inf
         if self.scaler:
             self.scaler.unscale_(self.opt)  # clipping and norms see true gradients
-        code_t, threshold_t = self.health.measure(loss_sum)
+        code_t, threshold_t = self.health.measure(loss_sum, flow[3].bool() if flow is not None else None)
         scale_t = self.scaler._scale if self.scaler else None  # the tensor: get_scale() would sync
-        values = self.health.step_readout(code_t, loss_sum, threshold_t, scale_t, log_step, ranges)  # the one sync
+        values = self.health.step_readout(
+            code_t, loss_sum, threshold_t, scale_t, log_step, ranges, flow
+        )  # the one sync
+        if flow is not None:
+            values, (used_sum, used_max, flow_steps, _) = values[:-4], values[-4:]
+            self.win["steps_used"] += used_sum
+            self.win["flow_steps"] += flow_steps
         code = int(values[0])
-        skip = bool(code & NONFINITE) or bool(code & SPIKE and t.skip_spikes)
+        if code & OVERRUN:
+            self.win["overruns"] += 1
+            self.overruns_total += 1
+        skip = bool(code & NONFINITE) or bool(code & SPIKE and t.skip_spikes) or bool(code & OVERRUN)
         if not skip:
             before = self.health.snapshot() if self.win["steps"] == 0 else None
             with self.faults.lr(step, self.opt):
@@ -434,7 +591,7 @@ class Trainer:
                 self.health.record_update(before)  # the window's sampled update/weight ratio
             self.sched.step()
             self.consecutive_skips = 0
-        else:
+        elif not code & OVERRUN:  # an overrun is the loop's length, not the run's health
             self.consecutive_skips += 1
             self.skipped_total += 1
             self.win["skipped"] += 1
@@ -446,22 +603,28 @@ class Trainer:
                 self._agree_scaler()
         self.opt.zero_grad(set_to_none=True)
         timer.lap("optimizer")
-        self.faults.after_step(step)  # outside the phases, and its time is taken off the window's
-        self.win["steps"] += 1
-        self.bar.update(1)
-        if code & (NONFINITE | SPIKE):
-            self._record_event(step, code, values[1], values[2], skip)
-        if self.consecutive_skips >= t.max_consecutive_skips:
-            self._diverged(step)
-        if log_step:
-            self._close_window(values)
-            if self.ckpt and self.ckpt.every and step % self.ckpt.every == 0 and self.place.is_main:
-                if self.ckpt.before_save:
-                    self.ckpt.before_save()
-                save_state(self.ckpt.path, self.state_dict())
-            self._new_window()  # after logging and checkpointing: a row times training steps only
-        if self.stop is not None and self.stop.requested:
-            self._stop_here(step)
+        if flow is not None:
+            self._fit_flow_steps(step, int(used_max), bool(code & OVERRUN))
+        return code, values, skip
+
+    def _fit_flow_steps(self, step: int, used: int, overrun: bool) -> None:
+        """The masked loop's fixed flow-step count: flow_cap while the first batches show what
+        they need, then one more than the most any batch has needed; after an overrun two more
+        (a CUDA graph is captured anew for each count, so it moves rarely and only up)."""
+        self.flow_steps_seen = max(self.flow_steps_seen, used)
+        fixed = self.model.fixed_steps
+        if overrun:
+            fixed = min(self.flow_cap, fixed + 2)
+        elif step == FLOW_STEPS_OBSERVED:
+            fixed = min(self.flow_cap, self.flow_steps_seen + 1)
+        if fixed != self.model.fixed_steps:
+            log.info(
+                "step %d: the masked flow loop now runs %d flow steps (batches so far needed up to %d)",
+                step,
+                fixed,
+                self.flow_steps_seen,
+            )
+            self.model.fixed_steps = fixed
 
     def _stop_here(self, step: int) -> None:
         """SIGTERM or Ctrl-C arrived during this step (pipeline/train/stop_signals.py): close the telemetry
@@ -546,7 +709,17 @@ class Trainer:
     # ------------------------------------------------------------------ telemetry windows
     def _new_window(self) -> None:
         self.win = dict(
-            steps=0, skipped=0, samples=0, flow_steps=0, steps_used=0, lr=0.0, t0=time.perf_counter(), not_steps_s=0.0
+            steps=0,
+            skipped=0,
+            overruns=0,
+            samples=0,
+            flow_steps=0,
+            steps_used=0,
+            lr=0.0,
+            t0=time.perf_counter(),
+            not_steps_s=0.0,
+            untimed_s=0.0,  # sampled steps (step_counters): counted or profiled, so not timed
+            untimed_steps=0,
         )
         self.health.new_window()
 
@@ -559,6 +732,9 @@ class Trainer:
         # not training steps.
         wall = time.perf_counter() - self.win["t0"] - self.win["not_steps_s"] - self.faults.take_overhead()
         steps = max(self.win["steps"], 1)
+        timed_wall, timed_steps = wall, steps
+        if self.win["steps"] > self.win["untimed_steps"]:  # a window of sampled steps only is timed as is
+            timed_wall, timed_steps = wall - self.win["untimed_s"], self.win["steps"] - self.win["untimed_steps"]
         metrics = self.health.window_metrics(values)
         phases = self.timer.take()
         alloc, peak = device_memory_mb(self.device)
@@ -571,11 +747,15 @@ class Trainer:
             "train/skipped_steps": self.skipped_total,
             "train/lr": self.win["lr"] or self.opt.param_groups[0]["lr"],
             **metrics,
-            "perf/step_ms": 1000 * wall / steps,
+            "perf/step_ms": 1000 * timed_wall / timed_steps,
             **{f"perf/{p}_ms": 1000 * phases[p] / steps for p in PHASES},
             "perf/samples_per_s": self.win["samples"] / wall if wall > 0 else 0.0,
             "flow/steps_used": self.win["steps_used"] / steps / self.t.grad_accum,
             "flow/flow_steps": self.win["flow_steps"] / steps,
+            "flow/overruns": self.win["overruns"],
+            **device_row(
+                self.sample, timed_wall / timed_steps, self.win["steps_used"] / steps, self.faults, self.device
+            ),
             "mem/rss_mb": rss_mb(),
             "mem/device_allocated_mb": alloc,
             "mem/device_peak_mb": peak,
@@ -620,6 +800,12 @@ class Trainer:
                 "perf/samples_per_s": self.samples_total / wall if wall > 0 else 0.0,
                 "perf/step_ms": float(np.median([r["perf/step_ms"] for r in rows])) if rows else 0.0,
                 "flow/steps_used": float(np.mean([r["flow/steps_used"] for r in rows])) if rows else 0.0,
+                "flow/overruns": self.overruns_total,
+                "flow/loop": 1.0 if self.masked else 0.0,  # 1 masked, 0 compacting
+                "perf/cuda_graph": 1.0 if self.runner.enabled else 0.0,
+                # train.precision=auto on CUDA: forward + backward of the first batch in each.
+                **{f"perf/precision_{k}_ms": v for k, v in self.precision_ms.items()},
+                **run_device_figures(rows),
                 # The report's convergence check judges flow/steps_used against these two bounds.
                 "flow/step_cap": min(self.model.max_steps, self.model.step_bound),
                 "flow/min_steps_to_arrive": self.model.min_steps_to_arrive,

@@ -459,6 +459,11 @@ def estimate(
     flows = meta.flows_per_sample(batch)
     cap = min(int(m.max_steps), meta.step_bound)
     expected_steps = min(cap, math.ceil(m.lattice_depth / ((m.min_forward + m.max_forward) / 2)) + 1)
+    meta.flow_loop = str(t.get("flow_loop", "auto"))
+    if meta.uses_masked_loop(device):
+        # The masked loop keeps every flow to its end and starts at its cap (Trainer.flow_cap):
+        # the bound is what it holds, not a worst case.
+        cap = expected_steps = meta.masked_step_cap
     n_flows = batch * flows
     amp_dtype = _amp_dtype(t.precision, device)
     per_flow_step, per_forward, where = flow_step_bytes(m, dim, amp_dtype)

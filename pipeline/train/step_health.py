@@ -8,7 +8,9 @@ only host sync. The code packs every fact a skip needs to be explained into one 
     bit 0 / 1   the loss is NaN / Inf
     bit 2 / 3   the global gradient norm is NaN / Inf (some gradient element is)
     bit 4       the loss is a spike (above mean + k * std of the trailing window of good losses)
-    bit 5 + i   module i (nearest the loss first) holds a non-finite gradient
+    bit 5       flows were still travelling when a fixed-length flow loop ended (an overrun: the
+                compacting loop would have gone on, so the step's update is not applied)
+    bit 6 + i   module i (nearest the loss first) holds a non-finite gradient
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from torch import nn
 from pipeline.core.config import MIN_SPIKE_WINDOW
 from pipeline.model.energy_flow import RANGE_KEYS
 
-NAN_LOSS, INF_LOSS, NAN_GRAD, INF_GRAD, SPIKE = 1, 2, 4, 8, 16
+NAN_LOSS, INF_LOSS, NAN_GRAD, INF_GRAD, SPIKE, OVERRUN = 1, 2, 4, 8, 16, 32
 NONFINITE = NAN_LOSS | INF_LOSS | NAN_GRAD | INF_GRAD
-MODULE_SHIFT = 5
+MODULE_SHIFT = 6
 ZONES = ("healthy", "warning", "critical", "exploded")
 # The spike test needs some history: mean and std of fewer losses flag ordinary noise. One floor
 # for the trainer, the config check of train.spike_window and the report's offline scan.
@@ -119,6 +121,7 @@ class StepHealth:
                 NAN_GRAD,
                 INF_GRAD,
                 SPIKE,
+                OVERRUN,
                 *(1 << (MODULE_SHIFT + i) for i in range(len(self.modules))),
             ],
             dtype=torch.long,
@@ -137,8 +140,9 @@ class StepHealth:
         self.acc = torch.zeros(len(self.FIELDS) + len(self.modules), dtype=torch.float64, device=self.device)
         self.norm_max = torch.zeros((), dtype=torch.float64, device=self.device)
 
-    def measure(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """After backward (and scaler.unscale_): norms, clipping, accumulators.
+    def measure(self, loss: torch.Tensor, overrun: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """After backward (and scaler.unscale_): norms, clipping, accumulators. `overrun`: a
+        device bool, the flow loop ended with flows still travelling (the step is not applied).
 
         Returns (code, threshold) as device tensors; the host decides from the code."""
         grads = [[p.grad for p in ps if p.grad is not None] for _, ps in self.modules]
@@ -156,6 +160,7 @@ class StepHealth:
                         torch.isnan(norm),
                         torch.isinf(norm),
                         torch.isfinite(loss) & (loss > threshold),
+                        overrun if overrun is not None else torch.zeros((), dtype=torch.bool, device=self.device),
                     ]
                 ),
                 ~torch.isfinite(mod_norms),
@@ -170,6 +175,7 @@ class StepHealth:
         spike = flags[4]
         finite = ~flags[:4].any()
         ok = finite & ~spike if self.skip_spikes else finite  # the host's skip decision, on the device
+        ok = ok & ~flags[5]
         if self.grad_clip > 0:
             # clip_grads_with_norm_ reuses our norm (no second pass over the gradients). With a
             # non-finite norm the step is skipped anyway, whatever clipping makes of the grads.
@@ -215,17 +221,21 @@ class StepHealth:
         scale: Optional[torch.Tensor],
         with_window: bool,
         ranges: Optional[torch.Tensor] = None,
+        flow: Optional[torch.Tensor] = None,
     ) -> list[float]:
         """The one vector read this step: [code, loss, threshold, (scale, update_ratio, norm_max,
-        value ranges, accumulators...) on a log step]. Read it with one .tolist(). `ranges` is the
-        model's FlowOutput.ranges of this step (RANGE_KEYS; NaN when not recorded)."""
+        value ranges, accumulators...) on a log step, (flow...)]. Read it with one .tolist().
+        `ranges` is the model's FlowOutput.ranges of this step (RANGE_KEYS; NaN when not
+        recorded); `flow`, device counters of the flow loop the caller wants read with it,
+        comes last (the caller takes it off before window_metrics)."""
         head = [code.double(), loss.detach().double(), threshold]
+        tail = [flow.double()] if flow is not None else []
         if not with_window:
-            return torch.stack(head).tolist()
+            return torch.cat([torch.stack(head), *tail]).tolist()
         nan = torch.full((), float("nan"), dtype=torch.float64, device=self.device)
         s = scale.double() if scale is not None else nan
         r = ranges.double() if ranges is not None else nan.expand(len(RANGE_KEYS))
-        return torch.cat([torch.stack(head + [s, self.update_ratio, self.norm_max]), r, self.acc]).tolist()
+        return torch.cat([torch.stack(head + [s, self.update_ratio, self.norm_max]), r, self.acc, *tail]).tolist()
 
     def window_metrics(self, values: list[float]) -> dict[str, float]:
         """Telemetry fields of the window from the tail of a step_readout with the window."""

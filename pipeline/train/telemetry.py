@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
+from typing import Optional
 
+import numpy as np
 import psutil
 import torch
 
@@ -40,8 +43,21 @@ STEP_COLUMNS = [
     "perf/step_ms",
     *(f"perf/{p}_ms" for p in PHASES),
     "perf/samples_per_s",
+    # Step time per flow step: a model that takes more flow steps per batch does more work per
+    # step, which is not a slower loop (the step-time check judges this one).
+    "perf/flow_step_ms",
+    # From the latest sampled step (step_counters; sample_due says when): host reads and aten ops
+    # per step, every source; on CUDA kernels per step, their mean duration and the fraction of
+    # the step the GPU was busy (NaN elsewhere; perf/busy_synthetic = 1 when a fault made them up).
+    "perf/host_syncs",
+    "perf/ops",
+    "perf/kernels",
+    "perf/kernel_us",
+    "perf/gpu_busy",
+    "perf/busy_synthetic",
     "flow/steps_used",
     "flow/flow_steps",
+    "flow/overruns",  # masked loop: batches that needed more flow steps than it ran (not applied)
     # Value ranges of the log step's forward (min / max / RMS): carried flow energies, the last
     # carrier layer's hidden states, the output surface. Read with the step's one host read.
     *(f"range/{k}" for k in RANGE_KEYS),
@@ -143,3 +159,54 @@ class PhaseTimer:
             self._pending = still
         out, self.totals = self.totals, dict.fromkeys(PHASES, 0.0)
         return out
+
+
+# Sampled steps: the third (after the first steps' allocations, and a CUDA graph's first capture)
+# and then every SAMPLE_EVERY from the thirteenth (after the masked loop has fitted its length).
+# On CUDA the step after a counted one is profiled: counting and profiling each slow a step down,
+# so they never share one, and neither is timed.
+SAMPLE_EVERY = 100
+_FIRST_SAMPLES = (3, 13)
+
+
+def sample_due(step: int, device_type: str) -> Optional[str]:
+    """ "count" (host reads and ops), "profile" (CUDA kernels and busy time) or None."""
+
+    def counted(s: int) -> bool:
+        return s in _FIRST_SAMPLES or (s > _FIRST_SAMPLES[-1] and (s - _FIRST_SAMPLES[-1]) % SAMPLE_EVERY == 0)
+
+    if counted(step):
+        return "count"
+    if device_type == "cuda" and counted(step - 1):
+        return "profile"
+    return None
+
+
+def device_row(sample, step_s: float, steps_used: float, faults, device: torch.device) -> dict[str, float]:
+    """The row's perf/flow_step_ms and the latest sample's figures (a fault may stand in for a
+    device this machine lacks: FaultInjector.device_figures)."""
+    figures = faults.device_figures(sample.figures(), device.type)
+    return {
+        "perf/flow_step_ms": 1000 * step_s / steps_used if steps_used > 0 else math.nan,
+        **{f"perf/{k}": float(figures[k]) for k in ("host_syncs", "ops", "kernels", "kernel_us", "gpu_busy")},
+        "perf/busy_synthetic": float(figures.get("busy_synthetic", 0.0)),
+    }
+
+
+# metrics/train.json's device figures: the median over the rows of each (NaN where never measured).
+_RUN_FIGURES = {
+    "perf/flow_step_ms": "perf/flow_step_ms",
+    "perf/host_syncs": "perf/host_syncs_per_step",
+    "perf/ops": "perf/ops_per_step",
+    "perf/kernels": "perf/kernels_per_step",
+    "perf/kernel_us": "perf/kernel_us",
+    "perf/gpu_busy": "perf/gpu_busy",
+}
+
+
+def run_device_figures(rows: list[dict]) -> dict[str, float]:
+    out = {}
+    for col, key in _RUN_FIGURES.items():
+        values = [r[col] for r in rows if col in r and math.isfinite(r[col])]
+        out[key] = float(np.median(values)) if values else math.nan
+    return out
