@@ -22,7 +22,7 @@ Configuration comes from params.yaml at the repository root (what DVC tracks). E
 Hydra syntax, KEY=VALUE with a dotted key, e.g. train.lr=3e-4 or model.lattice_depth=4.
 preset=NAME composes conf/ with conf/preset/NAME.yaml instead (as `dvc exp run -S preset=NAME`);
 fault=NAME adds a deliberate fault from conf/fault/ (nan_loss, inf_grad, loss_spike, lr_spike, lr_jump,
-leak).
+leak, sync_bound).
 This stage reads: {sections}. An unknown key, a wrong type or an impossible value stops the
 stage before any work, naming the key.
 

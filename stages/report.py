@@ -40,7 +40,7 @@ def run(cfg) -> dict:
     if perf.steps is not None:
         steps = steps.merge(perf.steps, on="step", how="left")
     else:
-        log.warning("%s: the memory and step-time checks are skipped. %s", perf.missing, REMEASURE)
+        log.warning("%s: the memory, step-time and device checks are skipped. %s", perf.missing, REMEASURE)
     events = read_json(TELEMETRY_DIR / "train_events.json", "train", expect=list)
     train_metrics = {**train_metrics, **perf.totals}
     eval_metrics = None if diverged else read_json(METRICS_DIR / "eval.json", "evaluate")

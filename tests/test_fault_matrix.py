@@ -12,9 +12,10 @@ diverging train stage with its report (tests/test_diverged_report.py)."""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from pipeline.core.paths import REPO_ROOT
-from tools.fault_matrix import CASES, WALL_CLOCK_CHECKS, judge, project_copy, run_matrix
+from tools.fault_matrix import CASES, SYNC_READS, WALL_CLOCK_CHECKS, _has_cuda, judge, project_copy, run_matrix
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +49,13 @@ def test_the_matrix_reads_the_evidence_the_report_writes():
 
 def test_the_matrix_covers_every_diagnosis():
     assert len(CORE_CASES) == len(CORE) and {c.fails for c in CORE_CASES} == {(), ("nonfinite",)}
-    assert {c.fails for c in CASES} >= {(), ("nonfinite",), ("loss_spikes",), ("memory_growth",)}
+    assert {c.fails for c in CASES} >= {
+        (),
+        ("nonfinite",),
+        ("loss_spikes",),
+        ("memory_growth",),
+        ("device_utilisation",),
+    }
     assert {w for c in CASES for w in c.warns} == {"loss_regression"}
 
 
@@ -76,25 +83,60 @@ def test_a_case_that_expects_a_warning_is_wrong_without_it():
 
 def test_a_wall_clock_failure_the_case_does_not_expect_is_noise_not_a_problem():
     clean, spike = (next(c for c in CASES if c.name == n) for n in ("smoke:none", "smoke:loss_spike"))
-    assert WALL_CLOCK_CHECKS == ("step_time_degradation",)
+    assert WALL_CLOCK_CHECKS == ("step_time_degradation", "device_utilisation")
     # A busy neighbour slows the clean run's second half: reported, not judged.
-    assert judge(clean, _evidence("unstable", step_time_degradation="fail", nonfinite="pass")) == (
+    cpu = "pass" if _has_cuda() else "n/a"  # device_utilisation of a clean run without a GPU: n/a
+    assert judge(
+        clean, _evidence("unstable", step_time_degradation="fail", nonfinite="pass", device_utilisation=cpu)
+    ) == ("stable", [], ["step_time_degradation"], [])
+    # So does a GPU kept waiting by a busy host: its busy share is a share of wall time.
+    assert judge(clean, _evidence("unstable", device_utilisation="fail")) == (
         "stable",
         [],
-        ["step_time_degradation"],
-        [],
+        ["device_utilisation"],
+        [] if _has_cuda() else ["evidence: device_utilisation n/a on a machine without a GPU"],
     )
     spike_evidence = {"first_step": 15, "max_ratio_step": 15, "max_ratio": 900.0, "fail_factor": 3.0}
     noisy = _evidence("unstable", step_time_degradation="fail")
     noisy["loss_spikes"] = {"status": "fail", **spike_evidence}
     assert judge(spike, noisy) == ("unstable", ["loss_spikes"], ["step_time_degradation"], [])
     # Any other check is judged: the clean run failing memory_growth is a problem.
-    assert judge(clean, _evidence("unstable", memory_growth="fail")) == (
+    assert judge(clean, _evidence("unstable", memory_growth="fail", device_utilisation=cpu)) == (
         "unstable",
         ["memory_growth"],
         [],
         ["verdict unstable, expected stable", "failed ['memory_growth'], expected none"],
     )
+
+
+def test_sync_bound_case_judges_the_device_check_it_expects():
+    """A wall-clock check the case asks for is judged, not noise: sync_bound must fail
+    device_utilisation, name the syncs and count at least the reads it added."""
+    case = next(c for c in CASES if c.name == "smoke:sync_bound")
+    preset = yaml.safe_load((REPO_ROOT / "conf/fault/sync_bound.yaml").read_text())
+    assert case.fails == ("device_utilisation",) and preset["factor"] == SYNC_READS and preset["step"] == 1
+    device = {
+        "status": "fail",
+        "host_syncs_per_step": SYNC_READS + 3.0,
+        "sync_bound": True,
+        "synthetic": not _has_cuda(),
+    }
+    assert judge(case, {**_evidence("unstable"), "device_utilisation": device}) == (
+        "unstable",
+        ["device_utilisation"],
+        [],
+        [],
+    )
+    # Passing, or failing without the syncs named and counted, is wrong.
+    assert judge(case, {**_evidence("stable"), "device_utilisation": {**device, "status": "pass"}})[3][:2] == [
+        "verdict stable, expected unstable",
+        "failed none, expected ['device_utilisation']",
+    ]
+    unnamed = {**device, "sync_bound": False, "host_syncs_per_step": 2.0}
+    assert judge(case, {**_evidence("unstable"), "device_utilisation": unnamed})[3] == [
+        "evidence: device_utilisation.sync_bound (a named cause)",
+        f"evidence: device_utilisation.host_syncs_per_step >= {SYNC_READS}",
+    ]
 
 
 @pytest.mark.slow
@@ -125,7 +167,8 @@ def test_clean_run_has_no_failed_check_and_every_fault_is_told_apart(core, other
         + tuple(w for w in c.warns if matrix[c.name]["metrics"][w]["status"] == "warn")
         for c in faults
     }
-    # Six faults, six different diagnoses would be ideal; the two non-finite faults share one.
+    # Seven faults, seven different diagnoses would be ideal; the two non-finite faults share one, as
+    # do the loss spike and the LR spike.
     assert tripped == {
         "nan_loss": ("nonfinite",),
         "inf_grad": ("nonfinite",),
@@ -133,6 +176,7 @@ def test_clean_run_has_no_failed_check_and_every_fault_is_told_apart(core, other
         "lr_spike": ("loss_spikes",),
         "lr_jump": ("loss_regression",),
         "leak": ("memory_growth",),
+        "sync_bound": ("device_utilisation",),
     }
 
 

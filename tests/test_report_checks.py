@@ -237,6 +237,7 @@ def test_only_step_column_skips_without_crashing():
     assert statuses == {
         "memory_growth": "skip",
         "step_time_degradation": "skip",
+        "device_utilisation": "skip",
         "nonfinite": "pass",
         "grad_norm": "skip",
         "loss_spikes": "skip",

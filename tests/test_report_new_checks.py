@@ -628,8 +628,11 @@ def test_verdict_line_counts_only_applicable_checks():
     assert result["checks"]["scaler"]["status"] == "n/a"
     assert all(c["status"] == "pass" for n, c in result["checks"].items() if n != "scaler")
     assert verdict_parts(result) == ("STABLE", f"all {len(CHECK_ORDER) - 1} checks passed")
-    assert "all 8 checks passed" in render_markdown(result, {}, {})
+    assert "all 9 checks passed" in render_markdown(result, {}, {})
     df["amp/scale"] = 1024.0
+    result = run_checks(df, [], {**PARAMS, **BOUNDS}, GOOD_EVAL)
+    assert verdict_parts(result) == ("STABLE", "all 10 checks passed")
+    df["perf/gpu_busy"] = np.nan  # a run without CUDA: device_utilisation does not apply either
     result = run_checks(df, [], {**PARAMS, **BOUNDS}, GOOD_EVAL)
     assert verdict_parts(result) == ("STABLE", "all 9 checks passed")
 

@@ -15,6 +15,7 @@ touched: the runs happen in the copy.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -61,6 +62,16 @@ FAULT_STEP = 15  # conf/fault/*.yaml
 # A wall-clock check failing where its case does not expect it is reported under "noise", not as
 # a problem: the matrix proves diagnoses, not the machine's quiet (see WALL_CLOCK_CHECKS).
 LEAK_MB = 8.0  # conf/fault/leak.yaml
+SYNC_READS = 40  # conf/fault/sync_bound.yaml: host reads added per step (factor)
+
+
+@functools.cache
+def _has_cuda() -> bool:
+    """Does this machine train on CUDA (the smoke preset's train.device is auto)? Only then are a
+    run's device figures measured rather than the sync_bound fault's synthetic ones."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def nonfinite_at_fault_step(count: int) -> tuple[tuple[str, Callable[[dict], bool]], ...]:
@@ -82,7 +93,20 @@ def _near(value, target: float, rel: float) -> bool:
 
 
 CASES: tuple[Case, ...] = (
-    Case("smoke", "none", (), "stable"),
+    # Clean. Without a GPU there are no device figures: device_utilisation does not apply (n/a,
+    # which needs the trainer to log perf/gpu_busy as NaN there, not leave the column out).
+    Case(
+        "smoke",
+        "none",
+        (),
+        "stable",
+        (
+            (
+                "device_utilisation n/a on a machine without a GPU",
+                lambda m: _has_cuda() or m["device_utilisation"]["status"] == "n/a",
+            ),
+        ),
+    ),
     Case("smoke", "nan_loss", ("nonfinite",), "unstable", nonfinite_at_fault_step(1)),
     Case("smoke", "inf_grad", ("nonfinite",), "unstable", nonfinite_at_fault_step(1)),
     Case(
@@ -149,6 +173,27 @@ CASES: tuple[Case, ...] = (
             (
                 f"memory slope within 25 % of {LEAK_MB:g} MB per step",
                 lambda m: _near(m["memory_growth"]["slope_mb_per_1k_steps"], 1000 * LEAK_MB, 0.25),
+            ),
+        ),
+    ),
+    # 40 host reads added to every step from step 1: device_utilisation fails and names the syncs.
+    # On a machine without a GPU the trainer fills in a sync-bound GPU's figures (busy 5 % of the
+    # step), marked synthetic, and the report says so; the host syncs are counted either way. The
+    # reads run from step 1, so early and steady steps carry them alike (no step-time trend).
+    Case(
+        "smoke",
+        "sync_bound",
+        ("device_utilisation",),
+        "unstable",
+        (
+            ("device_utilisation.sync_bound (a named cause)", lambda m: m["device_utilisation"]["sync_bound"] is True),
+            (
+                f"device_utilisation.host_syncs_per_step >= {SYNC_READS}",
+                lambda m: m["device_utilisation"]["host_syncs_per_step"] >= SYNC_READS,
+            ),
+            (
+                "device_utilisation.synthetic exactly when the machine has no GPU",
+                lambda m: m["device_utilisation"]["synthetic"] is not _has_cuda(),
             ),
         ),
     ),

@@ -8,6 +8,7 @@ whose columns are missing says "skip" and why; it never guesses and never crashe
 The failure modes, and the check that catches each:
 - memory exhausted on batch 2 (graph kept alive across steps)  -> memory_growth
 - step time collapsing after batch 1 (host syncs, empty_cache)  -> step_time_degradation
+- a GPU left idle by host syncs, tiny kernels or data waits       -> device_utilisation (CUDA runs)
 - NaN gradients in AddmmBackward0                                -> nonfinite
 - grad_norm=inf from a GradScaler starting at 2**16              -> nonfinite, scaler
 - gradient norms that sit in the critical zone                   -> grad_norm
@@ -50,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
 }
 _INT_KEYS = {
     "warmup_steps",
+    "device_max_syncs",
     "regression_min_steps",
     "spike_window",
     "planned_steps",
@@ -61,6 +63,7 @@ _INT_KEYS = {
 CHECK_ORDER = (
     "memory_growth",
     "step_time_degradation",
+    "device_utilisation",
     "nonfinite",
     "grad_norm",
     "loss_spikes",
@@ -257,15 +260,33 @@ def check_memory_growth(df: pd.DataFrame, p: Mapping) -> dict:
 
 # ---------------------------------------------------------------- step_time_degradation
 
+FLOW_STEP_MS = "perf/flow_step_ms"  # a window's step time over its mean flow steps per training step
 
-def step_time_split(df: pd.DataFrame, p: Mapping) -> tuple[pd.DataFrame, pd.DataFrame] | str:
-    """(early, steady) rows of perf/step_ms after warm-up: first 20 % and last 50 %, or why not."""
-    d = _finite(after_warmup(df, p["warmup_steps"]), "perf/step_ms")
-    d = d[d["perf/step_ms"] > 0]
+
+def step_time_split(df: pd.DataFrame, p: Mapping, col: str = "perf/step_ms") -> tuple[pd.DataFrame, pd.DataFrame] | str:
+    """(early, steady) rows of `col` after warm-up: first 20 % and last 50 %, or why not."""
+    d = _finite(after_warmup(df, p["warmup_steps"]), col)
+    d = d[d[col] > 0]
     n = len(d)
     if n < _MIN_TIME_ROWS:
         return f"{n} timed rows after warm-up (need {_MIN_TIME_ROWS})"
     return d.iloc[: math.ceil(0.2 * n)], d.iloc[n - math.ceil(0.5 * n) :]
+
+
+def judged_time(df: pd.DataFrame, p: Mapping) -> str:
+    """The time the step-time check judges: perf/flow_step_ms where enough rows after warm-up have
+    it, else perf/step_ms (telemetry from before the time per flow step was logged)."""
+    per_flow = FLOW_STEP_MS in df.columns and not isinstance(step_time_split(df, p, FLOW_STEP_MS), str)
+    return FLOW_STEP_MS if per_flow else "perf/step_ms"
+
+
+def _median_at(df: pd.DataFrame, col: str, steps: pd.Series) -> float:
+    """Median of df[col] over the rows of `steps` (NaN when col is not logged)."""
+    if col not in df.columns:
+        return float("nan")
+    series = pd.to_numeric(df.set_index("step")[col], errors="coerce")
+    series = series[~series.index.duplicated(keep="last")]
+    return float(series.reindex(steps).median())
 
 
 def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
@@ -278,7 +299,14 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
     )
     if "perf/step_ms" not in df.columns:
         return _result("skip", "perf/step_ms not logged.", {}, "Log perf/step_ms to enable this check.")
-    split = step_time_split(df, p)
+    # The adaptive flow loop takes more flow steps per batch as training changes the model (after
+    # fault=lr_spike's x100 updates the smoke model went from 3 to 5 flow steps and its step time
+    # rose 1.72x), and each flow step costs time: a slower training step can be more work with
+    # nothing wrong in the loop. So the time per flow step is judged where the trainer logs it;
+    # telemetry without it (older runs) is judged per training step, as before.
+    col = judged_time(df, p)
+    per_flow = col == FLOW_STEP_MS
+    split = step_time_split(df, p, col)
     if isinstance(split, str):
         return _result(
             "skip",
@@ -287,59 +315,265 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> dict:
             f"Run more than warmup_steps + {_MIN_TIME_ROWS} logged steps to enable this check.",
         )
     early, steady = split
-    early_ms = float(early["perf/step_ms"].median())
-    steady_ms = float(steady["perf/step_ms"].median())
-    ratio = steady_ms / early_ms
-    timed = _finite(after_warmup(df, p["warmup_steps"]), "perf/step_ms")
-    rho, rho_p = stats.spearmanr(timed["step"], timed["perf/step_ms"]) if len(timed) > 2 else (np.nan, np.nan)
+    early_ms = _median_at(df, "perf/step_ms", early["step"])
+    steady_ms = _median_at(df, "perf/step_ms", steady["step"])
+    step_ratio = steady_ms / early_ms
+    early_judged, steady_judged = float(early[col].median()), float(steady[col].median())
+    ratio = steady_judged / early_judged
+    timed = _finite(after_warmup(df, p["warmup_steps"]), col)
+    rho, rho_p = stats.spearmanr(timed["step"], timed[col]) if len(timed) > 2 else (np.nan, np.nan)
     evidence: dict[str, Any] = {
+        "judged": "time per flow step" if per_flow else "time per training step",
         "early_median_ms": early_ms,
         "steady_median_ms": steady_ms,
-        "ratio": ratio,
-        "max_ratio": p["step_time_max_ratio"],
-        "spearman_rho": float(rho),
-        "spearman_p": float(rho_p),
-        "early_steps": f"{int(early['step'].iloc[0])}-{int(early['step'].iloc[-1])}",
-        "steady_steps": f"{int(steady['step'].iloc[0])}-{int(steady['step'].iloc[-1])}",
     }
-    if "perf/samples_per_s" in df.columns:  # throughput: the same slices, the number people quote
-        sps = df.set_index("step")["perf/samples_per_s"]
-        evidence["early_samples_per_s"] = float(sps.reindex(early["step"]).median())
-        evidence["steady_samples_per_s"] = float(sps.reindex(steady["step"]).median())
-    status = "fail" if ratio > p["step_time_max_ratio"] else "pass"
-    summary = (
-        f"Steady-state median step time {steady_ms:.1f} ms is {ratio:.2f}x the early median "
-        f"{early_ms:.1f} ms (limit {p['step_time_max_ratio']:g}x); Spearman rho={rho:.2f} (p={rho_p:.2g})."
+    if per_flow:
+        evidence.update(
+            early_flow_step_ms=early_judged,
+            steady_flow_step_ms=steady_judged,
+            step_ratio=step_ratio,  # context: what the ratio per training step would have said
+        )
+    evidence.update(
+        {
+            "ratio": ratio,
+            "max_ratio": p["step_time_max_ratio"],
+            "spearman_rho": float(rho),
+            "spearman_p": float(rho_p),
+            "early_steps": f"{int(early['step'].iloc[0])}-{int(early['step'].iloc[-1])}",
+            "steady_steps": f"{int(steady['step'].iloc[0])}-{int(steady['step'].iloc[-1])}",
+        }
     )
-    # Adaptive flow steps: a model that takes more flow steps per training step does more work per
-    # step, and its steps take longer without anything being wrong with the machine or the loop
-    # (after fault=lr_spike's x100 updates the smoke model went from 3 to 5 flow steps and its step
-    # time rose 1.72x). A rise the flow steps account for is a warning that says so, not a failure.
+    if "perf/samples_per_s" in df.columns:  # throughput: the same slices, the number people quote
+        evidence["early_samples_per_s"] = _median_at(df, "perf/samples_per_s", early["step"])
+        evidence["steady_samples_per_s"] = _median_at(df, "perf/samples_per_s", steady["step"])
     flow_ratio = _flow_steps_ratio(df, early, steady)
     if flow_ratio is not None:
         evidence["flow_steps_ratio"] = flow_ratio
-        if status == "fail" and ratio <= p["step_time_max_ratio"] * flow_ratio:
+    status = "fail" if ratio > p["step_time_max_ratio"] else "pass"
+    trend = f"Spearman rho={rho:.2f} (p={rho_p:.2g})"
+    if per_flow:
+        more = f", with {flow_ratio:.2f}x the flow steps per training step" if flow_ratio is not None else ""
+        summary = (
+            f"Steady-state median time per flow step {steady_judged:.3g} ms is {ratio:.2f}x the early median "
+            f"{early_judged:.3g} ms (limit {p['step_time_max_ratio']:g}x); per training step {steady_ms:.1f} ms is "
+            f"{step_ratio:.2f}x the early {early_ms:.1f} ms{more}; {trend}."
+        )
+        # The other way round: a step's work that does not scale with its flow steps (optimizer,
+        # data, the layers around the lattice) spread over fewer flow steps raises the time per
+        # flow step with nothing slower. When the step itself is within the limit, a warning.
+        if status == "fail" and step_ratio <= p["step_time_max_ratio"]:
             status = "warn"
             summary += (
-                f" The model takes {flow_ratio:.2f}x the flow steps per training step it took early "
-                "(flow/steps_used), which accounts for it: more work per step, not a slower loop."
+                " The time per training step stayed within the limit: fewer flow steps per batch, over which "
+                "the step's fixed work is spread, can account for it."
             )
             fix = (
-                "More flow steps per step: see the convergence check (flows that arrive later, or not at "
-                "all, after a bad update or a too-high learning rate)."
+                "Time per flow step rose, the step itself did not slow past the limit: see the convergence "
+                "check (fewer flow steps per batch). If the step is slower than it should be, look for per-step "
+                "host syncs, empty_cache() calls and data waits."
             )
+        return _result(status, summary, evidence, fix)
+    summary = (
+        f"Steady-state median step time {steady_ms:.1f} ms is {ratio:.2f}x the early median "
+        f"{early_ms:.1f} ms (limit {p['step_time_max_ratio']:g}x); {trend}."
+    )
+    # Without the time per flow step, a rise the flow steps account for is a warning that says so,
+    # not a failure.
+    if status == "fail" and flow_ratio is not None and ratio <= p["step_time_max_ratio"] * flow_ratio:
+        status = "warn"
+        summary += (
+            f" The model takes {flow_ratio:.2f}x the flow steps per training step it took early "
+            "(flow/steps_used), which accounts for it: more work per step, not a slower loop."
+        )
+        fix = (
+            "More flow steps per step: see the convergence check (flows that arrive later, or not at "
+            "all, after a bad update or a too-high learning rate)."
+        )
     return _result(status, summary, evidence, fix)
 
 
 def _flow_steps_ratio(df: pd.DataFrame, early: pd.DataFrame, steady: pd.DataFrame) -> float | None:
     """Median flow steps per training step over the steady rows, over the early rows' (the
     split's steps, read from df); None when not logged."""
-    if "flow/steps_used" not in df.columns:
-        return None
-    used = pd.to_numeric(df.set_index("step")["flow/steps_used"], errors="coerce")
-    used = used[~used.index.duplicated(keep="last")]
-    a, b = used.reindex(early["step"]).median(), used.reindex(steady["step"]).median()
+    a = _median_at(df, "flow/steps_used", early["step"])
+    b = _median_at(df, "flow/steps_used", steady["step"])
     return float(b / a) if np.isfinite(a) and np.isfinite(b) and a > 0 else None
+
+
+# ---------------------------------------------------------------- device_utilisation
+
+DEVICE_BUSY = "perf/gpu_busy"
+# A kernel shorter than this ends before the host has dispatched the next: eager PyTorch spends
+# some 10-20 µs of host time on each op it launches, so a step made of such kernels keeps the GPU
+# waiting on launches however many there are (launch-bound).
+SHORT_KERNEL_US = 20.0
+# Waiting for its batch more than this share of the step, the loader sets the pace, not the model
+# (gathering a batch from the page cache costs a default run about 0.2 % of its step).
+DATA_BOUND_FRACTION = 0.3
+SYNC_BOUND, LAUNCH_BOUND, DATA_BOUND = "sync-bound", "launch-bound", "data-bound"
+DEVICE_CAUSES = (SYNC_BOUND, LAUNCH_BOUND, DATA_BOUND)
+
+
+def device_rows(df: pd.DataFrame, p: Mapping) -> pd.DataFrame:
+    """Rows with a finite perf/gpu_busy after warm-up; every such row when none is after it (a
+    run shorter than its warm-up is still judged, on what it has)."""
+    d = df[np.isfinite(df[DEVICE_BUSY].to_numpy())]
+    late = after_warmup(d, p["warmup_steps"])
+    return late if len(late) else d
+
+
+def _median_of(d: pd.DataFrame, col: str) -> float:
+    """Median of the finite values of d[col]; NaN when there are none or col is not logged."""
+    if col not in d.columns:
+        return float("nan")
+    v = d[col].to_numpy(dtype=float)
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if len(v) else float("nan")
+
+
+def device_figures(d: pd.DataFrame) -> dict[str, float]:
+    """Per-step medians of the sampled-step figures over rows d (NaN where not measured)."""
+    data_share = float("nan")
+    if {"perf/data_ms", "perf/step_ms"} <= set(d.columns):
+        step_ms = d["perf/step_ms"].to_numpy(dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(step_ms > 0, d["perf/data_ms"].to_numpy(dtype=float) / step_ms, np.nan)
+        data_share = _median_of(pd.DataFrame({"share": share}), "share")
+    return {
+        "busy_fraction": _median_of(d, DEVICE_BUSY),
+        "host_syncs_per_step": _median_of(d, "perf/host_syncs"),
+        "ops_per_step": _median_of(d, "perf/ops"),
+        "kernels_per_step": _median_of(d, "perf/kernels"),
+        "kernel_us": _median_of(d, "perf/kernel_us"),
+        "data_wait_fraction": data_share,
+    }
+
+
+def device_causes(fig: Mapping[str, float], p: Mapping) -> list[dict]:
+    """The causes of an idle GPU the figures show, strongest first: {"name", "said", "fix"}.
+    A cause's strength is how many times past its bar its figure is, so causes measured in
+    different units can be ranked."""
+    found: list[tuple[float, dict]] = []
+    syncs, limit = fig["host_syncs_per_step"], p["device_max_syncs"]
+    if math.isfinite(syncs) and syncs > limit:
+        said = f"{syncs:.0f} host syncs per step (more than report.device_max_syncs = {limit})"
+        fix = (
+            "Sync-bound: every host read (.item(), .tolist(), bool(tensor), nonzero, a boolean-mask "
+            "index) makes the host wait for the GPU. Keep values on the device and read them once per "
+            "step, as the training loop's one read does; the masked flow loop (train.flow_loop=masked, "
+            "the default on CUDA) makes no read per flow step."
+        )
+        found.append((syncs / max(limit, 1), {"name": SYNC_BOUND, "said": said, "fix": fix}))
+    kernels, kernel_us = fig["kernels_per_step"], fig["kernel_us"]
+    if math.isfinite(kernel_us) and kernel_us < SHORT_KERNEL_US:
+        said = (
+            f"{kernels:,.0f} kernels of {kernel_us:.1f} µs per step (shorter than the "
+            f"~{SHORT_KERNEL_US:g} µs a launch costs the host)"
+        )
+        fix = (
+            "Launch-bound: many short kernels. Capture the flow loop as a CUDA graph (train.cuda_graph=always "
+            "says why when it cannot; it needs the masked flow loop, train.flow_loop=masked, and one process), "
+            "or raise train.batch_size so each kernel does more work."
+        )
+        found.append((SHORT_KERNEL_US / max(kernel_us, 1e-3), {"name": LAUNCH_BOUND, "said": said, "fix": fix}))
+    share = fig["data_wait_fraction"]
+    if math.isfinite(share) and share > DATA_BOUND_FRACTION:
+        said = (
+            f"{100 * share:.0f} % of the step waiting for data (perf/data_ms / perf/step_ms, more than "
+            f"{100 * DATA_BOUND_FRACTION:.0f} %)"
+        )
+        fix = (
+            "Data-bound: gather batches ahead on a background thread (train.prefetch=2 or more), pinned "
+            "in memory on CUDA so the copy to the GPU does not wait on the host."
+        )
+        found.append((share / DATA_BOUND_FRACTION, {"name": DATA_BOUND, "said": said, "fix": fix}))
+    return [c for _, c in sorted(found, key=lambda sc: -sc[0])]
+
+
+def _device_numbers(fig: Mapping[str, float]) -> str:
+    """The figures measured, in words: '42 host syncs, 1,200 kernels of 5.0 µs per step, ...'."""
+    parts = []
+    if math.isfinite(fig["host_syncs_per_step"]):
+        syncs = fig["host_syncs_per_step"]
+        parts.append(f"{syncs:.0f} host sync{'' if syncs == 1 else 's'}")
+    if math.isfinite(fig["kernels_per_step"]):
+        of = f" of {fig['kernel_us']:.1f} µs" if math.isfinite(fig["kernel_us"]) else ""
+        parts.append(f"{fig['kernels_per_step']:,.0f} kernels{of}")
+    elif math.isfinite(fig["ops_per_step"]):
+        parts.append(f"{fig['ops_per_step']:,.0f} ops")
+    text = ", ".join(parts) + " per step" if parts else ""
+    if math.isfinite(fig["data_wait_fraction"]):
+        text += (", " if text else "") + f"{100 * fig['data_wait_fraction']:.0f} % of the step waiting for data"
+    return text
+
+
+SYNTHETIC_SAID = (
+    "These are synthetic device figures from fault=sync_bound on a machine without a GPU "
+    "(perf/busy_synthetic = 1): the host syncs and ops are counted, the busy share and kernels are not measured."
+)
+
+
+def check_device_utilisation(df: pd.DataFrame, p: Mapping) -> dict:
+    """Was the GPU kept busy? The median share of a sampled step's wall time it ran kernels,
+    after warm-up; when it is low, the cause the telemetry shows (host syncs, short kernels,
+    data waits) with its fix. A run without CUDA has no device figures: n/a."""
+    if DEVICE_BUSY not in df.columns:
+        return _result(
+            "skip",
+            f"{DEVICE_BUSY} not logged.",
+            {},
+            f"Log {DEVICE_BUSY} (the trainer's sampled-step profile, NaN off CUDA) to enable this check.",
+        )
+    if not np.isfinite(df[DEVICE_BUSY].to_numpy()).any():
+        late = after_warmup(df, p["warmup_steps"])
+        fig = device_figures(late if len(late) else df)
+        counted = {k: fig[k] for k in ("host_syncs_per_step", "ops_per_step") if math.isfinite(fig[k])}
+        numbers = _device_numbers({**fig, "kernels_per_step": float("nan"), "data_wait_fraction": float("nan")})
+        return _result(
+            "n/a",
+            f"No GPU figures: {DEVICE_BUSY} is NaN on every row (a run without CUDA), so there is nothing to judge"
+            + (f"; {numbers}" if numbers else "")
+            + ".",
+            counted,
+            None,
+        )
+    d = device_rows(df, p)
+    fig = device_figures(d)
+    synthetic = "perf/busy_synthetic" in d.columns and bool((d["perf/busy_synthetic"] == 1).any())
+    busy, warn, fail = fig["busy_fraction"], p["device_busy_warn"], p["device_busy_fail"]
+    status = "fail" if busy < fail else "warn" if busy < warn else "pass"
+    causes = device_causes(fig, p) if status != "pass" else []
+    evidence: dict[str, Any] = {k: v for k, v in fig.items() if math.isfinite(v)}
+    evidence.update(
+        warn_below_fraction=warn,
+        fail_below_fraction=fail,
+        causes=", ".join(c["name"] for c in causes) or ("not identified" if status != "pass" else "none judged"),
+        synthetic=synthetic,
+        rows=len(d),
+    )
+    # One flag per cause as well: the evidence file keeps numbers and flags, not text.
+    named = {c["name"] for c in causes}
+    evidence.update({cause.replace("-", "_"): cause in named for cause in DEVICE_CAUSES})
+    summary = (
+        f"The GPU ran kernels {100 * busy:.0f} % of the sampled steps' wall time (median of {len(d)} rows; "
+        f"warns below {100 * warn:.0f} %, fails below {100 * fail:.0f} %)"
+    )
+    numbers = _device_numbers(fig)
+    if status == "pass":
+        summary += (f"; {numbers}" if numbers else "") + "."
+        fix = None
+    elif causes:
+        summary += ": " + "; ".join(f"{c['name']}, {c['said']}" for c in causes) + "."
+        fix = " ".join(c["fix"] for c in causes)
+    else:
+        summary += f": cause not identified ({numbers or 'no sampled-step counts logged'})."
+        fix = (
+            "The GPU idles, but neither host syncs, short kernels nor data waits account for it: profile a "
+            "step (torch.profiler) and look at the gaps between kernels."
+        )
+    if synthetic:
+        summary += " " + SYNTHETIC_SAID
+    return _result(status, summary, evidence, fix)
 
 
 # ---------------------------------------------------------------- nonfinite
@@ -1234,14 +1468,16 @@ def run_checks(
     df = prepare_steps(steps)
     events = list(events) if events is not None else None
     if unmeasured:
-        memory = step_time = _result(
+        memory = step_time = device = _result(
             "skip", f"No time or memory measurements of this run: {unmeasured}.", {}, REMEASURE
         )
     else:
         memory, step_time = check_memory_growth(df, p), check_step_time(df, p)
+        device = check_device_utilisation(df, p)
     checks = {
         "memory_growth": memory,
         "step_time_degradation": step_time,
+        "device_utilisation": device,
         "nonfinite": check_nonfinite(df, events, p),
         "grad_norm": check_grad_norm(df, p),
         "loss_spikes": check_loss_spikes(df, events, p),
@@ -1270,24 +1506,41 @@ def headline_verdict(result: Mapping) -> str:
 # What to do when a run's time and memory were not measured or belong to another run.
 REMEASURE = "To measure this run, train it again: `dvc repro --force --single-item train`, then `dvc repro`."
 
-# Evidence measured from time and memory differs on every run, so it stays out of the DVC metrics
-# file (two identical runs must give identical hashes); the report and MLflow show it.
-MEASURED_CHECKS = frozenset({"memory_growth", "step_time_degradation"})
+# The checks that judge the run's time and memory measurements (telemetry/train_perf.*): skipped
+# when the run has none of its own (`unmeasured`), and, since those figures differ on every run,
+# their evidence stays out of the DVC metrics file (two identical runs must give identical
+# hashes); the report and MLflow show it.
+MEASURED_CHECKS = frozenset({"memory_growth", "step_time_degradation", "device_utilisation"})
 # Of those, the judgements of wall-clock time, which the machine's load can decide: on a shared
 # 2-core machine a neighbour busy during half of a smoke run (steps of a few ms) is enough to lift
 # the steady/early median above step_time_max_ratio (1.5), in a run whose ratio is 1.05 on an
-# idle machine. Whatever compares two runs' reports (the fault matrix, the kill test) must not
-# read a difference here as a diagnosis. The check itself is tested on synthetic telemetry
-# (tests/test_report_checks.py); real step time is measured by bench/trainer.py, against a probe.
-WALL_CLOCK_CHECKS = ("step_time_degradation",)
+# idle machine; the GPU's busy share is a share of wall time, which a busy host (or a neighbour
+# on the GPU) lowers. Whatever compares two runs' reports (the fault matrix, the kill test) must
+# not read a difference here as a diagnosis unless it asked for it. The checks themselves are
+# tested on synthetic telemetry (tests/test_report_checks.py, tests/test_device_check.py); real
+# step time is measured by bench/trainer.py, against a probe.
+WALL_CLOCK_CHECKS = ("step_time_degradation", "device_utilisation")
 MEASURED_EVIDENCE = ("_mb", "_ms", "samples_per_s", "seconds")
+# Of a measured check's evidence, the counts: the same on every run of the same settings (the
+# host reads and ops of a sampled step; the synthetic flag, set by the fault and the device), so
+# they stay in the DVC metrics file, where `dvc metrics diff` shows what a change did to them.
+# Kernel counts are the profiler's and can change with the libraries' choice of kernels: left out.
+COUNTED_EVIDENCE = {"device_utilisation": frozenset({"host_syncs_per_step", "ops_per_step", "synthetic"})}
+
+
+def _is_measured(check: str, key: str) -> bool:
+    """Is this evidence figure a measurement of time or memory (kept out of the DVC metrics)?"""
+    if any(part in key for part in MEASURED_EVIDENCE):
+        return True
+    return check in MEASURED_CHECKS and key not in COUNTED_EVIDENCE.get(check, ())
 
 
 def stability_metrics(result: Mapping, measured: bool = False) -> dict:
     """Verdict plus, per check, pass/status and its numeric evidence (bools kept; non-finite
     floats become None so the JSON stays strict). Without `measured` (the DVC metrics file) the
-    evidence that is a measurement of time or memory (MEASURED_CHECKS, MEASURED_EVIDENCE) is
-    left out; with it (MLflow, reports/stability_evidence.json) everything is in."""
+    evidence that is a measurement of time or memory (MEASURED_CHECKS but for their counts,
+    COUNTED_EVIDENCE; MEASURED_EVIDENCE) is left out; with it (MLflow,
+    reports/stability_evidence.json) everything is in."""
     out: dict[str, Any] = {"verdict": result["verdict"]}
     names = [n for n in CHECK_ORDER if n in result["checks"]]
     names += [n for n in result["checks"] if n not in names]
@@ -1295,7 +1548,7 @@ def stability_metrics(result: Mapping, measured: bool = False) -> dict:
         check = result["checks"][name]
         m: dict[str, Any] = {"pass": bool(check["pass"]), "status": check["status"]}
         for key, value in check["evidence"].items():
-            if not measured and (name in MEASURED_CHECKS or any(part in key for part in MEASURED_EVIDENCE)):
+            if not measured and _is_measured(name, key):
                 continue
             value = _py(value)
             if isinstance(value, bool) or isinstance(value, int):

@@ -204,30 +204,74 @@ def plot_memory(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     return fig
 
 
+def _time_with_medians(ax, df: pd.DataFrame, p: Mapping, col: str, colours: tuple[str, str, str], unit: str) -> None:
+    """col over the steps, with the early and steady medians the step-time check compares."""
+    d = df[["step", col]][np.isfinite(df[col].to_numpy())]
+    ax.plot(d["step"], d[col], lw=0.8, color=colours[0], label=col)
+    split = checks.step_time_split(df, p, col)
+    if isinstance(split, str):
+        return
+    for part, name, colour in ((split[0], "early", colours[1]), (split[1], "steady", colours[2])):
+        med = part[col].median()
+        ax.hlines(
+            med,
+            part["step"].iloc[0],
+            part["step"].iloc[-1],
+            colors=colour,
+            lw=2,
+            label=f"{name} median {med:.3g} {unit}",
+        )
+    # A 900 ms first step (compile, autotune) would flatten the steady state to a line: scale to
+    # the post-warm-up rows the check uses.
+    post = d.loc[d["step"] > p["warmup_steps"], col]
+    ax.set_ylim(0, post.max() * 1.1)
+
+
 def plot_step_time(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     if "perf/step_ms" not in df.columns:
         return None
-    fig, ax = _figure("Step time", "ms per optimizer step")
+    per_flow = checks.judged_time(df, p) == checks.FLOW_STEP_MS
+    fig, ax = _figure(
+        "Step time" + (" (judged per flow step, right axis)" if per_flow else ""), "ms per optimizer step"
+    )
     _shade_warmup(ax, df, p["warmup_steps"])
-    d = df[["step", "perf/step_ms"]][np.isfinite(df["perf/step_ms"].to_numpy())]
-    ax.plot(d["step"], d["perf/step_ms"], lw=0.8, color="#1f77b4", label="perf/step_ms")
-    split = checks.step_time_split(df, p)
-    if not isinstance(split, str):
-        for part, name, colour in ((split[0], "early", "#2ca02c"), (split[1], "steady", "#d62728")):
-            med = part["perf/step_ms"].median()
-            ax.hlines(
-                med,
-                part["step"].iloc[0],
-                part["step"].iloc[-1],
-                colors=colour,
-                lw=2,
-                label=f"{name} median {med:.1f} ms",
-            )
-        # A 900 ms first step (compile, autotune) would flatten the steady state to a line:
-        # scale to the post-warm-up rows the check uses.
-        post = d.loc[d["step"] > p["warmup_steps"], "perf/step_ms"]
-        ax.set_ylim(0, post.max() * 1.1)
-    ax.legend(loc="best", fontsize=8)
+    _time_with_medians(ax, df, p, "perf/step_ms", ("#1f77b4", "#2ca02c", "#d62728"), "ms")
+    handles, labels = ax.get_legend_handles_labels()
+    if per_flow:
+        right = ax.twinx()
+        right.set_ylabel("ms per flow step")
+        _time_with_medians(right, df, p, checks.FLOW_STEP_MS, ("#9467bd", "#17becf", "#8c564b"), "ms per flow step")
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc="best", fontsize=8)
+    return fig
+
+
+def plot_device(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
+    """The device_utilisation check's evidence: the GPU's busy share of each sampled step against
+    the warn and fail lines, with the host syncs per step beside it. None without GPU figures."""
+    busy = checks.DEVICE_BUSY
+    if busy not in df.columns or not np.isfinite(df[busy].to_numpy()).any():
+        return None
+    synthetic = "perf/busy_synthetic" in df.columns and bool((df["perf/busy_synthetic"] == 1).any())
+    title = "GPU busy share of the sampled steps" + (" (synthetic: fault=sync_bound, no GPU)" if synthetic else "")
+    fig, ax = _figure(title, "share of the step's wall time")
+    _shade_warmup(ax, df, p["warmup_steps"])
+    d = df[["step", busy]][np.isfinite(df[busy].to_numpy())]
+    ax.plot(d["step"], d[busy], lw=0.8, marker=".", color="#1f77b4", label=busy)
+    ax.axhline(p["device_busy_warn"], color="#b26a00", ls="--", lw=1, label=f"warns below {p['device_busy_warn']:g}")
+    ax.axhline(p["device_busy_fail"], color="#c62828", ls="--", lw=1, label=f"fails below {p['device_busy_fail']:g}")
+    ax.set_ylim(0, 1.05)
+    handles, labels = ax.get_legend_handles_labels()
+    if "perf/host_syncs" in df.columns and np.isfinite(df["perf/host_syncs"].to_numpy()).any():
+        right = ax.twinx()
+        syncs = df[["step", "perf/host_syncs"]][np.isfinite(df["perf/host_syncs"].to_numpy())]
+        right.plot(syncs["step"], syncs["perf/host_syncs"], lw=0.8, color="grey", label="perf/host_syncs")
+        right.set_ylabel("host syncs per step")
+        right.set_ylim(0, max(float(syncs["perf/host_syncs"].max()), 1.0) * 1.2)
+        more = right.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc="best", fontsize=8)
     return fig
 
 
@@ -336,6 +380,7 @@ PLOTS: dict[str, Callable] = {
     "grad_norm": plot_grad_norm,
     "memory": plot_memory,
     "step_time": plot_step_time,
+    "device": plot_device,
     "adaptive_steps": plot_adaptive_steps,
     "scaler": plot_scaler,
 }

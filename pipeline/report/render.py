@@ -19,6 +19,7 @@ from pipeline.report.checks import CHECK_ORDER, STATUSES, headline_verdict
 CHECK_PLOTS = {
     "memory_growth": "memory",
     "step_time_degradation": "step_time",
+    "device_utilisation": "device",
     "nonfinite": "loss",
     "grad_norm": "grad_norm",
     "loss_spikes": "loss",
@@ -39,6 +40,7 @@ _UNITS: tuple[tuple[str, str, float], ...] = (
     ("_mb_per_1k_steps", "MB per 1k steps", 1.0),
     ("_mb", "MB", 1.0),
     ("_ms", "ms", 1.0),
+    ("_us", "µs", 1.0),  # device_utilisation: mean kernel duration
     ("samples_per_s", "samples/s", 1.0),
     ("seconds", "s", 1.0),
     ("frac_", "%", 100.0),
@@ -69,6 +71,7 @@ _UNITS: tuple[tuple[str, str, float], ...] = (
     ("rows", "logged rows", 1.0),
 )
 _STEP_NUMBER = ("_step", "first_step", "last_step")  # a step number: "step 15"
+_PER_STEP = "_per_step"  # a count per training step (host syncs, kernels, ops): not a step number
 _STEP_COUNTS = {
     "count",
     "events",
@@ -97,6 +100,8 @@ def _matches(key: str, pattern: str) -> bool:
 def unit(key: str) -> tuple[str, float]:
     """(unit, multiplier) for an evidence or metric key; ('', 1.0) for a pure statistic."""
     k = str(key).rsplit("/", 1)[-1]
+    if k.endswith(_PER_STEP):  # a count per training step: host_syncs_per_step -> "host syncs per step"
+        return k.replace("_", " "), 1.0
     if k.endswith(_STEP_NUMBER):
         return "step", 1.0
     if k in _STEP_COUNTS:

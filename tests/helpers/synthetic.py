@@ -22,13 +22,15 @@ def linear_task(n: int = 192, dim: int = 16, seed: int = 0, squash: bool = False
 
 
 def clean_run(n: int = CLEAN_RUN_STEPS, seed: int = 0) -> pd.DataFrame:
-    """A healthy run's telemetry, one row per step: decaying loss with noise, flat step time,
-    memory jittering +-5 MB, gradient norms 0.5-3."""
+    """A healthy GPU run's telemetry, one row per step: decaying loss with noise, flat step time,
+    memory jittering +-5 MB, gradient norms 0.5-3, and a sampled step's device figures: a GPU
+    busy 80-90 % of the step, one host read, 900 kernels of 40 us, 1 % of the step waiting for data.
+    No perf/flow_step_ms: step time is judged per training step, as in telemetry from before it."""
     rng = np.random.default_rng(seed)
     step = np.arange(1, n + 1)
     ms = 20 + rng.normal(0, 1, n)
     norm = rng.uniform(0.5, 3, n)
-    return pd.DataFrame(
+    df = pd.DataFrame(
         {
             "step": step,
             "epoch": (step - 1) // 100,
@@ -45,3 +47,12 @@ def clean_run(n: int = CLEAN_RUN_STEPS, seed: int = 0) -> pd.DataFrame:
             "mem/device_peak_mb": 1200 + rng.uniform(-5, 5, n),
         }
     )
+    # Drawn after the columns above, so those are the same numbers they were before these existed.
+    df["perf/data_ms"] = 0.01 * ms
+    df["perf/host_syncs"] = 1.0
+    df["perf/ops"] = 800.0
+    df["perf/kernels"] = 900.0
+    df["perf/kernel_us"] = 40.0
+    df["perf/gpu_busy"] = rng.uniform(0.8, 0.9, n)
+    df["perf/busy_synthetic"] = 0.0
+    return df
