@@ -111,26 +111,31 @@ def test_checkpoint_of_another_config_is_not_resumed(tmp_path, caplog):
     assert "unreadable" in caplog.text
 
 
-def test_resume_in_process_continues_where_the_state_left_off(tmp_path):
-    """The same as the kill test without a subprocess: a state taken at step 8 and resumed."""
+@pytest.mark.parametrize(
+    "flow_loop, stop_at",
+    [("compact", 10), ("masked", 14)],  # masked: a state after it fitted its length (step 10)
+)
+def test_resume_in_process_continues_where_the_state_left_off(tmp_path, flow_loop, stop_at):
+    """The same as the kill test without a subprocess: a state taken a log step before `stop_at`
+    and resumed."""
     x, y = linear_task()
-    cfg = _cfg("train.epochs=2")
+    cfg = _cfg("train.epochs=2", f"train.flow_loop={flow_loop}")
     whole = train_model(cfg, x, y, progress=False)
     path = tmp_path / STATE_FILE
 
     class Stop(Exception):
         pass
 
-    def stop_at_10(metrics, step):
-        if step == 10:
+    def stop(metrics, step):
+        if step == stop_at:
             raise Stop
 
     try:
-        train_model(cfg, x, y, progress=False, on_log=stop_at_10, checkpointing=Checkpointing(path, "f", 4))
+        train_model(cfg, x, y, progress=False, on_log=stop, checkpointing=Checkpointing(path, "f", 4))
     except Stop:
         pass
     state = load_state(path, "f")
-    assert state["step"] == 8
+    assert state["step"] == stop_at - 2
     resumed = train_model(cfg, x, y, progress=False, checkpointing=Checkpointing(path, "f", 4, resume_from=state))
     for k, v in whole.model.state_dict().items():
         assert torch.equal(v, resumed.model.state_dict()[k]), k

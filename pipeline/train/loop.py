@@ -317,6 +317,7 @@ class Trainer:
                 "overruns_total": self.overruns_total,
                 "flow_steps_seen": self.flow_steps_seen,
                 "fixed_steps": self.model.fixed_steps,
+                "amp_dtype": str(self.amp_dtype),  # what precision=auto chose: a resumed run keeps it
                 "elapsed": self.elapsed_before + time.perf_counter() - self.t_start,
             },
             "rows": self.result.rows,
@@ -340,6 +341,8 @@ class Trainer:
         self.overruns_total, self.flow_steps_seen = c.get("overruns_total", 0), c.get("flow_steps_seen", 0)
         if self.masked and c.get("fixed_steps"):
             self.model.fixed_steps = c["fixed_steps"]
+        if c.get("amp_dtype") == str(torch.bfloat16) and self.t.precision == "auto":
+            self.amp_dtype = torch.bfloat16
         self.result.rows, self.result.events = list(state["rows"]), list(state["events"])
         self.result.summary = dict(state["summary"])
         self.resumed_from = self.step
@@ -614,7 +617,9 @@ class Trainer:
         self.flow_steps_seen = max(self.flow_steps_seen, used)
         fixed = self.model.fixed_steps
         if overrun:
-            fixed = min(self.flow_cap, fixed + 2)
+            # (At the cap no flow can still be travelling; should float rounding leave one, the
+            # loop runs to max_steps, where it ends as the compacting loop does.)
+            fixed = min(self.flow_cap, fixed + 2) if fixed < self.flow_cap else self.model.max_steps
         elif step == FLOW_STEPS_OBSERVED:
             fixed = min(self.flow_cap, self.flow_steps_seen + 1)
         if fixed != self.model.fixed_steps:
