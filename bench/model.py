@@ -1,7 +1,7 @@
 """Model benchmark: every figure measured in this one run, printed as one JSON object (last line).
 
 - speedup_vs_reference: one training step (forward + backward) of the per-flow reference
-  (tests/helpers/reference_model.py) over the vectorised model, same weights and inputs, `default`
+  (bench/reference_model.py) over the vectorised model, same weights and inputs, `default`
   preset. The reference is timed on a sub-batch and scaled by flow steps (said in the JSON).
 - mfu: FLOP/s of the vectorised training step (FLOPs counted by torch's FlopCounterMode over the
   matmuls and GRU cells it runs, forward and backward; its best of several steps) over the
@@ -87,7 +87,7 @@ def matmul_peak_flops(n: int = 2048, reps: int = 10) -> float:
 def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None) -> dict:
     """speedup_vs_reference_probe_normalised: each arm's time over the median of 3 probes taken
     just before it (bench/probe.py), so a busy moment during one arm only does not decide."""
-    from tests.helpers.reference_model import reference_forward  # run from the repo root: python -m bench.model
+    from bench.reference_model import reference_forward  # run from the repo root: python -m bench.model
 
     probe = probe or Probe(DEVICE)
     model = build(cfg.model)

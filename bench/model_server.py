@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
-from tests.helpers.mlflow_server import free_port, serving
+from tools.servers import free_port, serving
 
 # Loading the model means loading the teacher: ~5-10 s on 2 cores; a busy machine can take 6x.
 START_TIMEOUT_S = 120.0

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking.views import VIEW_TAG
-from tests.helpers.mlflow_server import free_port, kill_group
+from tools.servers import free_port, kill_group
 
 pytestmark = pytest.mark.integration
 

@@ -223,7 +223,7 @@ def test_dvc_plots_diff_shows_both_experiments_training_curves(smoke_experiments
 def mlflow_ui(smoke_experiments, store):
     """One real `mlflow server` over the project's store for this module's browser tests (a start
     takes 6-15 s on 2 cores): its base URL."""
-    from tests.helpers.mlflow_server import start_mlflow_server
+    from tools.servers import start_mlflow_server
 
     client, _, _ = store
     with start_mlflow_server(client.tracking_uri, smoke_experiments.root / "served-artifacts") as base_url:

@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.core.paths import REPO_ROOT
 from tests.helpers.browser import compare_runs_url, format_metric, open_page
-from tests.helpers.mlflow_server import start_mlflow_server
+from tools.servers import start_mlflow_server
 
 pytestmark = pytest.mark.integration
 

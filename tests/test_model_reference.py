@@ -1,12 +1,12 @@
-"""The vectorised model equals the per-flow reference (tests/helpers/reference_model.py): output surface,
+"""The vectorised model equals the per-flow reference (bench/reference_model.py): output surface,
 loss and every parameter gradient within 1e-5, in float64 so the comparison measures the
 algorithm, not float32 summation order."""
 
 import pytest
 import torch
 
+from bench.reference_model import reference_forward
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from tests.helpers.reference_model import reference_forward
 
 pytestmark = pytest.mark.unit
 

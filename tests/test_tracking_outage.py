@@ -16,8 +16,7 @@ from mlflow.tracking import MlflowClient
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
-
-from .helpers.mlflow_server import free_port, start_mlflow_server
+from tools.servers import free_port, start_mlflow_server
 
 pytestmark = [
     pytest.mark.slow,

@@ -1,2 +1,4 @@
-"""What several tests share: a real `mlflow server` on a loopback port (mlflow_server.py) and the
-MLflow UI's pages opened in headless Chromium through Playwright (browser.py)."""
+"""What several tests share: the MLflow UI's pages opened in headless Chromium through Playwright
+(browser.py), fake stage inputs and synthetic data. The real `mlflow server` the UI tests start
+is tools/servers.py (benchmarks use it too); the per-flow reference model the model
+is held to is bench/reference_model.py (bench.model times it)."""

@@ -1,7 +1,7 @@
 """Look at MLflow runs as a person would: the real MLflow UI, in headless Chromium.
 
 A test that only queries the tracking API proves the runs were logged; it does not prove that the
-UI a person opens shows them. With the real `mlflow server` (tests/helpers/mlflow_server.py),
+UI a person opens shows them. With the real `mlflow server` (tools/servers.py),
 open_page opens one of its pages (usually the run-comparison page) in headless Chromium through
 Playwright, waits until every expected string is in the page's visible text, and saves a
 screenshot for a human to look at:

@@ -1,5 +1,7 @@
-"""The real `mlflow server` (this venv's) on a throwaway loopback port, for tests that need the
-tracking server or its UI; and the process helpers it uses (a free port, ending a process group).
+"""Local MLflow servers as child processes: the real `mlflow server` (this venv's) on a loopback
+port, `mlflow models serve` and the like (serving), with the process helpers they use (a free
+port, ending a process group so that no server outlives the block that started it). The tests
+of the tracking server and the UI and the serving benchmark start theirs here.
 
     with start_mlflow_server("sqlite:////abs/mlflow.db", tmp_path / "artifacts") as base_url:
         ...  # http://127.0.0.1:PORT, answering /health
@@ -98,8 +100,7 @@ def start_mlflow_server(
     mlflow_exe = Path(sys.executable).parent / "mlflow"
     if not os.access(mlflow_exe, os.X_OK):
         raise RuntimeError(
-            f"no mlflow executable next to this Python ({mlflow_exe}); "
-            "run the tests with the project's venv (.venv/bin/python -m pytest)"
+            f"no mlflow executable next to this Python ({mlflow_exe}); run with the project's venv (.venv/bin/python)"
         )
     port = port or free_port()
     base_url = f"http://127.0.0.1:{port}"
