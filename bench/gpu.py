@@ -70,7 +70,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench.probe import machine
-from bench.trainer import stage_threads, synthetic
+from bench.workloads import stage_threads, synthetic
 from pipeline.core.config import CONF_DIR, load_config
 from pipeline.train.loop import FLOW_STEPS_OBSERVED, Trainer
 from pipeline.train.step_counters import count_host, optimizer_host_tensors, profile_device

@@ -218,7 +218,7 @@ def worker_encode(shards: str, out: str, n: int) -> dict:
 def worker_steps(steps: int) -> dict:
     import torch
 
-    from bench.trainer import config, synthetic
+    from bench.workloads import config, synthetic
     from pipeline.train.loop import train_model
 
     cfg, rows = config("default", steps, "train.log_every=20", "train.warmup_steps=2")

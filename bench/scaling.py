@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.trainer import synthetic
+from bench.workloads import synthetic
 from pipeline.core import distributed
 from pipeline.core.config import load_config
 from pipeline.core.paths import REPO_ROOT

@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 from bench.probe import Probe, machine, normaliser
-from bench.trainer import config, synthetic, temporary_store
+from bench.workloads import config, synthetic, temporary_store
 from pipeline.core.config import flatten
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking.metric_buffer import MetricBuffer

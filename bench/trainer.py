@@ -58,21 +58,19 @@ No GPU needed (train.device=cpu). A missed goal is reported in goals_met, not as
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 
 from bench.model import DIM
 from bench.probe import Probe, machine, spread
-from pipeline.core.config import load_config
+from bench.tracking import SEGMENT_S, RowProbe, compare_arms, workload_threads
+from bench.workloads import config, stage_threads, synthetic
 from pipeline.core.paths import REPO_ROOT
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
@@ -87,41 +85,10 @@ GOALS = {
     "rss_growth_mb_per_1k_steps": 5.0,
 }
 PARTS = ("host_reads", "drift", "leak", "overhead")
-BASE = ["train.device=cpu", "train.checkpoint_every=0"]
 
 
 def say(msg: str) -> None:
     print(f"[bench.trainer] {msg}", file=sys.stderr, flush=True)
-
-
-def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A learnable 384-d task in place of the embed stage: y = x @ W, rows scaled to unit norm
-    (the teacher's embeddings are normalised too)."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, DIM)).astype(np.float32)
-    y = x @ (rng.normal(size=(DIM, DIM)) / np.sqrt(DIM))
-    return x, (y / np.linalg.norm(y, axis=1, keepdims=True)).astype(np.float32)
-
-
-def stage_threads() -> int:
-    """The intra-op threads a stage trains on (train.threads=0): under the portable numerics, the
-    default, the fixed count stages/__init__.py pins (OMP_NUM_THREADS, else PORTABLE_THREADS: 1);
-    natively 0, torch's default. A bench process is not pinned, and on every core the same model
-    contends with MLflow's logging threads in a way the stage never does."""
-    from pipeline.core import numerics
-
-    return numerics.portable_threads() if numerics.mode() == "portable" else 0
-
-
-def config(preset: str, steps: int, *overrides: str):
-    """`preset` for at least `steps` optimizer steps on synthetic data: returns (cfg, rows).
-    An epoch is at most 250 steps (8000 rows of batch 32, 12 MB per array); longer runs take
-    more epochs over the same rows, rounded up to whole epochs. Trained on the stage's thread
-    count (stage_threads) unless an override sets train.threads."""
-    epochs = -(-steps // 250)
-    threads = [] if any(o.startswith("train.threads=") for o in overrides) else [f"train.threads={stage_threads()}"]
-    cfg = load_config([f"preset={preset}", *BASE, f"train.epochs={epochs}", *threads, *overrides])
-    return cfg, -(-steps // epochs) * cfg.train.batch_size
 
 
 # ---------------------------------------------------------------------------- host reads
@@ -190,30 +157,10 @@ def host_syncs(steps: int = 40, log_every: Optional[int] = None, *overrides: str
 
 
 # ---------------------------------------------------------------------------- telemetry overhead
-@contextlib.contextmanager
-def temporary_store() -> Iterator[str]:
-    """MLFLOW_TRACKING_URI pointed at a fresh SQLite file for the duration (tracking_uri() reads
-    the variable on every call), so the benchmark never writes to the project's mlflow.db."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "GIT_OPTIONAL_LOCKS")}
-    with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
-        # mlflow_run tags the run with `git status`: without optional locks it leaves .git alone.
-        os.environ["GIT_OPTIONAL_LOCKS"] = "0"
-        try:
-            yield os.environ["MLFLOW_TRACKING_URI"]
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-
-
 def bare_run(cfg, x, y, probe, name: str = "", skip: float = 0.2) -> dict:
     """A loop with no health, telemetry or skip logic (forward, backward, clip_grad_norm_, AdamW,
     LR schedule) over the same model, data and steps as a trainer run, in bench.tracking's run
     shape: a stamp every log_every steps (probes ~once a second, their time taken out)."""
-    from bench.tracking import RowProbe, workload_threads  # (bench.tracking imports this module)
 
     t = cfg.train
     clock = RowProbe(probe)
@@ -278,7 +225,6 @@ def telemetry_overhead(
     the metric buffer with system metrics every train.system_metrics_every_s) against tracking
     off, on the `default` preset, split into a per-step part and a per-run fixed part (see
     bench.tracking for how each is measured and normalised by the probes)."""
-    from bench.tracking import SEGMENT_S, compare_arms
 
     arms = ("off", "stage") + (("bare",) if bare else ())
     res = compare_arms(

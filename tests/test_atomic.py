@@ -40,3 +40,21 @@ def test_the_temp_name_carries_the_writers_pid(tmp_path):
         assert tmp.name.startswith(f".report.html.{os.getpid()}.") and tmp.name.endswith(".tmp")
         tmp.write_text("x")
     assert dest.read_text() == "x" and [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_a_written_file_has_the_mode_the_umask_gives_and_the_umask_is_left_alone(tmp_path, mask):
+    saved = os.umask(mask)
+    try:
+        write_text(tmp_path / "f.txt", "x")
+        assert (tmp_path / "f.txt").stat().st_mode & 0o777 == 0o666 & ~mask
+        assert os.umask(mask) == mask  # (reads it back: unchanged by the write)
+    finally:
+        os.umask(saved)
+
+
+def test_importing_the_module_changes_no_umask():
+    code = "import os; os.umask(0o027); import pipeline.core.atomic; print(oct(os.umask(0)))"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+    assert out.strip() == "0o27"

@@ -112,7 +112,7 @@ def test_the_in_run_ab_sends_alternate_segments_and_compares_each_with_its_neigh
 
 
 def test_probes_follow_the_workloads_thread_count():
-    from bench.trainer import config
+    from bench.workloads import config
 
     assert bench.workload_threads(config("smoke", 10)[0]) == 1  # smoke sets train.threads=1
     p = Probe(threads=bench.workload_threads(config("smoke", 10)[0]), n=32, reps=1)

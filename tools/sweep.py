@@ -100,10 +100,10 @@ def member_tag(sweep: str) -> str:
 
 def find(sweep: str) -> Found:
     """The sweep's model runs in the tracking store, each with its item table (or why not)."""
-    from pipeline.core.config import _SWEEP_NAME
+    from pipeline.core.config import SWEEP_NAME
     from pipeline.tracking import store as tracking
 
-    if not _SWEEP_NAME.fullmatch(sweep):
+    if not SWEEP_NAME.fullmatch(sweep):
         raise CompareError(
             f"--sweep {sweep!r}: not a sweep name (letters, digits, '.', '_' and '-', as run.sweep takes)"
         )

@@ -24,14 +24,28 @@ from typing import IO, Iterator
 
 from pipeline.core.errors import DiskFull
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # How a full disk shows, as seen on a full 512 KiB tmpfs: Python's own writes and pyarrow raise
 # OSError(ENOSPC); np.save (numpy's tofile) raises OSError("76800 requested and 48096 written")
 # without an errno; torch.save into a Python file object raises a RuntimeError ("unexpected pos")
 # whose __context__ is the OSError(ENOSPC) (into a path it says only "iostream error").
 _SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")
+
+
+def current_umask() -> int:
+    """The process's umask, read where Linux shows it (/proc/self/status, kernels since 4.7)
+    without changing it; elsewhere set and put back at once (os.umask is the only way to read it
+    there). At the moment of use, not at import: importing this module changes nothing."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def disk_full_errno(e: BaseException | None) -> int | None:
@@ -120,7 +134,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         fd, name = tempfile.mkstemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp", dir=dest.parent)
         os.close(fd)
         tmp = Path(name)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; the file should look like any other
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; the file should look like any other
         yield tmp
         # A full disk may show only here: data the writer buffered is allocated at flush time.
         with open(tmp, "rb+") as f:

@@ -39,7 +39,7 @@ def _positive_ints(section: DictConfig, prefix: str, keys: Sequence[str]) -> Non
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 # A sweep's name is part of an MLflow tag key (sweep.NAME) and of a search filter: no quotes,
 # backticks or spaces; 64 leaves room under MLflow's 250-character key limit.
-_SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 # Choices are StrEnums whose member names are the YAML values: OmegaConf maps a YAML string to a
@@ -151,7 +151,7 @@ class RunConfig:
     @staticmethod
     def check(r: DictConfig) -> None:
         _require(
-            r.sweep == "" or _SWEEP_NAME.fullmatch(r.sweep) is not None,
+            r.sweep == "" or SWEEP_NAME.fullmatch(r.sweep) is not None,
             "run.sweep",
             "\"\" or a name of letters, digits, '.', '_' and '-' (at most 64, starting with a letter or "
             "digit): it becomes an MLflow tag key and a search filter",

@@ -48,7 +48,7 @@ import numpy as np
 from scipy import stats as sps
 
 from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
-from pipeline.evaluate.seed_variance import SeedVar, components, pool
+from pipeline.evaluate.seed_variance import SeedVar, components, pool, with_seed_luck
 from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, resample_means
 
 CONFIDENCE = 0.95
@@ -188,33 +188,11 @@ def _weight(*arms: ArmRuns) -> float:
     return sum(1.0 / x.runs for x in arms if not x.deterministic)
 
 
-def t_draws(df: int, n: int, seed: int) -> np.ndarray:
-    """n stratified Student-t quantiles in a fixed shuffled order (the same on every machine)."""
-    q = sps.t.ppf((np.arange(n) + 0.5) / n, df)
-    return q[np.random.Generator(np.random.PCG64(seed)).permutation(n)]
-
-
 def draws(per_item: np.ndarray, var: SeedVar | None, arms: Sequence[ArmRuns], resamples: int, seed: int) -> np.ndarray:
     """Resampled values of mean(per_item), with the luck of the `arms`' seeds when `var` is given
     (see the module doc)."""
     out = resample_means(per_item, resamples, seed)[:, 0]
     return with_seed_luck(out, float(np.mean(per_item)), len(per_item), var, _weight(*arms), seed)
-
-
-def with_seed_luck(
-    item_draws: np.ndarray, centre: float, items: int, var: SeedVar | None, weight: float, seed: int
-) -> np.ndarray:
-    """Item-bootstrap draws of a mean (or difference) centred on `centre`, with the seed luck of
-    runs worth `weight` (sum of 1 / runs of the trained sides) added: the item draws shrunk by the
-    seed x item part they share with run_var, plus a stratified Student-t draw of the run spread."""
-    if var is None or weight == 0:
-        return item_draws
-    out = item_draws
-    spread = float(np.var(out))
-    if spread > 0:
-        twice = var.interaction * weight / items  # the flips' share of the item draws' variance
-        out = centre + (out - centre) * math.sqrt(max(0.0, spread - twice) / spread)
-    return out + math.sqrt(var.run_var_at(items) * weight) * t_draws(var.df, len(out), seed + 1)
 
 
 def compare_metric(

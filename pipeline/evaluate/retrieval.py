@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.data.loader import BatchLoader
+from pipeline.evaluate.seed_variance import with_seed_luck
 from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate, intervals, p_value, resample_means
 
 PREDICTORS = ("model", "identity", "ridge", "nearest")
@@ -176,8 +177,6 @@ def summarise(
     values = np.stack(columns, axis=1)
     means = resample_means(values, resamples, seed)
     if seed_luck:
-        from pipeline.evaluate.decision import with_seed_luck
-
         for j, (who, m) in enumerate(names):
             if (who == "model" or who.startswith("model_vs_")) and m in seed_luck:
                 centre = float(values[:, j].mean())

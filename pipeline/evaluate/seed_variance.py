@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
+from scipy import stats as sps
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
@@ -254,3 +255,25 @@ def _r(x: float) -> float:
 
 def _sig(x: float) -> float:
     return float(f"{float(x):.6g}")
+
+
+def t_draws(df: int, n: int, seed: int) -> np.ndarray:
+    """n stratified Student-t quantiles in a fixed shuffled order (the same on every machine)."""
+    q = sps.t.ppf((np.arange(n) + 0.5) / n, df)
+    return q[np.random.Generator(np.random.PCG64(seed)).permutation(n)]
+
+
+def with_seed_luck(
+    item_draws: np.ndarray, centre: float, items: int, var: SeedVar | None, weight: float, seed: int
+) -> np.ndarray:
+    """Item-bootstrap draws of a mean (or difference) centred on `centre`, with the seed luck of
+    runs worth `weight` (sum of 1 / runs of the trained sides) added: the item draws shrunk by the
+    seed x item part they share with run_var, plus a stratified Student-t draw of the run spread."""
+    if var is None or weight == 0:
+        return item_draws
+    out = item_draws
+    spread = float(np.var(out))
+    if spread > 0:
+        twice = var.interaction * weight / items  # the flips' share of the item draws' variance
+        out = centre + (out - centre) * math.sqrt(max(0.0, spread - twice) / spread)
+    return out + math.sqrt(var.run_var_at(items) * weight) * t_draws(var.df, len(out), seed + 1)
