@@ -154,7 +154,7 @@ def test_cpu_uses_gloo_and_cuda_nccl_and_threads_are_shared_out():
     assert distributed.backend_for(torch.device("cuda", 0)) == "nccl"
     two_on_one_node = distributed.Dist(rank=1, world_size=2, local_rank=1, local_world_size=2)
     cores = len(os.sched_getaffinity(0))
-    # (the portable numerics fix the count when this process pinned them: pipeline/numerics.threads)
+    # (the portable numerics fix the count when this process pinned them: pipeline/core/numerics.threads)
     assert distributed.threads_per_process(0, two_on_one_node) == (numerics.threads(0) or max(1, cores // 2))
     assert distributed.threads_per_process(3, two_on_one_node) == 3
 

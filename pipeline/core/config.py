@@ -315,9 +315,9 @@ MIN_SPIKE_WINDOW = 10
 class TrainConfig:
     epochs: int = 9
     batch_size: int = 32
-    # Batches gathered ahead on a background thread (0 = none). Gathering from page cache took
-    # 0.14 ms of a 63 ms default step in bench.data (0.2 %), so on CPU it pays only for shards on
-    # a slow disk.
+    # Batches gathered ahead on a background thread (0 = none). Gathering from page cache is a
+    # small share of a default step on a CPU (bench.data's data_wait_fraction), so it pays only
+    # for shards on a slow disk.
     prefetch: int = 0
     grad_accum: int = 1  # micro-batches per optimizer step: effective batch = batch_size * grad_accum
     lr: float = 3e-3

@@ -158,7 +158,7 @@ def process_group(device: torch.device) -> Iterator[Dist]:
 
 def threads_per_process(configured: int, place: Dist) -> int:
     """Intra-op threads: the configured number; else, under the portable numerics (the default),
-    its fixed count (pipeline/numerics.threads: the machine's core count would change the bits);
+    its fixed count (pipeline/core/numerics.threads: the machine's core count would change the bits);
     else this machine's cores shared out among the processes on it, so that 2 processes on 2
     cores do not start 2 threads each and oversubscribe them (torchrun's command line sets
     OMP_NUM_THREADS=1 for the same reason)."""

@@ -95,7 +95,7 @@ def pinned() -> bool:
 def threads(configured: int = 0) -> int:
     """The intra-op thread count a stage sets: `configured` (train.threads) if set; else, under
     the portable setting, OMP_NUM_THREADS (which pin() defaults to PORTABLE_THREADS); else 0 (keep
-    torch's default, or share out the cores: pipeline/distributed.threads_per_process).
+    torch's default, or share out the cores: pipeline/core/distributed.threads_per_process).
 
     Why a fixed count: see PORTABLE_THREADS."""
     if configured:

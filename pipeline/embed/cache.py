@@ -7,7 +7,7 @@ a stray temp file and never a half-written part; a re-run after appending 1 % ne
 and writes only those.
 
 The teacher key hashes what determines the vectors (name, dim, max_seq_length, the config's and
-the weights' sha256, and the numerics they were made under: pipeline/numerics.vectors_tag), not
+the weights' sha256, and the numerics they were made under: pipeline/core/numerics.vectors_tag), not
 the path, so a cache moves between machines with its model, and a portable run never reuses a
 vector made natively.
 

@@ -3,7 +3,7 @@ nothing lost while the tracking store is away.
 
 Why MLflow's queue and not a process of our own: bench.tracking measures both ways against
 tracking off, in alternate segments of the same run (AMD EPYC, 2 cores, one intra-op thread as
-the stage trains). On the default model (a row every 5 steps of ~115 ms) MLflow's queue and its
+the stage trains). On the default model (a row every 5 steps) MLflow's queue and its
 system-metrics sampler cost 1.02x per step (3 runs 1.01-1.06) and nothing measurable per run,
 within the goals (<= 1.03x per step, <= 2 % of the run once). On the smoke model (a row every 2
 steps of ~12 ms) they cost 1.23x: the queue's SQLAlchemy inserts are Python, run in threads of

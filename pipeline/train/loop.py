@@ -357,7 +357,7 @@ class Trainer:
             torch.is_deterministic_algorithms_warn_only_enabled(),
         )
         mkldnn = torch.backends.mkldnn.enabled
-        # The configured count; else the portable numerics' fixed one (pipeline/numerics.threads);
+        # The configured count; else the portable numerics' fixed one (pipeline/core/numerics.threads);
         # else, natively, one process keeps torch's default and a rank gets its share of the cores.
         if self.t.threads or self.place.enabled or numerics.threads():
             torch.set_num_threads(threads_per_process(self.t.threads, self.place))
@@ -410,7 +410,7 @@ class Trainer:
                 t_val = time.perf_counter()
                 val = evaluate_loss(self.model, *self.val, t.batch_size, self.loss_weights, self.device, self.place)
                 # Not a training step: kept out of perf/step_ms (it showed as a 2x spike at every
-                # epoch boundary of the default run, 143 vs 75 ms).
+                # epoch boundary of the default run, about twice a step's time).
                 self.win["not_steps_s"] += time.perf_counter() - t_val
                 row = {"val/loss": val["loss"], "val/cosine": val["cosine"], "epoch": self.epoch}
                 self.result.summary.update({k: v for k, v in row.items() if k != "epoch"})
