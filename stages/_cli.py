@@ -15,6 +15,8 @@ from pipeline.core.errors import ConfigError, PipelineError, Terminated
 from pipeline.core.paths import repo_path
 from pipeline.tracking import store as tracking
 
+from . import end_startup
+
 USAGE = """usage: python -m stages.{name} [OVERRIDE ...]
 
 {doc}
@@ -51,6 +53,7 @@ def run_stage(
     """Parse, validate and run `body(cfg)`. With the config's `nproc_key` (train.nproc) > 1 and no
     torchrun around this process yet, start that many copies of the stage under torchrun instead
     (after validating, so a bad key fails once, before any process starts)."""
+    end_startup(name)  # a Ctrl-C held while the stage imported ends it here
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
         extra = DISTRIBUTED.format(key=nproc_key, name=name) if nproc_key else ""
