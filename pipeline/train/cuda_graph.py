@@ -87,7 +87,8 @@ class FlowRunner:
         self.why_not = "train.cuda_graph=never" if mode == "never" else "; ".join(reasons)
         self._graphs: dict[tuple, nn.Module] = {}
         self._shape: Optional[tuple] = None  # the batch shape graphs are captured for
-        self.captures = 0  # graphs captured in this run (telemetry)
+        if device.type == "cuda" and not self.enabled:
+            log.info("the flow loop runs without CUDA graphs: %s", self.why_not)
 
     def autocast_cache(self) -> bool:
         """Autocast's weight-cast cache must be off while graphs are captured and replayed."""
@@ -133,7 +134,6 @@ class FlowRunner:
             self.enabled = False
             self.why_not = f"capture failed: {e}"
             return None
-        self.captures += 1
         self._shape = key[0]
         self._graphs[key] = graphed
         log.info("captured the flow loop as CUDA graphs (batch %s, %s flow steps)", key[0], key[2])

@@ -471,7 +471,6 @@ class Trainer:
             with count_host(optimizer_host_tensors(self.opt)) as sample:
                 code, values, skip = self._step_work(batches, step, log_step)
             self.sample.host_syncs, self.sample.ops = sample.host_syncs, sample.ops
-            self.sample.read_sites = sample.read_sites
         elif kind == "profile":
             with profile_device(self.device) as sample:
                 code, values, skip = self._step_work(batches, step, log_step)

@@ -121,7 +121,6 @@ class StepSample:
     kernel_us: float = math.nan
     gpu_busy: float = math.nan
     cuda_syncs: float = math.nan  # what the CUDA runtime saw (the ground truth of host_syncs there)
-    wall_ms: float = math.nan
     read_sites: dict[str, int] = field(default_factory=dict)  # "file:line function op" -> reads
 
     def figures(self) -> dict[str, float]:
@@ -175,7 +174,7 @@ def count_host(host: Iterable[torch.Tensor] = ()) -> Iterator[StepSample]:
 @contextlib.contextmanager
 def profile_device(device: torch.device) -> Iterator[StepSample]:
     """A torch.profiler window over the code inside, on CUDA: fills kernels, kernel_us,
-    cuda_syncs, gpu_busy and wall_ms of the yielded StepSample on exit. The device is
+    cuda_syncs and gpu_busy of the yielded StepSample on exit. The device is
     synchronised before and after, so the window holds this code's work only. Off CUDA it
     measures nothing (the fields stay NaN). The profiler's own bookkeeping adds host time per
     launch, so the busy fraction it gives is a lower bound."""
@@ -191,7 +190,6 @@ def profile_device(device: torch.device) -> Iterator[StepSample]:
         yield sample
         torch.cuda.synchronize(device)
         wall = time.perf_counter() - t0
-    sample.wall_ms = 1000 * wall
     for k, v in _device_figures(prof, wall).items():
         setattr(sample, k, v)
     sample.cuda_syncs -= 1  # the window's own closing synchronize
