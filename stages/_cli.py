@@ -14,8 +14,7 @@ from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError, PipelineError, Terminated
 from pipeline.core.paths import repo_path
 from pipeline.tracking import store as tracking
-
-from . import end_startup
+from stages.startup import end_startup
 
 USAGE = """usage: python -m stages.{name} [OVERRIDE ...]
 
@@ -65,50 +64,53 @@ def run_stage(
     name = distributed.configure_rank_output(name, place)
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     cfg = None
-    tracking.KILLED_RUNS.clear()  # (tests run several stages in one process)
-    try:
-        cfg = load_config(args)
-        tracking.set_sweep(cfg.run.sweep)  # tags every MLflow run this stage starts or adds to
-        # Before any work, and before torchrun starts ranks: where the stages write (pipeline/core/output_dirs.py).
-        output_dirs.check_outputs(cfg, stage)
-        processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
-        if processes > 1 and not distributed.under_launcher():
-            if cfg.run.tracking == "required":
-                tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
-            return distributed.launch(processes, module, args, name)
-        # Before any work. Only rank 0 tracks; the other ranks never probe the server.
-        tracking.configure(cfg.run.tracking if place.is_main else "disabled")
-        body(cfg)
-    except ConfigError as e:
-        print(f"[{name}] config error: {e}", file=sys.stderr)
-        return 2
-    except PipelineError as e:
-        print(f"[{name}] error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        # The file system said no (permissions, a read-only disk, a path that vanished): the file and
-        # the reason, not a traceback.
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"[{name}] error: {where}{e.strerror or e} (errno {e.errno}); the stage stopped there", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: whatever was started is flushed and ended
-        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
-        what = _stopped_what(stage, cfg) if place.is_main else ""  # rank 0 owns the run and the checkpoints
-        print(f"[{name}] stopped by {signal.Signals(signum).name}{what}", file=sys.stderr)
-        return 128 + signum
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    return 0
+    session = tracking.TrackingSession()  # this stage's own: nothing carries over to the next stage
+    with tracking.active(session):
+        try:
+            cfg = load_config(args)
+            session.sweep = cfg.run.sweep or ""  # tags every MLflow run this stage starts or adds to
+            # Before any work, and before torchrun starts ranks: where the stages write (pipeline/core/output_dirs.py).
+            output_dirs.check_outputs(cfg, stage)
+            processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
+            if processes > 1 and not distributed.under_launcher():
+                if cfg.run.tracking == "required":
+                    tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
+                return distributed.launch(processes, module, args, name)
+            # Before any work. Only rank 0 tracks; the other ranks never probe the server.
+            tracking.configure(cfg.run.tracking if place.is_main else "disabled")
+            body(cfg)
+        except ConfigError as e:
+            print(f"[{name}] config error: {e}", file=sys.stderr)
+            return 2
+        except PipelineError as e:
+            print(f"[{name}] error: {e}", file=sys.stderr)
+            return 1
+        except OSError as e:
+            # The file system said no (permissions, a read-only disk, a path that vanished): the file and
+            # the reason, not a traceback.
+            where = f"{e.filename}: " if e.filename else ""
+            reason = f"{where}{e.strerror or e} (errno {e.errno})"
+            print(f"[{name}] error: {reason}; the stage stopped there", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: whatever was started is flushed and ended
+            signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+            # Rank 0 owns the run and the checkpoints.
+            what = _stopped_what(stage, cfg, session) if place.is_main else ""
+            print(f"[{name}] stopped by {signal.Signals(signum).name}{what}", file=sys.stderr)
+            return 128 + signum
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        return 0
 
 
-def _stopped_what(stage: str, cfg) -> str:
+def _stopped_what(stage: str, cfg, session: tracking.TrackingSession) -> str:
     """What a stop left, as it is: only what did happen (a run ended KILLED, a checkpoint kept)."""
     if cfg is None:
         return " while reading its configuration: nothing was done"
     parts = []
-    if tracking.KILLED_RUNS:
-        parts.append(f"its metrics so far were sent and MLflow run {tracking.KILLED_RUNS[-1]} ended KILLED")
-    elif cfg.run.tracking == "disabled" or not tracking.enabled():
+    if session.killed_runs:
+        parts.append(f"its metrics so far were sent and MLflow run {session.killed_runs[-1]} ended KILLED")
+    elif cfg.run.tracking == "disabled" or not session.enabled:
         parts.append("tracking is off (run.tracking), so nothing was sent to MLflow")
     else:
         parts.append("before its MLflow run started")

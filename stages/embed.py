@@ -10,6 +10,11 @@ Every rank must see the same filesystem (one machine, or a shared one)."""
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as a stage: before the imports below (stages/startup.py says why)
+    from stages import startup
+
+    startup.begin()
+
 import contextlib
 import logging
 import os

@@ -12,6 +12,11 @@ bank's nearest answers out), logged to the model's run as `model` with the bank 
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as a stage: before the imports below (stages/startup.py says why)
+    from stages import startup
+
+    startup.begin()
+
 import logging
 import sys
 

@@ -11,6 +11,11 @@ the learning check."""
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as a stage: before the imports below (stages/startup.py says why)
+    from stages import startup
+
+    startup.begin()
+
 import logging
 import sys
 

@@ -20,6 +20,11 @@ train.checkpoint_dir on a shared path (every rank resumes from rank 0's checkpoi
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # run as a stage: before the imports below (stages/startup.py says why)
+    from stages import startup
+
+    startup.begin()
+
 import logging
 import os
 import subprocess

@@ -43,14 +43,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True)
-def _tracking_switch_restored(monkeypatch):
-    """A stage run in-process with run.tracking=disabled turns this process's tracking off
-    (pipeline.tracking.store.configure), and one with run.sweep set tags its runs with it
-    (set_sweep); the next test must find both as they were."""
+def _a_tracking_session_of_its_own():
+    """Each test tracks in a fresh session (tracking on, no sweep), as each stage does: what a test
+    switches (configure, set_sweep) ends with it."""
     from pipeline.tracking import store as tracking
 
-    monkeypatch.setattr(tracking, "_ENABLED", tracking._ENABLED)
-    monkeypatch.setattr(tracking, "_SWEEP", tracking._SWEEP)  # run.sweep, set the same way
+    with tracking.active(tracking.TrackingSession()):
+        yield
 
 
 @pytest.fixture(autouse=True)

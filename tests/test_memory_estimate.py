@@ -327,6 +327,8 @@ def test_probe_on_meta_matches_cpu(monkeypatch):
 STEPS = """
 import json, resource, sys
 import numpy as np
+from stages import startup
+startup.begin()  # as a stage process starts
 import stages.train  # noqa: F401 - the stage's imports: the baseline the check sees in the stage
 from pipeline.train import memory_estimate
 from pipeline.tracking import store as tracking

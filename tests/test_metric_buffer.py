@@ -131,7 +131,7 @@ def test_system_metrics_are_sampled_at_the_start_and_at_the_end(run):
 
 def test_tracking_off_the_buffer_does_nothing(run, monkeypatch):
     client, run_id = run
-    monkeypatch.setattr(tracking, "_ENABLED", False)
+    tracking.session().enabled = False  # (this test's own session: conftest.py)
     with MetricBuffer(run_id, flush_seconds=0) as buf:
         buf({"m": 1.0}, 1)
         buf.sync()

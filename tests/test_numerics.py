@@ -55,11 +55,11 @@ def test_threads_are_fixed_only_under_the_portable_setting(monkeypatch):
     assert numerics.threads(0) == 0
 
 
-# What a stage does first (stages/__init__.py), then a product, under MKL_VERBOSE (which prints
+# What a stage does first (stages/startup.py), then a product, under MKL_VERBOSE (which prints
 # the CNR branch MKL runs in) and the numerics a run would log.
 STAGE_PROBE = (
-    "import stages, json, torch; a = torch.ones(64, 64); a @ a; from pipeline.core import numerics; "
-    "print(json.dumps({'pin': stages.NUMERICS, 'vectors': numerics.vectors_tag(), "
+    "from stages import startup; pin = startup.begin(); import json, torch; a = torch.ones(64, 64); a @ a; "
+    "from pipeline.core import numerics; print(json.dumps({'pin': pin, 'vectors': numerics.vectors_tag(), "
     "**numerics.numerics_info()}))"
 )
 

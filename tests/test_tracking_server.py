@@ -19,13 +19,13 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def dead_server(monkeypatch):
     """MLFLOW_TRACKING_URI pointing at a loopback port nothing listens on (with a password in it);
-    the tracking switch is put back after the test."""
+    tracking on in the test's own session."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     uri = f"http://ci:hunter2@127.0.0.1:{port}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(tracking, "_ENABLED", True)
+    tracking.session().enabled = True  # (this test's own session: conftest.py)
     return uri
 
 
@@ -76,7 +76,7 @@ def test_a_uri_mlflow_cannot_store_runs_in_stops_the_stage_before_any_work(monke
     """MLflow itself would say so only when the first run starts, after the stage's work, and in a
     traceback; an unknown scheme is known at once."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "mlfow://typo:5000")
-    monkeypatch.setattr(tracking, "_ENABLED", True)
+    tracking.session().enabled = True  # (this test's own session: conftest.py)
     ran = []
     monkeypatch.setattr(evaluate, "run", lambda cfg: ran.append(cfg))
     assert evaluate.main([]) == 1 and not ran

@@ -21,7 +21,7 @@ measures what each of these changes and what the setting costs.
 
 A value the user set is never overridden. `ENERGY_FLOW_NUMERICS=native` turns it all off (each
 library picks its fastest path for this CPU, and threads are the machine's cores): faster,
-reproducible on this machine only. `stages/__init__.py` calls `pin()` before any stage imports
+reproducible on this machine only. A stage process calls `pin()` (stages/startup.py) before it imports
 torch, so every stage, DVC's and torchrun's processes included, gets it (the environment is
 inherited by child processes too).
 """
@@ -46,8 +46,6 @@ PORTABLE = {
     "OMP_NUM_THREADS": "1",
 }
 PORTABLE_THREADS = 1  # see threads()
-
-_pinned: dict = {}  # what pin() found and set in this process
 
 
 def mode(environ: MutableMapping[str, str] | None = None) -> str:
@@ -81,9 +79,6 @@ def pin(environ: MutableMapping[str, str] | None = None) -> dict:
             else:
                 env[key] = value
                 record["set"][key] = value
-    if environ is None:
-        _pinned.clear()
-        _pinned.update(record)
     return record
 
 

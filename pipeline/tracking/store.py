@@ -10,6 +10,7 @@ that copy (DVC_ROOT, or the path), so those runs and their artifacts land in the
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -18,6 +19,8 @@ import os
 import socket
 import subprocess
 import warnings
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -74,27 +77,66 @@ def pending_dir() -> Path:
     return project_root() / ".mlflow-pending"
 
 
-# Tracking for this process: on, unless run.tracking=disabled, or =optional with a server that
-# does not answer. Off, every function here is a no-op and runs have no id ("").
-_ENABLED = True
+@dataclass
+class TrackingSession:
+    """How one stage tracks, owned by the stage (stages/_cli.py opens one around each stage with
+    `active(TrackingSession())`); the functions of this module act on the session that is active.
+
+    enabled: on, unless run.tracking=disabled, or =optional with a server that does not answer;
+        off, every function here is a no-op and runs have no id ("").
+    sweep: run.sweep of the stage ("" = no sweep), tagged on every run it starts or adds to.
+    adding_to: the run the stage adds to (adding_to_run), while it does: every logging function
+        here goes there.
+    killed_runs: runs the stage ended KILLED (stages/_cli.py says so when a signal stops it)."""
+
+    enabled: bool = True
+    sweep: str = ""
+    adding_to: str = ""
+    killed_runs: list[str] = field(default_factory=list)
+
+
+# Which session is active. A context variable, not a module global: `active` scopes a session to
+# a `with` block and restores the one before it, so stages run one after another in one process
+# (as the tests run them) never see each other's switch, sweep or runs. Code that opens no session
+# (a notebook, a tool) gets a default one for its context on first use, as decimal.getcontext() does.
+_ACTIVE: ContextVar[TrackingSession] = ContextVar("energy_flow_tracking_session")
+
+
+def session() -> TrackingSession:
+    """The active tracking session (a default one, tracking on, where none was opened)."""
+    try:
+        return _ACTIVE.get()
+    except LookupError:
+        _ACTIVE.set(opened := TrackingSession())
+        return opened
+
+
+@contextlib.contextmanager
+def active(tracking_session: TrackingSession) -> Iterator[TrackingSession]:
+    """Make `tracking_session` the active one for the `with` block."""
+    token = _ACTIVE.set(tracking_session)
+    try:
+        yield tracking_session
+    finally:
+        _ACTIVE.reset(token)
+
+
 # A server that answers at all answers /health within this; one that does not is unreachable.
 # MLflow's own client would retry 7 times with back-off (about 4 minutes, by its own estimate).
 PROBE_TIMEOUT_S = 5.0
 
 
 def enabled() -> bool:
-    return _ENABLED
+    return session().enabled
 
 
-# run.sweep of the stage this process runs (stages/_cli.py sets it from the config): "" = no sweep.
-_SWEEP = ""
 SWEEP_TAG = "sweep"  # the sweep that started a run: the MLflow UI's filter tags.sweep = 'NAME'
 SWEEP_MEMBER_PREFIX = "sweep."  # sweep.NAME = the DVC experiment: every model run a sweep has
 
 
 def set_sweep(name: str) -> None:
-    global _SWEEP
-    _SWEEP = name or ""
+    """Set run.sweep for the active session: every run it starts or adds to joins the sweep."""
+    session().sweep = name or ""
 
 
 def sweep_tags(existing: dict | None = None) -> dict[str, str]:
@@ -107,11 +149,12 @@ def sweep_tags(existing: dict | None = None) -> dict[str, str]:
     to that earlier run; one `sweep` tag would have to move it out of the sweep that made it.
     `sweep` = NAME is set too where the run has none yet (`existing`: its tags; None: a new run),
     so the UI's tags.sweep = 'NAME' lists the sweep's runs as well."""
-    if not _SWEEP:
+    sweep = session().sweep
+    if not sweep:
         return {}
-    tags = {f"{SWEEP_MEMBER_PREFIX}{_SWEEP}": os.environ.get("DVC_EXP_NAME") or "workspace"}
+    tags = {f"{SWEEP_MEMBER_PREFIX}{sweep}": os.environ.get("DVC_EXP_NAME") or "workspace"}
     if not (existing or {}).get(SWEEP_TAG):
-        tags[SWEEP_TAG] = _SWEEP
+        tags[SWEEP_TAG] = sweep
     return tags
 
 
@@ -165,12 +208,12 @@ def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None
 
 
 def configure(mode: str) -> None:
-    """Apply run.tracking for this process, before any work. required: a tracking server that does
+    """Apply run.tracking to the active session, before any work. required: a tracking server that does
     not answer stops the stage now, naming it (not after minutes of MLflow retries, and not after
     the stage has written outputs it then cannot log); optional: it turns tracking off, with a
     warning; disabled: no tracking at all."""
-    global _ENABLED
-    _ENABLED = mode != "disabled"
+    current = session()
+    current.enabled = mode != "disabled"
     if mode == "disabled":
         return
     uri = tracking_uri()
@@ -178,7 +221,7 @@ def configure(mode: str) -> None:
     scheme = bad_scheme(uri)
     if scheme:
         if mode == "optional":
-            _ENABLED = False
+            current.enabled = False
             log.warning(
                 "MLFLOW_TRACKING_URI = %s: %s. Tracking is OFF for this stage (run.tracking=optional)", shown, scheme
             )
@@ -191,7 +234,7 @@ def configure(mode: str) -> None:
     if reason is None:
         return
     if mode == "optional":
-        _ENABLED = False
+        current.enabled = False
         log.warning(
             "the MLflow tracking server %s is unreachable (%s): tracking is OFF for this stage "
             "(run.tracking=optional); nothing of it will be in MLflow",
@@ -206,10 +249,6 @@ def configure(mode: str) -> None:
     )
 
 
-# SQLite stores this process has opened through use_store (created or found complete).
-_READY: set[str] = set()
-
-
 def use_store() -> str:
     """Point MLflow at tracking_uri() and return it. A SQLite store is first opened under an
     exclusive lock (mlflow.db-init.lock beside it, git-ignored with mlflow.db-*): MLflow creates a
@@ -222,13 +261,19 @@ def use_store() -> str:
 
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
-    if uri.startswith("sqlite:///") and uri not in _READY:
-        db = Path(uri[len("sqlite:///") :])
-        db.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(db.with_name(db.name + "-init.lock")):
-            mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
-        _READY.add(uri)
+    if uri.startswith("sqlite:///"):
+        _open_sqlite_store(uri)
     return uri
+
+
+@functools.cache  # once per store and process: the tables, once complete, stay complete
+def _open_sqlite_store(uri: str) -> None:
+    import mlflow
+
+    db = Path(uri[len("sqlite:///") :])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(db.with_name(db.name + "-init.lock")):
+        mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
 
 
 def artifact_location(uri: str) -> str | None:
@@ -415,7 +460,7 @@ def mlflow_run(
         if diff:
             mlflow.log_text(diff, DIFF_ARTIFACT)
     else:
-        found = mlflow.get_run(run_id) if _SWEEP else None
+        found = mlflow.get_run(run_id) if session().sweep else None
         run = mlflow.start_run(run_id=run_id, log_system_metrics=False)
         tags = {**(sweep_tags(found.data.tags) if found else {}), **(tags or {})}
         if tags:
@@ -427,7 +472,7 @@ def mlflow_run(
         finally:
             mlflow.end_run(status=status)
             if status == "KILLED":
-                KILLED_RUNS.append(run.info.run_id)
+                session().killed_runs.append(run.info.run_id)
 
     with _outcome(end):
         yield run
@@ -450,10 +495,6 @@ def _outcome(finish) -> Iterator[None]:
         finish(status)
 
 
-# The run a stage adds to (adding_to_run), while it does: every logging function here goes there.
-_ADDING_TO = ""
-
-
 def stage_status_tag(stage: str) -> str:
     return f"stage.{stage}.status"
 
@@ -466,7 +507,6 @@ def adding_to_run(run_id: str, stage: str, tags: dict | None = None) -> Iterator
     This stage's own outcome is the tag `stage.<stage>.status`: RUNNING while it works, then
     FINISHED, FAILED or KILLED. Yields the run (a stand-in with run id "" when tracking is off
     or there is no run)."""
-    global _ADDING_TO
     if not enabled() or not run_id:
         yield _NO_RUN
         return
@@ -479,25 +519,24 @@ def adding_to_run(run_id: str, stage: str, tags: dict | None = None) -> Iterator
     # A model logged to the run (evaluate's) belongs to the run's experiment: MLflow puts it in
     # the active experiment, which is otherwise "Default".
     mlflow.set_experiment(experiment_id=run.info.experiment_id)
-    _ADDING_TO = run_id
 
     def end(status: str) -> None:
-        global _ADDING_TO
-        _ADDING_TO = ""
         try:
             mlflow.flush_async_logging()
         finally:
             client.set_tag(run_id, stage_status_tag(stage), status)
 
-    with _outcome(end):
+    # The stage's session, adding to run_id for the block: killed runs and the sweep stay its own.
+    with active(replace(session(), adding_to=run_id)), _outcome(end):
         yield run
 
 
 def current_run_id() -> str:
     """The run this process logs to: the one a stage adds to (adding_to_run), else the active
     run's, else ""."""
-    if _ADDING_TO or not enabled():
-        return _ADDING_TO
+    current = session()
+    if current.adding_to or not current.enabled:
+        return current.adding_to
     import mlflow
 
     active = mlflow.active_run()
@@ -509,10 +548,6 @@ def _log_tags(client, run_id: str, tags: dict[str, str]) -> None:
 
     if tags:
         client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-
-
-# Runs this process ended KILLED (stages/_cli.py says so when a signal stops a stage, and only then).
-KILLED_RUNS: list[str] = []
 
 
 _NO_RUN = SimpleNamespace(info=SimpleNamespace(run_id="", experiment_id="", run_name=""))
@@ -538,8 +573,9 @@ def set_tags(tags: dict[str, str]) -> None:
         return
     import mlflow
 
-    if _ADDING_TO:
-        _log_tags(mlflow.MlflowClient(), _ADDING_TO, tags)
+    adding_to = session().adding_to
+    if adding_to:
+        _log_tags(mlflow.MlflowClient(), adding_to, tags)
     else:
         mlflow.set_tags(tags)
 
@@ -560,7 +596,7 @@ def log_metrics(
             clean,
             step=step,
             synchronous=False,
-            run_id=_ADDING_TO or None,
+            run_id=session().adding_to or None,
             model_id=model_id or None,
             dataset=dataset,
         )
@@ -575,7 +611,7 @@ def log_params(params: dict[str, Any]) -> None:
     # first (pipeline/tracking/redact.py): a param is kept forever and shown to everyone with the UI.
     items = [(k, v[:6000]) for k, v in redact_params(params).items()]
     for i in range(0, len(items), 100):
-        mlflow.log_params(dict(items[i : i + 100]), run_id=_ADDING_TO or None)
+        mlflow.log_params(dict(items[i : i + 100]), run_id=session().adding_to or None)
 
 
 def run_file(stage: str) -> Path:
@@ -652,7 +688,7 @@ def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:
         return
     import mlflow
 
-    mlflow.log_artifact(str(path), artifact_path=artifact_path, run_id=_ADDING_TO or None)
+    mlflow.log_artifact(str(path), artifact_path=artifact_path, run_id=session().adding_to or None)
 
 
 def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = None) -> None:

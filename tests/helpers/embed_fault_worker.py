@@ -14,11 +14,10 @@ import sys
 
 import numpy as np  # noqa: E402
 
-import stages  # noqa: F401  (first: it pins the portable numerics before torch is imported, as a stage does)
-from pipeline.core import (
-    distributed,
-    numerics,  # noqa: E402
-)
+from stages import startup  # noqa: E402
+
+startup.begin()  # first: the portable numerics before torch is imported, as a stage does
+from pipeline.core import distributed, numerics  # noqa: E402
 from stages import embed  # noqa: E402
 
 

@@ -1,0 +1,36 @@
+"""Importing the project changes nothing in the process: no environment variable, no umask, no
+signal handler, no excepthook. Only a stage run as `python -m stages.<name>` sets up its process
+(stages/startup.py), and it does so before its imports."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.core.paths import REPO_ROOT
+
+pytestmark = pytest.mark.unit
+
+PROBE = """
+import json, os, signal, sys
+before = (dict(os.environ), os.umask(0o022), signal.getsignal(signal.SIGINT), sys.excepthook)
+os.umask(before[1])
+import stages, stages.embed, stages.train, stages.evaluate, stages.report, stages.startup
+import pipeline.core.atomic, pipeline.tracking.store, pipeline.train.loop, pipeline.report.build
+umask = os.umask(0o022)
+after = (dict(os.environ), umask, signal.getsignal(signal.SIGINT), sys.excepthook)
+print(json.dumps({"env": sorted(set(after[0].items()) ^ set(before[0].items())),
+                  "umask": after[1] == before[1], "sigint": after[2] is before[2], "hook": after[3] is before[3]}))
+"""
+
+
+def test_importing_every_stage_and_the_library_changes_nothing_in_the_process():
+    env = {k: v for k, v in os.environ.items() if k != "ENERGY_FLOW_NUMERICS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {"env": [], "umask": True, "sigint": True, "hook": True}
