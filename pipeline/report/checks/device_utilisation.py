@@ -17,11 +17,11 @@ from pipeline.report.checks.wording import device_utilisation as say
 
 DEVICE_BUSY = "perf/gpu_busy"
 # A kernel shorter than this ends before the host has dispatched the next: eager PyTorch spends
-# some 10-20 µs of host time on each op it launches, so a step made of such kernels keeps the GPU
+# about this much host time on each op it launches, so a step made of such kernels keeps the GPU
 # waiting on launches however many there are (launch-bound).
 SHORT_KERNEL_US = 20.0
 # Waiting for its batch more than this share of the step, the loader sets the pace, not the model
-# (gathering a batch from the page cache costs a default run about 0.2 % of its step).
+# (gathering a batch from the page cache costs a default run a tiny share of its step).
 DATA_BOUND_FRACTION = 0.3
 SYNC_BOUND, LAUNCH_BOUND, DATA_BOUND = "sync-bound", "launch-bound", "data-bound"
 DEVICE_CAUSES = (SYNC_BOUND, LAUNCH_BOUND, DATA_BOUND)

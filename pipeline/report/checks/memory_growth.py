@@ -55,8 +55,8 @@ def fit_memory(df: pd.DataFrame, col: str, p: Mapping) -> dict | str:
 
 
 def grows(fit: Mapping, p: Mapping) -> bool:
-    # All three: significant (not noise), steep enough to matter (20 MB/1k = 1 GB per 50k steps),
-    # and a growth over the planned run that costs something.
+    # All three: significant (not noise), steep enough to matter (ReportConfig says why the
+    # slope's bar), and a growth over the planned run that costs something.
     return (
         fit["p_value"] < p["memory_alpha"]
         and fit["slope_mb_per_1k_steps"] > p["memory_min_mb_per_1k"]

@@ -59,11 +59,11 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> CheckResult:
     fix = say.FIX
     if STEP_MS not in df.columns:
         return CheckResult("skip", common.not_logged(STEP_MS), {}, common.log_to_enable(STEP_MS))
-    # The adaptive flow loop takes more flow steps per batch as training changes the model (after
-    # fault=lr_spike's x100 updates the smoke model went from 3 to 5 flow steps and its step time
-    # rose 1.72x), and each flow step costs time: a slower training step can be more work with
-    # nothing wrong in the loop. So the time per flow step is judged where the trainer logs it;
-    # telemetry without it (older runs) is judged per training step, as before.
+    # The adaptive flow loop takes more flow steps per batch as training changes the model (a bad
+    # update such as fault=lr_spike's makes flows arrive later), and each flow step costs time: a
+    # slower training step can be more work with nothing wrong in the loop. So the time per flow
+    # step is judged where the trainer logs it; telemetry without it (older runs) is judged per
+    # training step, as before.
     col = judged_time(df, p)
     per_flow = col == FLOW_STEP_MS
     split = step_time_split(df, p, col)
