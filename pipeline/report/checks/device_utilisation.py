@@ -99,17 +99,17 @@ def check_device_utilisation(df: pd.DataFrame, p: Mapping) -> CheckResult:
     busy, warn, fail = fig["busy_fraction"], p["device_busy_warn"], p["device_busy_fail"]
     status = "fail" if busy < fail else "warn" if busy < warn else "pass"
     causes = device_causes(fig, p) if status != "pass" else []
+    passed = status == "pass"
     evidence: dict[str, Any] = {k: v for k, v in fig.items() if math.isfinite(v)}
     evidence.update(
         warn_below_fraction=warn,
         fail_below_fraction=fail,
-        causes=", ".join(c["name"] for c in causes) or ("not identified" if status != "pass" else "none judged"),
+        causes=say.causes(causes, passed),
         synthetic=synthetic,
         rows=len(d),
     )
     # One flag per cause as well: the evidence file keeps numbers and flags, not text.
     named = {c["name"] for c in causes}
     evidence.update({cause.replace("-", "_"): cause in named for cause in DEVICE_CAUSES})
-    passed = status == "pass"
     summary = say.summary(busy, len(d), warn, fail, passed, causes, say.numbers(fig), synthetic)
     return CheckResult(status, summary, evidence, say.fix(passed, causes))

@@ -68,6 +68,11 @@ def numbers(fig: Mapping[str, float]) -> str:
     return text
 
 
+def causes(found: Sequence[Mapping[str, str]], passed: bool) -> str:
+    """The causes named, for the evidence: 'sync-bound, data-bound'."""
+    return ", ".join(c["name"] for c in found) or ("none judged" if passed else "not identified")
+
+
 def no_gpu(col: str, numbers_text: str) -> str:
     return (
         f"No GPU figures: {col} is NaN on every row (a run without CUDA), so there is nothing to judge"
