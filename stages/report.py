@@ -18,6 +18,9 @@ if __name__ == "__main__":  # run as a stage: before the imports below (stages/s
 
 import logging
 import sys
+from dataclasses import dataclass
+
+import pandas as pd
 
 from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.core.stage_outputs import read_csv, read_json
@@ -31,15 +34,25 @@ from ._cli import run_stage
 log = logging.getLogger(__name__)
 
 
-def run(cfg) -> dict:
-    train_metrics = read_json(METRICS_DIR / "train.json", "train")
+@dataclass(frozen=True)
+class ReportInputs:
+    """What the report judges: the telemetry (with the run's time and memory where they are its
+    own), the trainer's events, the train and evaluate stages' metrics, and why the time and
+    memory are missing ("" when measured)."""
+
+    steps: pd.DataFrame
+    events: list
+    train_metrics: dict
+    eval_metrics: dict | None
+    unmeasured: str
+    diverged: bool
+
+
+def read_inputs(cfg, train_metrics: dict | None = None) -> ReportInputs:
+    """`train_metrics`: metrics/train.json when the caller has read it already."""
+    if train_metrics is None:
+        train_metrics = read_json(METRICS_DIR / "train.json", "train")
     diverged = bool(train_metrics.get("train/diverged"))
-    if not tracking.enabled():
-        run_id = ""
-    elif diverged:  # no model to find the run by: the run file the diverged run wrote
-        run_id = tracking.read_run_file("train")["run_id"]
-    else:
-        run_id = tracking.read_run_file("train", repo_path(cfg.train.out_dir) / "model.pt")["run_id"]
     steps = read_csv(TELEMETRY_DIR / "train_steps.csv", "train", required=("step",))
     perf = read_perf(cfg)  # time and memory, beside the DVC outputs (pipeline/train/perf_files.py)
     if perf.steps is not None:
@@ -47,9 +60,32 @@ def run(cfg) -> dict:
     else:
         log.warning("%s: the memory, step-time and device checks are skipped. %s", perf.missing, REMEASURE)
     events = read_json(TELEMETRY_DIR / "train_events.json", "train", expect=list)
-    train_metrics = {**train_metrics, **perf.totals}
     eval_metrics = None if diverged else read_json(METRICS_DIR / "eval.json", "evaluate")
-    result = build_report(cfg, run_id, steps, events, train_metrics, eval_metrics, unmeasured=perf.missing)
+    return ReportInputs(steps, events, {**train_metrics, **perf.totals}, eval_metrics, perf.missing, diverged)
+
+
+def model_run_id(cfg, diverged: bool) -> str:
+    """The model's MLflow run ("" with tracking off)."""
+    if not tracking.enabled():
+        return ""
+    if diverged:  # no model to find the run by: the run file the diverged run wrote
+        return tracking.read_run_file("train")["run_id"]
+    return tracking.read_run_file("train", repo_path(cfg.train.out_dir) / "model.pt")["run_id"]
+
+
+def run(cfg) -> dict:
+    train_metrics = read_json(METRICS_DIR / "train.json", "train")
+    run_id = model_run_id(cfg, bool(train_metrics.get("train/diverged")))
+    inputs = read_inputs(cfg, train_metrics)
+    result = build_report(
+        cfg,
+        run_id,
+        inputs.steps,
+        inputs.events,
+        inputs.train_metrics,
+        inputs.eval_metrics,
+        unmeasured=inputs.unmeasured,
+    )
     with tracking.adding_to_run(run_id, "report"):
         log_report(result)
     log.info(verdict_line(result))

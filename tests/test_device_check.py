@@ -23,8 +23,10 @@ from pipeline.report.checks import (
     run_checks,
     stability_metrics,
 )
+from pipeline.report.layout import CHECK_PLOTS, verdict_parts
 from pipeline.report.plots import make_plots, plot_device, plot_step_time
-from pipeline.report.render import CHECK_PLOTS, fmt_value, render_markdown, verdict_parts
+from pipeline.report.render import render_markdown
+from pipeline.report.units import fmt_value
 
 # Flat synthetic step times have no rank trend: Spearman's rho is undefined (NaN), as it should be.
 pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore::scipy.stats.ConstantInputWarning")]

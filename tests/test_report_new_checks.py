@@ -24,17 +24,10 @@ from pipeline.report.checks import (
     scaler_history,
     zone_step_fractions,
 )
+from pipeline.report.layout import CHECK_PLOTS, STATUS_COLOURS, verdict_parts
 from pipeline.report.plots import make_plots, plot_learning, plot_scaler
-from pipeline.report.render import (
-    CHECK_PLOTS,
-    STATUS_COLOURS,
-    fmt,
-    fmt_value,
-    render_html,
-    render_markdown,
-    unit,
-    verdict_parts,
-)
+from pipeline.report.render import render_html, render_markdown
+from pipeline.report.units import fmt, fmt_value, unit
 from tests.helpers.synthetic import clean_run
 
 pytestmark = pytest.mark.unit

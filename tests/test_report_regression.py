@@ -21,8 +21,10 @@ from pipeline.report.checks import (
     run_checks,
     stability_metrics,
 )
+from pipeline.report.layout import CHECK_PLOTS
 from pipeline.report.plots import plot_loss
-from pipeline.report.render import CHECK_PLOTS, fmt_value, render_html, render_markdown, unit
+from pipeline.report.render import render_html, render_markdown
+from pipeline.report.units import fmt_value, unit
 from tests.helpers.synthetic import clean_run
 
 pytestmark = pytest.mark.unit

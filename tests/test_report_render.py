@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from pipeline.report.checks import CHECK_ORDER, run_checks
+from pipeline.report.layout import eval_table
 from pipeline.report.plots import make_plots
-from pipeline.report.render import eval_table, render_html, render_markdown
+from pipeline.report.render import render_html, render_markdown
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,9 @@ from pipeline.core.atomic import write_text
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.report.checks import run_checks
+from pipeline.report.layout import STATUS_COLOURS
 from pipeline.report.plots import make_plots
-from pipeline.report.render import STATUS_COLOURS, render_html
+from pipeline.report.render import render_html
 from tools import screenshot as shot_mod
 from tools.screenshot import find_chromium, main, screenshot
 

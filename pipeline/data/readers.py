@@ -504,14 +504,22 @@ def _header_line(text: str) -> str:
 
 
 def _guess_delimiter(text: str, sep: str) -> tuple[str, int] | None:
-    """The delimiter the header line seems to use, if not `sep`: the most frequent of , ; tab |
-    outside double quotes, when it is more frequent there than `sep`."""
-    header = re.sub(r'"[^"]*"', "", _header_line(text))
-    counts = {c: header.count(c) for c in _DELIMITER_CANDIDATES}
-    best = max(_DELIMITER_CANDIDATES, key=lambda c: counts[c])
-    if best != sep and counts[best] > counts.get(sep, header.count(sep)):
-        return best, counts[best]
-    return None
+    """The delimiter the header line seems to use, if not `sep`: csv.Sniffer's pick among , ; tab |,
+    when it occurs more often outside double quotes than `sep`. Sniffer sees one line (the header:
+    a data row may be what is broken), where every character it holds is equally consistent, so
+    its preference among them decides: the most frequent outside quotes first, as people read a
+    header; quoted fields, which Sniffer recognises, can still point it at another."""
+    header = _header_line(text)
+    bare = re.sub(r'"[^"]*"', "", header)
+    others = sorted((c for c in _DELIMITER_CANDIDATES if c != sep), key=lambda c: -bare.count(c))
+    sniffer = csv.Sniffer()
+    sniffer.preferred = others
+    try:
+        best = sniffer.sniff(header, delimiters="".join(others)).delimiter
+    except csv.Error:  # none of them in the header
+        return None
+    n = bare.count(best)
+    return (best, n) if n > bare.count(sep) else None
 
 
 def _delimiter_hint(text: str, fmt: str, sep: str, explicit: bool) -> str:

@@ -13,7 +13,9 @@ import pandas as pd
 
 from pipeline.core.atomic import write_json, write_text
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR
-from pipeline.report.checks import TRAIN_KEYS, headline_verdict, run_checks, stability_metrics
+from pipeline.report.checks.metrics_file import stability_metrics
+from pipeline.report.checks.params import run_params
+from pipeline.report.checks.suite import headline_verdict, run_checks
 from pipeline.report.plots import make_plots
 from pipeline.report.render import render_html, render_markdown
 from pipeline.tracking import store as tracking
@@ -21,21 +23,6 @@ from pipeline.tracking import store as tracking
 STABILITY_JSON = METRICS_DIR / "stability.json"
 REPORT_FILES = (REPORTS_DIR / "stability.md", REPORTS_DIR / "stability.html")
 EVIDENCE_JSON = REPORTS_DIR / "stability_evidence.json"  # not a DVC output: holds time and memory
-
-
-def report_params(cfg, train_metrics: Mapping, n_rows: int) -> dict:
-    """The checks' parameters: report.*, the trainer's own thresholds (train.grad_*, spike_*),
-    and what the train stage measured about the run and the model (planned steps, resume
-    point, the flow-step bounds)."""
-    planned = train_metrics.get("train/planned_steps", train_metrics.get("train/steps", n_rows))
-    return {
-        **dict(cfg.report),
-        **{k: cfg.train[k] for k in TRAIN_KEYS},
-        "planned_steps": int(planned) if planned else None,
-        "resumed_from_step": int(train_metrics.get("train/resumed_from_step", 0)),
-        "step_cap": train_metrics.get("flow/step_cap"),
-        "min_steps_to_arrive": train_metrics.get("flow/min_steps_to_arrive"),
-    }
 
 
 def build_report(
@@ -52,7 +39,7 @@ def build_report(
     and memory included), each written atomically. `unmeasured`: why there are no time and
     memory measurements of this run (pipeline/train/perf_files.py), said by the checks that need them.
     Returns the checks' result with "plots" ({name: path}) added."""
-    params = report_params(cfg, train_metrics, len(steps))
+    params = run_params(cfg, train_metrics, len(steps))
     result = run_checks(steps, events, params, eval_metrics, unmeasured=unmeasured)
     plots = make_plots(steps, events, params, REPORTS_DIR / "plots", eval_metrics)
     info = {"run_id": run_id, "preset": cfg.run.preset, **train_metrics}

@@ -1,0 +1,115 @@
+"""learning: did training teach the model anything, and is it better than the evaluate stage's
+baselines (copying the input; the best linear map; the answer of the nearest training question)?
+On the test split (val when there is none), by the headline metric, group top-1:
+
+- fail: the model's predictions are not finite, or its training loss fell by less than
+  learning_min_drop between the first and last logged rows (it learned nothing);
+- warn: it is worse than a baseline on group top-1 (the paired difference's interval lies
+  below 0): a stable run, but not a model to use;
+- pass: otherwise.
+Every difference is the evaluate stage's, with its interval, said in words; so is what the
+intervals cover (the test items, and the training seed when the preset's seed-variance
+reference matched: eval/<split>/ci_covers_seeds)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from pipeline.report.checks.result import CheckResult
+from pipeline.report.checks.telemetry import finite_number
+from pipeline.report.checks.wording import learning as say
+
+HEADLINE = "group_top1"  # what "better than a baseline" is judged on (the evaluate stage's headline)
+LEARNING_BASELINES = ("identity", "ridge", "nearest")
+EVIDENCE_METRICS = ("group_top1", "group_top5", "mrr", "cosine", "top1", "top5")
+
+
+def loss_drop(df: pd.DataFrame | None) -> tuple[float, float, float] | None:
+    """(first, last, drop): the training loss over its first and last 3 logged rows (medians, so
+    one noisy row does not decide) and the share it fell by; None without 2 finite rows."""
+    if df is None or "train/loss" not in df:
+        return None
+    loss = df["train/loss"].to_numpy(dtype=float)
+    loss = loss[np.isfinite(loss)]
+    if len(loss) < 2:
+        return None
+    k = max(1, min(3, len(loss) // 2))
+    first, last = float(np.median(loss[:k])), float(np.median(loss[-k:]))
+    return first, last, (first - last) / abs(first) if first else 0.0
+
+
+def check_learning(eval_metrics: Mapping | None, p: Mapping, df: pd.DataFrame | None = None) -> CheckResult:
+    """The module's docstring says how the run is judged."""
+    if not eval_metrics:
+        return CheckResult("skip", say.NO_METRICS, {}, say.NO_METRICS_FIX)
+    split = next((s for s in ("test", "val") if f"eval/{s}/model/cosine" in eval_metrics), None)
+    if split is None:
+        return CheckResult("skip", say.NO_COSINE, {}, say.NO_COSINE_FIX)
+
+    def get(who: str, metric: str = "cosine", part: str = "") -> float:
+        v = eval_metrics.get(f"eval/{split}/{who}/{metric}" + (f"/{part}" if part else ""))
+        return float(v) if finite_number(v) else float("nan")
+
+    # The headline metric, or cosine for an evaluation that has no retrieval metrics.
+    headline = HEADLINE if math.isfinite(get("model", HEADLINE)) else "cosine"
+    covers_seeds = bool(eval_metrics.get(f"eval/{split}/ci_covers_seeds", 0))
+    ref_seeds = int(eval_metrics.get(f"eval/{split}/seed_reference_seeds", 0) or 0)
+    evidence: dict[str, Any] = {
+        "split": split,
+        "headline": headline,
+        "ci_covers_seeds": covers_seeds,
+        "seed_reference_seeds": ref_seeds,
+    }
+    evidence["model_cosine"] = get("model", "cosine")  # (NaN too: the figure the fail is about)
+    for metric in EVIDENCE_METRICS:
+        for name in ("model", *LEARNING_BASELINES):
+            if math.isfinite(get(name, metric)):
+                evidence[f"{name}_{metric}"] = get(name, metric)
+    said, worse_than = [], []
+    for b in LEARNING_BASELINES:
+        for metric in dict.fromkeys((headline, "cosine")):
+            d = [get(f"model_vs_{b}", metric, part) for part in ("", "ci95_low", "ci95_high", "p_value")]
+            if not all(math.isfinite(x) for x in d):
+                continue
+            evidence.update(
+                {
+                    f"vs_{b}_{metric}": d[0],
+                    f"vs_{b}_{metric}_ci95_low": d[1],
+                    f"vs_{b}_{metric}_ci95_high": d[2],
+                    f"vs_{b}_{metric}_p_value": d[3],
+                }
+            )
+            interval = say.interval(d)
+            if d[1] > 0:
+                said.append(say.beats(b, metric, interval))
+            elif d[2] < 0:
+                said.append(say.trails(b, metric, interval))
+                if metric == headline:
+                    worse_than.append((b, interval))
+            else:
+                said.append(say.no_difference(b, metric, interval))
+    drop = loss_drop(df)
+    if drop is not None:
+        evidence.update(loss_first=drop[0], loss_last=drop[1], loss_drop=drop[2])
+    evidence["min_drop"] = p["learning_min_drop"]
+    against = say.against([(n, get(n, headline)) for n in LEARNING_BASELINES if math.isfinite(get(n, headline))])
+    summary = say.headline(split, headline, get("model", headline), against)
+    fix = None
+    if not math.isfinite(get("model", "cosine")):
+        status, fix = "fail", say.NOT_FINITE_FIX
+        summary = say.not_finite(split, get("model", "cosine"), against)
+    elif drop is not None and drop[2] < p["learning_min_drop"]:
+        status, fix = "fail", say.NOTHING_LEARNED_FIX
+        summary += say.nothing_learned(drop[0], drop[1], drop[2], p["learning_min_drop"])
+    elif worse_than:
+        status, fix = "warn", say.WORSE_FIX
+        summary += say.worse(worse_than, headline)
+    else:
+        status = "pass"
+        summary += say.not_worse(headline)
+    summary += say.comparisons(said) + say.luck(covers_seeds, ref_seeds)
+    return CheckResult(status, summary, evidence, fix)
