@@ -58,7 +58,7 @@ POSITIVE_INT = above(0, "an integer")
 FRACTION = within(0, 1, "[]", "a fraction")
 
 
-def param(range: Range | None = None, doc: str = "") -> Any:  # noqa: A002 - the word the schema reads best with
+def param(range: Range | None = None, doc: str = "") -> Any:
     """A schema field with no default (conf/config.yaml holds it): its allowed values and meaning."""
     return dataclasses.field(default=MISSING, metadata={"range": range, "doc": doc})
 

@@ -111,7 +111,6 @@ class EmbedConfig:
     drop_duplicates: bool = param(doc="repeated (input, target) pairs are counted always, dropped unless false")
     empty_text: EmptyText = param(doc="a null or empty input/target text stops the run, or is dropped and counted")
     out_dir: str = param(doc="where the shards and their manifest are written")
-    # Bounded files: a dataset larger than memory is written and read piecewise.
     rows_per_shard: int = param(POSITIVE_INT, doc="rows per .npy shard file")
     dtype: ShardDtype = param(doc="shard dtype; float16 halves disk and page cache, batches are float32 either way")
     # Not a DVC output: DVC would delete it before each run, and it is meant to outlive runs.
@@ -129,37 +128,49 @@ class EmbedConfig:
 
 @dataclass
 class ModelConfig:
-    lattice_width: int = param(POSITIVE_INT, doc="cells across the lattice")
-    lattice_height: int = param(POSITIVE_INT, doc="cells down the lattice")
-    lattice_depth: int = param(POSITIVE_INT, doc="layers from the input surface to the output surface")
-    max_active_flows: int = param(POSITIVE_INT, doc="cap on flows of the whole batch")
-    cell_state_dim: int = param(POSITIVE_INT, doc="state size of each lattice cell")
-    neuron_hidden: int = param(POSITIVE_INT, doc="hidden width of a cell's neuron")
-    carrier_layers: int = param(POSITIVE_INT, doc="GRU layers of the flow carrier")
-    carrier_hidden: int = param(POSITIVE_INT, doc="hidden width of the flow carrier")
-    # > 0 so that every flow arrives within ceil(D / min_forward) steps; <= max_forward: a rule.
-    min_forward: float = param(doc="smallest forward move of a flow per step")
-    max_forward: float = param(doc="largest forward move of a flow per step")
-    max_lateral: float = param(at_least(0), doc="largest sideways move of a flow per step")
-    # Energies are tanh-bounded, so a threshold of 1 or more would never be crossed.
-    energy_min: float = param(
-        within(0, 1, "[)", why="energies are tanh-bounded"), doc="a flow whose |energy| falls below this dies"
+    lattice_width: int = param(POSITIVE_INT, doc="W: width of the lattice, its input face and its output surface")
+    lattice_height: int = param(POSITIVE_INT, doc="H: height of the same; the input and output mappers' size is W*H")
+    lattice_depth: int = param(
+        POSITIVE_INT, doc="D: how far a flow travels (z from 0 to D); with the movement bounds it sets the flow steps"
     )
-    convergence_threshold: float = param(within(0, 1, "(]"), doc="share of flows finished that counts as converged")
-    patience: int = param(POSITIVE_INT, doc="flow steps the share must hold before an adaptive stop")
-    max_steps: int = param(POSITIVE_INT, doc="flow steps at most")
-    adaptive_stop: bool = param(doc="stop the flow loop once converged (convergence_threshold for patience steps)")
+    max_active_flows: int = param(
+        POSITIVE_INT,
+        doc="flows spawned for the whole batch; each sample gets max(1, min(W*H, max_active_flows // batch))",
+    )
+    cell_state_dim: int = param(POSITIVE_INT, doc="size of each lattice cell's learned state")
+    neuron_hidden: int = param(POSITIVE_INT, doc="width of the neuron MLP, and so of the carrier's input")
+    carrier_layers: int = param(POSITIVE_INT, doc="stacked GRU cells in the carrier")
+    carrier_hidden: int = param(POSITIVE_INT, doc="units of each GRU cell")
+    # > 0 guarantees every flow arrives within ceil(D / min_forward) steps; <= max_forward is a rule.
+    min_forward: float = param(doc="least forward (z) move per step")
+    max_forward: float = param(doc="largest forward move per step; sets the earliest arrival, ceil(D / max_forward)")
+    max_lateral: float = param(at_least(0), doc="largest x and y move per step (cells); 0: each flow keeps its column")
+    energy_min: float = param(
+        within(0, 1, "[)", why="energies are tanh-bounded"),
+        doc="a flow whose |energy| falls below this before arriving dies and deposits nothing",
+    )
+    convergence_threshold: float = param(
+        within(0, 1, "(]"),
+        doc="share of the batch's flows that must have finished (arrived or died) for a step to count as converged",
+    )
+    patience: int = param(POSITIVE_INT, doc="converged steps in a row before adaptive stopping ends the loop")
+    max_steps: int = param(POSITIVE_INT, doc="hard cap on flow steps per forward pass")
+    adaptive_stop: bool = param(doc="false: the loop runs until every flow has finished (or max_steps)")
     output_hidden: int = param(POSITIVE_INT, doc="hidden width of the output mapper")
-    checkpoint_steps: bool = param(doc="activation checkpointing per flow step: less memory, more compute")
+    checkpoint_steps: bool = param(
+        doc="activation checkpointing per flow step: activations recomputed in backward (less memory, more compute)"
+    )
     # A path around the lattice: the flows learn the correction to (a linear map of) the input, not
     # the whole answer through the output surface (docs/model.md has each choice's measured effect).
-    residual: Residual = param(doc="what the prediction adds to the output mapper's reading of the surface")
+    residual: Residual = param(
+        doc="the path around the lattice: linear (a learned E x E map, starts as the identity), identity (the "
+        "input itself) or none (the prototype's model)"
+    )
 
 
 @dataclass
 class GradScalerConfig:
-    """torch.amp.GradScaler settings (fp16 only). The values in conf/config.yaml are the fix for the
-    prototype's failure (docs/prototype.md); the `fp16_unstable` preset has its failing ones."""
+    """torch.amp.GradScaler settings (fp16 only)."""
 
     init_scale: float = param(above(0), doc="loss scale at the start")
     growth_factor: float = param(above(1), doc="scale multiplier after growth_interval steps without overflow")
@@ -176,8 +187,6 @@ class GradScalerConfig:
 class TrainConfig:
     epochs: int = param(POSITIVE_INT, doc="passes over the train split")
     batch_size: int = param(POSITIVE_INT, doc="rows per micro-batch (per process)")
-    # Gathering from page cache is cheap next to a step on a CPU, so it pays only for shards on a
-    # slow disk.
     prefetch: int = param(
         at_least(0, why="batches gathered ahead; 0 = off"),
         doc="batches gathered ahead on a background thread",
@@ -233,9 +242,9 @@ class TrainConfig:
         doc="MLflow system metrics (CPU, memory, disk, network, GPU) sampled every N seconds; each "
         "sample reads the run back",
     )
-    # Without it two processes can end with weights that differ in the last digits (and a resumed
-    # run is not bitwise the same); ops with no deterministic kernel (some on CUDA) warn instead.
-    deterministic: bool = param(doc="torch.use_deterministic_algorithms for the run")
+    deterministic: bool = param(
+        doc="torch.use_deterministic_algorithms for the run; ops with no deterministic kernel (some on CUDA) warn"
+    )
     # Under your own torchrun, torchrun's count wins. 2 processes with grad_accum 1 train the model
     # that 1 process with grad_accum 2 trains.
     nproc: int = param(
@@ -254,8 +263,6 @@ class FaultConfig:
     """Deliberate faults that prove the detectors (conf/fault/*.yaml; `fault=nan_loss`)."""
 
     kind: FaultKind = param(doc="which fault; none = a clean run")
-    # The spike detector needs MIN_SPIKE_WINDOW losses of history, and the steps after it must
-    # show recovery.
     step: int = param(at_least(1, "an optimizer step"), doc="first optimizer step hit (1-based)")
     steps: int = param(
         POSITIVE_INT,
@@ -268,8 +275,6 @@ class FaultConfig:
         doc="loss_spike: loss multiplier; lr_spike, lr_jump: LR multiplier; sync_bound: host reads "
         "added per micro-batch",
     )
-    # The autograd graph alone is lost in the allocator's noise over a smoke run; this makes the
-    # leak stand out.
     leak_mb: float = param(
         Range("MB kept per step, in [0, 1024]", within(0, 1024).allows),
         doc="leak: MB kept alive per step on top of the step's autograd graph",
@@ -284,7 +289,6 @@ class FaultConfig:
 class EvaluateConfig:
     ridge_alpha: float = param(at_least(0), doc="regularisation of the ridge-regression baseline")
     samples: int = param(doc="decoded examples in the sample table")
-    # Fewer resamples make the CI ends' resampling noise large next to the interval's width.
     bootstrap_resamples: int = param(
         at_least(1000, why="fewer make the 95 % interval's ends noisy"),
         doc="paired bootstrap resamples over test items for every 95 % CI (pipeline/evaluate/stats.py)",
@@ -297,13 +301,9 @@ class ReportConfig:
     """The report's thresholds (pipeline/report/checks.py). It also judges by train.grad_warning,
     train.grad_critical, train.spike_k and train.spike_window: the trainer flags with them."""
 
-    # The first steps pay for allocator growth and autotuning: not steady state.
     warmup_steps: int = param(at_least(0), doc="steps left out of the memory and step-time checks")
     memory_alpha: float = param(within(0, 1, "()"), doc="significance level of the memory slope test")
-    # Below it a leak takes so long to cost a GB that it is not urgent.
     memory_min_mb_per_1k: float = param(doc="memory slope (MB per 1000 steps) below which growth is not a leak")
-    # A short run whose RSS rises while the allocator settles has a steep, significant slope yet
-    # loses nothing that matters.
     memory_min_growth_mb: float = param(doc="fitted growth over the planned run below which growth is not a leak")
     step_time_max_ratio: float = param(
         above(0),
@@ -315,12 +315,10 @@ class ReportConfig:
         FRACTION,
         doc="non-finite steps rarer than this and recovered: warn, not fail",
     )
-    # The clean runs' k-sigma spikes stay well below this; an injected fault is far past it.
     spike_fail_factor: float = param(
         above(1, why="a spike this many times the trailing mean loss fails"),
         doc="a spike this many times the trailing mean loss fails even when the loss recovers",
     )
-    # A scale below 1 means gradients overflow even unscaled: real inf/NaN, not calibration.
     scaler_min_scale: float = param(above(0), doc="fp16: loss scale below which the scaler check fails")
     scaler_max_backoff_fraction: float = param(
         FRACTION,
@@ -330,26 +328,19 @@ class ReportConfig:
         within(0, 1, "[)", "a share"),
         doc="share the training loss must fall by between its first and last logged rows (medians of 3)",
     )
-    # Several times the healthy default run's rise and under half of a real regression's: room for a
-    # noisier model (the committed runs' rises: loss_regression in metrics/stability.json).
     regression_rise: float = param(
         finite_above(0, "a finite fraction", "0.25: the smoothed loss 25 % above its running best"),
         doc="loss regression: how far (a fraction) the smoothed loss must stay above its running best",
     )
-    # Long enough that a shorter rise is the loss_spikes check's; the smoke preset sets its own.
     regression_min_steps: int = param(
         at_least(1, "an integer", "optimizer steps the rise must outlast"),
-        doc="loss regression: optimizer steps the rise must outlast",
+        doc="loss regression: optimizer steps the rise must outlast; also sets the smoothing window",
     )
-    # Below the warn share the GPU idles waiting on the host for more than most tuning wins back;
-    # below the fail share the run pays several times the GPU time its work needs.
     device_busy_warn: float = param(
         within(0, 1, "[]", "a fraction", "the GPU's busy share below which the check warns"),
         doc="CUDA runs: median share of a step the GPU spends running kernels, below which the check warns",
     )
     device_busy_fail: float = param(doc="CUDA runs: the GPU's busy share below which the check fails")
-    # One read per step for the training loop plus the fp16 GradScaler's overflow test is what a
-    # step needs; every other read makes the host wait for the device.
     device_max_syncs: int = param(
         at_least(0, "an integer", "host reads per training step"),
         doc="host reads per training step above which a step is sync-bound",
