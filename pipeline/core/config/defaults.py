@@ -6,6 +6,7 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core.config.schema import Config
+from pipeline.core.errors import ConfigError
 from pipeline.core.paths import REPO_ROOT
 
 PARAMS_FILE = REPO_ROOT / "params.yaml"
@@ -17,6 +18,8 @@ CONFIG_GROUPS = ("preset", "fault")  # conf/<group>/<name>.yaml, chosen with `gr
 def default_values() -> DictConfig:
     """Every parameter's default, as conf/config.yaml writes it, typed by the schema (a new copy
     each call: the caller may change it)."""
+    if not PRIMARY.is_file():
+        raise ConfigError(f"{PRIMARY} not found: run from a checkout of the project")
     values = OmegaConf.load(PRIMARY)
     values.pop("defaults", None)  # Hydra's list of config groups, not a parameter
     return OmegaConf.merge(OmegaConf.structured(Config), values)
