@@ -191,6 +191,14 @@ def test_config_mistakes_name_what_to_write_instead(overrides, fragment):
     assert fragment in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
 
 
+def test_an_unknown_key_under_a_mapping_is_named_with_the_keys_conf_gives_it():
+    # The schema holds no values, so a mapping's keys (embed.splits) come from conf/config.yaml.
+    with pytest.raises(ConfigError) as exc:
+        load_config(["embed.splits.extra=0.1"])
+    assert str(exc.value).endswith("expected one of the keys of 'embed.splits': test, train, val"), str(exc.value)
+    assert str(exc.value).startswith("unknown key 'embed.splits.extra'")
+
+
 def test_a_quoted_delimiter_and_an_empty_id_field_are_accepted():
     cfg = load_config(["embed.delimiter=';'", "embed.id_field="])
     assert cfg.embed.delimiter == ";" and cfg.embed.id_field == ""
