@@ -105,10 +105,10 @@ def sample_texts(n_distinct: int, new_fraction: float = 0.01, seed: int = 0):
     union) (at least 1) distinct texts of the rows that follow, none in the union."""
     import pandas as pd
 
-    from pipeline.core.config import EmbedConfig
+    from pipeline.core.config import default_values
     from pipeline.core.paths import repo_path
 
-    df = pd.read_csv(repo_path(EmbedConfig().dataset))
+    df = pd.read_csv(repo_path(default_values().embed.dataset))
     order = np.random.default_rng(seed).permutation(len(df))
     q_all, a_all = df["question"].astype(str).to_numpy(), df["answer"].astype(str).to_numpy()
     seen: dict[str, None] = {}
@@ -527,12 +527,12 @@ def main(argv=None) -> dict:
 
     def teacher():
         if not model:
-            from pipeline.core.config import EmbedConfig
+            from pipeline.core.config import default_values
             from pipeline.embed.teacher import load_teacher, teacher_identity
 
             model["m"] = load_teacher("bundled")
             model["id"] = teacher_identity("bundled", model["m"])
-            model["batch"] = EmbedConfig().batch_size
+            model["batch"] = default_values().embed.batch_size
             model["texts"] = sample_texts(texts)
         return model
 

@@ -10,7 +10,7 @@ from typing import Callable
 from omegaconf import OmegaConf
 
 from pipeline.core import distributed, output_dirs
-from pipeline.core.config import load_config
+from pipeline.core.config import describe, load_config
 from pipeline.core.errors import ConfigError, PipelineError, Terminated
 from pipeline.core.paths import repo_path
 from pipeline.tracking import store as tracking
@@ -26,6 +26,10 @@ fault=NAME adds a deliberate fault from conf/fault/ (nan_loss, inf_grad, loss_sp
 leak, sync_bound).
 This stage reads: {sections}. An unknown key, a wrong type or an impossible value stops the
 stage before any work, naming the key.
+
+Parameters: KEY = DEFAULT (TYPE; ALLOWED VALUES), then what it means. Defaults are conf/config.yaml's
+(params.yaml may hold a preset's); type, range and meaning are declared in pipeline/core/config/schema.py.
+{parameters}
 
 Tracking:     MLflow at MLFLOW_TRACKING_URI (unset: mlflow.db in the project). A server that does not
               answer stops the stage at its start; run.tracking=optional goes on untracked, =disabled
@@ -56,7 +60,8 @@ def run_stage(
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
         extra = DISTRIBUTED.format(key=nproc_key, name=name) if nproc_key else ""
-        print(USAGE.format(name=name, doc=doc.strip(), sections=sections, distributed=extra))
+        params = describe(sections)
+        print(USAGE.format(name=name, doc=doc.strip(), sections=sections, parameters=params, distributed=extra))
         return 0
     module, place, stage = f"stages.{name}", distributed.from_env(), name
     logging.basicConfig(level=logging.INFO, format=f"[{name}] %(message)s")

@@ -16,9 +16,12 @@ from pipeline.core.config import (
     SplitKey,
     Tracking,
     compose_raw,
+    default_values,
+    describe,
     flatten,
     load_config,
 )
+from pipeline.core.config.param import parameters
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import REPO_ROOT
 
@@ -50,21 +53,51 @@ def as_plain(cfg):
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
 
 
-def test_defaults_are_the_same_values_in_the_schema_conf_and_params_yaml():
-    # The dataclasses hold the defaults; conf/config.yaml must write the same values (DVC composes
-    # params.yaml from it, not from the schema), and params.yaml must be what that composition
-    # gives with the default preset: what `dvc exp run` would write is what `dvc repro` reads.
-    schema = as_plain(OmegaConf.structured(Config))
-    conf = as_plain(compose_raw(["preset=default"])[0])  # as Hydra composes it: no key filled from the schema
+def test_each_default_has_one_home_conf_config_yaml_and_params_yaml_is_its_composition():
+    # The schema declares types, ranges and meanings only: every value comes from conf/config.yaml
+    # (DVC composes params.yaml from it, in its own process, without the schema). conf/ must write
+    # every parameter the schema declares, each as the schema types it (1 where the schema says 1.0
+    # differs), and params.yaml must be what that composition gives with the default preset: what
+    # `dvc exp run` would write is what `dvc repro` reads.
+    schema = leaves(OmegaConf.to_container(OmegaConf.structured(Config)))
+    assert {k: v for k, v in schema.items() if v != "???"} == {}, "the schema holds a default"
+    assert set(schema) == {p.key for p in parameters(Config)}
+    conf = as_plain(compose_raw(["preset=default"])[0])  # as Hydra composes it: nothing filled in
+    typed = as_plain(load_config(["preset=default"]))
     params = as_plain(OmegaConf.load(PARAMS_FILE))
-    assert not differing(conf, schema), (
-        "conf/ with preset=default differs from pipeline/core/config.py's defaults:\n"
-        + "\n".join(differing(conf, schema))
+    written = {"embed.splits" if k.startswith("embed.splits.") else k for k in leaves(conf)}
+    assert written == {p.key for p in parameters(Config)}
+    assert not differing(conf, typed), (
+        "conf/ with preset=default writes a value unlike the schema's type:\n" + "\n".join(differing(conf, typed))
     )
     assert not differing(params, conf), "params.yaml differs from conf/ with preset=default:\n" + "\n".join(
         differing(params, conf)
     )
     assert not differing(as_plain(load_config([])), as_plain(load_config(["preset=default"])))
+    assert not differing(as_plain(default_values()), typed)
+
+
+def test_every_parameter_says_what_it_means():
+    assert [p.key for p in parameters(Config) if not p.doc.strip()] == []
+
+
+def test_a_key_a_params_file_lacks_takes_its_default_from_conf(tmp_path):
+    partial = yaml.safe_load(PARAMS_FILE.read_text())
+    del partial["train"]["lr"], partial["report"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(partial))
+    cfg = load_config([], params_file=tmp_path / "params.yaml")
+    assert cfg.train.lr == 0.003 and not differing(as_plain(cfg.report), as_plain(default_values().report))
+
+
+def test_help_shows_each_parameters_default_type_range_and_meaning():
+    text = describe("embed.out_dir, train")
+    lines = text.splitlines()
+    assert "  train.lr = 0.003  (float; a finite number > 0)" in lines
+    assert lines[lines.index("  train.lr = 0.003  (float; a finite number > 0)") + 1] == "      peak learning rate"
+    assert "  train.precision = auto  (one of auto, fp32, tf32, bf16, fp16)" in lines
+    assert "  train.grad_warning = 5.0  (float; 0 < grad_warning < grad_critical (10.0))" in lines
+    assert "  embed.out_dir = data/shards  (str)" in lines and "embed.dataset" not in text
+    assert "train.scaler.init_scale = 1024.0" in text and "model." not in text
 
 
 def test_differing_names_each_leaf_that_differs():
@@ -156,6 +189,14 @@ def test_config_mistakes_name_what_to_write_instead(overrides, fragment):
     with pytest.raises(ConfigError) as exc:
         load_config(overrides)
     assert fragment in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_an_unknown_key_under_a_mapping_is_named_with_the_keys_conf_gives_it():
+    # The schema holds no values, so a mapping's keys (embed.splits) come from conf/config.yaml.
+    with pytest.raises(ConfigError) as exc:
+        load_config(["embed.splits.extra=0.1"])
+    assert str(exc.value).endswith("expected one of the keys of 'embed.splits': test, train, val"), str(exc.value)
+    assert str(exc.value).startswith("unknown key 'embed.splits.extra'")
 
 
 def test_a_quoted_delimiter_and_an_empty_id_field_are_accepted():

@@ -290,9 +290,9 @@ def _message(key: str, value: str, resolved: Path, problem: str, advice: str) ->
 
 
 def _default_value(key: str):
-    from pipeline.core.config import Config
+    from pipeline.core.config import default_values
 
-    return OmegaConf.select(OmegaConf.structured(Config), key)
+    return OmegaConf.select(default_values(), key)
 
 
 def _default(key: str | None) -> str:

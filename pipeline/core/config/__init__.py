@@ -1,0 +1,169 @@
+"""Configuration: each parameter's facts in one place, loaded and checked before a stage works.
+
+- default value: conf/config.yaml (Hydra's primary config; DVC composes params.yaml from it);
+- type, range and one-line meaning: the field's declaration in pipeline/core/config/schema.py
+  (`param(range, doc)`); a range that depends on another value: pipeline/core/config/rules.py;
+- choices: the StrEnums of pipeline/core/config/choices.py.
+`python -m stages.<name> --help` prints all four for the parameters the stage reads (describe.py).
+
+The source a stage reads is `params.yaml` at the repository root: it is what DVC tracks, and
+`dvc exp run -S ...` (Hydra composition enabled in `.dvc/config`) rewrites it from `conf/`. A stage
+composes it with Hydra (compose.py), applies command-line overrides in Hydra's grammar
+(`train.lr=0.01`), and merges the result onto the schema, so an unknown key, a wrong type or an
+impossible value stops the stage before any work, naming the key. `preset=NAME` or `fault=NAME`
+on a stage's command line composes `conf/` with that preset / fault instead, exactly as
+`dvc exp run -S preset=NAME` does (a fault alone keeps params.yaml's preset).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from pipeline.core.config.choices import (
+    CudaGraph,
+    DataFormat,
+    EmptyText,
+    FaultKind,
+    FlowLoop,
+    Precision,
+    Residual,
+    ScalerRecovery,
+    ShardDtype,
+    SplitKey,
+    Tracking,
+)
+from pipeline.core.config.compose import compose_raw
+from pipeline.core.config.defaults import CONF_DIR, CONFIG_GROUPS, PARAMS_FILE, default_values
+from pipeline.core.config.describe import describe
+from pipeline.core.config.messages import choice_message, choices_of, unknown_key_message
+from pipeline.core.config.param import check_ranges
+from pipeline.core.config.rules import check_rules
+from pipeline.core.config.schema import (
+    MIN_SPIKE_WINDOW,
+    SWEEP_NAME,
+    Config,
+    EmbedConfig,
+    EvaluateConfig,
+    FaultConfig,
+    GradScalerConfig,
+    ModelConfig,
+    ReportConfig,
+    RunConfig,
+    TrainConfig,
+)
+from pipeline.core.errors import ConfigError
+from pipeline.core.paths import REPO_ROOT
+
+__all__ = [
+    "CONFIG_GROUPS",
+    "CONF_DIR",
+    "MIN_SPIKE_WINDOW",
+    "PARAMS_FILE",
+    "PATH_KEYS",
+    "SWEEP_NAME",
+    "Config",
+    "CudaGraph",
+    "DataFormat",
+    "EmbedConfig",
+    "EmptyText",
+    "EvaluateConfig",
+    "FaultConfig",
+    "FaultKind",
+    "FlowLoop",
+    "GradScalerConfig",
+    "ModelConfig",
+    "Precision",
+    "ReportConfig",
+    "Residual",
+    "RunConfig",
+    "ScalerRecovery",
+    "ShardDtype",
+    "SplitKey",
+    "TrainConfig",
+    "Tracking",
+    "choice_message",
+    "compose_raw",
+    "default_values",
+    "describe",
+    "flatten",
+    "load_config",
+    "unknown_key_message",
+    "validate",
+]
+
+
+def load_config(overrides: Sequence[str] = (), params_file: Path | None = None) -> DictConfig:
+    """Compose params.yaml (or conf/ when a `preset=` override is given) with Hydra, apply the
+    overrides, validate against the schema and return a read-only DictConfig."""
+    raw, source = compose_raw(overrides, params_file)
+    return validate(raw, source=source)
+
+
+def validate(raw: Any, source: str = "config") -> DictConfig:
+    """Merge onto the typed schema, a key `raw` lacks taking conf/config.yaml's value (unknown key,
+    wrong type, not one of a field's choices), then check every value, rule and path."""
+    try:
+        cfg = OmegaConf.merge(default_values(), raw)
+        # Interpolations (${...}, ${oc.env:...}) resolved now, each checked against its type, so a
+        # bad one is named here rather than failing wherever the value is first read.
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        if isinstance(e, ConfigKeyError) and key != "?":
+            raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
+        choices = choices_of(key)
+        if choices is not None:
+            raise ConfigError(choice_message(key, getattr(e, "value", None), choices)) from None
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
+    check_ranges(cfg, Config)
+    check_rules(cfg)
+    _check_paths(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+PATH_KEYS = ("embed.dataset", "embed.out_dir", "embed.cache_dir", "train.out_dir", "train.checkpoint_dir")
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _check_paths(cfg: DictConfig) -> None:
+    """Every path from config inside the project, resolved (`..` and symlinks followed), unless
+    run.allow_external_paths: a typo or a hostile params.yaml must not read or overwrite files
+    elsewhere. A glob is judged by its part before the first wildcard."""
+    if cfg.run.allow_external_paths:
+        return
+    root = REPO_ROOT.resolve()
+    for key in PATH_KEYS:
+        value = OmegaConf.select(cfg, key)
+        if not value:
+            continue  # "" = off (embed.cache_dir)
+        parts = Path(value).parts
+        fixed = Path(*parts[: next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))] or ["."])
+        resolved = (root / fixed).resolve()  # an absolute path replaces root
+        if not resolved.is_relative_to(root):
+            raise ConfigError(
+                f"parameter '{key}' = {value!r} resolves to {resolved}, outside the project ({root}); "
+                "expected a path inside it, or set run.allow_external_paths=true to allow it"
+            )
+
+
+def flatten(cfg: DictConfig) -> dict[str, Any]:
+    """`a.b.c -> value` for MLflow params."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = node
+
+    # Choices as their plain strings ("fp16"), as the YAML writes them.
+    walk("", OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+    return out
