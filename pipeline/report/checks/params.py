@@ -2,9 +2,9 @@
 (train.grad_*, train.spike_*: the trainer flags with them, and the report must judge by the same
 numbers) and what the train stage measured about the run and the model (RunFacts).
 
-Every default and every type is the schema's (ReportConfig and TrainConfig in
-pipeline/core/config.py, whose comments say why each value), or RunFacts' for the run's facts:
-nothing here keeps a second copy.
+Every default is conf/config.yaml's (beside the reason for each value) and every type the
+schema's (ReportConfig and TrainConfig in pipeline/core/config/schema.py), or RunFacts' for the
+run's facts: nothing here keeps a second copy.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-from pipeline.core.config import ReportConfig, TrainConfig
+from pipeline.core.config import ReportConfig, TrainConfig, default_values
 from pipeline.core.errors import ConfigError
 
 TRAIN_KEYS = ("grad_warning", "grad_critical", "spike_k", "spike_window")
@@ -51,9 +51,9 @@ def _number_type(cls: type, name: str) -> type:
 
 def schema() -> dict[str, tuple[Any, type]]:
     """{key: (default, int or float)}: report.*, then TRAIN_KEYS, then the run's facts."""
-    report, train, facts = ReportConfig(), TrainConfig(), RunFacts()
-    out = {f.name: (getattr(report, f.name), _number_type(ReportConfig, f.name)) for f in fields(ReportConfig)}
-    out.update({k: (getattr(train, k), _number_type(TrainConfig, k)) for k in TRAIN_KEYS})
+    defaults, facts = default_values(), RunFacts()
+    out = {f.name: (defaults.report[f.name], _number_type(ReportConfig, f.name)) for f in fields(ReportConfig)}
+    out.update({k: (defaults.train[k], _number_type(TrainConfig, k)) for k in TRAIN_KEYS})
     out.update({f.name: (getattr(facts, f.name), _number_type(RunFacts, f.name)) for f in fields(RunFacts)})
     return out
 
