@@ -2,7 +2,7 @@
 
     ./dev decide -S train.lr=1e-3 [-S KEY=VALUE ...] [--preset default] [--baseline-set KEY=VALUE ...]
                  [--metric group_top1] [--margin VALUE] [--max-seeds 5] [--first-seed 0] [-j 2]
-                 [--name NAME] [--json]
+                 [--name NAME] [--resamples N] [--seed S] [--json]
 
 A is the preset as conf/ composes it (with --baseline-set overrides, if any); B is A with the -S
 changes. Each round queues one seed of each arm through DVC's experiment queue (`dvc exp run
