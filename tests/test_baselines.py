@@ -23,6 +23,9 @@ from pipeline.evaluate.seed_variance import SeedVar
 
 pytestmark = pytest.mark.unit
 
+# The resamples and seed these checks were written with: the library takes both from its caller.
+BOOTSTRAP = {"resamples": 2000, "seed": 20261123}
+
 
 def make_shard(n: int = 40, dim: int = 16, seed: int = 0, split: str = "test") -> SplitShard:
     """A split of n rows whose targets repeat 10 distinct texts (the retrieval bank)."""
@@ -68,8 +71,8 @@ def test_evaluate_split_scores_the_nearest_baseline_when_the_train_split_is_give
     model_pred = (test.targets + rng.normal(0, 0.1, size=test.targets.shape)).astype(np.float32)
     w = ridge_fit(train.inputs, train.targets, alpha=1.0)
     bank = build_bank([train, test])
-    without, _, _ = evaluate_split("test", predictions(model_pred, test, w), test, bank)
-    with_nearest, _, items = evaluate_split("test", predictions(model_pred, test, w, train), test, bank)
+    without, _, _ = evaluate_split("test", predictions(model_pred, test, w), test, bank, **BOOTSTRAP)
+    with_nearest, _, items = evaluate_split("test", predictions(model_pred, test, w, train), test, bank, **BOOTSTRAP)
     keys = {k for k in with_nearest if k.startswith(("eval/test/nearest/", "eval/test/model_vs_nearest/"))}
     assert {f"eval/test/nearest/{m}" for m in METRICS} <= keys and not keys & set(without)
     assert {k: with_nearest[k] for k in without} == without  # the rest unchanged (the same resamples)
@@ -88,9 +91,9 @@ def test_a_seed_reference_widens_the_models_intervals_and_says_so():
     model_pred = (test.targets + rng.normal(0, 0.3, size=test.targets.shape)).astype(np.float32)
     preds = predictions(model_pred, test, ridge_fit(train.inputs, train.targets, 1.0), train)
     bank = build_bank([train, test])
-    items_only, _, _ = evaluate_split("test", preds, test, bank)
+    items_only, _, _ = evaluate_split("test", preds, test, bank, **BOOTSTRAP)
     luck = {m: SeedVar(0.01**2, 7, 0.02**2, len(test.ids)) for m in METRICS}
-    covered, _, _ = evaluate_split("test", preds, test, bank, seed_luck=luck)
+    covered, _, _ = evaluate_split("test", preds, test, bank, **BOOTSTRAP, seed_luck=luck)
     assert items_only["eval/test/ci_covers_seeds"] == 0 and covered["eval/test/ci_covers_seeds"] == 1
 
     def width(flat, key):
@@ -107,7 +110,7 @@ def test_evaluate_split_val_means_only():
     shard = make_shard(seed=5, split="val")
     w = ridge_fit(shard.inputs, shard.targets, alpha=1.0)
     out, est, _ = evaluate_split(
-        "val", predictions(np.asarray(shard.inputs), shard, w), shard, build_bank([shard]), with_ci=False
+        "val", predictions(np.asarray(shard.inputs), shard, w), shard, build_bank([shard]), **BOOTSTRAP, with_ci=False
     )
     assert est == {} and not any(k.endswith(("ci95_low", "ci95_high")) for k in out)
     # The model predicted the inputs: it scores exactly like the identity baseline.

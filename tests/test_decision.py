@@ -30,6 +30,8 @@ from pipeline.evaluate.seed_variance import Reference, SeedVar, components, meas
 pytestmark = pytest.mark.unit
 
 N_ITEMS = 500
+# The resamples and seed these checks were written with: the library takes both from its caller.
+BOOTSTRAP = {"resamples": 2000, "seed": 20261123}
 
 
 def runs(rng, k: int, items: np.ndarray, shift: float = 0.0, sd_run: float = 0.004, sd_flip: float = 0.02) -> dict:
@@ -101,13 +103,13 @@ def test_one_run_a_side_without_a_reference_is_never_better_however_large_the_ga
     rng = np.random.default_rng(2)
     items = rng.normal(0, 0.05, (1, N_ITEMS))
     a, b = arm("A", runs(rng, 1, items)), arm("B", runs(rng, 1, items, shift=0.05))
-    decisions, luck = compare_arms(a, b)
+    decisions, luck = compare_arms(a, b, **BOOTSTRAP)
     assert not luck.covers_seeds and "NOT covered" in luck.describe()
     assert {d.outcome for d in decisions.values()} == {"inconclusive"}
     assert all(not d.covers_seeds and d.seeds_needed >= 2 for d in decisions.values())
     # The same two runs with a reference of the seed spread: now a clear gain is better.
     ref = reference_of(runs(rng, 8, items))
-    decisions, luck = compare_arms(a, b, [ref])
+    decisions, luck = compare_arms(a, b, [ref], **BOOTSTRAP)
     assert luck.covers_seeds and "reference" in luck.describe()
     assert decisions["cosine"].outcome == "better" and decisions["mse"].outcome == "better"
     assert decisions["cosine"].prob_b_better > 0.99
@@ -118,17 +120,18 @@ def test_equivalent_worse_and_inconclusive():
     items = rng.normal(0, 0.05, (1, N_ITEMS))
     base = runs(rng, 6, items, sd_run=0.0005)
     same = runs(rng, 6, items, sd_run=0.0005)
-    d = compare_metric(arm("A", base), arm("B", same), "cosine", luck_for(arm("A", base), arm("B", same)), margin=0.01)
+    luck = luck_for(arm("A", base), arm("B", same))
+    d = compare_metric(arm("A", base), arm("B", same), "cosine", luck, margin=0.01, **BOOTSTRAP)
     assert d.outcome == "equivalent" and -0.01 < d.low < d.high < 0.01 and "inside" in d.why
     worse = runs(rng, 6, items, shift=-0.03, sd_run=0.0005)
     luck = luck_for(arm("A", base), arm("B", worse))
-    assert compare_metric(arm("A", base), arm("B", worse), "cosine", luck).outcome == "worse"
+    assert compare_metric(arm("A", base), arm("B", worse), "cosine", luck, **BOOTSTRAP).outcome == "worse"
     # lower is better for mse: B's higher mse is worse too.
-    assert compare_metric(arm("A", base), arm("B", worse), "mse", luck).outcome == "worse"
+    assert compare_metric(arm("A", base), arm("B", worse), "mse", luck, **BOOTSTRAP).outcome == "worse"
     # A gap the size of the seed noise with 2 seeds: open, with an estimate of the seeds it takes.
     small = runs(rng, 2, items, shift=0.004, sd_run=0.004)
     two = runs(rng, 2, items, sd_run=0.004)
-    d = compare_metric(arm("A", two), arm("B", small), "cosine", luck_for(arm("A", two), arm("B", small)))
+    d = compare_metric(arm("A", two), arm("B", small), "cosine", luck_for(arm("A", two), arm("B", small)), **BOOTSTRAP)
     assert d.outcome == "inconclusive" and (d.seeds_needed is None or d.seeds_needed > 2)
 
 
@@ -138,10 +141,10 @@ def test_a_model_against_a_baseline_adds_only_the_models_seed_luck():
     model = runs(rng, 1, items)
     baseline = {m: v - 0.002 for m, v in runs(rng, 1, items, sd_run=0.0).items()}
     ref = reference_of(runs(rng, 8, items))
-    with_seeds, luck = compare_arms(arm("base", baseline, deterministic=True), arm("model", model), [ref])
+    with_seeds, luck = compare_arms(arm("base", baseline, deterministic=True), arm("model", model), [ref], **BOOTSTRAP)
     assert luck.covers_seeds
     base_arm, model_arm = arm("base", baseline, deterministic=True), arm("model", model)
-    only_items = compare_metric(base_arm, model_arm, "cosine", luck_for(base_arm, base_arm))
+    only_items = compare_metric(base_arm, model_arm, "cosine", luck_for(base_arm, base_arm), **BOOTSTRAP)
     assert with_seeds["cosine"].high - with_seeds["cosine"].low > only_items.high - only_items.low
     # Neither side trained: nothing to cover but the items.
     assert luck_for(base_arm, base_arm).covers_seeds and not luck_for(base_arm, base_arm).needs_seeds
@@ -253,5 +256,5 @@ def test_no_look_before_the_seed_spread_is_known():
     items = rng.normal(0, 0.05, (1, 100))
     one = arm("A", runs(rng, 1, items))
     plan = SequentialPlan(4, 1)
-    assert look(plan, 1, one, one, "cosine") is None  # planned, but no reference and one run a side
-    assert look(SequentialPlan(4, 2), 1, one, one, "cosine") is None  # not planned
+    assert look(plan, 1, one, one, "cosine", **BOOTSTRAP) is None  # planned, but no reference and one run a side
+    assert look(SequentialPlan(4, 2), 1, one, one, "cosine", **BOOTSTRAP) is None  # not planned

@@ -19,6 +19,9 @@ from pipeline.evaluate.stats import mean_ci, paired_difference, resample_means, 
 
 pytestmark = pytest.mark.unit
 
+# The resamples and seed these checks were written with: the library takes both from its caller.
+BOOTSTRAP = {"resamples": 2000, "seed": 20261123}
+
 
 def split_of(name, texts, groups, vectors, ids=None):
     """A split as the evaluation reads it (SplitShard's fields that it uses)."""
@@ -116,7 +119,13 @@ def test_val_gets_means_without_intervals():
     t = rng.normal(size=(30, 8)).astype(np.float32)
     split = split_of("val", [f"t{i}" for i in range(30)], [f"t{i}" for i in range(30)], t)
     flat, est, _ = evaluate_split(
-        "val", predictions(t, split, ridge_fit(t, t, 1.0)), split, build_bank([split]), resamples=1000, with_ci=False
+        "val",
+        predictions(t, split, ridge_fit(t, t, 1.0)),
+        split,
+        build_bank([split]),
+        resamples=1000,
+        seed=BOOTSTRAP["seed"],
+        with_ci=False,
     )
     assert est == {} and flat["eval/val/model/top1"] == 1.0 and not any("ci95" in k for k in flat)
 
@@ -127,7 +136,7 @@ def test_val_gets_means_without_intervals():
 def test_bootstrap_interval_covers_the_mean_and_narrows_with_more_items():
     rng = np.random.default_rng(0)
     small, large = rng.random(100) < 0.7, rng.random(10_000) < 0.7
-    a, b = mean_ci(small), mean_ci(large)
+    a, b = mean_ci(small, **BOOTSTRAP), mean_ci(large, **BOOTSTRAP)
     assert a.low < a.value < a.high and b.low < b.value < b.high
     assert (b.high - b.low) < (a.high - a.low) / 5  # ~1/sqrt(100) as wide
     assert b.low < 0.7 < b.high
@@ -137,14 +146,14 @@ def test_paired_difference_sees_a_small_consistent_gain_that_unpaired_intervals_
     rng = np.random.default_rng(1)
     base = rng.random(500)
     better = base + 0.01  # the same items, each a little better
-    unpaired_a, unpaired_b = mean_ci(base), mean_ci(better)
+    unpaired_a, unpaired_b = mean_ci(base, **BOOTSTRAP), mean_ci(better, **BOOTSTRAP)
     assert unpaired_a.high > unpaired_b.low  # the separate intervals overlap
-    d = paired_difference(better, base)
+    d = paired_difference(better, base, **BOOTSTRAP)
     assert d.value == pytest.approx(0.01) and d.low > 0 and d.p_value < 0.01
     assert "beats" in verdict(d, "B", "A", "cosine")
-    same = paired_difference(base, base)
+    same = paired_difference(base, base, **BOOTSTRAP)
     assert (same.value, same.p_value) == (0.0, 1.0) and "no significant difference" in verdict(same, "B", "A", "x")
-    assert "beats" in verdict(paired_difference(base, better), "B", "A", "mse", higher_is_better=False)
+    assert "beats" in verdict(paired_difference(base, better, **BOOTSTRAP), "B", "A", "mse", higher_is_better=False)
 
 
 def test_resampling_is_seeded_and_chunked_without_changing_the_draws(monkeypatch):
@@ -157,7 +166,7 @@ def test_resampling_is_seeded_and_chunked_without_changing_the_draws(monkeypatch
     monkeypatch.setattr(eval_stats, "_CELLS", 300 * 7)  # 7 resamples a block, the last one short
     assert np.allclose(resample_means(x, 1000, seed=3), whole, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="no items"):
-        resample_means(np.zeros((0, 1)), 10)
+        resample_means(np.zeros((0, 1)), 10, BOOTSTRAP["seed"])
 
 
 def test_ridge_recovers_a_linear_map():

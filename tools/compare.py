@@ -53,7 +53,7 @@ import numpy as np
 from pipeline.core.errors import PipelineError
 from pipeline.evaluate.decision import CONFIDENCE, MARGINS, ArmRuns, compare_arms, format_metric
 from pipeline.evaluate.retrieval import METRICS
-from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+from tools.bootstrap_options import MIN_RESAMPLES, add_bootstrap_options, fill_bootstrap_defaults
 from tools.item_sources import (
     ITEMS_PATH,
     CompareError,
@@ -68,7 +68,6 @@ from tools.item_sources import (
 
 __all__ = ["ITEMS_PATH", "CompareError", "Source", "load", "compare", "main"]
 
-MIN_RESAMPLES = 1000
 DEFAULT_SHOW = 10
 FLIP_METRIC = "group_top1"
 
@@ -95,8 +94,8 @@ def references_for(*sides: Side) -> list:
 def compare(
     a: Side,
     b: Side,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    resamples: int,
+    seed: int,
     show: int = DEFAULT_SHOW,
     margins: dict[str, float] | None = None,
     level: float = CONFIDENCE,
@@ -122,7 +121,7 @@ def compare(
         )
     arm_a, arm_b = arm_runs(a, ids, tables_a), arm_runs(b, ids, tables_b)
     refs = references_for(a, b) if references is None else references
-    decisions, luck = compare_arms(arm_a, arm_b, refs, level, margins, METRICS, resamples, seed)
+    decisions, luck = compare_arms(arm_a, arm_b, refs, level, margins, METRICS, resamples=resamples, seed=seed)
     same_arm = a.predictor == b.predictor == "model" and a.arm_digest is not None and a.arm_digest == b.arm_digest
     if same_arm:
         warnings_.append(
@@ -327,13 +326,7 @@ def _parser() -> argparse.ArgumentParser:
         + ", ".join(f"{m} {v:g}" for m, v in MARGINS.items())
         + ")",
     )
-    ap.add_argument(
-        "--resamples",
-        type=int,
-        default=DEFAULT_RESAMPLES,
-        help=f"bootstrap resamples (default {DEFAULT_RESAMPLES}, at least {MIN_RESAMPLES})",
-    )
-    ap.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"bootstrap seed (default {DEFAULT_SEED})")
+    add_bootstrap_options(ap)
     ap.add_argument(
         "--show",
         type=int,
@@ -358,7 +351,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    if args.resamples < MIN_RESAMPLES:
+    if args.resamples is not None and args.resamples < MIN_RESAMPLES:
         ap.error(f"--resamples {args.resamples}: expected at least {MIN_RESAMPLES}")
     if args.show < 0:
         ap.error(f"--show {args.show}: expected 0 or more")
@@ -372,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.a is None or (args.b is None) == (args.baseline is None):
         ap.error("give two sides (A B), one with --baseline NAME, or --sweep NAME")
     try:
+        fill_bootstrap_defaults(args)
         a = load_side(args.a)
         if args.baseline:
             b = a
@@ -394,8 +388,13 @@ def _main_sweep(args, margins: dict[str, float]) -> int:
     from tools import sweep
 
     try:
+        fill_bootstrap_defaults(args)
         result = sweep.rank(
-            sweep.find(args.sweep), args.metric or sweep.DEFAULT_METRIC, args.resamples, args.seed, margins
+            sweep.find(args.sweep),
+            args.metric or sweep.DEFAULT_METRIC,
+            resamples=args.resamples,
+            seed=args.seed,
+            margins=margins,
         )
     except PipelineError as e:
         print(f"compare: {e}", file=sys.stderr)

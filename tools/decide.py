@@ -2,7 +2,7 @@
 
     ./dev decide -S train.lr=1e-3 [-S KEY=VALUE ...] [--preset default] [--baseline-set KEY=VALUE ...]
                  [--metric group_top1] [--margin VALUE] [--max-seeds 5] [--first-seed 0] [-j 2]
-                 [--name NAME] [--json]
+                 [--name NAME] [--resamples N] [--seed S] [--json]
 
 A is the preset as conf/ composes it (with --baseline-set overrides, if any); B is A with the -S
 changes. Each round queues one seed of each arm through DVC's experiment queue (`dvc exp run
@@ -57,7 +57,7 @@ from pipeline.evaluate.decision import (
 from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
 from pipeline.evaluate.seed_variance import load_references
 from pipeline.evaluate.seed_variance import matching_references as seed_references
-from pipeline.evaluate.stats import DEFAULT_RESAMPLES
+from tools.bootstrap_options import MIN_RESAMPLES, add_bootstrap_options, fill_bootstrap_defaults
 from tools.item_sources import predictor_table, runs_values, shared_ids
 from tools.replicates import add_overrides, config_digest, run_replicates
 from tools.replicates import plan as plan_replicates
@@ -156,14 +156,26 @@ def matching_references(state: State) -> list:
 def look_after(state: State, plan: Plan, args, rounds: int) -> Look | None:
     """The look after `rounds` seed pairs (decision.look): None when none is due."""
     a, b, _, _ = arms_so_far(state)
-    d = look(plan.looks, rounds, a, b, args.metric, matching_references(state), args.margin, args.resamples)
+    d = look(
+        plan.looks,
+        rounds,
+        a,
+        b,
+        args.metric,
+        matching_references(state),
+        args.margin,
+        resamples=args.resamples,
+        seed=args.seed,
+    )
     return None if d is None else Look(rounds, d.level, d.as_dict())
 
 
 def final_table(state: State, args, level: float) -> tuple[dict, dict]:
     a, b, ids, texts = arms_so_far(state)
     refs = matching_references(state)
-    decisions, luck = compare_arms(a, b, refs, level, {args.metric: args.margin}, METRICS, args.resamples)
+    decisions, luck = compare_arms(
+        a, b, refs, level, {args.metric: args.margin}, METRICS, resamples=args.resamples, seed=args.seed
+    )
     from tools.compare import flipped, verdict_line
 
     metrics = {
@@ -248,6 +260,7 @@ def run(args) -> dict:
             "first_look": plan.first_look,
             "levels": {str(k): round(v, 6) for k, v in plan.levels.items()},
             "resamples": args.resamples,
+            "seed": args.seed,
         },
         "covers": extra["covers"],
         "references": extra["references"],
@@ -361,9 +374,7 @@ def _parser() -> argparse.ArgumentParser:
         "-j", "--jobs", type=int, default=2, help="DVC queue workers (default 2: a round's two arms at once)"
     )
     ap.add_argument("--name", help="the decision's name (its files in reports/decisions/; default from the change)")
-    ap.add_argument(
-        "--resamples", type=int, default=DEFAULT_RESAMPLES, help=f"bootstrap resamples (default {DEFAULT_RESAMPLES})"
-    )
+    add_bootstrap_options(ap)
     ap.add_argument("--show", type=int, default=10, help="flipped items listed each way (default 10)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return ap
@@ -374,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.sets:
         ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3)")
-    if args.max_seeds < 1 or args.jobs < 1 or args.resamples < 1000:
-        ap.error("--max-seeds and -j must be >= 1, --resamples >= 1000")
+    if args.max_seeds < 1 or args.jobs < 1 or (args.resamples is not None and args.resamples < MIN_RESAMPLES):
+        ap.error(f"--max-seeds and -j must be >= 1, --resamples >= {MIN_RESAMPLES}")
     if args.margin is None:
         args.margin = MARGINS[args.metric]
     elif args.margin < 0:
@@ -383,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.name is not None and not re.fullmatch(f"[{NAME_CHARS}]+", args.name):
         ap.error(f"--name {args.name!r}: letters, digits, '-', '_', '.', '=' only (it names files)")
     try:
+        fill_bootstrap_defaults(args)
         result = run(args)
     except PipelineError as e:
         print(f"decide: {e}", file=sys.stderr)

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pipeline.evaluate.decision import CONFIDENCE, ArmRuns, arm_interval, compare_metric, format_metric, luck_for
-from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
 from tools.item_sources import (
     MLFLOW_ARTIFACT,
     CompareError,
@@ -198,8 +197,9 @@ def group_arms(runs: list[SweepRun]) -> list[Arm]:
 def rank(
     found: Found,
     metric: str = DEFAULT_METRIC,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    *,
+    resamples: int,
+    seed: int,
     margins: dict[str, float] | None = None,
 ) -> dict:
     """The ranking as one JSON-able dict (the arms best first; see the module doc)."""
@@ -258,7 +258,9 @@ def rank(
     rows = []
     for place, j in enumerate(order, start=1):
         arm, v = arms[j], values[j]
-        mean, low, high = arm_interval(v, metric, var if luck.covers_seeds else None, CONFIDENCE, resamples, seed)
+        mean, low, high = arm_interval(
+            v, metric, var if luck.covers_seeds else None, CONFIDENCE, resamples=resamples, seed=seed
+        )
         row = {
             "rank": place,
             "arm": {"digest": arm.digest, "name": arm.name},
@@ -270,7 +272,7 @@ def rank(
             "top": j == top,
         }
         if j != top:
-            d = compare_metric(values[top], v, metric, luck, CONFIDENCE, margin, resamples, seed)
+            d = compare_metric(values[top], v, metric, luck, CONFIDENCE, margin, resamples=resamples, seed=seed)
             row["difference_from_top"] = d.as_dict()
         rows.append(row)
     others = [r["difference_from_top"]["outcome"] for r in rows if not r["top"]]

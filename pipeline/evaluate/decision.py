@@ -49,7 +49,7 @@ from scipy import stats as sps
 
 from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
 from pipeline.evaluate.seed_variance import SeedVar, components, pool, with_seed_luck
-from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, resample_means
+from pipeline.evaluate.stats import resample_means
 
 CONFIDENCE = 0.95
 # The default equivalence margin of each metric, in its own units: a difference smaller than this
@@ -202,8 +202,9 @@ def compare_metric(
     luck: Luck,
     level: float = CONFIDENCE,
     margin: float | None = None,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    *,
+    resamples: int,
+    seed: int,
 ) -> Decision:
     higher = metric not in LOWER_IS_BETTER
     margin = MARGINS[metric] if margin is None else float(margin)
@@ -314,12 +315,13 @@ def compare_arms(
     level: float = CONFIDENCE,
     margins: Mapping[str, float] | None = None,
     metrics: Sequence[str] = METRICS,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    *,
+    resamples: int,
+    seed: int,
 ) -> tuple[dict[str, Decision], Luck]:
     luck = luck_for(a, b, references=references)
     margins = {**MARGINS, **(margins or {})}
-    out = {m: compare_metric(a, b, m, luck, level, margins[m], resamples, seed) for m in metrics}
+    out = {m: compare_metric(a, b, m, luck, level, margins[m], resamples=resamples, seed=seed) for m in metrics}
     return out, luck
 
 
@@ -328,8 +330,9 @@ def arm_interval(
     metric: str,
     var: SeedVar | None,
     level: float = CONFIDENCE,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    *,
+    resamples: int,
+    seed: int,
 ) -> tuple[float, float, float]:
     """(mean, low, high) of one arm's mean: the items' luck and (var given) its seeds'."""
     m = _arm_mean(x, metric)
@@ -389,8 +392,9 @@ def look(
     metric: str,
     references: Sequence = (),
     margin: float | None = None,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    *,
+    resamples: int,
+    seed: int,
 ) -> Decision | None:
     """The look after `pairs` seed pairs (each arm `pairs` runs), or None when none is due: not in
     the plan, or no seed spread yet (no matching reference before each arm has 2 runs). A caller
@@ -401,7 +405,7 @@ def look(
     luck = luck_for(a, b, references=references)
     if not luck.covers_seeds:
         return None
-    return compare_metric(a, b, metric, luck, level, margin, resamples, seed)
+    return compare_metric(a, b, metric, luck, level, margin, resamples=resamples, seed=seed)
 
 
 def format_metric(x: float, metric: str, sign: bool = False) -> str:

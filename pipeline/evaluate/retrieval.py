@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from pipeline.data.loader import BatchLoader
 from pipeline.evaluate.seed_variance import with_seed_luck
-from pipeline.evaluate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, Estimate, intervals, p_value, resample_means
+from pipeline.evaluate.stats import Estimate, intervals, p_value, resample_means
 
 PREDICTORS = ("model", "identity", "ridge", "nearest")
 BASELINES = PREDICTORS[1:]
@@ -142,8 +142,8 @@ def metric_key(split: str, who: str, metric: str, part: str = "") -> str:
 def summarise(
     split: str,
     per_item: dict[str, dict[str, np.ndarray]],
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    resamples: int,
+    seed: int,
     with_ci: bool = True,
     seed_luck: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Estimate]]:
@@ -288,8 +288,8 @@ def evaluate_split(
     preds: dict[str, np.ndarray],
     shard,
     bank: Bank,
-    resamples: int = DEFAULT_RESAMPLES,
-    seed: int = DEFAULT_SEED,
+    resamples: int,
+    seed: int,
     with_ci: bool = True,
     seed_luck: dict | None = None,
 ) -> tuple[dict[str, float], dict[str, Estimate], pd.DataFrame]:

@@ -6,9 +6,13 @@ items once and taking both means on the same resample keeps that pairing, so the
 difference is far narrower than two separate intervals would suggest (on the shipped data the
 per-item top-1 outcomes of two predictors agree on most items).
 
-Deterministic on every machine: the resamples are drawn by numpy's PCG64 from a fixed seed, and the
+Deterministic on every machine: the resamples are drawn by numpy's PCG64 from the caller's seed, and the
 means are sums of per-item values weighted by integer resample counts, taken in one fixed order
 (no BLAS, whose summation order depends on the CPU). Values are rounded to 6 decimals when written.
+
+The number of resamples and the seed have no default here: they are the evaluate config's
+(evaluate.bootstrap_resamples, evaluate.bootstrap_seed), passed down by the evaluate stage and
+by the tools, so that every caller draws the same resamples as the stage does.
 """
 
 from __future__ import annotations
@@ -17,8 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_RESAMPLES = 2000
-DEFAULT_SEED = 20261123
 CONFIDENCE = 0.95
 _CELLS = 4_000_000  # resample weights held at once (resamples x items): 32 MB of float64
 
@@ -40,7 +42,7 @@ class Estimate:
         return self.low > 0 or self.high < 0
 
 
-def resample_means(values: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> np.ndarray:
+def resample_means(values: np.ndarray, resamples: int, seed: int) -> np.ndarray:
     """(resamples, columns) means of `values` (items, columns) over bootstrap resamples of the items.
     The same seed gives the same resamples for any columns of the same item count, which is what
     makes two calls paired."""
@@ -76,15 +78,13 @@ def _interval(samples: np.ndarray) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def mean_ci(values: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED) -> Estimate:
+def mean_ci(values: np.ndarray, resamples: int, seed: int) -> Estimate:
     values = np.asarray(values, dtype=np.float64)
     means = resample_means(values, resamples, seed)[:, 0]
     return Estimate(float(values.mean()), *_interval(means))
 
 
-def paired_difference(
-    a: np.ndarray, b: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = DEFAULT_SEED
-) -> Estimate:
+def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> Estimate:
     """mean(a) - mean(b) over the same items, its 95 % CI and its p-value (`p_value`)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:

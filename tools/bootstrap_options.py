@@ -1,0 +1,44 @@
+"""--resamples and --seed of the tools that compare evaluated models (`./dev compare`, its
+--sweep, `./dev decide`): by default the evaluate config's own (evaluate.bootstrap_resamples and
+evaluate.bootstrap_seed, as params.yaml holds them), so that a tool draws the same resamples of
+the test items as the evaluate stage did. The config is read only when a value was not given, so
+a command that names both never needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+MIN_RESAMPLES = 1000  # the least the tools take (the config refuses fewer too)
+RESAMPLES_PARAM = "evaluate.bootstrap_resamples"
+SEED_PARAM = "evaluate.bootstrap_seed"
+
+
+def add_bootstrap_options(ap: argparse.ArgumentParser) -> None:
+    """--resamples N and --seed S, both None until fill_bootstrap_defaults when not given."""
+    ap.add_argument(
+        "--resamples",
+        type=int,
+        help=f"bootstrap resamples, at least {MIN_RESAMPLES} (default: {RESAMPLES_PARAM} of the project's config, "
+        "params.yaml: as many as the evaluate stage draws)",
+    )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        help=f"bootstrap seed (default: {SEED_PARAM} of the project's config, params.yaml: the evaluate stage's)",
+    )
+
+
+def fill_bootstrap_defaults(args: argparse.Namespace) -> None:
+    """Set args.resamples and args.seed that were not given to the project's config. Raises
+    ConfigError (a PipelineError, which the tools print as one line) when params.yaml is missing
+    or invalid."""
+    if args.resamples is not None and args.seed is not None:
+        return
+    from pipeline.core.config import load_config
+
+    evaluate = load_config().evaluate
+    if args.resamples is None:
+        args.resamples = int(evaluate.bootstrap_resamples)
+    if args.seed is None:
+        args.seed = int(evaluate.bootstrap_seed)
