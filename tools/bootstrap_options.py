@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-MIN_RESAMPLES = 1000  # the least the tools take (the config refuses fewer too)
+from pipeline.core.config import MIN_BOOTSTRAP_RESAMPLES
+
+MIN_RESAMPLES = MIN_BOOTSTRAP_RESAMPLES  # the least the tools take: the config's own minimum
 RESAMPLES_PARAM = "evaluate.bootstrap_resamples"
 SEED_PARAM = "evaluate.bootstrap_seed"
 

@@ -44,6 +44,7 @@ from pipeline.core.config.messages import choice_message, choices_of, unknown_ke
 from pipeline.core.config.param import check_ranges
 from pipeline.core.config.rules import check_rules
 from pipeline.core.config.schema import (
+    MIN_BOOTSTRAP_RESAMPLES,
     MIN_SPIKE_WINDOW,
     SWEEP_NAME,
     Config,
@@ -62,6 +63,7 @@ from pipeline.core.paths import REPO_ROOT
 __all__ = [
     "CONFIG_GROUPS",
     "CONF_DIR",
+    "MIN_BOOTSTRAP_RESAMPLES",
     "MIN_SPIKE_WINDOW",
     "PARAMS_FILE",
     "PATH_KEYS",

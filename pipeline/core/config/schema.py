@@ -45,6 +45,7 @@ SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # spikes (the trainer's detector, pipeline/train/step_health.py, waits for as many). The trainer
 # and the report's loss_spikes check both judge over train.spike_window, so it may not be shorter.
 MIN_SPIKE_WINDOW = 10
+MIN_BOOTSTRAP_RESAMPLES = 1000  # fewer make a 95 % interval's ends noisy (the stage and the tools)
 
 
 def _is_delimiter(v: str) -> bool:
@@ -290,7 +291,7 @@ class EvaluateConfig:
     ridge_alpha: float = param(at_least(0), doc="regularisation of the ridge-regression baseline")
     samples: int = param(doc="decoded examples in the sample table")
     bootstrap_resamples: int = param(
-        at_least(1000, why="fewer make the 95 % interval's ends noisy"),
+        at_least(MIN_BOOTSTRAP_RESAMPLES, why="fewer make the 95 % interval's ends noisy"),
         doc="paired bootstrap resamples over test items for every 95 % CI (pipeline/evaluate/stats.py)",
     )
     bootstrap_seed: int = param(at_least(0), doc="seed of the bootstrap: the same CIs on every run and machine")
