@@ -32,7 +32,6 @@ NAME = "model"  # runs:/<run_id>/model
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/, the whole library
 ANSWERER = Path(__file__).with_name("answerer.py")
 BANK_FILE = "answer_bank.npz"
-DEFAULT_EMBED_BATCH_SIZE = 64  # conf/config.yaml embed.batch_size
 BUNDLED_PREFIX = BUNDLED + ":"  # the manifest names the bundled teacher "bundled:all-MiniLM-L6-v2"
 # What the answerer imports at load and predict time. transformers is pinned beside
 # sentence-transformers: its version decides the tokenisation, and so the vectors.
@@ -121,7 +120,7 @@ def log_answer_model(
     model_path: str | os.PathLike,
     shard_dir: str | os.PathLike,
     batch_size: int,
-    embed_batch_size: int = DEFAULT_EMBED_BATCH_SIZE,
+    embed_batch_size: int,  # the caller's embed.batch_size
 ):
     """Log the answer model as `model` into the run this process logs to: the active MLflow run,
     or the run a stage adds to (pipeline.tracking.store.adding_to_run: evaluate adds to the model's
@@ -166,7 +165,7 @@ def save_answer_model(
     model_path: str | os.PathLike,
     shard_dir: str | os.PathLike,
     batch_size: int,
-    embed_batch_size: int = DEFAULT_EMBED_BATCH_SIZE,
+    embed_batch_size: int,  # the caller's embed.batch_size
 ) -> Path:
     """The same model as log_answer_model, saved to the local directory `path` (which must not
     exist or be empty): `mlflow.pyfunc.load_model(path)` and `mlflow models serve -m path` take it."""
