@@ -77,6 +77,16 @@ def median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     return float(np.median([x / y for x, y in zip(a, b)]))
 
 
+def stage_threads() -> int:
+    """The intra-op threads a stage trains on (train.threads=0): under the portable numerics, the
+    default, the fixed count stages/__init__.py pins (OMP_NUM_THREADS, else PORTABLE_THREADS: 1);
+    natively 0, torch's default. A bench process is not pinned, and on every core the same model
+    contends with MLflow's logging threads in a way the stage never does."""
+    from pipeline.core import numerics
+
+    return numerics.portable_threads() if numerics.mode() == "portable" else 0
+
+
 def cores() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0))
@@ -97,3 +107,16 @@ def wall_ratio_unreliable(busy: Optional[bool], needs_cores: int) -> Optional[st
             "and the probes say the machine was busy (or took none)"
         )
     return None
+
+
+def pin_threads(threads: Optional[int] = None) -> int:
+    """Sets torch's intra-op threads for a bench that compares arms by CPU seconds: `threads`, by
+    default the train stage's (stage_threads; 0 leaves torch's default). CPU seconds measure a
+    process's work only while none of its threads waits for another that the machine's other
+    load took off a core. Returns the count in use."""
+    import torch
+
+    want = stage_threads() if threads is None else threads
+    if want:
+        torch.set_num_threads(want)
+    return torch.get_num_threads()

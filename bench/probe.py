@@ -58,9 +58,11 @@ class Probe:
         self.a = torch.randn(self.n, self.n, generator=gen).to(self.device)
         self.b = torch.randn(self.n, self.n, generator=gen).to(self.device)
         self.times: list[float] = []
+        self.cpu_times: list[float] = []  # this process's CPU seconds of each probe (bench/clock.py)
         self.threads: set[int] = set()
         self()  # warm-up: the BLAS's thread pool and packing buffers, untimed
         self.times.clear()
+        self.cpu_times.clear()
         self.threads.clear()
 
     @property
@@ -83,9 +85,10 @@ class Probe:
             torch.set_num_threads(self.want_threads)
         try:
             self._sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             self._run()
             seconds = time.perf_counter() - t0
+            self.cpu_times.append(time.process_time() - c0)
             self.threads.add(torch.get_num_threads())
         finally:
             if torch.get_num_threads() != saved:
@@ -100,6 +103,11 @@ class Probe:
     def peak_flops(self) -> float:
         """The fastest probe's FLOP/s: the machine's matmul peak as best seen so far."""
         return self.flops / min(self.times)
+
+    def peak_flops_cpu(self) -> float:
+        """The same peak per CPU second of this process: what a busy machine's other processes
+        take from the cores does not count in it."""
+        return self.flops / min(self.cpu_times)
 
     def median(self) -> float:
         return float(np.median(self.times))

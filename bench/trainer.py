@@ -9,7 +9,8 @@ The last stdout line is one JSON object; progress lines go to stderr.
   same while they are not, inside each tracked run (alternate 2 s segments: an A/B seconds apart,
   so other processes' load hits both sides). telemetry_overhead_per_step_across_runs: the same
   against the off runs, probe-normalised (context: it carries the load differences of runs
-  tens of seconds apart).
+  tens of seconds apart). telemetry_overhead_per_step_cpu, the figure: the same in-run A/B in
+  this process's CPU seconds per step (bench.tracking's overhead_per_step_cpu).
   telemetry_fixed_s: what a tracked run pays once (its whole span over the off run's of the same
   round, less what its sent rows cost step by step; the median over rounds, each in
   telemetry_fixed_s_rounds), and telemetry_fixed_fraction_of_default_run (goal <= 0.02):
@@ -44,15 +45,19 @@ The last stdout line is one JSON object; progress lines go to stderr.
   500-step `smoke` run on synthetic data (one intra-op thread, a fresh process), each window's
   over the median of the probes taken in it (a probe every 10 rows, between windows, on the
   run's thread); the median of five such runs. step_time_drift_raw: without the probes.
+  step_time_drift_cpu, the figure: the same windows in the run's own CPU seconds per step (the
+  probes' taken out), which other processes' load does not move (bench/clock.py).
 - rss_growth_mb_per_1k_steps (goal < 5): least-squares slope of mem/rss_mb against step over the
   same runs' rows after step 100 (their median). rss_growth_mb_per_1k_steps_leak: the same with
   fault=leak (every step's autograd graph kept alive) over 250 steps, which must be large: it
   proves the slope can see a leak.
 
-The JSON names the CPU (cpu_model) and the probes' spread (probe: the overhead rounds';
-drift_probe: the drift runs'): a spread well above 1 says other processes shared the machine.
-No GPU needed (train.device=cpu). A missed goal is reported in goals_met, not as an exit status
-(the machine is shared and noisy); an error exits non-zero.
+`figures` (--save also writes them to bench/results/trainer.json): the CPU-second figures above,
+the host-read counts and the RSS slopes. The JSON names the CPU (cpu_model) and the probes'
+spread (probe: the overhead rounds'; drift_probe: the drift runs'): a spread well above 1 says
+other processes shared the machine. No GPU needed (train.device=cpu). A missed goal is
+reported in goals_met, not as an exit status (the machine is shared and noisy); an error exits
+non-zero.
 """
 
 from __future__ import annotations
@@ -67,10 +72,12 @@ from typing import Optional
 import numpy as np
 import torch
 
+from bench import results
+from bench.clock import stage_threads
 from bench.model import DIM
 from bench.probe import Probe, machine, spread
 from bench.tracking import SEGMENT_S, RowProbe, compare_arms, workload_threads
-from bench.workloads import config, stage_threads, synthetic
+from bench.workloads import config, synthetic
 from pipeline.core.paths import REPO_ROOT
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
@@ -240,6 +247,7 @@ def telemetry_overhead(
     )
     out = {
         "telemetry_overhead_per_step": res["overhead_per_step"]["stage"],
+        "telemetry_overhead_per_step_cpu": res["overhead_per_step_cpu"]["stage"],
         "telemetry_overhead_per_step_runs": res["overhead_per_step_runs"]["stage"],
         "telemetry_overhead_per_step_segments": res["overhead_per_step_segments"]["stage"],
         "telemetry_overhead_per_step_across_runs": res["overhead_per_step_across_runs"]["stage"],
@@ -302,19 +310,31 @@ def smoke_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
     trainer's own thread count: [step, seconds] each."""
     cfg, n = config("smoke", steps, *overrides)
     probes: list[list] = []
-    on_log, probe = None, None
-    if probe_every:
-        probe = Probe()
-        seen = [0]
+    cpu: list[list] = []  # [step, this process's CPU seconds, the probes' taken out] at each row
+    probe = Probe() if probe_every else None
+    seen, probe_cpu = [0], [0.0]
 
-        def on_log(metrics: dict, step: int) -> None:
-            if "perf/step_ms" in metrics:
-                seen[0] += 1
-                if seen[0] % probe_every == 0:
-                    probes.append([step, probe()])
+    def on_log(metrics: dict, step: int) -> None:
+        if "perf/step_ms" not in metrics:
+            return
+        cpu.append([step, time.process_time() - probe_cpu[0]])
+        seen[0] += 1
+        if probe and seen[0] % probe_every == 0:
+            c0 = time.process_time()
+            probes.append([step, probe()])
+            probe_cpu[0] += time.process_time() - c0
 
     rows = train_model(cfg, *synthetic(n), on_log=on_log, progress=False).rows
-    return {"rows": rows, "probes": probes, "probe_threads": sorted(probe.threads) if probe else []}
+    return {"rows": rows, "probes": probes, "cpu": cpu, "probe_threads": sorted(probe.threads) if probe else []}
+
+
+def cpu_ms_per_step_between(cpu: list[list], lo: int, hi: int) -> float:
+    """CPU ms per step from the first row at or after step `lo` to the last at or before `hi`."""
+    inside = [(s, c) for s, c in cpu if lo <= s <= hi]
+    if len(inside) < 2:
+        raise ValueError(f"fewer than 2 rows between steps {lo} and {hi}")
+    (s0, c0), (s1, c1) = inside[0], inside[-1]
+    return 1000 * (c1 - c0) / (s1 - s0)
 
 
 ROWS_SCRIPT = (
@@ -380,9 +400,11 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
                 raise ValueError(f"no probe between steps {lo} and {hi}")
             probe_ms[w] = 1000 * float(np.median(inside))
         raw = ms["late"] / ms["early"]
+        cpu_ms = {w: cpu_ms_per_step_between(run["cpu"], *lh) for w, lh in windows.items()}
         runs.append(
             {
                 "ratio": raw / (probe_ms["late"] / probe_ms["early"]),
+                "cpu": cpu_ms["late"] / cpu_ms["early"],
                 "raw": raw,
                 "early_ms": ms["early"],
                 "late_ms": ms["late"],
@@ -409,6 +431,8 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
     return {
         "step_time_drift": mid("ratio"),
         "step_time_drift_runs": [r["ratio"] for r in runs],
+        "step_time_drift_cpu": mid("cpu"),
+        "step_time_drift_cpu_runs": [r["cpu"] for r in runs],
         "step_time_drift_raw": mid("raw"),
         "step_time_drift_raw_runs": [r["raw"] for r in runs],
         "drift_early_step_ms": mid("early_ms"),
@@ -480,6 +504,7 @@ def main(argv=None) -> dict:
         action="store_true",
         help="a fast check of the benchmark itself: 1 round of 60 steps (0.5 s segments), 1 drift run, 150 leak steps",
     )
+    results.add_save_flag(ap)
     args = ap.parse_args(argv)
     segment_s = None
     if args.quick:
@@ -555,8 +580,23 @@ def main(argv=None) -> dict:
         res.update(machine())
         res["probe"] = res.get("drift_probe", {})
     res["bench_seconds"] = time.perf_counter() - t0
-    print(json.dumps(res))
-    return res
+    res.update(
+        results.figures(
+            {
+                k: res.get(k)
+                for k in (
+                    "telemetry_overhead_per_step_cpu",
+                    "telemetry_cpu_s_per_run",
+                    "host_syncs_per_step",
+                    "host_syncs_per_step_masked",
+                    "step_time_drift_cpu",
+                    "rss_growth_mb_per_1k_steps",
+                    "rss_growth_mb_per_1k_steps_leak",
+                )
+            }
+        )
+    )
+    return results.finish("trainer", res, args.save, argv)
 
 
 if __name__ == "__main__":
