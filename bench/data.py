@@ -203,9 +203,9 @@ def embed_speed(model, batch_size: int, questions, answers, distinct, rounds: in
 def incremental(model, identity: dict, batch_size: int, distinct, new, scratch: Path, repeats: int = 3) -> dict:
     """Full embed into an empty cache, then the texts + the new ones with the warm cache,
     `repeats` times, each on a fresh copy of the cache as the full embed left it (copied outside
-    the timed span); the figure uses the median of those. The re-run is short (~0.5 s) and one
-    burst of another process's work can double it; the full embed is long enough to average
-    such bursts out. Timed in this process's CPU seconds (bench/clock.py): the work, not the
+    the timed span); the figure uses the median of those. The re-run is short, so one burst of
+    another process's work could double it; the full embed is long enough to average such bursts
+    out. Timed in this process's CPU seconds (bench/clock.py): the work, not the
     moments another process held the cores."""
     from pipeline.embed.cache import EmbeddingCache, embed_distinct
     from pipeline.embed.teacher import encode_texts
@@ -296,8 +296,8 @@ def write_synthetic(out_dir: Path, rows: int, scratch: Path, seed: int = 0) -> d
 def malloc_trim() -> bool:
     """Hand glibc's free heap pages back to the kernel (False where there is no glibc). Opening a
     split frees as much as it keeps (the text columns pass through lists), and without this the
-    epoch's first allocations reuse those resident free pages: the 1M-row epoch then showed
-    +0.03 MB against +1.06 MB at 10k rows, hiding its 8 MB shuffle permutation."""
+    epoch's first allocations reuse those resident free pages, and even the big epoch's shuffle
+    permutation would not show as growth."""
     import ctypes
     import ctypes.util
 
@@ -485,7 +485,7 @@ def main(argv=None) -> dict:
         "--wait-rows",
         type=int,
         default=None,
-        help="train rows of the data-wait epoch (default: the whole split, ~119 steps of 32; --quick 640 = 20 steps)",
+        help="train rows of the data-wait epoch (default: the whole split; --quick 640 = 20 steps of 32)",
     )
     ap.add_argument(
         "--prefetch",
@@ -498,7 +498,7 @@ def main(argv=None) -> dict:
         "--scratch",
         default=None,
         help="directory for the temporary cache and shards (default: the system temp dir; "
-        "the 1M-row split needs ~6 GB while written)",
+        "the 1M-row split needs several GB while written)",
     )
     ap.add_argument(
         "--skip",

@@ -51,12 +51,10 @@ Every figure that could not be measured on this device is null with a `<figure>_
 CPU model) and torch's version. A run that fails is reported with its error and the benchmark
 exits 1 after printing the JSON.
 
-Time: `--quick --device cpu` about 4 s on 2 cores of an AMD EPYC. A whole default run on CUDA is
-27 trainer runs of about 30 steps; it is meant to take well under 2 minutes on an H100 but was
-written without a GPU and has not been timed on one (each run's `seconds` and bench_seconds say;
---steps and --presets trim it). On a CPU the seed and bench presets take seconds a step (5 and
-23 s on that EPYC, one thread), so a CPU run of all three takes the better part of an hour: use
---presets default there (about 6 s).
+Time: a whole default run on CUDA is 27 trainer runs of about 30 steps, meant to take a couple
+of minutes on a data-centre GPU (each run's `seconds` and bench_seconds say; --steps and --presets
+trim it). On a CPU the seed and bench presets take seconds a step, so a CPU run of all three
+takes the better part of an hour: use --presets default there, or --quick.
 """
 
 from __future__ import annotations

@@ -282,7 +282,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference-samples", type=int, default=2, help="samples the reference is timed on")
     ap.add_argument("--train-steps", type=int, default=96, help="short training before the adaptive figures")
-    ap.add_argument("--skip-seed", action="store_true", help="leave out the seed-preset step (~30 s)")
+    ap.add_argument("--skip-seed", action="store_true", help="leave out the seed-preset step (a fresh process)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N")
     ap.add_argument(
         "--mfu-rounds",

@@ -2,8 +2,8 @@
 against probes taken at the same moments.
 
 A probe is a fixed, small fp32 matmul workload (PROBE_N x PROBE_N by PROBE_N x PROBE_N, PROBE_REPS
-times: ~4 ms on two cores of an AMD EPYC, ~8 ms on one) timed with the caller's thread settings.
-Long enough to span a few of the scheduler's time slices, so that another process's share of the
+times) timed with the caller's thread settings, in wall and in this process's CPU seconds. Long
+enough to span a few of the scheduler's time slices, so that another process's share of the
 cores shows in it as it shows in a training step; short enough to take often. On a shared
 machine other processes come and go: a run that happens while they run is slow, and so are the
 probes taken around it. Benchmarks therefore
@@ -31,9 +31,9 @@ PROBE_N = 256  # small enough to fit in cache, large enough to run at the matmul
 PROBE_REPS = 24
 CUDA_PROBE_N = 4096  # a GPU needs a larger matmul to leave its launch overhead behind
 # Probes whose p90 is more than this over their p10: other processes took the cores for a good
-# part of the run (bench.tracking and bench.trainer on a 2-core AMD EPYC beside a light job or
-# two: 1.2-1.9; beside another 2-thread training: 81). Figures from such a run say more about
-# the machine than about the code: `busy` says so.
+# part of the run. A light neighbour leaves the spread well below it, a neighbour that trains on
+# every core puts it far above; figures from such a run say more about the machine than about the
+# code: `busy` says so.
 BUSY_SPREAD = 2.0
 
 

@@ -123,7 +123,7 @@ def main(argv=None) -> dict:
         "--steps",
         type=int,
         default=300,
-        help="optimizer steps per run (default 300: ~20 s of default-preset training, the first 20 %% not counted)",
+        help="optimizer steps per run (default 300, the first 20 %% not counted)",
     )
     ap.add_argument("--repeats", type=int, default=2, help="ABBA repeats of the two arms (default 2)")
     ap.add_argument(

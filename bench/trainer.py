@@ -345,8 +345,8 @@ ROWS_SCRIPT = (
 
 def fresh_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
     """smoke_run in a new process. In this one, memory freed by earlier runs stays in the
-    allocator's free lists: a leak first refills them and the RSS slope misses it (a 100-step
-    fault=leak run right after a 250-step one fitted 0.3 MB per 1k steps; fresh, ~200)."""
+    allocator's free lists: a leak first refills them and the RSS slope misses it (a short
+    fault=leak run right after a longer one fitted next to no slope; fresh, a steep one)."""
     proc = subprocess.run(
         [sys.executable, "-c", ROWS_SCRIPT, str(steps), str(probe_every), *overrides],
         cwd=REPO_ROOT,
@@ -363,16 +363,18 @@ def fresh_rows(steps: int, *overrides: str) -> list[dict]:
     return fresh_run(steps, *overrides)["rows"]
 
 
-# One intra-op thread for the smoke runs. The smoke model's ops are too small to split: on this
-# 2-core machine it stepped in 5.7 ms on one thread, 14.6 ms on torch's default two; and with one
-# other busy process on the machine, two threads took 56 ms (one waits at every parallel region
-# for the other, descheduled) while one thread still took 5.8. Drift and memory growth are about
+# One intra-op thread for the smoke runs. The smoke model's ops are too small to split: two
+# threads step slower than one, and with another busy process on the machine far slower still
+# (one waits at every parallel region for the other, descheduled), while one thread keeps its
+# pace. Drift and memory growth are about
 # the loop over time, not the thread count; one thread keeps other sessions' load out of them.
 # (Those runs have processes of their own, so the setting never reaches the overhead runs.)
 SMOKE_THREADS = "train.threads=1"
 
 
-DRIFT_PROBE_EVERY = 10  # rows (20 smoke steps, ~120 ms): an ~8 ms probe adds ~7 % to the run, 5 per window
+# Rows between probes: a few probes fall in each 100-step window, and the probes (taken out of the
+# CPU figure) stay a small part of the run.
+DRIFT_PROBE_EVERY = 10
 
 
 def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> dict:
@@ -471,8 +473,7 @@ def main(argv=None) -> dict:
         "--pairs",
         type=int,
         default=4,
-        help="rounds of the off / stage / bare arms for the telemetry figures (default 4; ~40 s a "
-        "round on 2 idle cores)",
+        help="rounds of the off / stage / bare arms for the telemetry figures (default 4)",
     )
     ap.add_argument(
         "--steps",
@@ -489,8 +490,7 @@ def main(argv=None) -> dict:
         "--drift-repeats",
         type=int,
         default=5,
-        help="clean smoke runs; the drift is their median (default 5: one run moves by +-10 %% on a busy "
-        "machine, probes or not)",
+        help="clean smoke runs; the drift is their median (default 5: one run alone moves with a busy machine)",
     )
     ap.add_argument("--leak-steps", type=int, default=250, help="steps of the fault=leak smoke run")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare-loop arm (gradient_health_overhead)")
