@@ -16,7 +16,8 @@ printed with.
 
 A number with a unit of time, size or speed ("ms", "s", "MB", "/s") or a ratio written "1.2x" that
 has no such comment is a figure without a source (`uncited`), unless the line says it is not a
-measurement: `<!-- fig: setting -->` (a configured value, a timeout, a size asked for).
+performance figure: `<!-- fig: setting -->` (a configured value, a timeout, a size asked for) or
+`<!-- fig: example -->` (a value in a worked example: what a report said about one run).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 COMMENT = re.compile(r"<!--\s*fig:\s*(?P<path>[^#\s]+)#(?P<key>\S+)(?:\s+\*(?P<factor>[0-9.eE+-]+))?\s*-->")
-SETTING = re.compile(r"<!--\s*fig:\s*setting\s*-->")
+SETTING = re.compile(r"<!--\s*fig:\s*(?:setting|example)\s*-->")
 NUMBER = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)?")
 # A number followed by a unit that makes it a measurement of speed, time, size or a ratio.
 MEASURED = re.compile(
@@ -98,7 +99,7 @@ def mismatch(root: Path, c: Citation) -> Optional[str]:
         return f"{c.where()}: the source's value is {value!r}, not a number"
     printed = float(c.printed.replace(",", ""))
     want = round(value * c.factor, decimals(c.printed))
-    if abs(abs(printed) - abs(want)) > 1e-9 * max(1.0, abs(want)):
+    if abs(printed - want) > 1e-9 * max(1.0, abs(want)):
         return f"{c.where()}: printed {c.printed}, the source says {want} ({value!r} x {c.factor:g})"
     return None
 
@@ -106,7 +107,7 @@ def mismatch(root: Path, c: Citation) -> Optional[str]:
 def uncited(text: str, file: str = "") -> list[str]:
     """Measured-looking numbers without a source: in each stretch of a line that ends with a
     source comment only the last number is cited; the others, and any after the line's last
-    comment, are not. Code blocks, `code` and lines marked `<!-- fig: setting -->` are skipped."""
+    comment, are not. Code blocks, `code` and lines marked as a setting or an example are skipped."""
     out = []
     in_code = False
     for n, line in enumerate(text.splitlines(), 1):

@@ -51,6 +51,7 @@ from bench import clock, results
 from bench.model_server import invoke, model_server, questions_payload
 from bench.probe import Probe, machine
 from pipeline.core.paths import REPO_ROOT
+from pipeline.train.telemetry import rss_mb
 
 GOALS = {"in_process_batch_over_teacher_encode": 1.5}
 QUESTIONS_CSV = REPO_ROOT / "data" / "raw" / "qa_pairs.csv"
@@ -198,6 +199,8 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
         rest_ratios = [a / b for a, b in zip(spans["rest_batch"], spans["in_process_batch"])]
         out["rest_batch_over_in_process_batch"] = float(np.median(rest_ratios))
     out["parts_ms"] = {p: float(np.median([d[p] for d in part_ms])) for p in ("encode", "model", "topk")}
+    # Resident memory of this process, which has loaded the model and answered every request.
+    out["rss_mb"] = rss_mb()
     out["embed_batch_size"], out["train_batch_size"] = embed_bs, answerer.train_batch_size
     out["bank_size"] = len(answerer.texts)
     return out
@@ -259,6 +262,7 @@ def headline(res: dict) -> dict:
         "teacher_encode_questions_per_s": batch / cpu["teacher_encode_batch_s_median"],
         "parts_ms": cpu["parts_ms"],
         "load_s": cpu["load_s"],
+        "rss_mb": res["rss_mb"],
     }
     unreliable = {}
     if "rest" in res:

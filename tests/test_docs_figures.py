@@ -79,6 +79,7 @@ def test_uncited_finds_measured_numbers_without_a_source():
         "1.9x <!-- fig: r.json#a -->\n"
         "takes 4.3 s and 12 s <!-- fig: r.json#b -->\n"
         "a 5 s timeout <!-- fig: setting -->\n"
+        "the loss rose 1.59x <!-- fig: example -->\n"
         "`--steps 300` and 3 presets\n"
         "```\n20 ms in a code block\n```\n"
     )
