@@ -50,8 +50,19 @@ class Citation:
         return f"{self.file}:{self.line}: {self.printed} <- {self.source}#{self.key}"
 
 
-def citations(text: str, file: str = "") -> Iterator[Citation]:
+def prose(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line outside fenced code blocks."""
+    in_code = False
     for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        elif not in_code:
+            yield n, line
+
+
+def citations(text: str, file: str = "") -> Iterator[Citation]:
+    """Every source comment outside code blocks, with the number printed before it."""
+    for n, line in prose(text):
         for m in COMMENT.finditer(line):
             before = COMMENT.sub("", line[: m.start()])
             numbers = NUMBER.findall(before)
@@ -109,12 +120,8 @@ def uncited(text: str, file: str = "") -> list[str]:
     source comment only the last number is cited; the others, and any after the line's last
     comment, are not. Code blocks, `code` and lines marked as a setting or an example are skipped."""
     out = []
-    in_code = False
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.lstrip().startswith("```"):
-            in_code = not in_code
-            continue
-        if in_code or SETTING.search(line):
+    for n, line in prose(text):
+        if SETTING.search(line):
             continue
         hits: list[str] = []
         start = 0

@@ -402,11 +402,11 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
                 raise ValueError(f"no probe between steps {lo} and {hi}")
             probe_ms[w] = 1000 * float(np.median(inside))
         raw = ms["late"] / ms["early"]
-        cpu_ms = {w: cpu_ms_per_step_between(run["cpu"], *lh) for w, lh in windows.items()}
+        cpu_ms = {w: cpu_ms_per_step_between(run["cpu"], *lh) for w, lh in windows.items()} if run.get("cpu") else None
         runs.append(
             {
                 "ratio": raw / (probe_ms["late"] / probe_ms["early"]),
-                "cpu": cpu_ms["late"] / cpu_ms["early"],
+                "cpu": cpu_ms["late"] / cpu_ms["early"] if cpu_ms else None,
                 "raw": raw,
                 "early_ms": ms["early"],
                 "late_ms": ms["late"],
@@ -433,7 +433,8 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
     return {
         "step_time_drift": mid("ratio"),
         "step_time_drift_runs": [r["ratio"] for r in runs],
-        "step_time_drift_cpu": mid("cpu"),
+        # (None where a run kept no CPU stamps)
+        "step_time_drift_cpu": mid("cpu") if all(r["cpu"] for r in runs) else None,
         "step_time_drift_cpu_runs": [r["cpu"] for r in runs],
         "step_time_drift_raw": mid("raw"),
         "step_time_drift_raw_runs": [r["raw"] for r in runs],
