@@ -148,7 +148,7 @@ def mfu(cfg, rounds: int = 8, probes_per_round: int = 4, probe: Probe | None = N
     probe = probe or Probe(DEVICE)
     burst = matmul_peak_flops()
     steps, steps_cpu, paired = [], [], []
-    train_step(model, x, y)  # warm-up
+    # (the counted step above was the warm-up: a bench-preset step on one thread is long)
     for _ in range(rounds):
         round_probes = probe.take(probes_per_round)
         span, _ = clock.measure(lambda: train_step(model, x, y), sync)
