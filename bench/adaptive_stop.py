@@ -12,14 +12,15 @@ Each arm runs on the same `--batches` synthetic batches (fresh random inputs and
 order rotated per batch. Each timed span is divided by the median of the 6 reference probes taken
 just before and after it (bench/probe.py): `*_probe_normalised` ratios compare arms at the
 machine's speed of their own moments, `*_raw` ones do not; a span of minutes outlasts any probe,
-so on a busy machine (`busy`) `*_cpu_time`, the ratio of this process's CPU seconds, is the
-steadier figure (other processes' load does not add to it, though waiting threads may).
+so `*_cpu_time`, the ratio of this process's CPU seconds on the train stage's thread count
+(bench/clock.py), is the figure: other processes' load does not add to it.
 steps_used is FlowOutput.steps_used; flow_steps the flows moved summed over steps (the work
 done). Prints one JSON object as its last line, with the CPU model and the probes' spread.
 
-The fixed arm keeps 50 steps of activations for ~5,000 flows: ~8.4 GB on the seed preset (33.8 KB
-a flow step, pipeline/train/memory_estimate.flow_step_bytes; peak RSS 8.2 GB measured), and 8-13x
-the time of the others: the whole run takes 5-15 minutes on 2 cores.
+The fixed arm keeps max_steps steps of activations for every flow of the seed preset
+(pipeline/train/memory_estimate.flow_step_bytes a flow step: peak_rss_gb says what it took) and
+moves finished flows again and again: it is by far the slowest and largest arm, so the default
+run is a few batches of one preset. `--save` also writes bench/results/adaptive_stop.json.
 `--train-steps N` first trains the model N AdamW steps on a learnable synthetic task; 0 (the
 default) measures the untrained model the seed preset's training starts from.
 """
@@ -27,7 +28,6 @@ default) measures the untrained model the seed preset's training starts from.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
@@ -35,6 +35,7 @@ import time
 import numpy as np
 import torch
 
+from bench import clock, results
 from bench.probe import Probe, machine
 from pipeline.core.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
@@ -165,9 +166,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--fixed-steps", type=int, default=0, help="the fixed arm's flow steps (default: model.max_steps)")
     ap.add_argument("--train-steps", type=int, default=0, help="AdamW steps on a synthetic task first (default 0)")
     ap.add_argument("--quick", action="store_true", help="a fast check of the benchmark: smoke preset, 2 batches")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads (default: the train stage's; 0: torch's)"
+    )
+    results.add_save_flag(ap)
     args = ap.parse_args(argv)
     if args.quick:
         args.preset, args.batches = "smoke", 2
+    clock.pin_threads(args.threads)
     t0 = time.perf_counter()
     cfg = load_config([f"preset={args.preset}"])
     probe = Probe()
@@ -186,8 +192,19 @@ def main(argv=None) -> dict:
     res.update(machine(probe))
     res["bench_seconds"] = time.perf_counter() - t0
     print(f"[bench.adaptive_stop] {res['bench_seconds']:.1f} s", file=sys.stderr)
-    print(json.dumps(res))
-    return res
+    res.update(
+        results.figures(
+            {
+                "fixed_over_on_cpu_time": res["fixed_over_on_cpu_time"],
+                "off_over_on_cpu_time": res["off_over_on_cpu_time"],
+                "fixed_over_on_flow_steps": res["fixed_over_on_flow_steps"],
+                "fixed_over_on_steps": res["fixed_over_on_steps"],
+                "on_steps_used_mean": res["on_steps_used_mean"],
+                "peak_rss_gb": res["peak_rss_gb"],
+            }
+        )
+    )
+    return results.finish("adaptive_stop", res, args.save, argv)
 
 
 if __name__ == "__main__":

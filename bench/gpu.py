@@ -41,17 +41,20 @@ measured in the same run: masked_over_compact_step_ms, graph_on_over_off_step_ms
 masked_graph_over_compact_step_ms, and per loop tf32_over_fp32_step_ms and bf16_over_fp32_step_ms
 (below 1: faster).
 
+`figures` (--save also writes bench/results/gpu.json, with the GPU's name as gpu_model): on CUDA,
+every ratio and each run's step_ms, as "<preset>/<precision>/<label>/<key>" (the GPU is the
+run's alone: wall time is its time). On a CPU they are null: its wall-clock step times move with
+the machine's other load (bench.model and bench.train_step give the CPU's figures).
+
 Every figure that could not be measured on this device is null with a `<figure>_why` beside it
 (or one `why` for a run that did not happen). The JSON names the device (its CUDA name, or the
 CPU model) and torch's version. A run that fails is reported with its error and the benchmark
 exits 1 after printing the JSON.
 
-Time: `--quick --device cpu` about 4 s on 2 cores of an AMD EPYC. A whole default run on CUDA is
-27 trainer runs of about 30 steps; it is meant to take well under 2 minutes on an H100 but was
-written without a GPU and has not been timed on one (each run's `seconds` and bench_seconds say;
---steps and --presets trim it). On a CPU the seed and bench presets take seconds a step (5 and
-23 s on that EPYC, one thread), so a CPU run of all three takes the better part of an hour: use
---presets default there (about 6 s).
+Time: a whole default run on CUDA is 27 trainer runs of about 30 steps, meant to take a couple
+of minutes on a data-centre GPU (each run's `seconds` and bench_seconds say; --steps and --presets
+trim it). On a CPU the seed and bench presets take seconds a step, so a CPU run of all three
+takes the better part of an hour: use --presets default there, or --quick.
 """
 
 from __future__ import annotations
@@ -59,7 +62,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import math
 import sys
 import time
@@ -69,8 +71,10 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench import results
+from bench.clock import stage_threads
 from bench.probe import machine
-from bench.workloads import stage_threads, synthetic
+from bench.workloads import synthetic
 from pipeline.core.config import CONF_DIR, load_config
 from pipeline.train.loop import FLOW_STEPS_OBSERVED, Trainer
 from pipeline.train.step_counters import count_host, optimizer_host_tensors, profile_device
@@ -420,6 +424,20 @@ def ratios(runs: dict, presets, precisions, labels) -> list[dict]:
     return out
 
 
+def headline(res: dict, cuda: bool) -> dict:
+    """Every ratio and step time by "<preset>/<precision or label>/<key>"; null off CUDA."""
+    values: dict = {}
+    for r in res["ratios"]:
+        where = f"{r['preset']}/{r.get('precision') or r.get('label')}"
+        for k, v in r.items():
+            if k not in ("preset", "precision", "label") and not k.endswith("_why"):
+                values[f"{where}/{k}"] = v
+    for r in res["runs"]:
+        values[f"{r['preset']}/{r['precision']}/{r['label']}/step_ms"] = r.get("step_ms")
+    why = None if cuda else "on a CPU, wall-clock step times move with the machine's other load"
+    return results.figures(values, {k: why for k in values})
+
+
 def finite(obj):
     """obj with every non-finite float (a NaN from a counter that measured nothing) made None, and a
     `<key>_why` beside it in a dict where none is there already: JSON has no NaN."""
@@ -463,6 +481,7 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--quick", action="store_true", help="a fast check of the benchmark itself: the smoke preset, 3 timed steps"
     )
+    results.add_save_flag(ap)
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     device = pick_device(args.device)
@@ -547,8 +566,11 @@ def main(argv=None) -> dict:
     res["errors"] = errors
     res.update(machine())
     res["bench_seconds"] = time.perf_counter() - t_start
+    if cuda:
+        res["gpu_model"] = res["device_name"]
+    res.update(headline(res, cuda))
     res = finite(res)
-    print(json.dumps(res, allow_nan=False))
+    results.finish("gpu", res, args.save, argv)
     if errors:
         sys.exit(1)
     return res

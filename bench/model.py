@@ -2,15 +2,19 @@
 
 - speedup_vs_reference: one training step (forward + backward) of the per-flow reference
   (bench/reference_model.py) over the vectorised model, same weights and inputs, `default`
-  preset. The reference is timed on a sub-batch and scaled by flow steps (said in the JSON).
+  preset, in this process's CPU seconds (bench/clock.py; on a GPU, wall seconds). The reference
+  is timed on a sub-batch and scaled by flow steps (said in the JSON); speedup_vs_reference_wall
+  is the same in wall seconds (it moves with the machine's other load).
 - mfu: FLOP/s of the vectorised training step (FLOPs counted by torch's FlopCounterMode over the
   matmuls and GRU cells it runs, forward and backward; its best of several steps) over the
   machine's fp32 matmul peak, the best of many reference probes (bench/probe.py) taken between
   those steps, at the `bench` preset (carrier hidden 1024). <= 1 by construction unless the
   probe is a poor reference (then mfu_probe_is_poor_reference); mfu_vs_burst_peak is the same
-  against one burst of 2048x2048 matmuls, as this benchmark measured it before.
+  against one burst of 2048x2048 matmuls, as this benchmark measured it before. mfu_cpu: the
+  same in CPU seconds of this process (the best step's against the best probe's), the figure
+  (on a GPU, mfu).
 - adaptive_steps_mean / max_steps after a short training, and step time with adaptive stopping
-  off over on.
+  off over on (CPU seconds, the median of interleaved pairs).
 - activation_bytes_per_flow_step with checkpointing off and on (bytes saved for backward).
 - seed_preset_peak_rss_gb / seed_preset_step_s: one step of the `seed` preset in a fresh CPU
   process (the question is whether it fits this 2-core, 24 GiB machine).
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench import clock, results
 from bench.probe import Probe, machine
 from pipeline.core.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
@@ -60,13 +65,14 @@ def train_step(model, x, y, forward=None):
 
 
 def timed(fn, reps: int) -> float:
-    fn()  # warm-up
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / reps
+    """Seconds per call of `fn` (the median of `reps` after a warm-up): this process's CPU seconds
+    on a CPU (bench/clock.py), wall seconds on a GPU (the host waits while the GPU works)."""
+    span = clock.cpu_per_call(fn, reps, sync)
+    return span.wall if DEVICE.type == "cuda" else span.cpu
+
+
+def seconds(span: clock.Span) -> float:
+    return span.wall if DEVICE.type == "cuda" else span.cpu
 
 
 def matmul_peak_flops(n: int = 2048, reps: int = 10) -> float:
@@ -94,23 +100,25 @@ def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None) -> dic
     B = cfg.train.batch_size
     x, y = randn(B, DIM), randn(B, DIM)
     vec_probe = float(np.median(probe.take(3)))
-    vec_s = timed(lambda: train_step(model, x, y), 5)
+    vec = clock.cpu_per_call(lambda: train_step(model, x, y), 5, sync)
+    vec_s = vec.wall
     vec_out = model(x)
     # The sub-batch must give each sample the full batch's flows, or it does different work.
     per_sample, cap = model.flows_per_sample(B), model.max_active_flows
     model.max_active_flows = per_sample * sub_batch
     xs, ys = x[:sub_batch], y[:sub_batch]
     ref_probe = float(np.median(probe.take(3)))
-    sync()
-    t0 = time.perf_counter()
-    ref = train_step(model, xs, ys, forward=lambda v: reference_forward(model, v))
-    sync()
-    ref_s = time.perf_counter() - t0
+    ref_span, ref = clock.measure(
+        lambda: train_step(model, xs, ys, forward=lambda v: reference_forward(model, v)), sync
+    )
+    ref_s = ref_span.wall
     model.max_active_flows = cap
     ref_flow_steps = ref[3]
-    ref_full_s = ref_s * vec_out.flow_steps / ref_flow_steps  # scaled to the full batch's flow steps
+    scale = vec_out.flow_steps / ref_flow_steps  # to the full batch's flow steps
+    ref_full_s = ref_s * scale
     return {
-        "speedup_vs_reference": ref_full_s / vec_s,
+        "speedup_vs_reference": seconds(ref_span) * scale / seconds(vec),
+        "speedup_vs_reference_wall": ref_full_s / vec_s,
         "speedup_vs_reference_probe_normalised": (ref_full_s / ref_probe) / (vec_s / vec_probe),
         "vectorised_step_s": vec_s,
         "reference_step_s_scaled": ref_full_s,
@@ -139,21 +147,20 @@ def mfu(cfg, rounds: int = 8, probes_per_round: int = 4, probe: Probe | None = N
     flops = counter.get_total_flops()
     probe = probe or Probe(DEVICE)
     burst = matmul_peak_flops()
-    steps, paired = [], []
-    train_step(model, x, y)  # warm-up
+    steps, steps_cpu, paired = [], [], []
+    # (the counted step above was the warm-up: a bench-preset step on one thread is long)
     for _ in range(rounds):
         round_probes = probe.take(probes_per_round)
-        sync()
-        t0 = time.perf_counter()
-        train_step(model, x, y)
-        sync()
-        steps.append(time.perf_counter() - t0)
+        span, _ = clock.measure(lambda: train_step(model, x, y), sync)
+        steps.append(span.wall)
+        steps_cpu.append(span.cpu)
         paired.append((flops / steps[-1]) / (probe.flops / float(np.median(round_probes))))
     peak = probe.peak_flops()
     step_s = min(steps)
     result = flops / step_s / peak
     return {
         "mfu": result,
+        "mfu_cpu": flops / min(steps_cpu) / probe.peak_flops_cpu(),
         "mfu_median_paired": float(np.median(paired)),
         "mfu_vs_burst_peak": flops / step_s / burst,
         "mfu_probe_is_poor_reference": result > 1,
@@ -190,17 +197,14 @@ def adaptive(cfg, steps: int) -> dict:
             model(torch.from_numpy(x[i : i + cfg.train.batch_size]).to(DEVICE)).steps_used
             for i in range(0, n, cfg.train.batch_size)
         ]
-    # Interleaved reps, medians: off and on see the same machine noise.
-    times = {True: [], False: []}
-    for _ in range(6):
-        for flag in (True, False):
-            model.adaptive_stop = flag
-            sync()
-            t0 = time.perf_counter()
-            train_step(model, xb, yb)
-            sync()
-            times[flag].append(time.perf_counter() - t0)
-    on_s, off_s = float(np.median(times[True])), float(np.median(times[False]))
+
+    def step(flag: bool):
+        model.adaptive_stop = flag
+        return train_step(model, xb, yb)
+
+    # Interleaved pairs, the median of their ratios: off and on see the same machine noise.
+    pair = clock.interleaved_ratio(lambda: step(False), lambda: step(True), 6, sync)
+    off_on = pair["ratio"] if DEVICE.type != "cuda" else pair["a_wall_s"] / pair["b_wall_s"]
     with torch.no_grad():
         off_steps = model(xb).steps_used
     model.adaptive_stop = True
@@ -211,7 +215,8 @@ def adaptive(cfg, steps: int) -> dict:
         # stopping, docs/prototype.md) over ours: a step-count ratio (bench.adaptive_stop times it).
         "max_steps_over_adaptive_steps": cfg.model.max_steps / float(np.mean(used)),
         "steps_without_adaptive_stop": off_steps,
-        "adaptive_off_over_on_step_time": off_s / on_s,
+        "adaptive_off_over_on_step_time": off_on,
+        "adaptive_off_over_on_step_time_wall": pair["a_wall_s"] / pair["b_wall_s"],
         "adaptive_trained_steps": res.summary["train/steps"],
     }
 
@@ -277,17 +282,30 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reference-samples", type=int, default=2, help="samples the reference is timed on")
     ap.add_argument("--train-steps", type=int, default=96, help="short training before the adaptive figures")
-    ap.add_argument("--skip-seed", action="store_true", help="leave out the seed-preset step (~30 s)")
+    ap.add_argument("--skip-seed", action="store_true", help="leave out the seed-preset step (a fresh process)")
     ap.add_argument("--device", default="auto", help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N")
-    ap.add_argument("--mfu-rounds", type=int, default=8, help="timed steps of the MFU figure, each after 4 probes")
+    ap.add_argument(
+        "--mfu-rounds",
+        type=int,
+        default=3,
+        help="timed steps of the MFU figure, each after 4 probes (default 3: a step's CPU seconds hardly move "
+        "with the machine's load, and a bench-preset step on one thread is long)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads on a CPU (default: the train stage's, as under the portable numerics; 0: torch's)",
+    )
+    results.add_save_flag(ap)
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="a fast check of the benchmark itself: no seed step, 16 training steps, 3 MFU rounds",
+        help="a fast check of the benchmark itself: no seed step, 16 training steps, 2 MFU rounds",
     )
     args = ap.parse_args(argv)
     if args.quick:
-        args.skip_seed, args.train_steps, args.mfu_rounds = True, 16, 3
+        args.skip_seed, args.train_steps, args.mfu_rounds = True, 16, 2
     global DEVICE
     DEVICE = torch.device(
         "cuda"
@@ -296,6 +314,8 @@ def main(argv=None) -> dict:
         if args.device == "auto"
         else args.device
     )
+    if DEVICE.type == "cpu":
+        clock.pin_threads(args.threads)
     t0 = time.perf_counter()
     default, bench = load_config(["preset=default"]), load_config(["preset=bench"])
     res = {
@@ -321,8 +341,23 @@ def main(argv=None) -> dict:
     if DEVICE.type == "cuda":
         res["gpu_model"] = torch.cuda.get_device_name(DEVICE)
     res["bench_seconds"] = time.perf_counter() - t0
-    print(json.dumps(res))
-    return res
+    res.update(headline(res))
+    return results.finish("model", res, args.save, argv)
+
+
+def headline(res: dict) -> dict:
+    """The figures docs may quote: CPU-second ratios on a CPU, wall-second ones on a GPU."""
+    on_gpu = "gpu_model" in res
+    return results.figures(
+        {
+            "speedup_vs_reference": res["speedup_vs_reference"],
+            "mfu": res["mfu"] if on_gpu else res["mfu_cpu"],
+            "adaptive_off_over_on_step_time": res["adaptive_off_over_on_step_time"],
+            "max_steps_over_adaptive_steps": res["max_steps_over_adaptive_steps"],
+            "activation_memory_ratio_plain_over_checkpointed": res["activation_memory_ratio_plain_over_checkpointed"],
+            "seed_preset_peak_rss_gb": res.get("seed_preset_peak_rss_gb"),
+        }
+    )
 
 
 if __name__ == "__main__":

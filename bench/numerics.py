@@ -25,7 +25,13 @@ settings once, at their first use.
   seconds per teacher encode of the same texts. Arms alternate (ABBA) in fresh processes, and
   each process also times a fixed reference probe (a pure-Python loop that no numerics setting
   touches) around its work: `*_ratio_probe_normalised` divides each run's time by its probe's,
-  so a load that comes and goes on this shared machine cancels out.
+  so a load that comes and goes on this shared machine cancels out. The portable setting also
+  pins the thread count, so those wall-time ratios hold on a quiet machine only: in `figures`
+  they are null when the probes saw a busy one (`unreliable` says why). `*_cpu_ratio`: each
+  worker's own CPU seconds (bench/clock.py), i.e. the work the portable setting's kernels add;
+  it holds on a busy machine, but only where both arms run on the same thread count (a machine
+  of one core, or OMP_NUM_THREADS set), else it is null too: idle threads spin, and that counts.
+  --save also writes bench/results/numerics.json.
 
 --quick: fewer variants, steps and rounds (for the tests). --shards DIR reuses smoke-preset
 shards (else the embed stage builds them into a temporary directory). No GPU needed.
@@ -45,6 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import clock, results
 from pipeline.core import numerics
 from pipeline.core.paths import REPO_ROOT
 
@@ -199,15 +206,16 @@ def worker_encode(shards: str, out: str, n: int) -> dict:
         torch.set_num_threads(threads)
     encode_texts(teacher, texts[:64], 64, progress=False)  # warm-up
     p0 = probe_s()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     vecs = encode_texts(teacher, texts, 64, progress=False)
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     p1 = probe_s()
     if out:
         np.save(out, vecs)
     return {
         "digest": hashlib.sha256(vecs.tobytes()).hexdigest(),
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "probe_s": (p0 + p1) / 2,
         "texts": len(texts),
         "threads": torch.get_num_threads(),
@@ -225,13 +233,14 @@ def worker_steps(steps: int) -> dict:
     x, y = synthetic(rows)
     seen = set()
     p0 = probe_s()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     result = train_model(cfg, x, y, progress=False, on_log=lambda row, step: seen.add(torch.get_num_threads()))
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     p1 = probe_s()
     n = int(result.summary["train/steps"])
     return {
         "ms_per_step": 1000 * seconds / n,
+        "cpu_ms_per_step": 1000 * cpu_seconds / n,
         "steps": n,
         "probe_s": (p0 + p1) / 2,
         "threads": sorted(seen),
@@ -318,10 +327,10 @@ def cost(rounds: int, steps: int, encode_n: int, shards: str) -> dict:
         order = ("native", "portable") if r % 2 == 0 else ("portable", "native")  # ABBA
         for arm in order:
             s = run_worker("steps", arms[arm], None, "--steps", str(steps))
-            runs[("steps", arm)].append((s["ms_per_step"], s["probe_s"], s["threads"]))
+            runs[("steps", arm)].append((s["ms_per_step"], s["probe_s"], s["threads"], s["cpu_ms_per_step"]))
             if encode_n:
                 e = run_worker("encode", arms[arm], None, "--shards", shards, "--out", "", "--texts", str(encode_n))
-                runs[("encode", arm)].append((e["seconds"], e["probe_s"], e["threads"]))
+                runs[("encode", arm)].append((e["seconds"], e["probe_s"], e["threads"], e["cpu_seconds"]))
             say(
                 f"cost round {r + 1}/{rounds} {arm}: {runs[('steps', arm)][-1]}"
                 + (f" encode {runs[('encode', arm)][-1]}" if encode_n else "")
@@ -330,8 +339,9 @@ def cost(rounds: int, steps: int, encode_n: int, shards: str) -> dict:
     for what in ("steps", "encode"):
         if not runs[(what, "native")]:
             continue
-        med = {a: statistics.median(t for t, _, _ in runs[(what, a)]) for a in arms}
-        norm = {a: statistics.median(t / p for t, p, _ in runs[(what, a)]) for a in arms}
+        med = {a: statistics.median(r[0] for r in runs[(what, a)]) for a in arms}
+        norm = {a: statistics.median(r[0] / r[1] for r in runs[(what, a)]) for a in arms}
+        cpu = {a: statistics.median(r[3] for r in runs[(what, a)]) for a in arms}
         label = "train_step" if what == "steps" else "encode"
         unit = "ms" if what == "steps" else "s"
         res[f"{label}_{unit}_native"] = med["native"]
@@ -340,6 +350,7 @@ def cost(rounds: int, steps: int, encode_n: int, shards: str) -> dict:
         res[f"{label}_threads_portable"] = runs[(what, "portable")][0][2]
         res[f"{label}_ratio"] = med["portable"] / med["native"]
         res[f"{label}_ratio_probe_normalised"] = norm["portable"] / norm["native"]
+        res[f"{label}_cpu_ratio"] = cpu["portable"] / cpu["native"]
     return res
 
 
@@ -353,6 +364,7 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--variants", default="", help="comma-separated emulations (default: all; --quick: " + ",".join(QUICK) + ")"
     )
+    results.add_save_flag(ap)
     ap.add_argument("--worker", default="", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="config overrides for the agreement runs")
@@ -401,8 +413,24 @@ def main(argv=None) -> dict:
         res[f"{mode}_all_identical"] = all(r["weights_identical"] for r in rows)
         res[f"{mode}_val_cosine_spread"] = max(r["val_cosine"] for r in rows) - min(r["val_cosine"] for r in rows)
     res["bench_seconds"] = time.perf_counter() - t_start
-    print(json.dumps(res))
-    return res
+    keys = ("train_step_ratio", "train_step_cpu_ratio", "encode_ratio", "encode_cpu_ratio")
+    values = {k: res[k] for k in keys if k in res}
+    unreliable = {}
+    for label in ("train_step", "encode"):
+        if f"{label}_ratio" not in res:
+            continue
+        native, portable = res[f"{label}_threads_native"], res[f"{label}_threads_portable"]
+        most = max(native or [1]) if isinstance(native, list) else native  # (the trainer's: a list)
+        unreliable[f"{label}_ratio"] = clock.wall_ratio_unreliable(res.get("busy"), most)
+        if native != portable:
+            # Idle threads of the arm with more of them spin at every parallel region, and that
+            # counts as CPU time: CPU seconds compare arms on the same thread count only.
+            unreliable[f"{label}_cpu_ratio"] = (
+                f"the arms ran on different thread counts ({native} native, {portable} portable): CPU "
+                "seconds count the waiting of the arm with more threads"
+            )
+    res.update(results.figures(values, unreliable))
+    return results.finish("numerics", res, args.save, argv)
 
 
 if __name__ == "__main__":

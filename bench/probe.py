@@ -2,8 +2,8 @@
 against probes taken at the same moments.
 
 A probe is a fixed, small fp32 matmul workload (PROBE_N x PROBE_N by PROBE_N x PROBE_N, PROBE_REPS
-times: ~4 ms on two cores of an AMD EPYC, ~8 ms on one) timed with the caller's thread settings.
-Long enough to span a few of the scheduler's time slices, so that another process's share of the
+times) timed with the caller's thread settings, in wall and in this process's CPU seconds. Long
+enough to span a few of the scheduler's time slices, so that another process's share of the
 cores shows in it as it shows in a training step; short enough to take often. On a shared
 machine other processes come and go: a run that happens while they run is slow, and so are the
 probes taken around it. Benchmarks therefore
@@ -31,9 +31,9 @@ PROBE_N = 256  # small enough to fit in cache, large enough to run at the matmul
 PROBE_REPS = 24
 CUDA_PROBE_N = 4096  # a GPU needs a larger matmul to leave its launch overhead behind
 # Probes whose p90 is more than this over their p10: other processes took the cores for a good
-# part of the run (bench.tracking and bench.trainer on a 2-core AMD EPYC beside a light job or
-# two: 1.2-1.9; beside another 2-thread training: 81). Figures from such a run say more about
-# the machine than about the code: `busy` says so.
+# part of the run. A light neighbour leaves the spread well below it, a neighbour that trains on
+# every core puts it far above; figures from such a run say more about the machine than about the
+# code: `busy` says so.
 BUSY_SPREAD = 2.0
 
 
@@ -58,9 +58,11 @@ class Probe:
         self.a = torch.randn(self.n, self.n, generator=gen).to(self.device)
         self.b = torch.randn(self.n, self.n, generator=gen).to(self.device)
         self.times: list[float] = []
+        self.cpu_times: list[float] = []  # this process's CPU seconds of each probe (bench/clock.py)
         self.threads: set[int] = set()
         self()  # warm-up: the BLAS's thread pool and packing buffers, untimed
         self.times.clear()
+        self.cpu_times.clear()
         self.threads.clear()
 
     @property
@@ -83,9 +85,10 @@ class Probe:
             torch.set_num_threads(self.want_threads)
         try:
             self._sync()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             self._run()
             seconds = time.perf_counter() - t0
+            self.cpu_times.append(time.process_time() - c0)
             self.threads.add(torch.get_num_threads())
         finally:
             if torch.get_num_threads() != saved:
@@ -100,6 +103,11 @@ class Probe:
     def peak_flops(self) -> float:
         """The fastest probe's FLOP/s: the machine's matmul peak as best seen so far."""
         return self.flops / min(self.times)
+
+    def peak_flops_cpu(self) -> float:
+        """The same peak per CPU second of this process: what a busy machine's other processes
+        take from the cores does not count in it."""
+        return self.flops / min(self.cpu_times)
 
     def median(self) -> float:
         return float(np.median(self.times))

@@ -20,6 +20,12 @@ parts_ms splits one in-process batch into its parts (timed apart, once per round
 encode (the teacher, as the embed stage calls it), model (the energy-flow model in batches of
 train.batch_size), topk (cosines to the bank and torch.topk).
 
+Every in-process span is also taken in this process's CPU seconds, on the train stage's thread
+count by default (--threads; bench/clock.py): `cpu` holds them, and the in-process figures are
+those: other processes' load does not move them. A REST request's work is the server's, another
+process: its figures stay in wall time, a median over the rounds, and are null in `figures` when
+the probes saw a busy machine (`unreliable` says so). --save also writes bench/results/serve.json.
+
 The model: --model URI (any MLflow model URI or local directory; a runs:/ URI is looked up in
 MLFLOW_TRACKING_URI or the project's store), by default the workspace's trained model
 (models/model.pt and the shards in embed.out_dir, with params.yaml's batch sizes) saved as an
@@ -32,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import tempfile
 import time
@@ -42,9 +47,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from bench import clock, results
 from bench.model_server import invoke, model_server, questions_payload
 from bench.probe import Probe, machine
 from pipeline.core.paths import REPO_ROOT
+from pipeline.train.telemetry import rss_mb
 
 GOALS = {"in_process_batch_over_teacher_encode": 1.5}
 QUESTIONS_CSV = REPO_ROOT / "data" / "raw" / "qa_pairs.csv"
@@ -83,10 +90,12 @@ def percentiles_ms(seconds: list[float]) -> dict:
     return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "count": int(ms.size)}
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def timed(fn, cpu: list[float] | None = None) -> float:
+    """Wall seconds of `fn`; its CPU seconds appended to `cpu` when given."""
+    span, _ = clock.measure(fn)
+    if cpu is not None:
+        cpu.append(span.cpu)
+    return span.wall
 
 
 def parts(answerer, questions: list[str]) -> dict[str, float]:
@@ -96,14 +105,12 @@ def parts(answerer, questions: list[str]) -> dict[str, float]:
     from pipeline.embed.teacher import encode_texts
     from pipeline.evaluate.retrieval import predict
 
-    t0 = time.perf_counter()
-    x = encode_texts(answerer.teacher, questions, answerer.embed_batch_size, progress=False)
-    t1 = time.perf_counter()
-    pred = torch.from_numpy(predict(answerer.model, x, answerer.train_batch_size))
-    t2 = time.perf_counter()
-    torch.topk(F.normalize(pred, dim=1) @ answerer.bank_vectors.T, 5, dim=1)
-    t3 = time.perf_counter()
-    return {"encode": 1000 * (t1 - t0), "model": 1000 * (t2 - t1), "topk": 1000 * (t3 - t2)}
+    teacher, embed_bs = answerer.teacher, answerer.embed_batch_size
+    encode, x = clock.measure(lambda: encode_texts(teacher, questions, embed_bs, progress=False))
+    model, pred = clock.measure(lambda: torch.from_numpy(predict(answerer.model, x, answerer.train_batch_size)))
+    topk, _ = clock.measure(lambda: torch.topk(F.normalize(pred, dim=1) @ answerer.bank_vectors.T, 5, dim=1))
+    spans = {"encode": encode, "model": model, "topk": topk}
+    return {k: 1000 * v.wall for k, v in spans.items()} | {f"{k}_cpu": 1000 * v.cpu for k, v in spans.items()}
 
 
 def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe: Probe, rest: bool = True) -> dict:
@@ -112,12 +119,13 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
     questions = shipped_questions(max(batch, singles))
     batch_q, frame = questions[:batch], pd.DataFrame({"question": questions[:batch]})
     t0 = time.perf_counter()
-    model = mlflow.pyfunc.load_model(model_uri)
-    load_s = time.perf_counter() - t0
+    load, model = clock.measure(lambda: mlflow.pyfunc.load_model(model_uri))
+    load_s = load.wall
     answerer = model.unwrap_python_model()
     teacher, embed_bs = answerer.teacher, answerer.embed_batch_size
     params = {"k": k}
     spans: dict[str, list[float]] = {a: [] for a in ARMS}
+    cpu: dict[str, list[float]] = {a: [] for a in ARMS if not a.startswith("rest")}
     probes: list[float] = []
     part_ms: list[dict] = []
     per_round = max(1, singles // rounds)
@@ -140,11 +148,13 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
             say(f"round {r + 1}/{rounds}")
             singles_now = questions[r * per_round : (r + 1) * per_round] or questions[:per_round]
             probes.append(probe())
-            spans["in_process_single"] += [timed(lambda q=q: one(q)) for q in singles_now]
+            spans["in_process_single"] += [timed(lambda q=q: one(q), cpu["in_process_single"]) for q in singles_now]
             probes.append(probe())
-            spans["in_process_batch"].append(timed(lambda: model.predict(frame, params=params)))
+            spans["in_process_batch"].append(
+                timed(lambda: model.predict(frame, params=params), cpu["in_process_batch"])
+            )
             probes.append(probe())
-            spans["teacher_encode"].append(timed(encode))
+            spans["teacher_encode"].append(timed(encode, cpu["teacher_encode"]))
             probes.append(probe())
             part_ms.append(parts(answerer, batch_q))
             if rest:
@@ -173,13 +183,24 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
         "batch_questions_per_s": float(batch / np.median(enc)),
         "batch_s_rounds": enc,
     }
-    ratios = [a / b for a, b in zip(spans["in_process_batch"], enc)]
+    # Each round's batch over the same round's encode, in CPU seconds: the median of the pairs.
+    ratios = [a / b for a, b in zip(cpu["in_process_batch"], cpu["teacher_encode"])]
     out["in_process_batch_over_teacher_encode"] = float(np.median(ratios))
     out["in_process_batch_over_teacher_encode_rounds"] = ratios
+    out["in_process_batch_over_teacher_encode_wall"] = clock.median_ratio(spans["in_process_batch"], enc)
+    out["cpu"] = {
+        "load_s": load.cpu,
+        "in_process_single": percentiles_ms(cpu["in_process_single"]),
+        "in_process_batch_s_median": float(np.median(cpu["in_process_batch"])),
+        "teacher_encode_batch_s_median": float(np.median(cpu["teacher_encode"])),
+        "parts_ms": {p: float(np.median([d[f"{p}_cpu"] for d in part_ms])) for p in ("encode", "model", "topk")},
+    }
     if rest:
         rest_ratios = [a / b for a, b in zip(spans["rest_batch"], spans["in_process_batch"])]
         out["rest_batch_over_in_process_batch"] = float(np.median(rest_ratios))
     out["parts_ms"] = {p: float(np.median([d[p] for d in part_ms])) for p in ("encode", "model", "topk")}
+    # Resident memory of this process, which has loaded the model and answered every request.
+    out["rss_mb"] = rss_mb()
     out["embed_batch_size"], out["train_batch_size"] = embed_bs, answerer.train_batch_size
     out["bank_size"] = len(answerer.texts)
     return out
@@ -200,9 +221,14 @@ def main(argv=None) -> dict:
     ap.add_argument("-k", type=int, default=5, help="answers per question (default 5)")
     ap.add_argument("--no-rest", action="store_true", help="in process only (no server)")
     ap.add_argument("--quick", action="store_true", help="a fast check of the benchmark: batch 8, 6 singles, 2 rounds")
+    ap.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads (default: the train stage's; 0: torch's)"
+    )
+    results.add_save_flag(ap)
     args = ap.parse_args(argv)
     if args.quick:
         args.batch, args.singles, args.rounds = 8, 6, 2
+    clock.pin_threads(args.threads)
     t0 = time.perf_counter()
     probe = Probe()
     res = {"device": f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
@@ -219,8 +245,41 @@ def main(argv=None) -> dict:
     res.update(machine(probe))
     res["bench_seconds"] = time.perf_counter() - t0
     say(f"{res['bench_seconds']:.1f} s")
-    print(json.dumps(res))
-    return res
+    res.update(headline(res))
+    return results.finish("serve", res, args.save, argv)
+
+
+def headline(res: dict) -> dict:
+    """In-process figures in CPU seconds; REST ones in wall seconds, null on a busy machine."""
+    cpu, batch = res["cpu"], res["batch"]
+    values = {
+        "in_process_batch_over_teacher_encode": res["in_process_batch_over_teacher_encode"],
+        "in_process_single_p50_ms": cpu["in_process_single"]["p50_ms"],
+        "in_process_single_p99_ms": cpu["in_process_single"]["p99_ms"],
+        "in_process_batch_s": cpu["in_process_batch_s_median"],
+        "in_process_questions_per_s": batch / cpu["in_process_batch_s_median"],
+        "teacher_encode_batch_s": cpu["teacher_encode_batch_s_median"],
+        "teacher_encode_questions_per_s": batch / cpu["teacher_encode_batch_s_median"],
+        "parts_ms": cpu["parts_ms"],
+        "load_s": cpu["load_s"],
+        "rss_mb": res["rss_mb"],
+    }
+    unreliable = {}
+    if "rest" in res:
+        values |= {
+            "rest_batch_over_in_process_batch": res["rest_batch_over_in_process_batch"],
+            "rest_single_p50_ms": res["rest"]["single"]["p50_ms"],
+            "rest_single_p99_ms": res["rest"]["single"]["p99_ms"],
+            "rest_questions_per_s": res["rest"]["batch_questions_per_s"],
+        }
+        why = (
+            "a REST request's work is done in the server's process, so it is timed in wall seconds, "
+            "and the probes say other processes' load moved those"
+            if res.get("busy") is not False
+            else None
+        )
+        unreliable = {k: why for k in values if k.startswith("rest")}
+    return results.figures(values, unreliable)
 
 
 if __name__ == "__main__":

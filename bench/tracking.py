@@ -27,6 +27,11 @@ run):
   The sampler of system metrics runs in both halves, so its cost is in neither (it is small: a
   sample every train.system_metrics_every_s). An A/B seconds apart sees the same machine: other
   processes' load, which moves over seconds to minutes, hits both sides.
+  overhead_per_step_cpu[arm], the figure: the same A/B in this process's CPU seconds per step
+  (bench/clock.py): the work logging adds to a step, MLflow's threads in this process included,
+  which another process's load does not move (the wall-time figure above does: a writer thread
+  that waits for a core while the machine is busy). It is an upper bound on the wall cost
+  where a spare core runs the writer beside the training.
   overhead_per_step_across_runs[arm]: the sent segments' step time against the off runs' (probe-
   normalised, see below; context: runs tens of seconds apart meet different loads).
 - fixed_cost_s[arm]: what a run pays once: its whole span (run start to the last value stored
@@ -55,7 +60,8 @@ waiting: a lock or the interpreter's GIL held by a writer thread costs wall time
   MetricBuffer into a SQLite store and waited for, metric values per second
   (metrics_logged_per_s_mlflow_async: the same through mlflow.log_metrics(synchronous=False)).
 
-No GPU needed. A missed goal is reported in goals_met, not as an exit status; an error exits
+figures (--save also writes them to bench/results/tracking.json): overhead_per_step_cpu and
+cpu_cost_s per tracked arm. No GPU needed. A missed goal is reported in goals_met, not as an exit status; an error exits
 non-zero. Never touches the project's mlflow.db.
 """
 
@@ -74,6 +80,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from bench import results
 from bench.probe import Probe, machine, normaliser
 from bench.workloads import config, synthetic, temporary_store
 from pipeline.core.config import flatten
@@ -84,7 +91,7 @@ from pipeline.train.loop import train_model
 GOALS = {"overhead_per_step": 1.03, "fixed_fraction_of_default_run": 0.02}
 ARMS = ("off", "stage", "mlflow_async")
 EXPERIMENT = "bench-tracking"
-PROBE_EVERY_S = 1.0  # probes inside a run: 4-8 ms each, so under 1 % of its time
+PROBE_EVERY_S = 1.0  # probes inside a run: often enough to follow the load, rare enough to cost little
 SEGMENT_ROWS = 4  # rows a segment of the in-run A/B holds at least: its first span is left out, 3 count
 
 
@@ -133,6 +140,8 @@ class RowProbe:
         self.probe, self.inner, self.every_s, self.segment_s = probe, inner, every_s, segment_s
         self.segment_rows = 0  # rows in the current segment so far
         self.stamps: list[tuple[int, float]] = []  # (step, clock)
+        self.cpu_stamps: list[tuple[int, float]] = []  # (step, cpu_clock)
+        self.probe_cpu_s = 0.0  # this process's CPU seconds spent probing
         self.sent: list[bool] = []  # per row: handed to the logger
         self.probes: list[float] = []
         self.probe_s = 0.0  # seconds spent probing, including this bookkeeping
@@ -142,15 +151,21 @@ class RowProbe:
     def clock(self) -> float:
         return time.perf_counter() - self.probe_s
 
+    def cpu_clock(self) -> float:
+        """This process's CPU seconds (its logging threads' included), the probes taken out."""
+        return time.process_time() - self.probe_cpu_s
+
     def take(self) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         self.probes.append(self.probe())
         self.last = time.perf_counter()
         self.probe_s += self.last - t0
+        self.probe_cpu_s += time.process_time() - c0
 
     def __call__(self, metrics: dict, step: int) -> None:
         now = self.clock()
         self.stamps.append((step, now))
+        self.cpu_stamps.append((step, self.cpu_clock()))
         if self.segment_s:
             if self.switch_at is None:
                 self.switch_at = now + self.segment_s
@@ -168,18 +183,20 @@ class RowProbe:
         (s0, t0), (s1, t1) = self.stamps[min(int(len(self.stamps) * skip), len(self.stamps) - 2)], self.stamps[-1]
         return 1000 * (t1 - t0) / (s1 - s0)
 
-    def segments(self, skip: float) -> list[tuple[bool, float]]:
+    def segments(self, skip: float, cpu: bool = False) -> list[tuple[bool, float]]:
         """(sent, ms per step) of each segment from the row at `skip` of the run on. The span
         between rows j-1 and j holds row j-1's hand-over and the training of row j's window; it
         counts for the segment of row j-1, and only when row j-2 was in the same segment (the
-        first span after a switch is left out: the logger may still be busy with the rows before)."""
+        first span after a switch is left out: the logger may still be busy with the rows before).
+        With `cpu`, ms of this process's CPU time per step (cpu_stamps) in place of wall time."""
+        stamps = self.cpu_stamps if cpu else self.stamps
         out: list[list] = []  # [sent, seconds, steps, last row index]
-        first = max(2, int(len(self.stamps) * skip))
-        for j in range(first, len(self.stamps)):
+        first = max(2, int(len(stamps) * skip))
+        for j in range(first, len(stamps)):
             if self.sent[j - 1] != self.sent[j - 2]:
                 continue
-            dt = self.stamps[j][1] - self.stamps[j - 1][1]
-            ds = self.stamps[j][0] - self.stamps[j - 1][0]
+            dt = stamps[j][1] - stamps[j - 1][1]
+            ds = stamps[j][0] - stamps[j - 1][0]
             if out and out[-1][0] == self.sent[j - 1] and out[-1][3] == j - 1:
                 out[-1][1] += dt
                 out[-1][2] += ds
@@ -188,10 +205,10 @@ class RowProbe:
                 out.append([self.sent[j - 1], dt, ds, j])
         return [(sent, 1000 * sec / steps) for sent, sec, steps, _ in out if steps]
 
-    def segment_ratios(self, skip: float) -> list[float]:
+    def segment_ratios(self, skip: float, cpu: bool = False) -> list[float]:
         """ms per step of a sent segment over its unsent neighbour's, for every pair of adjacent
-        segments (each boundary gives one)."""
-        seg = self.segments(skip)
+        segments (each boundary gives one); with `cpu`, in this process's CPU time."""
+        seg = self.segments(skip, cpu)
         return [(a[1] / b[1]) if a[0] else (b[1] / a[1]) for a, b in zip(seg, seg[1:]) if a[0] != b[0]]
 
     def sent_ms(self, skip: float) -> Optional[float]:
@@ -319,6 +336,7 @@ def arm_run(
         "rows": len(clock.sent),
         "rows_sent": sum(clock.sent),
         "segment_ratios": clock.segment_ratios(skip),
+        "segment_ratios_cpu": clock.segment_ratios(skip, cpu=True),
         "sent_ms": clock.sent_ms(skip),
     }
 
@@ -406,6 +424,7 @@ def compare_arms(
         "compare_seconds": time.perf_counter() - t_start,
         "segment_s": segment_s,
         "overhead_per_step": {},
+        "overhead_per_step_cpu": {},
         "overhead_per_step_runs": {},
         "overhead_per_step_segments": {},
         "overhead_per_step_across_runs": {},
@@ -452,6 +471,8 @@ def compare_arms(
         out["overhead_per_step"][arm] = (
             float(np.median(ratios)) if ratios else out["overhead_per_step_across_runs"][arm]
         )
+        cpu_ratios = [q for r in runs[arm] for q in r.get("segment_ratios_cpu") or []]
+        out["overhead_per_step_cpu"][arm] = float(np.median(cpu_ratios)) if cpu_ratios else None
         out["overhead_per_step_runs"][arm] = [
             float(np.median(r["segment_ratios"])) if r.get("segment_ratios") else None for r in runs[arm]
         ]
@@ -530,7 +551,7 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--preset",
         default="smoke",
-        help="model the arms train (default smoke: a row of ~35 metrics every 2 steps of ~6 ms, the "
+        help="model the arms train (default smoke: a row of ~35 metrics every 2 short steps, the "
         "highest logging rate of any preset; `default` is the train stage's main job)",
     )
     ap.add_argument(
@@ -541,7 +562,7 @@ def main(argv=None) -> dict:
         "--steps",
         type=int,
         default=None,
-        help="optimizer steps per run (default: 1000 for smoke, ~6 s on 1 thread; 200 otherwise)",
+        help="optimizer steps per run (default: 1000 for smoke, 200 otherwise)",
     )
     ap.add_argument("--skip", type=float, default=0.2, help="fraction of a run's rows before the steady part")
     ap.add_argument(
@@ -558,6 +579,7 @@ def main(argv=None) -> dict:
         help="a fast smoke check of the benchmark itself: 1 round of 80 steps, 0.05 s segments",
     )
     ap.add_argument("overrides", nargs="*", help="config overrides for every arm, e.g. train.log_every=5")
+    results.add_save_flag(ap)
     args = ap.parse_args(argv)
     import mlflow  # noqa: F401 - first: on import it sets its loggers' levels, which this overrides
 
@@ -593,8 +615,10 @@ def main(argv=None) -> dict:
         res["goals_met"][f"fixed_fraction_of_default_run/{a}"] = v <= GOALS["fixed_fraction_of_default_run"]
     res.update(machine(probe))
     res["bench_seconds"] = time.perf_counter() - t0
-    print(json.dumps(res))
-    return res
+    res.update(
+        results.figures({"overhead_per_step_cpu": res["overhead_per_step_cpu"], "cpu_cost_s": res["cpu_cost_s"]})
+    )
+    return results.finish("tracking", res, args.save, argv)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ and opens the metric buffer (MLflow's async queue and the system-metrics sampler
 of the stage's process) with 200 telemetry rows sent and synced; the figure is the RSS after over
 the RSS before. Prints one JSON object as its last line:
 tracking_mb_rounds, tracking_mb (their median), the constant, their ratio, and the CPU model
-with the core count and load (bench/probe.machine).
+with the core count and load (bench/probe.machine). --save also writes bench/results/tracking_memory.json.
 Memory, not time: no probe is needed, and the figure does not depend on the machine's load.
 """
 
@@ -23,6 +23,7 @@ import tempfile
 
 import numpy as np
 
+from bench import results
 from bench.probe import machine
 from pipeline.core.paths import REPO_ROOT
 from pipeline.train.memory_estimate import TRACKING_MB
@@ -68,24 +69,23 @@ def one_round() -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="fresh interpreters to measure (default 3)")
+    results.add_save_flag(ap)
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     rounds = [one_round() for _ in range(args.rounds)]
     deltas = [r["after_mb"] - r["before_mb"] for r in rounds]
     measured = float(np.median(deltas))
-    print(
-        json.dumps(
-            {
-                **machine(),
-                "tracking_mb": measured,
-                "tracking_mb_rounds": deltas,
-                "baseline_mb_rounds": [r["before_mb"] for r in rounds],
-                "tracking_mb_constant": TRACKING_MB,
-                "constant_over_measured": TRACKING_MB / measured if measured > 0 else None,
-            }
-        )
-    )
+    res = {
+        **machine(),
+        "tracking_mb": measured,
+        "tracking_mb_rounds": deltas,
+        "baseline_mb_rounds": [r["before_mb"] for r in rounds],
+        "tracking_mb_constant": TRACKING_MB,
+        "constant_over_measured": TRACKING_MB / measured if measured > 0 else None,
+    }
+    res.update(results.figures({"tracking_mb": measured}))
+    results.finish("tracking_memory", res, args.save, argv)
     return 0
 
 

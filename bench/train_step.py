@@ -1,26 +1,29 @@
 """Train-step cost of the default model on this machine, as ratios measured in one run.
 
-- threads: ms/step with torch's default intra-op threads over ms/step with one thread.
-- checkpointing: ms/step with activation checkpointing per flow step over without it (the
-  compute that checkpointing trades for memory).
-Prints one JSON object as its last line.
+- threads: wall ms/step with one intra-op thread over ms/step with torch's default threads. A
+  ratio across thread counts is wall time against wall time: it holds on a quiet machine with
+  the cores to itself only, so elsewhere the figure is null and `unreliable` says why
+  (bench/clock.py).
+- checkpointing: this process's CPU ms/step with activation checkpointing per flow step over
+  without it, both on one thread (the compute that checkpointing trades for memory).
+Prints one JSON object as its last line (--save: also bench/results/train_step.json).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from bench.model import timed
+from bench import clock, results
 from bench.probe import Probe, machine
 from pipeline.core.config import load_config
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.train.telemetry import rss_mb
 
 
-def ms_per_step(model, x, y, steps: int) -> float:
+def ms_per_step(model, x, y, steps: int) -> clock.Span:
+    """Median wall and CPU ms of an AdamW training step."""
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
 
     def step():
@@ -28,13 +31,15 @@ def ms_per_step(model, x, y, steps: int) -> float:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return 1000 * timed(step, steps)
+    span = clock.cpu_per_call(step, steps)
+    return clock.Span(1000 * span.wall, 1000 * span.cpu)
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="timed steps per variant (default 20)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. preset=smoke model.lattice_depth=4")
+    results.add_save_flag(ap)
     args = ap.parse_args(argv)
     cfg = load_config(args.overrides)
     torch.manual_seed(0)
@@ -52,19 +57,30 @@ def main(argv=None) -> dict:
     probe = Probe(threads=default_threads)
     probe.take(3)
     torch.set_num_threads(1)
-    res["ms_per_step_1_thread"] = ms_per_step(build(False), x, y, args.steps)
+    one = ms_per_step(build(False), x, y, args.steps)
+    probe.take(3)
+    ckpt = ms_per_step(build(True), x, y, args.steps)
     torch.set_num_threads(default_threads)
     probe.take(3)
-    res["ms_per_step_default_threads"] = ms_per_step(build(False), x, y, args.steps)
-    res["threads_speedup"] = res["ms_per_step_1_thread"] / res["ms_per_step_default_threads"]
+    many = ms_per_step(build(False), x, y, args.steps)
     probe.take(3)
-    res["ms_per_step_checkpointed"] = ms_per_step(build(True), x, y, args.steps)
-    probe.take(3)
-    res["checkpointing_cost_ratio"] = res["ms_per_step_checkpointed"] / res["ms_per_step_default_threads"]
+    res["ms_per_step_1_thread"] = one.wall
+    res["cpu_ms_per_step_1_thread"] = one.cpu
+    res["ms_per_step_default_threads"] = many.wall
+    res["threads_speedup"] = one.wall / many.wall
+    res["ms_per_step_checkpointed"] = ckpt.wall
+    res["cpu_ms_per_step_checkpointed"] = ckpt.cpu
+    res["checkpointing_cost_ratio"] = ckpt.cpu / one.cpu
+    res["checkpointing_cost_ratio_wall"] = ckpt.wall / one.wall
     res["rss_mb"] = rss_mb()
     res.update(machine(probe))
-    print(json.dumps(res))
-    return res
+    res.update(
+        results.figures(
+            {"threads_speedup": res["threads_speedup"], "checkpointing_cost_ratio": res["checkpointing_cost_ratio"]},
+            {"threads_speedup": clock.wall_ratio_unreliable(res.get("busy"), default_threads)},
+        )
+    )
+    return results.finish("train_step", res, args.save, argv)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ The last stdout line is one JSON object; progress lines go to stderr.
   same while they are not, inside each tracked run (alternate 2 s segments: an A/B seconds apart,
   so other processes' load hits both sides). telemetry_overhead_per_step_across_runs: the same
   against the off runs, probe-normalised (context: it carries the load differences of runs
-  tens of seconds apart).
+  tens of seconds apart). telemetry_overhead_per_step_cpu, the figure: the same in-run A/B in
+  this process's CPU seconds per step (bench.tracking's overhead_per_step_cpu).
   telemetry_fixed_s: what a tracked run pays once (its whole span over the off run's of the same
   round, less what its sent rows cost step by step; the median over rounds, each in
   telemetry_fixed_s_rounds), and telemetry_fixed_fraction_of_default_run (goal <= 0.02):
@@ -44,15 +45,19 @@ The last stdout line is one JSON object; progress lines go to stderr.
   500-step `smoke` run on synthetic data (one intra-op thread, a fresh process), each window's
   over the median of the probes taken in it (a probe every 10 rows, between windows, on the
   run's thread); the median of five such runs. step_time_drift_raw: without the probes.
+  step_time_drift_cpu, the figure: the same windows in the run's own CPU seconds per step (the
+  probes' taken out), which other processes' load does not move (bench/clock.py).
 - rss_growth_mb_per_1k_steps (goal < 5): least-squares slope of mem/rss_mb against step over the
   same runs' rows after step 100 (their median). rss_growth_mb_per_1k_steps_leak: the same with
   fault=leak (every step's autograd graph kept alive) over 250 steps, which must be large: it
   proves the slope can see a leak.
 
-The JSON names the CPU (cpu_model) and the probes' spread (probe: the overhead rounds';
-drift_probe: the drift runs'): a spread well above 1 says other processes shared the machine.
-No GPU needed (train.device=cpu). A missed goal is reported in goals_met, not as an exit status
-(the machine is shared and noisy); an error exits non-zero.
+`figures` (--save also writes them to bench/results/trainer.json): the CPU-second figures above,
+the host-read counts and the RSS slopes. The JSON names the CPU (cpu_model) and the probes'
+spread (probe: the overhead rounds'; drift_probe: the drift runs'): a spread well above 1 says
+other processes shared the machine. No GPU needed (train.device=cpu). A missed goal is
+reported in goals_met, not as an exit status (the machine is shared and noisy); an error exits
+non-zero.
 """
 
 from __future__ import annotations
@@ -67,10 +72,12 @@ from typing import Optional
 import numpy as np
 import torch
 
+from bench import results
+from bench.clock import stage_threads
 from bench.model import DIM
 from bench.probe import Probe, machine, spread
 from bench.tracking import SEGMENT_S, RowProbe, compare_arms, workload_threads
-from bench.workloads import config, stage_threads, synthetic
+from bench.workloads import config, synthetic
 from pipeline.core.paths import REPO_ROOT
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
@@ -240,6 +247,7 @@ def telemetry_overhead(
     )
     out = {
         "telemetry_overhead_per_step": res["overhead_per_step"]["stage"],
+        "telemetry_overhead_per_step_cpu": res["overhead_per_step_cpu"]["stage"],
         "telemetry_overhead_per_step_runs": res["overhead_per_step_runs"]["stage"],
         "telemetry_overhead_per_step_segments": res["overhead_per_step_segments"]["stage"],
         "telemetry_overhead_per_step_across_runs": res["overhead_per_step_across_runs"]["stage"],
@@ -302,19 +310,31 @@ def smoke_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
     trainer's own thread count: [step, seconds] each."""
     cfg, n = config("smoke", steps, *overrides)
     probes: list[list] = []
-    on_log, probe = None, None
-    if probe_every:
-        probe = Probe()
-        seen = [0]
+    cpu: list[list] = []  # [step, this process's CPU seconds, the probes' taken out] at each row
+    probe = Probe() if probe_every else None
+    seen, probe_cpu = [0], [0.0]
 
-        def on_log(metrics: dict, step: int) -> None:
-            if "perf/step_ms" in metrics:
-                seen[0] += 1
-                if seen[0] % probe_every == 0:
-                    probes.append([step, probe()])
+    def on_log(metrics: dict, step: int) -> None:
+        if "perf/step_ms" not in metrics:
+            return
+        cpu.append([step, time.process_time() - probe_cpu[0]])
+        seen[0] += 1
+        if probe and seen[0] % probe_every == 0:
+            c0 = time.process_time()
+            probes.append([step, probe()])
+            probe_cpu[0] += time.process_time() - c0
 
     rows = train_model(cfg, *synthetic(n), on_log=on_log, progress=False).rows
-    return {"rows": rows, "probes": probes, "probe_threads": sorted(probe.threads) if probe else []}
+    return {"rows": rows, "probes": probes, "cpu": cpu, "probe_threads": sorted(probe.threads) if probe else []}
+
+
+def cpu_ms_per_step_between(cpu: list[list], lo: int, hi: int) -> float:
+    """CPU ms per step from the first row at or after step `lo` to the last at or before `hi`."""
+    inside = [(s, c) for s, c in cpu if lo <= s <= hi]
+    if len(inside) < 2:
+        raise ValueError(f"fewer than 2 rows between steps {lo} and {hi}")
+    (s0, c0), (s1, c1) = inside[0], inside[-1]
+    return 1000 * (c1 - c0) / (s1 - s0)
 
 
 ROWS_SCRIPT = (
@@ -325,8 +345,8 @@ ROWS_SCRIPT = (
 
 def fresh_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
     """smoke_run in a new process. In this one, memory freed by earlier runs stays in the
-    allocator's free lists: a leak first refills them and the RSS slope misses it (a 100-step
-    fault=leak run right after a 250-step one fitted 0.3 MB per 1k steps; fresh, ~200)."""
+    allocator's free lists: a leak first refills them and the RSS slope misses it (a short
+    fault=leak run right after a longer one fitted next to no slope; fresh, a steep one)."""
     proc = subprocess.run(
         [sys.executable, "-c", ROWS_SCRIPT, str(steps), str(probe_every), *overrides],
         cwd=REPO_ROOT,
@@ -343,16 +363,18 @@ def fresh_rows(steps: int, *overrides: str) -> list[dict]:
     return fresh_run(steps, *overrides)["rows"]
 
 
-# One intra-op thread for the smoke runs. The smoke model's ops are too small to split: on this
-# 2-core machine it stepped in 5.7 ms on one thread, 14.6 ms on torch's default two; and with one
-# other busy process on the machine, two threads took 56 ms (one waits at every parallel region
-# for the other, descheduled) while one thread still took 5.8. Drift and memory growth are about
+# One intra-op thread for the smoke runs. The smoke model's ops are too small to split: two
+# threads step slower than one, and with another busy process on the machine far slower still
+# (one waits at every parallel region for the other, descheduled), while one thread keeps its
+# pace. Drift and memory growth are about
 # the loop over time, not the thread count; one thread keeps other sessions' load out of them.
 # (Those runs have processes of their own, so the setting never reaches the overhead runs.)
 SMOKE_THREADS = "train.threads=1"
 
 
-DRIFT_PROBE_EVERY = 10  # rows (20 smoke steps, ~120 ms): an ~8 ms probe adds ~7 % to the run, 5 per window
+# Rows between probes: a few probes fall in each 100-step window, and the probes (taken out of the
+# CPU figure) stay a small part of the run.
+DRIFT_PROBE_EVERY = 10
 
 
 def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> dict:
@@ -380,9 +402,11 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
                 raise ValueError(f"no probe between steps {lo} and {hi}")
             probe_ms[w] = 1000 * float(np.median(inside))
         raw = ms["late"] / ms["early"]
+        cpu_ms = {w: cpu_ms_per_step_between(run["cpu"], *lh) for w, lh in windows.items()} if run.get("cpu") else None
         runs.append(
             {
                 "ratio": raw / (probe_ms["late"] / probe_ms["early"]),
+                "cpu": cpu_ms["late"] / cpu_ms["early"] if cpu_ms else None,
                 "raw": raw,
                 "early_ms": ms["early"],
                 "late_ms": ms["late"],
@@ -409,6 +433,9 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
     return {
         "step_time_drift": mid("ratio"),
         "step_time_drift_runs": [r["ratio"] for r in runs],
+        # (None where a run kept no CPU stamps)
+        "step_time_drift_cpu": mid("cpu") if all(r["cpu"] for r in runs) else None,
+        "step_time_drift_cpu_runs": [r["cpu"] for r in runs],
         "step_time_drift_raw": mid("raw"),
         "step_time_drift_raw_runs": [r["raw"] for r in runs],
         "drift_early_step_ms": mid("early_ms"),
@@ -447,8 +474,7 @@ def main(argv=None) -> dict:
         "--pairs",
         type=int,
         default=4,
-        help="rounds of the off / stage / bare arms for the telemetry figures (default 4; ~40 s a "
-        "round on 2 idle cores)",
+        help="rounds of the off / stage / bare arms for the telemetry figures (default 4)",
     )
     ap.add_argument(
         "--steps",
@@ -465,8 +491,7 @@ def main(argv=None) -> dict:
         "--drift-repeats",
         type=int,
         default=5,
-        help="clean smoke runs; the drift is their median (default 5: one run moves by +-10 %% on a busy "
-        "machine, probes or not)",
+        help="clean smoke runs; the drift is their median (default 5: one run alone moves with a busy machine)",
     )
     ap.add_argument("--leak-steps", type=int, default=250, help="steps of the fault=leak smoke run")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare-loop arm (gradient_health_overhead)")
@@ -480,6 +505,7 @@ def main(argv=None) -> dict:
         action="store_true",
         help="a fast check of the benchmark itself: 1 round of 60 steps (0.5 s segments), 1 drift run, 150 leak steps",
     )
+    results.add_save_flag(ap)
     args = ap.parse_args(argv)
     segment_s = None
     if args.quick:
@@ -555,8 +581,23 @@ def main(argv=None) -> dict:
         res.update(machine())
         res["probe"] = res.get("drift_probe", {})
     res["bench_seconds"] = time.perf_counter() - t0
-    print(json.dumps(res))
-    return res
+    res.update(
+        results.figures(
+            {
+                k: res.get(k)
+                for k in (
+                    "telemetry_overhead_per_step_cpu",
+                    "telemetry_cpu_s_per_run",
+                    "host_syncs_per_step",
+                    "host_syncs_per_step_masked",
+                    "step_time_drift_cpu",
+                    "rss_growth_mb_per_1k_steps",
+                    "rss_growth_mb_per_1k_steps_leak",
+                )
+            }
+        )
+    )
+    return results.finish("trainer", res, args.save, argv)
 
 
 if __name__ == "__main__":

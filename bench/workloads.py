@@ -10,6 +10,7 @@ from typing import Iterator
 
 import numpy as np
 
+from bench.clock import stage_threads
 from bench.model import DIM
 from pipeline.core.config import load_config
 
@@ -23,16 +24,6 @@ def synthetic(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     x = rng.normal(size=(n, DIM)).astype(np.float32)
     y = x @ (rng.normal(size=(DIM, DIM)) / np.sqrt(DIM))
     return x, (y / np.linalg.norm(y, axis=1, keepdims=True)).astype(np.float32)
-
-
-def stage_threads() -> int:
-    """The intra-op threads a stage trains on (train.threads=0): under the portable numerics, the
-    default, the fixed count stages/__init__.py pins (OMP_NUM_THREADS, else PORTABLE_THREADS: 1);
-    natively 0, torch's default. A bench process is not pinned, and on every core the same model
-    contends with MLflow's logging threads in a way the stage never does."""
-    from pipeline.core import numerics
-
-    return numerics.portable_threads() if numerics.mode() == "portable" else 0
 
 
 def config(preset: str, steps: int, *overrides: str):

@@ -200,3 +200,32 @@ def test_cli_help_runs_as_a_module():
         "--parts",
     ):
         assert word in out.stdout, word
+
+
+def test_drift_in_cpu_time_compares_the_runs_own_cpu_seconds_per_step(monkeypatch):
+    # The machine slows down late (wall and probes 1.5x), but the run's CPU seconds per step rise
+    # only 1.2x: that is the loop's own drift.
+    def fake_run(steps, *overrides, probe_every=0):
+        late = lambda s: s >= 300  # noqa: E731
+        rows = [
+            {"step": s, "perf/step_ms": 6.0 * (1.5 if late(s) else 1.0), "flow/flow_steps": 40.0, "mem/rss_mb": 300.0}
+            for s in range(2, steps + 1, 2)
+        ]
+        cpu, t = [], 0.0
+        for r in rows:
+            t += 2 * 0.005 * (1.2 if late(r["step"]) else 1.0)
+            cpu.append([r["step"], t])
+        probes = [[s, 0.003 * (1.5 if late(s) else 1.0)] for s in range(10, steps + 1, 10)]
+        return {"rows": rows, "probes": probes, "cpu": cpu, "probe_threads": [1]}
+
+    monkeypatch.setattr(bench, "fresh_run", fake_run)
+    res = bench.drift_and_rss(steps=500, repeats=2)
+    assert res["step_time_drift_cpu"] == pytest.approx(1.2)
+    assert res["step_time_drift_cpu_runs"] == pytest.approx([1.2] * 2)
+    assert res["step_time_drift_raw"] == pytest.approx(1.5)
+
+
+def test_a_smoke_run_keeps_its_cpu_seconds_at_every_row():
+    run = bench.smoke_run(20, bench.SMOKE_THREADS, probe_every=2)
+    assert [s for s, _ in run["cpu"]] == [r["step"] for r in run["rows"]]
+    assert all(b >= a for (_, a), (_, b) in zip(run["cpu"], run["cpu"][1:]))

@@ -1,0 +1,122 @@
+"""How benchmarks time their work so that their ratios hold on a shared machine.
+
+Wall time counts every moment another process held the cores, so a ratio of two wall-clock spans
+taken at different moments says as much about the neighbours as about the code. This process's
+CPU time (`time.process_time`: every thread of this process, user and system) counts only the
+work done here: another process taking a core delays the work but does not add to it. So a
+benchmark compares two arms of the same process by their CPU seconds, and interleaves the arms
+(A, B, A, B, ...) and takes the median of the per-pair ratios, so that what CPU time still
+feels (a neighbour's traffic through the shared caches and memory) hits both arms alike.
+
+CPU time cannot compare arms that use a different number of threads or processes (two threads
+doing the same work in half the wall time spend the same CPU seconds, plus their waiting); such
+a ratio is only as good as the machine is quiet, and a benchmark says so instead of printing it
+(`unreliable`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Span:
+    """One timed call: wall seconds and this process's CPU seconds."""
+
+    wall: float
+    cpu: float
+
+
+def measure(fn: Callable[[], object], sync: Callable[[], None] = lambda: None) -> tuple[Span, object]:
+    """Calls `fn` once; its span and its result. `sync` waits for an accelerator's queued work,
+    before and after, so the span holds the call's whole work."""
+    sync()
+    w0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    sync()
+    return Span(time.perf_counter() - w0, time.process_time() - c0), out
+
+
+def cpu_per_call(fn: Callable[[], object], reps: int, sync: Callable[[], None] = lambda: None) -> Span:
+    """The median span of `reps` calls after one untimed warm-up call (allocator, thread pool)."""
+    fn()
+    spans = [measure(fn, sync)[0] for _ in range(reps)]
+    return Span(float(np.median([s.wall for s in spans])), float(np.median([s.cpu for s in spans])))
+
+
+def interleaved_ratio(
+    a: Callable[[], object], b: Callable[[], object], pairs: int, sync: Callable[[], None] = lambda: None
+) -> dict:
+    """CPU seconds of `a` over `b`, as the median over `pairs` interleaved pairs, the order
+    alternating (ab, ba, ab, ...) so that neither arm always runs first; each arm warmed once.
+    Returns the ratio, each pair's ratio and each arm's median spans."""
+    a()
+    b()
+    spans: dict[str, list[Span]] = {"a": [], "b": []}
+    for i in range(pairs):
+        for arm in ("a", "b") if i % 2 == 0 else ("b", "a"):
+            spans[arm].append(measure(a if arm == "a" else b, sync)[0])
+    ratios = [x.cpu / y.cpu for x, y in zip(spans["a"], spans["b"])]
+    return {
+        "ratio": float(np.median(ratios)),
+        "pair_ratios": ratios,
+        "a_cpu_s": float(np.median([s.cpu for s in spans["a"]])),
+        "b_cpu_s": float(np.median([s.cpu for s in spans["b"]])),
+        "a_wall_s": float(np.median([s.wall for s in spans["a"]])),
+        "b_wall_s": float(np.median([s.wall for s in spans["b"]])),
+    }
+
+
+def median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    """The median of the pairwise ratios a[i] / b[i] (spans taken side by side)."""
+    return float(np.median([x / y for x, y in zip(a, b)]))
+
+
+def stage_threads() -> int:
+    """The intra-op threads a stage trains on (train.threads=0): under the portable numerics, the
+    default, the fixed count stages/__init__.py pins (OMP_NUM_THREADS, else PORTABLE_THREADS: 1);
+    natively 0, torch's default. A bench process is not pinned, and on every core the same model
+    contends with MLflow's logging threads in a way the stage never does."""
+    from pipeline.core import numerics
+
+    return numerics.portable_threads() if numerics.mode() == "portable" else 0
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0))
+
+
+def wall_ratio_unreliable(busy: Optional[bool], needs_cores: int) -> Optional[str]:
+    """Why a ratio of wall-clock spans across thread or process counts cannot be trusted here
+    (None: it can): it needs `needs_cores` cores to itself, and a quiet machine."""
+    have = cores()
+    if have < needs_cores:
+        return (
+            f"a wall-clock ratio across thread or process counts needs {needs_cores} cores to itself; "
+            f"this machine has {have}, shared with whatever else runs"
+        )
+    if busy or busy is None:
+        return (
+            "a wall-clock ratio across thread or process counts moves with the other processes' load, "
+            "and the probes say the machine was busy (or took none)"
+        )
+    return None
+
+
+def pin_threads(threads: Optional[int] = None) -> int:
+    """Sets torch's intra-op threads for a bench that compares arms by CPU seconds: `threads`, by
+    default the train stage's (stage_threads; 0 leaves torch's default). CPU seconds measure a
+    process's work only while none of its threads waits for another that the machine's other
+    load took off a core. Returns the count in use."""
+    import torch
+
+    want = stage_threads() if threads is None else threads
+    if want:
+        torch.set_num_threads(want)
+    return torch.get_num_threads()

@@ -1,0 +1,137 @@
+"""Figures in Markdown that name their source, and the check that each equals it.
+
+A measured figure in README.md or docs/*.md is followed by an HTML comment naming the JSON file
+and key it comes from (invisible once rendered):
+
+    a batch costs 1.23x <!-- fig: bench/results/serve.json#in_process_batch_over_teacher_encode -->
+    val cosine 0.866 <!-- fig: metrics/train.json#val/cosine -->
+    MFU 37 % <!-- fig: bench/results/model.json#mfu *100 -->
+
+The figure is the last number before the comment on its line (thousands commas allowed). The key
+is looked up in the file's `figures` when it has them (a saved bench result, bench/results.py),
+else from the top; a dot steps into a nested object where the key itself is not there
+(`convergence.steps_ratio`). An optional `*F` multiplies the value first (a fraction printed as a
+percentage). The printed number must equal the value rounded to as many decimals as it is
+printed with.
+
+A number with a unit of time, size or speed ("ms", "s", "MB", "/s") or a ratio written "1.2x" that
+has no such comment is a figure without a source (`uncited`), unless the line says it is not a
+performance figure: `<!-- fig: setting -->` (a configured value, a timeout, a size asked for) or
+`<!-- fig: example -->` (a value in a worked example: what a report said about one run).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+COMMENT = re.compile(r"<!--\s*fig:\s*(?P<path>[^#\s]+)#(?P<key>\S+)(?:\s+\*(?P<factor>[0-9.eE+-]+))?\s*-->")
+SETTING = re.compile(r"<!--\s*fig:\s*(?:setting|example)\s*-->")
+NUMBER = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?|[-+]?\d+(?:\.\d+)?")
+# A number followed by a unit that makes it a measurement of speed, time, size or a ratio.
+MEASURED = re.compile(
+    r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?:[x×]|\s?(?:ms|s|min|KB|MB|GB|MiB|GiB|(?:questions|texts|samples|steps)/s|GFLOP/s))(?![\w/])"
+)
+
+
+@dataclass(frozen=True)
+class Citation:
+    file: str
+    line: int
+    printed: str
+    source: str
+    key: str
+    factor: float
+
+    def where(self) -> str:
+        return f"{self.file}:{self.line}: {self.printed} <- {self.source}#{self.key}"
+
+
+def prose(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line outside fenced code blocks."""
+    in_code = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+        elif not in_code:
+            yield n, line
+
+
+def citations(text: str, file: str = "") -> Iterator[Citation]:
+    """Every source comment outside code blocks, with the number printed before it."""
+    for n, line in prose(text):
+        for m in COMMENT.finditer(line):
+            before = COMMENT.sub("", line[: m.start()])
+            numbers = NUMBER.findall(before)
+            printed = numbers[-1] if numbers else ""
+            yield Citation(file, n, printed, m["path"], m["key"], float(m["factor"] or 1))
+
+
+def lookup(data: dict, key: str):
+    """`key` in `data`, or a dotted path into it (the longest key that exists at each level)."""
+    if key in data:
+        return data[key]
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:i])
+        if head in data and isinstance(data[head], dict):
+            return lookup(data[head], ".".join(parts[i:]))
+    raise KeyError(key)
+
+
+def value_of(root: Path, source: str, key: str):
+    data = json.loads((root / source).read_text())
+    if isinstance(data.get("figures"), dict):
+        try:
+            return lookup(data["figures"], key)
+        except KeyError:
+            pass
+    return lookup(data, key)
+
+
+def decimals(printed: str) -> int:
+    return len(printed.split(".", 1)[1]) if "." in printed else 0
+
+
+def mismatch(root: Path, c: Citation) -> Optional[str]:
+    """Why the citation does not hold (None: it does)."""
+    if not c.printed:
+        return f"{c.where()}: no number before the comment"
+    try:
+        value = value_of(root, c.source, c.key)
+    except FileNotFoundError:
+        return f"{c.where()}: {c.source} does not exist"
+    except KeyError:
+        return f"{c.where()}: {c.source} has no {c.key!r}"
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return f"{c.where()}: the source's value is {value!r}, not a number"
+    printed = float(c.printed.replace(",", ""))
+    want = round(value * c.factor, decimals(c.printed))
+    if abs(printed - want) > 1e-9 * max(1.0, abs(want)):
+        return f"{c.where()}: printed {c.printed}, the source says {want} ({value!r} x {c.factor:g})"
+    return None
+
+
+def uncited(text: str, file: str = "") -> list[str]:
+    """Measured-looking numbers without a source: in each stretch of a line that ends with a
+    source comment only the last number is cited; the others, and any after the line's last
+    comment, are not. Code blocks, `code` and lines marked as a setting or an example are skipped."""
+    out = []
+    for n, line in prose(text):
+        if SETTING.search(line):
+            continue
+        hits: list[str] = []
+        start = 0
+        for m in [*COMMENT.finditer(line), None]:
+            stretch = re.sub(r"`[^`]*`", " ", line[start : m.start() if m else len(line)])
+            found = [h.strip() for h in MEASURED.findall(stretch)]
+            if m is not None and found:
+                found = found[:-1]  # the cited one
+            hits += found
+            start = m.end() if m else len(line)
+        if hits:
+            out.append(f"{file}:{n}: {', '.join(hits)}")
+    return out
