@@ -1,14 +1,12 @@
 """The train stage's telemetry rows to MLflow, through MLflow's own asynchronous logging, with
 nothing lost while the tracking store is away.
 
-Why MLflow's queue and not a process of our own: bench.tracking measures both ways against
-tracking off, in alternate segments of the same run (AMD EPYC, 2 cores, one intra-op thread as
-the stage trains). On the default model (a row every 5 steps) MLflow's queue and its
-system-metrics sampler cost 1.02x per step (3 runs 1.01-1.06) and nothing measurable per run,
-within the goals (<= 1.03x per step, <= 2 % of the run once). On the smoke model (a row every 2
-steps of ~12 ms) they cost 1.23x: the queue's SQLAlchemy inserts are Python, run in threads of
-this process, and hold the interpreter while the loop needs it. A separate writer process measured 1.015x there,
-for ~360 more lines to keep; the smoke model is for CI, not for timing. The README has the figures.
+Why MLflow's queue and not a process of our own: on the default model, the main job, its cost
+against tracking off is within the goals (<= 1.03x per step, <= 2 % of a run once), and a
+writer process of our own would be many more lines to keep. Only the smoke model, whose rows come
+every few milliseconds, pays more: the queue's SQLAlchemy inserts are Python on threads of this
+process and hold the interpreter while the loop needs it; the smoke model is for CI, not timing.
+docs/mlflow.md quotes the figures from bench.tracking and bench.trainer.
 
 What MLflow's queue does not do is keep values through an outage: a batch the store refuses is
 reported on its future and dropped. This module adds that:
