@@ -39,8 +39,11 @@ from pipeline.model.model_file import model_shapes, save_model
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
 from pipeline.train import memory_estimate
-from pipeline.train.loop import Checkpointing, TrainingDiverged, select_device, train_model
+from pipeline.train.checkpoints import Checkpointing
+from pipeline.train.device import select_device
+from pipeline.train.loop import train_model
 from pipeline.train.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured, manifest_digest, settings_digest
+from pipeline.train.result import TrainingDiverged
 from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
 from pipeline.train.telemetry import step_columns
 

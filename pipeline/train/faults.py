@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -31,6 +31,13 @@ _OPEN_ENDED = ("leak", "sync_bound")
 def _nan(value) -> bool:
     """Not measured: NaN or absent."""
     return value is None or math.isnan(value)
+
+
+def injector_for(fault_cfg, model: nn.Module, rank: int = 0) -> Optional["FaultInjector"]:
+    """The run's injector, or None when no fault hits this rank: then the trainer calls nothing of
+    it (a fault-free step runs no injector code at all)."""
+    injector = FaultInjector(fault_cfg, model, rank)
+    return None if injector.kind == "none" else injector
 
 
 class FaultInjector:
