@@ -65,6 +65,7 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Optional
 
 import psutil
@@ -510,15 +511,17 @@ def estimate(
 # --------------------------------------------------------------------------- the check
 
 
-_PARAM_KEYS = {
-    "input_mapper": "model.lattice_width x model.lattice_height (the input map is embedding dim x cells)",
-    "output_mapper": "model.lattice_width x model.lattice_height or model.output_hidden (the output map is "
-    "cells x output_hidden)",
-    "lattice": "model.lattice_width x lattice_height x lattice_depth or model.cell_state_dim (the lattice "
-    "holds cells x depth x cell_state_dim)",
-    "carrier": "model.carrier_hidden or model.carrier_layers",
-    "neuron": "model.neuron_hidden",
-}
+_PARAM_KEYS = MappingProxyType(
+    {
+        "input_mapper": "model.lattice_width x model.lattice_height (the input map is embedding dim x cells)",
+        "output_mapper": "model.lattice_width x model.lattice_height or model.output_hidden (the output map is "
+        "cells x output_hidden)",
+        "lattice": "model.lattice_width x lattice_height x lattice_depth or model.cell_state_dim (the lattice "
+        "holds cells x depth x cell_state_dim)",
+        "carrier": "model.carrier_hidden or model.carrier_layers",
+        "neuron": "model.neuron_hidden",
+    }
+)
 _ACTIVATION_KEYS = (
     "train.batch_size, model.max_active_flows (flows per step), model.lattice_depth (steps), "
     "or set model.checkpoint_steps=true (a flow step then saves ~1/8 as much: 647 of 5,095 bytes at the "

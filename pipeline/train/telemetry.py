@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from types import MappingProxyType
 from typing import Optional
 
 import numpy as np
@@ -18,7 +19,7 @@ PHASES = ("data", "forward", "backward", "optimizer")
 # Columns of the per-log-row telemetry table (telemetry/train_steps.csv, a DVC plot), in order;
 # one `grad/<module>/norm` column per top-level module follows them. The report stage reads the
 # same names; `split/name` everywhere, as in MLflow.
-STEP_COLUMNS = [
+STEP_COLUMNS = (
     "step",
     "epoch",
     "train/loss",
@@ -62,11 +63,11 @@ STEP_COLUMNS = [
     "mem/rss_mb",
     "mem/device_allocated_mb",
     "mem/device_peak_mb",
-]
+)
 
 
 def step_columns(module_names: list[str]) -> list[str]:
-    return STEP_COLUMNS + [f"grad/{m}/norm" for m in module_names]
+    return [*STEP_COLUMNS, *(f"grad/{m}/norm" for m in module_names)]
 
 
 def rss_mb() -> float:
@@ -194,14 +195,16 @@ def device_row(sample, step_s: float, steps_used: float, faults, device: torch.d
 
 
 # metrics/train.json's device figures: the median over the rows of each (NaN where never measured).
-_RUN_FIGURES = {
-    "perf/flow_step_ms": "perf/flow_step_ms",
-    "perf/host_syncs": "perf/host_syncs_per_step",
-    "perf/ops": "perf/ops_per_step",
-    "perf/kernels": "perf/kernels_per_step",
-    "perf/kernel_us": "perf/kernel_us",
-    "perf/gpu_busy": "perf/gpu_busy",
-}
+_RUN_FIGURES = MappingProxyType(
+    {
+        "perf/flow_step_ms": "perf/flow_step_ms",
+        "perf/host_syncs": "perf/host_syncs_per_step",
+        "perf/ops": "perf/ops_per_step",
+        "perf/kernels": "perf/kernels_per_step",
+        "perf/kernel_us": "perf/kernel_us",
+        "perf/gpu_busy": "perf/gpu_busy",
+    }
+)
 
 
 def run_device_figures(rows: list[dict]) -> dict[str, float]:
