@@ -29,17 +29,15 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline.core import distributed
-from pipeline.core.config import flatten
 from pipeline.core.output_dirs import CHECKPOINTS, claim
 from pipeline.core.paths import repo_path
-from pipeline.data.shards import sha256_file
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
 from pipeline.train.checkpoints import Checkpointing
 from pipeline.train.device import select_device
-from pipeline.train.inputs import prepare, run_tags
+from pipeline.train.inputs import embed_run_of, prepare, run_tags
 from pipeline.train.loop import train_model
-from pipeline.train.outputs import record_divergence, record_trained
+from pipeline.train.outputs import log_run_inputs, record_divergence, record_trained
 from pipeline.train.perf_files import manifest_digest, settings_digest
 from pipeline.train.result import TrainingDiverged
 
@@ -101,53 +99,29 @@ def train_only(cfg, place) -> None:
 
 
 def train_and_record(cfg, place) -> dict:
-    checked = []
-    inputs = prepare(cfg, place, on_memory=checked.append)
-    manifest, train, val, ckpt_path, fp, state = inputs
-    memory = checked[0]
-    if not memory.fits:  # train.memory_check=false: not refused, but said
-        log.warning("%s; going on: train.memory_check=false", memory.describe())
-    else:  # a warning when only the expected flow steps fit, not the worst case
-        log.log(logging.INFO if memory.worst_fits else logging.WARNING, "%s", memory.describe())
+    memory, manifest, train, val, ckpt_path, fp, state = prepare(cfg, place)
+    memory.log()
     model_dir = repo_path(cfg.train.out_dir)
     settings = settings_digest(cfg, manifest_digest(manifest))
     resume_run = (state or {}).get("extra", {}).get("run_id")
     if resume_run and not tracking.run_exists(resume_run):
         resume_run = None  # the checkpoint's run is not in this store: the weights resume, the run is new
-    embed_run = (
-        tracking.read_run_file(
-            "embed", repo_path(cfg.embed.out_dir) / "manifest.json", "manifest_sha256", required=False
-        )
-        if tracking.enabled()
-        else {}
-    )
-    tags = run_tags(cfg, manifest, embed_run, fp, place)
+    embed_run = embed_run_of(cfg)
     with tracking.mlflow_run(
         tracking.run_name(cfg),
         cfg.run.preset,
         cfg.run.experiment,
         run_id=resume_run,
-        tags={**tags, **tracking.overrides_tag(cfg)},
+        tags={**run_tags(cfg, manifest, embed_run, fp, place), **tracking.overrides_tag(cfg)},
         stage="train",
     ) as run:
         if resume_run is None:
-            effective = cfg.train.batch_size * cfg.train.grad_accum * place.world_size
-            tracking.log_params(
-                {**flatten(cfg), "train.processes": place.world_size, "train.effective_batch": effective}
-            )
-            # The data it trains on, linked to the embed run that made it (the UI's Dataset column).
-            shard_dir = repo_path(cfg.embed.out_dir)
-            tracking.log_shards_input(
-                tracking.shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json")),
-                manifest,
-                str(embed_run.get("run_id", "")),
-            )
+            log_run_inputs(cfg, manifest, embed_run, place.world_size)
         if cfg.train.checkpoint_every:
             claim(ckpt_path.parent, CHECKPOINTS, "train.checkpoint_dir")
         tracking.log_metrics(memory.metrics(), step=0)
-        sampling = cfg.train.system_metrics_every_s
         diverged = None
-        with MetricBuffer(run.info.run_id, system_metrics_s=sampling) as to_mlflow:
+        with MetricBuffer(run.info.run_id, system_metrics_s=cfg.train.system_metrics_every_s) as to_mlflow:
             ckpt = Checkpointing(
                 ckpt_path,
                 fp,

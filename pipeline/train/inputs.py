@@ -5,7 +5,7 @@ through; and the tags its MLflow run gets."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 from pipeline.core.arm import arm_of
 from pipeline.core.distributed import Dist
@@ -20,6 +20,7 @@ from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
 
 
 class TrainInputs(NamedTuple):
+    memory: memory_estimate.MemoryCheck  # the config fits (or train.memory_check=false let it through)
     manifest: dict
     train: SplitShard
     val: SplitShard
@@ -28,15 +29,13 @@ class TrainInputs(NamedTuple):
     state: Optional[dict]  # the checkpoint to resume from (None: start afresh)
 
 
-def prepare(cfg, place: Dist, on_memory: Optional[Callable] = None) -> TrainInputs:
+def prepare(cfg, place: Dist) -> TrainInputs:
     """Before any of the model, optimizer or checkpoint is built or loaded, the memory check
-    (pipeline/train/memory_estimate.py) refuses a config that cannot fit; `on_memory` gets its result."""
+    (pipeline/train/memory_estimate.py) refuses a config that cannot fit."""
     shard_dir = repo_path(cfg.embed.out_dir)
     manifest = load_manifest(shard_dir)
     ckpt_path = repo_path(cfg.train.checkpoint_dir) / STATE_FILE
     memory = memory_estimate.check(cfg, int(manifest["dim"]), place, ckpt_path)
-    if on_memory is not None:
-        on_memory(memory)
     train, val = open_split(shard_dir, "train", need_rows="to train on"), open_split(shard_dir, "val")
     fp = fingerprint(cfg, manifest_digest(manifest), place.world_size)
     state = None
@@ -45,7 +44,16 @@ def prepare(cfg, place: Dist, on_memory: Optional[Callable] = None) -> TrainInpu
         state = load_state(
             ckpt_path, fp, quiet=not place.is_main, model_shapes=model_shapes(cfg.model, int(manifest["dim"]))
         )
-    return TrainInputs(manifest, train, val, ckpt_path, fp, state)
+    return TrainInputs(memory, manifest, train, val, ckpt_path, fp, state)
+
+
+def embed_run_of(cfg) -> dict:
+    """The run file of the embed run that made the shards ({} when tracking is off or it has none)."""
+    if not tracking.enabled():
+        return {}
+    return tracking.read_run_file(
+        "embed", repo_path(cfg.embed.out_dir) / "manifest.json", "manifest_sha256", required=False
+    )
 
 
 def run_tags(cfg, manifest: dict, embed_run: dict, fp: str, place: Dist) -> dict[str, str]:

@@ -61,6 +61,7 @@ design and are not counted.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import shutil
 from dataclasses import dataclass
@@ -78,6 +79,8 @@ from pipeline.model import EnergyFlowModel
 from pipeline.tracking import store as tracking
 from pipeline.train.device import select_device, select_precision
 from pipeline.train.telemetry import rss_mb
+
+log = logging.getLogger(__name__)
 
 MB = 2**20
 FP32 = 4  # bytes per parameter, gradient and AdamW moment: the weights stay fp32 under autocast
@@ -546,6 +549,14 @@ class MemoryCheck:
         if self.disk_free_mb is not None:
             out["mem/available_disk_mb"] = self.disk_free_mb
         return out
+
+    def log(self) -> None:
+        """The line in the stage's log: a warning when it does not fit (train.memory_check=false let
+        it through) or when only the expected flow steps fit, not the worst case."""
+        if not self.fits:
+            log.warning("%s; going on: train.memory_check=false", self.describe())
+        else:
+            log.log(logging.INFO if self.worst_fits else logging.WARNING, "%s", self.describe())
 
     def describe(self) -> str:
         """One line for the log: estimate, available, verdict."""

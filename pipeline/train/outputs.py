@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.core.atomic import atomic_path, write_json
+from pipeline.core.config import flatten
 from pipeline.core.output_dirs import MODEL, claim
-from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR
+from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.data.shards import sha256_file
 from pipeline.model.model_file import save_model
 from pipeline.tracking import store as tracking
@@ -24,6 +25,19 @@ log = logging.getLogger(__name__)
 STEPS_CSV = TELEMETRY_DIR / "train_steps.csv"
 EVENTS_JSON = TELEMETRY_DIR / "train_events.json"
 TRAIN_JSON = METRICS_DIR / "train.json"
+
+
+def log_run_inputs(cfg, manifest: dict, embed_run: dict, processes: int) -> None:
+    """A new MLflow run's params (the whole config, the processes and the effective batch) and the
+    data it trains on, linked to the embed run that made it (the UI's Dataset column)."""
+    effective = cfg.train.batch_size * cfg.train.grad_accum * processes
+    tracking.log_params({**flatten(cfg), "train.processes": processes, "train.effective_batch": effective})
+    shard_dir = repo_path(cfg.embed.out_dir)
+    tracking.log_shards_input(
+        tracking.shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json")),
+        manifest,
+        str(embed_run.get("run_id", "")),
+    )
 
 
 def write_telemetry(result: TrainResult) -> None:
