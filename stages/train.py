@@ -185,13 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     outcome = TrainOutcome()
 
-    def train(cfg) -> None:
+    def run_keeping_outcome(cfg) -> None:  # run_stage keeps only the exit code
         nonlocal outcome
         outcome = run(cfg)
         if outcome.diverged is not None:
             raise outcome.diverged  # the stage fails with its message
 
-    code = run_stage("train", __doc__, SECTIONS, train, args, nproc_key="train.nproc")
+    code = run_stage("train", __doc__, SECTIONS, run_keeping_outcome, args, nproc_key="train.nproc")
     if outcome.diverged is not None:
         report_divergence(args)  # its verdict is its own output; the stage fails either way
     return code
