@@ -28,7 +28,8 @@ from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.data.shards import open_split, write_shards
 from pipeline.model import EnergyFlowModel
 from pipeline.model.model_file import load_model, model_shapes, save_model
-from pipeline.train.loop import Checkpointing, train_model
+from pipeline.train.checkpoints import Checkpointing
+from pipeline.train.loop import train_model
 from pipeline.train.resume_state import STATE_FILE, load_state, save_state
 from stages import embed, evaluate, train
 from tests.helpers.shards import fake_shards

@@ -11,7 +11,8 @@ import torch
 from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
 from pipeline.train.cuda_graph import FlowRunner, why_eager
-from pipeline.train.loop import Trainer, precision_candidates, train_model
+from pipeline.train.device import precision_candidates
+from pipeline.train.loop import Trainer, train_model
 from pipeline.train.telemetry import sample_due
 
 pytestmark = pytest.mark.unit

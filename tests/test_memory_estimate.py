@@ -25,7 +25,7 @@ from pipeline.core.distributed import Dist
 from pipeline.core.errors import PipelineError, ResourceError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.train import memory_estimate
+from pipeline.train import inputs, memory_estimate
 from stages import train
 from tests.helpers.shards import fake_shards
 
@@ -64,8 +64,8 @@ def one_thread():
 def nothing_built(monkeypatch):
     """Training, checkpoint loading and the trainer's checkpointing fail the test if reached (the
     check itself builds the model on the meta device and a 2 x 2-lattice probe: those must run)."""
-    for name in ("train_model", "load_state", "Checkpointing"):
-        monkeypatch.setattr(train, name, lambda *a, _n=name, **kw: pytest.fail(f"{_n} reached"))
+    for module, name in ((train, "train_model"), (inputs, "load_state"), (train, "Checkpointing")):
+        monkeypatch.setattr(module, name, lambda *a, _n=name, **kw: pytest.fail(f"{_n} reached"))
 
 
 # --------------------------------------------------------------------------- refusal

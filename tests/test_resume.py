@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pipeline.core.config import load_config
-from pipeline.train.loop import Checkpointing, train_model
+from pipeline.train.checkpoints import Checkpointing
+from pipeline.train.loop import train_model
 from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
 from tests.helpers.synthetic import linear_task
 
@@ -158,14 +159,14 @@ def test_sigterm_mid_run_checkpoints_the_step_it_finishes_and_resumes_to_the_sam
     whole = train_model(cfg, x, y, progress=False)
     path = tmp_path / STATE_FILE
     trainer = Trainer(cfg, x, y, progress=False, checkpointing=Checkpointing(path, "fp", 8))
-    original = trainer.faults.on_grads
+    original = trainer.health.measure  # once a step, after backward, before the optimizer step
 
-    def signal_in_step_7(step):  # after backward, before the optimizer step: mid-step
-        if step == 7:
+    def signal_in_step_7(*args, **kwargs):  # mid-step
+        if trainer.step == 7:
             os.kill(os.getpid(), signal.SIGTERM)
-        original(step)
+        return original(*args, **kwargs)
 
-    trainer.faults.on_grads = signal_in_step_7
+    trainer.health.measure = signal_in_step_7
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(Terminated):
         trainer.run()

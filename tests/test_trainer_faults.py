@@ -14,7 +14,8 @@ from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.train import faults
 from pipeline.train import loop as training
 from pipeline.train.faults import FaultInjector
-from pipeline.train.loop import Trainer, TrainingDiverged, lr_lambda
+from pipeline.train.loop import Trainer, lr_lambda
+from pipeline.train.result import TrainingDiverged
 from tests.helpers.synthetic import linear_task
 
 pytestmark = pytest.mark.unit
@@ -67,8 +68,7 @@ def test_skipped_step_leaves_weights_and_optimizer_untouched():
     clean, faulty = trainer("train.epochs=1"), trainer("train.epochs=1", "fault=nan_loss", f"fault.step={K}")
     # Stop both after step K: the faulty one must hold exactly the weights of step K - 1.
     for t in (clean, faulty):
-        t.t_start, t.bar = 0.0, _NoBar()
-        t._new_window()
+        t._start()
         t.loader.set_epoch(0)
         batches = t.loader.batches()
         for _ in range(K - 1 if t is clean else K):
@@ -76,17 +76,6 @@ def test_skipped_step_leaves_weights_and_optimizer_untouched():
     for k, v in clean.model.state_dict().items():
         assert torch.equal(v, faulty.model.state_dict()[k]), k
     assert clean.opt.state_dict()["state"][0]["step"] == faulty.opt.state_dict()["state"][0]["step"] == K - 1
-
-
-class _NoBar:
-    def update(self, n):
-        pass
-
-    def set_postfix(self, **kw):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_persistent_nonfinite_steps_stop_the_run():

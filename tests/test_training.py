@@ -5,8 +5,10 @@ import pytest
 import torch
 
 from pipeline.core.config import load_config
-from pipeline.train.loop import TrainingDiverged, evaluate_loss, loss_weights, lr_lambda, train_model
+from pipeline.train.loop import loss_weights, lr_lambda, train_model
+from pipeline.train.result import TrainingDiverged
 from pipeline.train.telemetry import step_columns
+from pipeline.train.validation import evaluate_loss
 from tests.helpers.synthetic import linear_task
 
 pytestmark = pytest.mark.unit

@@ -1,3 +1,4 @@
-"""The train stage's library: the training loop, per-step health (non-finite, spikes, gradient
-zones), injected faults, the resumable state, stop signals, telemetry, the memory check and the
-time/memory files kept beside the DVC outputs."""
+"""The train stage's library: the training loop (loop.py) and its parts (per-step health, skip
+events, the loss scaler, injected faults, telemetry, checkpoints and the resumable state, stop
+signals, progress), the memory check, and what the stage reads before training and writes after
+it, the time/memory files kept beside the DVC outputs included."""

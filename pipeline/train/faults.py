@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -19,9 +19,9 @@ from torch import nn
 
 from pipeline.core.errors import ConfigError
 
-# sync_bound's stand-in device figures on a machine without a GPU (device_figures): a GPU busy 5 %
-# of the step (below report.device_busy_fail, 0.2, by a margin no rounding closes), running one
-# 5 µs kernel per op dispatched (short of the ~20 µs a kernel needs to outlast its launch).
+# sync_bound's stand-in device figures on a machine without a GPU (device_figures): a GPU busy for
+# a share of the step below report.device_busy_fail by a margin no rounding closes, running one
+# kernel per op dispatched, each too short to outlast its own launch.
 SYNTHETIC_GPU_BUSY = 0.05
 SYNTHETIC_KERNEL_US = 5.0
 # Faults that start at fault.step and run to the end of training.
@@ -31,6 +31,13 @@ _OPEN_ENDED = ("leak", "sync_bound")
 def _nan(value) -> bool:
     """Not measured: NaN or absent."""
     return value is None or math.isnan(value)
+
+
+def injector_for(fault_cfg, model: nn.Module, rank: int = 0) -> Optional["FaultInjector"]:
+    """The run's injector, or None when no fault hits this rank: then the trainer calls nothing of
+    it (a fault-free step runs no injector code at all)."""
+    injector = FaultInjector(fault_cfg, model, rank)
+    return None if injector.kind == "none" else injector
 
 
 class FaultInjector:

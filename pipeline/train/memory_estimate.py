@@ -61,10 +61,12 @@ design and are not counted.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Optional
 
 import psutil
@@ -75,7 +77,10 @@ from pipeline.core.distributed import Dist, device_for
 from pipeline.core.errors import ResourceError
 from pipeline.model import EnergyFlowModel
 from pipeline.tracking import store as tracking
+from pipeline.train.device import select_device, select_precision
 from pipeline.train.telemetry import rss_mb
+
+log = logging.getLogger(__name__)
 
 MB = 2**20
 FP32 = 4  # bytes per parameter, gradient and AdamW moment: the weights stay fp32 under autocast
@@ -414,12 +419,6 @@ def available_memory(device: torch.device, processes: int = 1) -> Available:
     return Available(_mb(free), rss_mb(), processes, source, device_free, name)
 
 
-def _amp_dtype(precision: str, device: torch.device) -> Optional[torch.dtype]:
-    from pipeline.train.loop import select_precision  # here: training imports the model, not this module
-
-    return select_precision(precision, device)
-
-
 def estimate(
     cfg, dim: int, place: Dist = Dist(), device: Optional[torch.device] = None, resume_path: Optional[Path] = None
 ) -> MemoryEstimate:
@@ -438,8 +437,6 @@ def estimate(
     bound would multiply the activation term (the seed preset: 20 steps against 7, a 3,699 MB peak
     against 1,609) and could refuse what runs, and no run here came near it. The worst case is
     logged with it, and the log line warns when only the expected figure fits."""
-    from pipeline.train.loop import select_device
-
     device = device or select_device(device_for(cfg.train.device, place))
     m, t = cfg.model, cfg.train
     # The exact parameter count: the model built on the meta device (as checkpoint.model_shapes
@@ -461,11 +458,11 @@ def estimate(
     expected_steps = min(cap, math.ceil(m.lattice_depth / ((m.min_forward + m.max_forward) / 2)) + 1)
     meta.flow_loop = str(t.get("flow_loop", "auto"))
     if meta.uses_masked_loop(device):
-        # The masked loop keeps every flow to its end and starts at its cap (Trainer.flow_cap):
+        # The masked loop keeps every flow to its end and starts at its cap (FlowLength.cap):
         # the bound is what it holds, not a worst case.
         cap = expected_steps = meta.masked_step_cap
     n_flows = batch * flows
-    amp_dtype = _amp_dtype(t.precision, device)
+    amp_dtype = select_precision(t.precision, device)
     per_flow_step, per_forward, where = flow_step_bytes(m, dim, amp_dtype)
     fixed = fixed_activation_bytes(batch, meta.n_cells, dim, int(m.output_hidden), flows) + per_forward
     act_expected = fixed + per_flow_step * n_flows * expected_steps
@@ -517,15 +514,17 @@ def estimate(
 # --------------------------------------------------------------------------- the check
 
 
-_PARAM_KEYS = {
-    "input_mapper": "model.lattice_width x model.lattice_height (the input map is embedding dim x cells)",
-    "output_mapper": "model.lattice_width x model.lattice_height or model.output_hidden (the output map is "
-    "cells x output_hidden)",
-    "lattice": "model.lattice_width x lattice_height x lattice_depth or model.cell_state_dim (the lattice "
-    "holds cells x depth x cell_state_dim)",
-    "carrier": "model.carrier_hidden or model.carrier_layers",
-    "neuron": "model.neuron_hidden",
-}
+_PARAM_KEYS = MappingProxyType(
+    {
+        "input_mapper": "model.lattice_width x model.lattice_height (the input map is embedding dim x cells)",
+        "output_mapper": "model.lattice_width x model.lattice_height or model.output_hidden (the output map is "
+        "cells x output_hidden)",
+        "lattice": "model.lattice_width x lattice_height x lattice_depth or model.cell_state_dim (the lattice "
+        "holds cells x depth x cell_state_dim)",
+        "carrier": "model.carrier_hidden or model.carrier_layers",
+        "neuron": "model.neuron_hidden",
+    }
+)
 _ACTIVATION_KEYS = (
     "train.batch_size, model.max_active_flows (flows per step), model.lattice_depth (steps), "
     "or set model.checkpoint_steps=true (a flow step then saves ~1/8 as much: 647 of 5,095 bytes at the "
@@ -550,6 +549,14 @@ class MemoryCheck:
         if self.disk_free_mb is not None:
             out["mem/available_disk_mb"] = self.disk_free_mb
         return out
+
+    def log(self) -> None:
+        """The line in the stage's log: a warning when it does not fit (train.memory_check=false let
+        it through) or when only the expected flow steps fit, not the worst case."""
+        if not self.fits:
+            log.warning("%s; going on: train.memory_check=false", self.describe())
+        else:
+            log.log(logging.INFO if self.worst_fits else logging.WARNING, "%s", self.describe())
 
     def describe(self) -> str:
         """One line for the log: estimate, available, verdict."""
@@ -593,8 +600,6 @@ def check(
     (unless train.memory_check=false). `checkpoint_path`: the resumable checkpoint's file (its
     size if it exists is a resume's; its disk must hold one more). `available`: what to compare
     with (default: this machine's, `available_memory`)."""
-    from pipeline.train.loop import select_device
-
     device = select_device(device_for(cfg.train.device, place))
     e = estimate(cfg, dim, place, device, resume_path=checkpoint_path)
     a = available or available_memory(device, e.processes)

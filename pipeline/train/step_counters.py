@@ -32,7 +32,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -193,3 +193,22 @@ def profile_device(device: torch.device) -> Iterator[StepSample]:
     for k, v in _device_figures(prof, wall).items():
         setattr(sample, k, v)
     sample.cuda_syncs -= 1  # the window's own closing synchronize
+
+
+@contextlib.contextmanager
+def sampled_step(kind: Optional[str], latest: StepSample, opt: torch.optim.Optimizer, device: torch.device):
+    """Around one optimizer step that telemetry.sample_due picked: "count" (host reads and ops,
+    the optimizer's host-resident tensors left out), "profile" (CUDA kernels and busy time) or
+    None (nothing measured). What was measured replaces those fields of `latest`, the sample
+    every telemetry row carries until the next one."""
+    if kind == "count":
+        with count_host(optimizer_host_tensors(opt)) as sample:
+            yield
+        latest.host_syncs, latest.ops = sample.host_syncs, sample.ops
+    elif kind == "profile":
+        with profile_device(device) as sample:
+            yield
+        for k in ("kernels", "kernel_us", "gpu_busy", "cuda_syncs"):
+            setattr(latest, k, getattr(sample, k))
+    else:
+        yield

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
-import os
 import time
+from types import MappingProxyType
 from typing import Optional
 
 import numpy as np
@@ -13,14 +14,12 @@ import torch
 
 from pipeline.model.energy_flow import RANGE_KEYS
 
-_PROC = psutil.Process(os.getpid())
-
 PHASES = ("data", "forward", "backward", "optimizer")
 
 # Columns of the per-log-row telemetry table (telemetry/train_steps.csv, a DVC plot), in order;
 # one `grad/<module>/norm` column per top-level module follows them. The report stage reads the
 # same names; `split/name` everywhere, as in MLflow.
-STEP_COLUMNS = [
+STEP_COLUMNS = (
     "step",
     "epoch",
     "train/loss",
@@ -64,17 +63,19 @@ STEP_COLUMNS = [
     "mem/rss_mb",
     "mem/device_allocated_mb",
     "mem/device_peak_mb",
-]
+)
 
 
 def step_columns(module_names: list[str]) -> list[str]:
-    return STEP_COLUMNS + [f"grad/{m}/norm" for m in module_names]
+    return [*STEP_COLUMNS, *(f"grad/{m}/norm" for m in module_names)]
 
 
 def rss_mb() -> float:
-    return _PROC.memory_info().rss / 2**20
+    """This process's resident memory (psutil.Process() is the calling process, a forked child's too)."""
+    return psutil.Process().memory_info().rss / 2**20
 
 
+@functools.cache  # the C library's function: looked up once, the same for the process's life
 def _malloc_trim():
     """glibc's malloc_trim, or None where the C library has none (macOS, musl)."""
     import ctypes
@@ -86,9 +87,6 @@ def _malloc_trim():
         return None
 
 
-_TRIM = _malloc_trim()
-
-
 def release_free_heap() -> None:
     """Hand the C heap's free pages back to the system before RSS is read. The compacting flow
     loop frees and allocates tensors of a different size every flow step (the live-flow count
@@ -96,8 +94,9 @@ def release_free_heap() -> None:
     and the memory_growth check read it as a leak. After a trim RSS counts what is held: a real
     leak (fault=leak, the fault matrix) still climbs, a clean run (the default run's report) does
     not. One call per logged row: a walk of the heap's free lists, not of its tensors."""
-    if _TRIM is not None:
-        _TRIM(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def device_memory_mb(device: torch.device) -> tuple[float, float]:
@@ -183,9 +182,11 @@ def sample_due(step: int, device_type: str) -> Optional[str]:
 
 
 def device_row(sample, step_s: float, steps_used: float, faults, device: torch.device) -> dict[str, float]:
-    """The row's perf/flow_step_ms and the latest sample's figures (a fault may stand in for a
-    device this machine lacks: FaultInjector.device_figures)."""
-    figures = faults.device_figures(sample.figures(), device.type)
+    """The row's perf/flow_step_ms and the latest sample's figures (a fault, when one is
+    configured, may stand in for a device this machine lacks: FaultInjector.device_figures)."""
+    figures = sample.figures()
+    if faults is not None:
+        figures = faults.device_figures(figures, device.type)
     return {
         "perf/flow_step_ms": 1000 * step_s / steps_used if steps_used > 0 else math.nan,
         **{f"perf/{k}": float(figures[k]) for k in ("host_syncs", "ops", "kernels", "kernel_us", "gpu_busy")},
@@ -194,14 +195,16 @@ def device_row(sample, step_s: float, steps_used: float, faults, device: torch.d
 
 
 # metrics/train.json's device figures: the median over the rows of each (NaN where never measured).
-_RUN_FIGURES = {
-    "perf/flow_step_ms": "perf/flow_step_ms",
-    "perf/host_syncs": "perf/host_syncs_per_step",
-    "perf/ops": "perf/ops_per_step",
-    "perf/kernels": "perf/kernels_per_step",
-    "perf/kernel_us": "perf/kernel_us",
-    "perf/gpu_busy": "perf/gpu_busy",
-}
+_RUN_FIGURES = MappingProxyType(
+    {
+        "perf/flow_step_ms": "perf/flow_step_ms",
+        "perf/host_syncs": "perf/host_syncs_per_step",
+        "perf/ops": "perf/ops_per_step",
+        "perf/kernels": "perf/kernels_per_step",
+        "perf/kernel_us": "perf/kernel_us",
+        "perf/gpu_busy": "perf/gpu_busy",
+    }
+)
 
 
 def run_device_figures(rows: list[dict]) -> dict[str, float]:

@@ -20,7 +20,8 @@ import torch
 
 from pipeline.core import distributed
 from pipeline.core.config import load_config
-from pipeline.train.loop import TrainingDiverged, train_model
+from pipeline.train.loop import train_model
+from pipeline.train.result import TrainingDiverged
 from tests.helpers.synthetic import linear_task
 
 ROWS, VAL_ROWS, DIM = 256, 64, 16

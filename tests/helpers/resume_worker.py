@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from pipeline.core.config import load_config
-from pipeline.train.loop import Checkpointing, train_model
+from pipeline.train.checkpoints import Checkpointing
+from pipeline.train.loop import train_model
 from pipeline.train.resume_state import STATE_FILE, fingerprint, load_state
 from tests.helpers.synthetic import linear_task
 

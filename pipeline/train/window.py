@@ -1,0 +1,100 @@
+"""A telemetry window: the steps since the last logged row, summed on the host, and the row they
+close into (telemetry/train_steps.csv, MLflow). The device-side sums of the same window are
+StepHealth's; both are read with the step's one read (pipeline/train/step_health.py).
+
+Peak-memory statistics are reset only once a row is out (telemetry.reset_peak), so a row's peak
+covers its window.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pipeline.train.step_counters import StepSample
+from pipeline.train.step_health import OVERRUN, StepHealth
+from pipeline.train.telemetry import (
+    PHASES,
+    PhaseTimer,
+    device_memory_mb,
+    device_row,
+    release_free_heap,
+    rss_mb,
+)
+
+
+class TelemetryWindow:
+    def __init__(self, device: torch.device, grad_accum: int):
+        self.device, self.grad_accum = device, grad_accum
+        self.open()
+
+    def open(self) -> None:
+        """Start a window now: every count at zero."""
+        self.steps = self.skipped = self.overruns = self.samples = 0
+        self.flow_steps = self.steps_used = 0
+        self.lr = 0.0  # the highest LR an update of the window applied
+        self.t0 = time.perf_counter()
+        self.not_steps_s = 0.0  # time inside the window that is not training (validation)
+        self.untimed_s = 0.0  # sampled steps (step_counters): counted or profiled, so not timed
+        self.untimed_steps = 0
+
+    def count(self, code: int, skipped: bool) -> None:
+        """A step's decision: an overrun, or a skip for the run's health (step_health's code)."""
+        if code & OVERRUN:
+            self.overruns += 1
+        elif skipped:
+            self.skipped += 1
+
+    def add_untimed(self, seconds: float) -> None:
+        self.untimed_s += seconds
+        self.untimed_steps += 1
+
+    def close(
+        self,
+        values: list[float],
+        *,
+        step: int,
+        epoch: int,
+        health: StepHealth,
+        timer: PhaseTimer,
+        skipped_total: int,
+        lr_now: float,
+        sample: StepSample,
+        faults,
+        fault_overhead_s: float,
+    ) -> dict:
+        """The window's telemetry row; `values` is a step_readout with the window's accumulators.
+        `faults` (or None) may stand in for device figures this machine cannot measure;
+        `fault_overhead_s`, a fault's own work, is not training time."""
+        # Both ends follow a read, so the device is done; validation and a fault's own work are
+        # not training steps.
+        wall = time.perf_counter() - self.t0 - self.not_steps_s - fault_overhead_s
+        steps = max(self.steps, 1)
+        timed_wall, timed_steps = wall, steps
+        if self.steps > self.untimed_steps:  # a window of sampled steps only is timed as is
+            timed_wall, timed_steps = wall - self.untimed_s, self.steps - self.untimed_steps
+        metrics = health.window_metrics(values)
+        phases = timer.take()
+        alloc, peak = device_memory_mb(self.device)
+        release_free_heap()  # (before "mem/rss_mb": see telemetry.release_free_heap)
+        row = {
+            "step": step,
+            "epoch": epoch,
+            "train/loss": metrics.pop("train/loss"),
+            "train/skipped": self.skipped,
+            "train/skipped_steps": skipped_total,
+            "train/lr": self.lr or lr_now,
+            **metrics,
+            "perf/step_ms": 1000 * timed_wall / timed_steps,
+            **{f"perf/{p}_ms": 1000 * phases[p] / steps for p in PHASES},
+            "perf/samples_per_s": self.samples / wall if wall > 0 else 0.0,
+            "flow/steps_used": self.steps_used / steps / self.grad_accum,
+            "flow/flow_steps": self.flow_steps / steps,
+            "flow/overruns": self.overruns,
+            **device_row(sample, timed_wall / timed_steps, self.steps_used / steps, faults, self.device),
+            "mem/rss_mb": rss_mb(),
+            "mem/device_allocated_mb": alloc,
+            "mem/device_peak_mb": peak,
+        }
+        return row
