@@ -35,11 +35,6 @@ def test_every_cited_figure_in_the_readme_equals_its_source():
     assert [b for b in bad if b] == []
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="README.md is being rewritten to cite its figures with bench/figures.py's comments; "
-    "until then some of its figures have no source",
-)
 def test_every_measured_figure_in_the_readme_names_its_source():
     assert figures.uncited(README.read_text(), "README.md") == []
 

@@ -13,8 +13,11 @@ from pipeline.core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
+# The libraries first (MLflow, for one, sets an environment variable of its own on import): what
+# is compared is what the project's own modules change.
 PROBE = """
 import json, os, signal, sys
+import torch, mlflow, pandas, numpy, omegaconf, hydra, sentence_transformers, matplotlib
 before = (dict(os.environ), os.umask(0o022), signal.getsignal(signal.SIGINT), sys.excepthook)
 os.umask(before[1])
 import stages, stages.embed, stages.train, stages.evaluate, stages.report, stages.startup
