@@ -108,3 +108,53 @@ def test_no_private_name_is_imported_from_another_module():
             if private and m != name:
                 wrong.append(f"{name} imports {', '.join(private)} from {m}")
     assert not wrong, "\n".join(wrong)
+
+
+MUTATORS = {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "update", "setdefault", "add", "discard"}
+
+
+def module_state_changes(path: Path) -> list[str]:
+    """Where a function of this module changes module-level state: a `global` statement, or a
+    module-level list, dict or set changed in place (a method that mutates it, an item assigned or
+    deleted). Constant tables that nothing changes are fine."""
+    tree = ast.parse(path.read_text())
+    containers = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            value = node.value
+            mutable = isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) or (
+                isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in {"list", "dict", "set"}
+            )
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            containers |= {t.id for t in targets if mutable and isinstance(t, ast.Name)}
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        local = {a.arg for a in func.args.args + func.args.kwonlyargs}
+        for node in ast.walk(func):
+            if isinstance(node, ast.Global):
+                found.append(f"{path}:{node.lineno}: global {', '.join(node.names)}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if isinstance(owner, ast.Name) and owner.id in containers - local and node.func.attr in MUTATORS:
+                    found.append(f"{path}:{node.lineno}: {owner.id}.{node.func.attr}(...)")
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in containers - local:
+                        found.append(f"{path}:{node.lineno}: {t.value.id}[...] changed")
+    return found
+
+
+def test_the_library_keeps_no_module_level_state_that_changes():
+    """State belongs to an object its owner holds (a stage's TrackingSession, a Trainer), not to a
+    module: tests run several stages in one process, and nothing should need resetting."""
+    found = [c for path in sorted((ROOT / "pipeline").rglob("*.py")) for c in module_state_changes(path)]
+    assert found == []
+
+
+def test_the_state_check_sees_a_global_and_a_changed_table(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("SEEN = []\nCOUNT = 0\n\ndef f(x):\n    global COUNT\n    SEEN.append(x)\n\ndef g(k):\n    CACHE = {}\n    CACHE[k] = 1\n")
+    assert [c.split(": ", 1)[1] for c in module_state_changes(bad)] == ["global COUNT", "SEEN.append(...)"]
