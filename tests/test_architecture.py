@@ -122,9 +122,9 @@ def module_state_changes(path: Path) -> list[str]:
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             value = node.value
-            mutable = isinstance(value, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)) or (
-                isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in {"list", "dict", "set"}
-            )
+            literal = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+            made = isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+            mutable = isinstance(value, literal) or (made and value.func.id in {"list", "dict", "set"})
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             containers |= {t.id for t in targets if mutable and isinstance(t, ast.Name)}
     found = []
@@ -142,8 +142,9 @@ def module_state_changes(path: Path) -> list[str]:
             elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
                 targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
                 for t in targets:
-                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in containers - local:
-                        found.append(f"{path}:{node.lineno}: {t.value.id}[...] changed")
+                    name = t.value.id if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) else None
+                    if name in containers - local:
+                        found.append(f"{path}:{node.lineno}: {name}[...] changed")
     return found
 
 
@@ -156,5 +157,8 @@ def test_the_library_keeps_no_module_level_state_that_changes():
 
 def test_the_state_check_sees_a_global_and_a_changed_table(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("SEEN = []\nCOUNT = 0\n\ndef f(x):\n    global COUNT\n    SEEN.append(x)\n\ndef g(k):\n    CACHE = {}\n    CACHE[k] = 1\n")
+    bad.write_text(
+        "SEEN = []\nCOUNT = 0\n\ndef f(x):\n    global COUNT\n    SEEN.append(x)\n\n"
+        "def g(k):\n    CACHE = {}\n    CACHE[k] = 1\n"
+    )
     assert [c.split(": ", 1)[1] for c in module_state_changes(bad)] == ["global COUNT", "SEEN.append(...)"]
