@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tools.fault_matrix",
         description="Run the smoke pipeline clean, with each injected fault and with the prototype's fp16 settings, "
         "in a scratch copy of this project, and check that each stability report fails exactly the "
-        "check its fault must trip, with evidence at the injected step. About 20-40 s per run.",
+        "check its fault must trip, with evidence at the injected step. Each run is a smoke pipeline.",
     )
     parser.add_argument(
         "--out",

@@ -32,7 +32,7 @@ SERVER_ENV = {
     "DO_NOT_TRACK": "true",
     "PYTHONUNBUFFERED": "1",
 }
-SERVER_START_TIMEOUT = 120.0  # s; ~6 s is typical on a 2-core machine
+SERVER_START_TIMEOUT = 120.0  # s; far above a start on a loaded 2-core machine
 KILL_GRACE = 10.0  # s between SIGTERM and SIGKILL of a process group
 
 

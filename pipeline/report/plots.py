@@ -221,7 +221,7 @@ def _time_with_medians(ax, df: pd.DataFrame, p: Mapping, col: str, colours: tupl
             lw=2,
             label=f"{name} median {med:.3g} {unit}",
         )
-    # A 900 ms first step (compile, autotune) would flatten the steady state to a line: scale to
+    # A first step many times the rest (compile, autotune) would flatten the steady state to a line: scale to
     # the post-warm-up rows the check uses.
     post = d.loc[d["step"] > p["warmup_steps"], col]
     ax.set_ylim(0, post.max() * 1.1)

@@ -88,12 +88,12 @@ ADAMW_STATES = 2  # exp_avg, exp_avg_sq (amsgrad is off)
 
 # The probe runs the flow step on this many flows, for this many steps, twice: the difference
 # between the two runs is what a flow step costs, the rest is per forward pass (autocast's
-# casts of the weights, which it caches per forward). Milliseconds on 2 cores for the seed
-# preset's carrier (2 x 512); 3 steps because autocast casts twice before its cache settles.
+# casts of the weights, which it caches per forward). Small enough to be quick for the largest
+# preset's carrier; 3 steps because autocast casts twice before its cache settles.
 _PROBE_FLOWS = (16, 64)
 _PROBE_STEPS = 3
-# The probe builds the neuron and carrier with the config's sizes (the lattice shrunk to 2x2):
-# the seed preset's are 10 MB, bench's (carrier 1024) 40 MB. Past this it runs on the meta
+# The probe builds the neuron and carrier with the config's sizes (the lattice shrunk to 2x2),
+# well under this for every preset. Past this it runs on the meta
 # device instead: no memory, and the same bytes as the CPU in fp32 (equal for the default, seed
 # and checkpointed sizes), but no autocast (meta has none), so a huge carrier under fp16/bf16
 # gets its fp32 figure (larger than the bf16 one: autocast saves half-width activations).
@@ -101,8 +101,8 @@ _PROBE_MAX_BYTES = 256 * MB
 # Rank 0 with tracking on imports MLflow, opens its store and run (the local sqlite store) and
 # the metric buffer (MLflow's async queue and the system-metrics sampler, threads of the stage's
 # process), after the check. A constant: it cannot be measured before it is spent, and it is the
-# same for every model. `python -m bench.tracking_memory` re-measures it (147 MB on an AMD EPYC,
-# torch 2.13.0, MLflow's tables created in a new store; 3 rounds 146.8-147.8).
+# same for every model: set from `python -m bench.tracking_memory` (MLflow's tables created in a new
+# store), rounded up; bench/results/tracking_memory.json holds its last measurement.
 TRACKING_MB = 147.0
 # cgroup v1 reports "no limit" as a huge number (9223372036854771712 here): anything past this is none.
 _NO_LIMIT = 2**60

@@ -2,8 +2,8 @@
 
 Raised at once (as stages/_cli.py does everywhere else), the signal can land inside the optimizer
 step, with some parameters updated and others not: a checkpoint written then would not be a
-state any run passes through. Held, the trainer finishes the step (60 ms on the default preset,
-7 s on the seed preset), writes a checkpoint there and then stops with the same exception. A
+state any run passes through. Held, the trainer finishes the step (one step: short next to a
+human's patience, even on the largest preset), writes a checkpoint there and then stops with the same exception. A
 second signal while one is held stops at once: someone wants out now.
 """
 
