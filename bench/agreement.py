@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
+from bench.clock import AGREEMENT
 from bench.results import RESULTS_DIR
 from pipeline.core.paths import REPO_ROOT
 
@@ -89,7 +90,9 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("dirs", nargs="*", help="A_DIR [B_DIR], then bench names to keep (default A_DIR bench/results)")
     ap.add_argument("--rerun", metavar="OUT_DIR", help="rerun A_DIR's commands into OUT_DIR, then compare")
-    ap.add_argument("--tolerance", type=float, default=0.10, help="largest |B/A - 1| that agrees (default 0.10)")
+    ap.add_argument(
+        "--tolerance", type=float, default=AGREEMENT, help=f"largest |B/A - 1| that agrees (default {AGREEMENT:g})"
+    )
     args = ap.parse_args(argv)
     dirs = [d for d in args.dirs if Path(d).is_dir()]
     benches = [d for d in args.dirs if d not in dirs]

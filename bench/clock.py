@@ -120,3 +120,34 @@ def pin_threads(threads: Optional[int] = None) -> int:
     if want:
         torch.set_num_threads(want)
     return torch.get_num_threads()
+
+
+# Two runs agree when each figure is within this fraction of the other; a figure whose own
+# spread inside one run is wider than that cannot be expected to agree with another run's.
+AGREEMENT = 0.10
+
+
+def median_half_width(xs: Sequence[float]) -> Optional[float]:
+    """Half the width of an approximate 95 % interval of the median of `xs` (a box plot's notch:
+    1.57 x the interquartile range over the square root of the count); None for fewer than 3."""
+    xs = np.asarray(xs, dtype=float)
+    if xs.size < 3:
+        return None
+    q1, q3 = np.percentile(xs, [25, 75])
+    return float(1.57 * (q3 - q1) / np.sqrt(xs.size))
+
+
+def spread_unreliable(figure: Optional[float], spread: Optional[float], how: str) -> Optional[str]:
+    """Why `figure` cannot be reported (None: it can): its spread within this run (`how` says
+    what the spread is; None: too few samples to have one) is wider than the tolerance two runs
+    are held to."""
+    if figure is None or not np.isfinite(figure):
+        return "nothing was measured"
+    if spread is None:
+        return f"too few samples to know its spread ({how})"
+    if spread > AGREEMENT * abs(figure):
+        return (
+            f"its spread within this run ({how}: {spread:.3g}) is more than {AGREEMENT:.0%} of the "
+            f"figure ({figure:.3g}), so another run would not reproduce it"
+        )
+    return None
