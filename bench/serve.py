@@ -12,19 +12,21 @@ probe, bench/probe.py, before each arm and after the last):
   --env-manager local` (uvicorn + FastAPI, one worker) on a loopback port, dataframe_split with
   params k.
 
-Figures: latency p50 and p99 of one question (ms; and in probes: the latency over the median
-probe, a machine-independent reading), the batch's throughput (questions per second; each round's
-span, median over rounds) and ratios within the same round, taken per round and their median:
-in_process_batch_over_teacher_encode (goal <= 1.5) and rest_batch_over_in_process_batch.
-parts_ms splits one in-process batch into its parts (timed apart, once per round, median):
-encode (the teacher, as the embed stage calls it), model (the energy-flow model in batches of
-train.batch_size), topk (cosines to the bank and torch.topk).
+Measured: latency p50 and p99 of one question (ms; and in probes: the latency over the median
+probe), the batch's throughput (questions per second; each round's span, median over rounds),
+the teacher's encode of one question, and parts_ms, one in-process batch split into its parts
+(timed apart, once per round, median): encode (the teacher, as the embed stage calls it), model
+(the energy-flow model in batches of train.batch_size), topk (cosines to the bank and
+torch.topk). Headline figures are ratios within the same round, taken per round and their
+median: in_process_batch_over_teacher_encode (goal <= 1.5),
+in_process_single_over_teacher_encode_single, parts_share (each part over the three parts'
+sum) and rest_batch_over_in_process_batch; absolute times are context (`context`, `cpu`).
 
 Every in-process span is also taken in this process's CPU seconds, on the train stage's thread
-count by default (--threads; bench/clock.py): `cpu` holds them, and the in-process figures are
-those: other processes' load does not move them. A REST request's work is the server's, another
-process: its figures stay in wall time, a median over the rounds, and are null in `figures` when
-the probes saw a busy machine (`unreliable` says so). --save also writes bench/results/serve.json.
+count by default (--threads; bench/clock.py): `cpu` holds them, and the in-process ratios are
+taken from those. A REST request's work is the server's, another
+process: its spans stay in wall time, a median over the rounds, and its ratio is null in
+`figures` when the probes saw a busy machine (`unreliable` says so). --save also writes bench/results/serve.json.
 
 The model: --model URI (any MLflow model URI or local directory; a runs:/ URI is looked up in
 MLFLOW_TRACKING_URI or the project's store), by default the workspace's trained model
@@ -55,7 +57,15 @@ from pipeline.train.telemetry import rss_mb
 
 GOALS = {"in_process_batch_over_teacher_encode": 1.5}
 QUESTIONS_CSV = REPO_ROOT / "data" / "raw" / "qa_pairs.csv"
-ARMS = ("in_process_single", "in_process_batch", "teacher_encode", "rest_single", "rest_batch")
+ARMS = (
+    "in_process_single",
+    "teacher_encode_single",
+    "in_process_batch",
+    "teacher_encode",
+    "rest_single",
+    "rest_batch",
+)
+PARTS = ("encode", "model", "topk")
 
 
 def say(msg: str) -> None:
@@ -128,14 +138,16 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
     cpu: dict[str, list[float]] = {a: [] for a in ARMS if not a.startswith("rest")}
     probes: list[float] = []
     part_ms: list[dict] = []
+    single_over_encode: list[float] = []
     per_round = max(1, singles // rounds)
 
     def one(q: str) -> None:
         model.predict(pd.DataFrame({"question": [q]}), params=params)
 
-    def encode() -> None:
+    def encode(texts: list[str] | None = None) -> None:
         with torch.inference_mode():
-            teacher.encode(batch_q, batch_size=embed_bs, show_progress_bar=False, convert_to_numpy=True)
+            texts = batch_q if texts is None else texts
+            teacher.encode(texts, batch_size=embed_bs, show_progress_bar=False, convert_to_numpy=True)
 
     # Untimed warm-up: torch's threads and allocator, the tokenizer's caches.
     model.predict(frame, params=params)
@@ -149,6 +161,13 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
             singles_now = questions[r * per_round : (r + 1) * per_round] or questions[:per_round]
             probes.append(probe())
             spans["in_process_single"] += [timed(lambda q=q: one(q), cpu["in_process_single"]) for q in singles_now]
+            spans["teacher_encode_single"] += [
+                timed(lambda q=q: encode([q]), cpu["teacher_encode_single"]) for q in singles_now
+            ]
+            single_over_encode.append(
+                float(np.median(cpu["in_process_single"][-len(singles_now) :]))
+                / float(np.median(cpu["teacher_encode_single"][-len(singles_now) :]))
+            )
             probes.append(probe())
             spans["in_process_batch"].append(
                 timed(lambda: model.predict(frame, params=params), cpu["in_process_batch"])
@@ -188,17 +207,25 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
     out["in_process_batch_over_teacher_encode"] = float(np.median(ratios))
     out["in_process_batch_over_teacher_encode_rounds"] = ratios
     out["in_process_batch_over_teacher_encode_wall"] = clock.median_ratio(spans["in_process_batch"], enc)
+    # Each round's one-question latency over the teacher's encode of one question, CPU seconds.
+    out["in_process_single_over_teacher_encode_single"] = float(np.median(single_over_encode))
+    out["in_process_single_over_teacher_encode_single_rounds"] = single_over_encode
     out["cpu"] = {
         "load_s": load.cpu,
         "in_process_single": percentiles_ms(cpu["in_process_single"]),
+        "teacher_encode_single": percentiles_ms(cpu["teacher_encode_single"]),
         "in_process_batch_s_median": float(np.median(cpu["in_process_batch"])),
         "teacher_encode_batch_s_median": float(np.median(cpu["teacher_encode"])),
-        "parts_ms": {p: float(np.median([d[f"{p}_cpu"] for d in part_ms])) for p in ("encode", "model", "topk")},
+        "parts_ms": {p: float(np.median([d[f"{p}_cpu"] for d in part_ms])) for p in PARTS},
+    }
+    # Each part's share of its round's batch (the three parts' sum), CPU seconds, median over rounds.
+    out["parts_share"] = {
+        p: float(np.median([d[f"{p}_cpu"] / sum(d[f"{q}_cpu"] for q in PARTS) for d in part_ms])) for p in PARTS
     }
     if rest:
         rest_ratios = [a / b for a, b in zip(spans["rest_batch"], spans["in_process_batch"])]
         out["rest_batch_over_in_process_batch"] = float(np.median(rest_ratios))
-    out["parts_ms"] = {p: float(np.median([d[p] for d in part_ms])) for p in ("encode", "model", "topk")}
+    out["parts_ms"] = {p: float(np.median([d[p] for d in part_ms])) for p in PARTS}
     # Resident memory of this process, which has loaded the model and answered every request.
     out["rss_mb"] = rss_mb()
     out["embed_batch_size"], out["train_batch_size"] = embed_bs, answerer.train_batch_size
@@ -245,40 +272,55 @@ def main(argv=None) -> dict:
     res.update(machine(probe))
     res["bench_seconds"] = time.perf_counter() - t0
     say(f"{res['bench_seconds']:.1f} s")
+    res["context"] = context(res)
     res.update(headline(res))
     return results.finish("serve", res, args.save, argv)
 
 
-def headline(res: dict) -> dict:
-    """In-process figures in CPU seconds; REST ones in wall seconds, null on a busy machine."""
+def context(res: dict) -> dict:
+    """The absolute times, in process (CPU seconds) and over REST (wall): kept for reading, but
+    no figures, since they move with the machine and its neighbours where a ratio of two arms of
+    the same round does not."""
     cpu, batch = res["cpu"], res["batch"]
-    values = {
-        "in_process_batch_over_teacher_encode": res["in_process_batch_over_teacher_encode"],
+    out = {
         "in_process_single_p50_ms": cpu["in_process_single"]["p50_ms"],
         "in_process_single_p99_ms": cpu["in_process_single"]["p99_ms"],
         "in_process_batch_s": cpu["in_process_batch_s_median"],
         "in_process_questions_per_s": batch / cpu["in_process_batch_s_median"],
         "teacher_encode_batch_s": cpu["teacher_encode_batch_s_median"],
         "teacher_encode_questions_per_s": batch / cpu["teacher_encode_batch_s_median"],
+        "teacher_encode_single_p50_ms": cpu["teacher_encode_single"]["p50_ms"],
         "parts_ms": cpu["parts_ms"],
         "load_s": cpu["load_s"],
-        "rss_mb": res["rss_mb"],
     }
-    unreliable = {}
     if "rest" in res:
-        values |= {
-            "rest_batch_over_in_process_batch": res["rest_batch_over_in_process_batch"],
+        out |= {
             "rest_single_p50_ms": res["rest"]["single"]["p50_ms"],
             "rest_single_p99_ms": res["rest"]["single"]["p99_ms"],
             "rest_questions_per_s": res["rest"]["batch_questions_per_s"],
         }
+    return out
+
+
+def headline(res: dict) -> dict:
+    """In-process figures are ratios of CPU seconds taken in the same round; the REST one a ratio
+    of wall seconds, null on a busy machine."""
+    values = {
+        "in_process_batch_over_teacher_encode": res["in_process_batch_over_teacher_encode"],
+        "in_process_single_over_teacher_encode_single": res["in_process_single_over_teacher_encode_single"],
+        "parts_share": res["parts_share"],
+        "rss_mb": res["rss_mb"],
+    }
+    unreliable = {}
+    if "rest" in res:
+        values["rest_batch_over_in_process_batch"] = res["rest_batch_over_in_process_batch"]
         why = (
             "a REST request's work is done in the server's process, so it is timed in wall seconds, "
             "and the probes say other processes' load moved those"
             if res.get("busy") is not False
             else None
         )
-        unreliable = {k: why for k in values if k.startswith("rest")}
+        unreliable = {"rest_batch_over_in_process_batch": why}
     return results.figures(values, unreliable)
 
 

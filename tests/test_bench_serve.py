@@ -38,3 +38,45 @@ def test_quick_run_prints_one_json_line_with_the_figures(project):
 def test_percentiles_are_in_milliseconds():
     got = bench.percentiles_ms([0.001] * 99 + [0.101])
     assert got["count"] == 100 and got["p50_ms"] == pytest.approx(1.0) and 1.0 < got["p99_ms"] <= 101.0
+
+
+def fake_result(busy: bool) -> dict:
+    single = {"p50_ms": 10.0, "p99_ms": 20.0}
+    return {
+        "batch": 256,
+        "busy": busy,
+        "cpu": {
+            "in_process_single": single,
+            "teacher_encode_single": {"p50_ms": 5.0, "p99_ms": 6.0},
+            "in_process_batch_s_median": 2.0,
+            "teacher_encode_batch_s_median": 1.0,
+            "parts_ms": {"encode": 900.0, "model": 90.0, "topk": 10.0},
+            "load_s": 3.0,
+        },
+        "rest": {"single": single, "batch_questions_per_s": 100.0},
+        "in_process_batch_over_teacher_encode": 2.0,
+        "in_process_single_over_teacher_encode_single": 2.0,
+        "parts_share": {"encode": 0.9, "model": 0.09, "topk": 0.01},
+        "rest_batch_over_in_process_batch": 1.1,
+        "rss_mb": 700.0,
+    }
+
+
+def test_absolute_times_are_context_and_the_figures_are_ratios():
+    res = fake_result(busy=False)
+    ctx, head = bench.context(res), bench.headline(res)
+    assert ctx["in_process_questions_per_s"] == 128.0 and ctx["load_s"] == 3.0 and ctx["rest_single_p50_ms"] == 10.0
+    assert set(head["figures"]) == {
+        "in_process_batch_over_teacher_encode",
+        "in_process_single_over_teacher_encode_single",
+        "parts_share",
+        "rss_mb",
+        "rest_batch_over_in_process_batch",
+    }
+    assert head["figures"]["rest_batch_over_in_process_batch"] == 1.1 and head["unreliable"] == {}
+
+
+def test_the_rest_ratio_is_null_on_a_busy_machine():
+    head = bench.headline(fake_result(busy=True))
+    assert head["figures"]["rest_batch_over_in_process_batch"] is None
+    assert "wall seconds" in head["unreliable"]["rest_batch_over_in_process_batch"]
