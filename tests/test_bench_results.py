@@ -82,3 +82,23 @@ def test_probes_keep_their_cpu_seconds_too():
     p = Probe(threads=1, n=32, reps=2)
     p.take(3)
     assert len(p.cpu_times) == 3 and p.peak_flops_cpu() == pytest.approx(p.flops / min(p.cpu_times))
+
+
+def test_a_median_needs_three_samples_for_an_interval_and_narrows_with_more():
+    assert clock.median_half_width([1.0, 2.0]) is None
+    assert clock.median_half_width([1.0, 1.0, 1.0]) == 0.0
+    few, many = clock.median_half_width([1.0, 2.0, 3.0, 4.0]), clock.median_half_width([1.0, 2.0, 3.0, 4.0] * 4)
+    assert 0 < many < few
+
+
+def test_a_figure_is_reported_only_when_its_spread_is_within_the_agreement_tolerance():
+    assert clock.spread_unreliable(1.0, clock.AGREEMENT / 2, "range") is None
+    assert "range: 0.5" in clock.spread_unreliable(1.0, 0.5, "range")
+    assert "too few" in clock.spread_unreliable(1.0, None, "range")
+    assert clock.spread_unreliable(None, 0.0, "range") == "nothing was measured"
+
+
+def test_agreement_defaults_to_the_benches_tolerance(capsys):
+    with pytest.raises(SystemExit):
+        agreement.main(["--help"])
+    assert f"default {clock.AGREEMENT:g}" in " ".join(capsys.readouterr().out.split())
