@@ -5,7 +5,9 @@
   the cores to itself only, so elsewhere the figure is null and `unreliable` says why
   (bench/clock.py).
 - checkpointing: this process's CPU ms/step with activation checkpointing per flow step over
-  without it, both on one thread (the compute that checkpointing trades for memory).
+  without it, both on one thread (the compute that checkpointing trades for memory): steps of
+  the two interleaved in --steps pairs, the median of the pairs' ratios (null, with the reason in
+  `unreliable`, when that median's 95 % interval is wider than two runs are held to).
 Prints one JSON object as its last line (--save: also bench/results/train_step.json).
 """
 
@@ -22,8 +24,8 @@ from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.train.telemetry import rss_mb
 
 
-def ms_per_step(model, x, y, steps: int) -> clock.Span:
-    """Median wall and CPU ms of an AdamW training step."""
+def train_step(model, x, y):
+    """One AdamW training step of `model` on (x, y), as a call."""
     opt = torch.optim.AdamW(model.parameters(), 1e-3)
 
     def step():
@@ -31,13 +33,20 @@ def ms_per_step(model, x, y, steps: int) -> clock.Span:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    span = clock.cpu_per_call(step, steps)
+    return step
+
+
+def ms_per_step(model, x, y, steps: int) -> clock.Span:
+    """Median wall and CPU ms of an AdamW training step."""
+    span = clock.cpu_per_call(train_step(model, x, y), steps)
     return clock.Span(1000 * span.wall, 1000 * span.cpu)
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per variant (default 20)")
+    ap.add_argument(
+        "--steps", type=int, default=20, help="timed steps per variant, and pairs of the checkpointing A/B (default 20)"
+    )
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. preset=smoke model.lattice_depth=4")
     results.add_save_flag(ap)
     args = ap.parse_args(argv)
@@ -59,7 +68,9 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     one = ms_per_step(build(False), x, y, args.steps)
     probe.take(3)
-    ckpt = ms_per_step(build(True), x, y, args.steps)
+    # Checkpointing against none, step by step (interleaved pairs, the median of their ratios).
+    pairs = clock.interleaved_ratio(train_step(build(True), x, y), train_step(build(False), x, y), args.steps)
+    ckpt = clock.Span(1000 * pairs["a_wall_s"], 1000 * pairs["a_cpu_s"])
     torch.set_num_threads(default_threads)
     probe.take(3)
     many = ms_per_step(build(False), x, y, args.steps)
@@ -70,14 +81,23 @@ def main(argv=None) -> dict:
     res["threads_speedup"] = one.wall / many.wall
     res["ms_per_step_checkpointed"] = ckpt.wall
     res["cpu_ms_per_step_checkpointed"] = ckpt.cpu
-    res["checkpointing_cost_ratio"] = ckpt.cpu / one.cpu
-    res["checkpointing_cost_ratio_wall"] = ckpt.wall / one.wall
+    res["checkpointing_cost_ratio"] = pairs["ratio"]
+    res["checkpointing_cost_ratio_pairs"] = pairs["pair_ratios"]
+    res["checkpointing_cost_ratio_half_width"] = clock.median_half_width(pairs["pair_ratios"])
+    res["checkpointing_cost_ratio_wall"] = pairs["a_wall_s"] / pairs["b_wall_s"]
     res["rss_mb"] = rss_mb()
     res.update(machine(probe))
     res.update(
         results.figures(
             {"threads_speedup": res["threads_speedup"], "checkpointing_cost_ratio": res["checkpointing_cost_ratio"]},
-            {"threads_speedup": clock.wall_ratio_unreliable(res.get("busy"), default_threads)},
+            {
+                "threads_speedup": clock.wall_ratio_unreliable(res.get("busy"), default_threads),
+                "checkpointing_cost_ratio": clock.spread_unreliable(
+                    res["checkpointing_cost_ratio"],
+                    res["checkpointing_cost_ratio_half_width"],
+                    "the pairs' median 95 % half-width",
+                ),
+            },
         )
     )
     return results.finish("train_step", res, args.save, argv)
