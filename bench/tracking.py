@@ -61,7 +61,13 @@ waiting: a lock or the interpreter's GIL held by a writer thread costs wall time
   (metrics_logged_per_s_mlflow_async: the same through mlflow.log_metrics(synchronous=False)).
 
 figures (--save also writes them to bench/results/tracking.json): overhead_per_step_cpu and
-cpu_cost_s per tracked arm. No GPU needed. A missed goal is reported in goals_met, not as an exit status; an error exits
+cpu_cost_s per tracked arm; each is null (every arm of it), with the reason in `unreliable`,
+when an arm's spread within this run is wider than two runs are held to (bench/clock.py's
+AGREEMENT): overhead_per_step_cpu by the range of its runs' own medians
+(overhead_per_step_cpu_runs, _spread: a run's segments share its moment, so they spread less
+than runs do; the pooled median's 95 % interval is in overhead_per_step_cpu_half_width),
+cpu_cost_s by the range of its rounds' differences (cpu_cost_s_rounds, cpu_cost_s_spread).
+No GPU needed. A missed goal is reported in goals_met, not as an exit status; an error exits
 non-zero. Never touches the project's mlflow.db.
 """
 
@@ -80,7 +86,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from bench import results
+from bench import clock, results
 from bench.probe import Probe, machine, normaliser
 from bench.workloads import config, synthetic, temporary_store
 from pipeline.core.config import flatten
@@ -434,6 +440,11 @@ def compare_arms(
         "fixed_cost_s_rounds": {},
         "fixed_cost_s_in_run": {},
         "cpu_cost_s": {},
+        "cpu_cost_s_rounds": {},
+        "cpu_cost_s_spread": {},
+        "overhead_per_step_cpu_half_width": {},
+        "overhead_per_step_cpu_runs": {},
+        "overhead_per_step_cpu_spread": {},
         "per_arm": {},
     }
     cpu = lambda a: float(np.median([r["cpu_self_s"] + r["cpu_children_s"] for r in runs[a]]))  # noqa: E731
@@ -473,6 +484,11 @@ def compare_arms(
         )
         cpu_ratios = [q for r in runs[arm] for q in r.get("segment_ratios_cpu") or []]
         out["overhead_per_step_cpu"][arm] = float(np.median(cpu_ratios)) if cpu_ratios else None
+        out["overhead_per_step_cpu_half_width"][arm] = clock.median_half_width(cpu_ratios)
+        # Segments of one run share its moment, so runs spread wider than segments: their range.
+        per_run = [float(np.median(r["segment_ratios_cpu"])) for r in runs[arm] if r.get("segment_ratios_cpu")]
+        out["overhead_per_step_cpu_runs"][arm] = per_run
+        out["overhead_per_step_cpu_spread"][arm] = float(np.ptp(per_run)) if len(per_run) > 1 else None
         out["overhead_per_step_runs"][arm] = [
             float(np.median(r["segment_ratios"])) if r.get("segment_ratios") else None for r in runs[arm]
         ]
@@ -496,6 +512,10 @@ def compare_arms(
         out["fixed_cost_s_raw"][arm] = float(np.median([fixed(a, b, False) for a, b in pairs]))
         out["fixed_cost_s_in_run"][arm] = med(arm, "fixed_s") - med(base, "fixed_s")
         out["cpu_cost_s"][arm] = cpu(arm) - cpu(base)
+        # A difference of two noisy run totals: each round's, and how far they spread.
+        run_cpu = lambda r: r["cpu_self_s"] + r["cpu_children_s"]  # noqa: E731
+        out["cpu_cost_s_rounds"][arm] = [run_cpu(a) - run_cpu(b) for a, b in pairs]
+        out["cpu_cost_s_spread"][arm] = float(np.ptp(out["cpu_cost_s_rounds"][arm])) if len(pairs) > 1 else None
     # What a run pays once, against the length of the default preset's run.
     steps_default, source = default_run_steps()
     out["default_run_steps"], out["default_run_steps_source"] = steps_default, source
@@ -615,10 +635,30 @@ def main(argv=None) -> dict:
         res["goals_met"][f"fixed_fraction_of_default_run/{a}"] = v <= GOALS["fixed_fraction_of_default_run"]
     res.update(machine(probe))
     res["bench_seconds"] = time.perf_counter() - t0
-    res.update(
-        results.figures({"overhead_per_step_cpu": res["overhead_per_step_cpu"], "cpu_cost_s": res["cpu_cost_s"]})
-    )
+    res.update(headline(res))
     return results.finish("tracking", res, args.save, argv)
+
+
+def reliable(res: dict) -> dict:
+    """Why each per-arm CPU figure cannot be reported, by figure (None: every arm can): the
+    per-step ratio by the range of its runs' medians, the per-run cost (a difference of two run
+    totals) by its rounds' range. One arm that cannot holds back the figure's every arm: a
+    figure is null or reported whole."""
+    how = {
+        "overhead_per_step_cpu": ("overhead_per_step_cpu_spread", "its runs' medians' max - min"),
+        "cpu_cost_s": ("cpu_cost_s_spread", "the rounds' max - min"),
+    }
+    why = {}
+    for key, (spread, what) in how.items():
+        arms = {arm: clock.spread_unreliable(v, res[spread][arm], what) for arm, v in res[key].items()}
+        why[key] = "; ".join(f"{arm}: {reason}" for arm, reason in arms.items() if reason) or None
+    return why
+
+
+def headline(res: dict) -> dict:
+    """overhead_per_step_cpu and cpu_cost_s per tracked arm, each null where its spread within
+    this run says another run would not reproduce it."""
+    return results.figures({k: res[k] for k in ("overhead_per_step_cpu", "cpu_cost_s")}, reliable(res))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ The last stdout line is one JSON object; progress lines go to stderr.
   train/planned_steps, the default preset on the shipped data) x off's steady step time.
   telemetry_overhead (context): a whole default run's overhead from the two, per step + fixed
   over the run's length. telemetry_cpu_s_per_run: the CPU seconds a tracked run adds (this
-  process's, MLflow's threads included).
+  process's, MLflow's threads included); null, with the reason in `unreliable`, when its
+  rounds spread wider than two runs are held to (telemetry_cpu_s_per_run_rounds, _spread).
   Arms rotate within each round on the same data and seed; spans across runs are divided by the
   median of the reference probes (bench/probe.py) taken before and inside each run and
   multiplied by the median of all (the `*_raw` figures are without that).
@@ -72,7 +73,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from bench import results
+from bench import clock, results
 from bench.clock import stage_threads
 from bench.model import DIM
 from bench.probe import Probe, machine, spread
@@ -257,6 +258,8 @@ def telemetry_overhead(
         "telemetry_fixed_s_rounds": res["fixed_cost_s_rounds"]["stage"],
         "telemetry_fixed_s_in_run": res["fixed_cost_s_in_run"]["stage"],
         "telemetry_cpu_s_per_run": res["cpu_cost_s"]["stage"],
+        "telemetry_cpu_s_per_run_rounds": res["cpu_cost_s_rounds"]["stage"],
+        "telemetry_cpu_s_per_run_spread": res["cpu_cost_s_spread"]["stage"],
         "telemetry_fixed_fraction_of_default_run": res.get("fixed_fraction_of_default_run", {}).get("stage"),
         # A whole default run's overhead as the two parts make it (context, no goal of its own).
         "telemetry_overhead": res.get("overhead_default_run", {}).get("stage"),
@@ -594,10 +597,20 @@ def main(argv=None) -> dict:
                     "rss_growth_mb_per_1k_steps",
                     "rss_growth_mb_per_1k_steps_leak",
                 )
-            }
+            },
+            {"telemetry_cpu_s_per_run": per_run_unreliable(res)},
         )
     )
     return results.finish("trainer", res, args.save, argv)
+
+
+def per_run_unreliable(res: dict) -> Optional[str]:
+    """Why telemetry_cpu_s_per_run cannot be reported (None: it can): a difference of two noisy
+    run totals, it stands only when its rounds agree with each other."""
+    if "telemetry_cpu_s_per_run" not in res:
+        return None
+    spread = res["telemetry_cpu_s_per_run_spread"]
+    return clock.spread_unreliable(res["telemetry_cpu_s_per_run"], spread, "the rounds' max - min")
 
 
 if __name__ == "__main__":

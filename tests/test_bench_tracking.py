@@ -141,3 +141,18 @@ def test_help_explains_the_figures():
         "--segment-s",
     ):
         assert word in out, word
+
+
+def test_a_per_arm_cpu_figure_is_null_where_an_arm_spreads_and_whole_where_none_does():
+    res = {
+        "overhead_per_step_cpu": {"stage": 1.2, "mlflow_async": 1.2},
+        "overhead_per_step_cpu_spread": {"stage": 0.01, "mlflow_async": 0.5},
+        "cpu_cost_s": {"stage": 2.0, "mlflow_async": 2.0},
+        "cpu_cost_s_spread": {"stage": 0.1, "mlflow_async": None},
+    }
+    head = bench.headline(res)
+    assert head["figures"] == {"overhead_per_step_cpu": None, "cpu_cost_s": None}
+    assert set(head["unreliable"]) == {"overhead_per_step_cpu", "cpu_cost_s"}
+    assert head["unreliable"]["cpu_cost_s"].startswith("mlflow_async: too few")
+    res["overhead_per_step_cpu_spread"]["mlflow_async"] = 0.01
+    assert bench.headline(res)["figures"]["overhead_per_step_cpu"] == {"stage": 1.2, "mlflow_async": 1.2}

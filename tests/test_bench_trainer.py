@@ -229,3 +229,11 @@ def test_a_smoke_run_keeps_its_cpu_seconds_at_every_row():
     run = bench.smoke_run(20, bench.SMOKE_THREADS, probe_every=2)
     assert [s for s, _ in run["cpu"]] == [r["step"] for r in run["rows"]]
     assert all(b >= a for (_, a), (_, b) in zip(run["cpu"], run["cpu"][1:]))
+
+
+def test_the_per_run_cpu_cost_stands_only_when_its_rounds_agree():
+    assert bench.per_run_unreliable({}) is None
+    assert bench.per_run_unreliable({"telemetry_cpu_s_per_run": 0.5, "telemetry_cpu_s_per_run_spread": 0.01}) is None
+    assert "max - min" in bench.per_run_unreliable(
+        {"telemetry_cpu_s_per_run": 0.5, "telemetry_cpu_s_per_run_spread": 0.3}
+    )
