@@ -13,7 +13,10 @@ order rotated per batch. Each timed span is divided by the median of the 6 refer
 just before and after it (bench/probe.py): `*_probe_normalised` ratios compare arms at the
 machine's speed of their own moments, `*_raw` ones do not; a span of minutes outlasts any probe,
 so `*_cpu_time`, the ratio of this process's CPU seconds on the train stage's thread count
-(bench/clock.py), is the figure: other processes' load does not add to it.
+(bench/clock.py), is the figure: other processes' load does not add to it. It is the median of
+the per-batch ratios (each batch runs every arm, rotated, so each pair ran side by side; the
+pairs in `*_cpu_time_pairs`), and null with fewer than 3 batches or when the pairs spread wider
+than two runs are held to (`unreliable` says which).
 steps_used is FlowOutput.steps_used; flow_steps the flows moved summed over steps (the work
 done). Prints one JSON object as its last line, with the CPU model and the probes' spread.
 
@@ -31,6 +34,7 @@ import argparse
 import resource
 import sys
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -154,8 +158,22 @@ def measure(cfg, batches: int, batch_size: int, fixed_steps: int, train_steps: i
         res[f"{slow}_over_on_flow_steps"] = res[f"{slow}_flow_steps_mean"] / res["on_flow_steps_mean"]
         res[f"{slow}_over_on_time_raw"] = res[f"{slow}_s_per_batch_median"] / res["on_s_per_batch_median"]
         res[f"{slow}_over_on_time_probe_normalised"] = res[f"{slow}_s_per_probe_median"] / res["on_s_per_probe_median"]
-        res[f"{slow}_over_on_cpu_time"] = res[f"{slow}_cpu_s_per_batch_median"] / res["on_cpu_s_per_batch_median"]
+        # Each batch's arms ran side by side: the median of the per-batch ratios.
+        res[f"{slow}_over_on_cpu_time_pairs"] = [a["cpu_s"] / b["cpu_s"] for a, b in zip(runs[slow], runs["on"])]
+        res[f"{slow}_over_on_cpu_time"] = float(np.median(res[f"{slow}_over_on_cpu_time_pairs"]))
     return res
+
+
+MIN_PAIRS = 3  # fewer per-batch ratios have no median that a single slow moment cannot move
+
+
+def pairs_unreliable(res: dict, slow: str) -> Optional[str]:
+    """Why `slow`'s CPU-time ratio to on cannot be reported (None: it can): too few batches, or
+    per-batch ratios that spread wider than two runs are held to."""
+    if res["batches"] < MIN_PAIRS:
+        return f"a median of {res['batches']} per-batch pairs; it takes at least {MIN_PAIRS} (--batches)"
+    pairs = res[f"{slow}_over_on_cpu_time_pairs"]
+    return clock.spread_unreliable(res[f"{slow}_over_on_cpu_time"], float(np.ptp(pairs)), "the pairs' max - min")
 
 
 def main(argv=None) -> dict:
@@ -201,7 +219,8 @@ def main(argv=None) -> dict:
                 "fixed_over_on_steps": res["fixed_over_on_steps"],
                 "on_steps_used_mean": res["on_steps_used_mean"],
                 "peak_rss_gb": res["peak_rss_gb"],
-            }
+            },
+            {f"{slow}_over_on_cpu_time": pairs_unreliable(res, slow) for slow in ("fixed", "off")},
         )
     )
     return results.finish("adaptive_stop", res, args.save, argv)

@@ -51,3 +51,12 @@ def test_quick_run_names_the_cpu_and_the_probes_spread():
     assert res["probe"]["probe_count"] == 2 * 3 * 6 and res["probe"]["probe_spread_max_min"] >= 1.0
     assert res["preset"] == "smoke" and res["fixed_steps_used"] == [50, 50]
     assert res["fixed_over_on_steps"] > 1 and res["peak_rss_gb"] > 0
+
+
+def test_the_cpu_time_ratios_need_three_pairs_that_agree():
+    res = {"batches": 2, "fixed_over_on_cpu_time": 10.0, "fixed_over_on_cpu_time_pairs": [10.0, 10.0]}
+    assert "at least 3" in bench.pairs_unreliable(res, "fixed")
+    res |= {"batches": bench.MIN_PAIRS, "fixed_over_on_cpu_time_pairs": [9.8, 10.0, 10.2]}
+    assert bench.pairs_unreliable(res, "fixed") is None
+    res["fixed_over_on_cpu_time_pairs"] = [8.5, 10.0, 11.0]
+    assert "max - min" in bench.pairs_unreliable(res, "fixed")
