@@ -43,7 +43,10 @@ lines go to stderr.
 - data_wait_fraction (goal <= 0.02): sum(perf/data_ms) / sum(perf/step_ms) over the telemetry rows
   of one epoch of pipeline.train.loop.Trainer on the `default` preset (train.epochs=1,
   train.checkpoint_every=0), on the train split of data/shards when it opens (else synthetic
-  (2000, 384) arrays), its first --wait-rows rows.
+  (2000, 384) arrays), its first --wait-rows rows: the median over 6 consecutive stretches of
+  the rows (data_wait_fraction_windows; the whole epoch's in data_wait_fraction_overall). A
+  fraction near 0 moves with every stray delay: when the windows spread wider than two runs are
+  held to, the figure is null and `unreliable` gives the spread (goals_met still judges it).
 
 A missed goal is reported in goals_met, not as an exit status (the machine is shared and noisy);
 an error exits non-zero. --quick shrinks every part (fewer texts and rounds, 200,000 rows in
@@ -405,6 +408,22 @@ def loader_memory(big_rows: int, small_rows: int, scratch: Path, prefetch) -> di
 
 
 # ---------------------------------------------------------------------------- data wait
+WAIT_WINDOWS = 6  # consecutive stretches of the epoch's telemetry rows, each its own fraction
+
+
+def wait_windows(rows: list[dict]) -> list[float]:
+    """The data-wait fraction of each of WAIT_WINDOWS consecutive stretches of `rows` (none when
+    there are fewer rows than stretches): their median and spread say what one reading cannot."""
+    if len(rows) < WAIT_WINDOWS:
+        return []
+    out = []
+    for chunk in np.array_split(np.arange(len(rows)), WAIT_WINDOWS):
+        data = sum(rows[i]["perf/data_ms"] for i in chunk)
+        step = sum(rows[i]["perf/step_ms"] for i in chunk)
+        out.append(data / step)
+    return out
+
+
 def data_wait(rows: int) -> dict:
     """One epoch of the default preset's Trainer over the first `rows` train rows."""
     import torch
@@ -430,12 +449,16 @@ def data_wait(rows: int) -> dict:
     wall = time.perf_counter() - t0
     data_ms = sum(r["perf/data_ms"] for r in res.rows)
     step_ms = sum(r["perf/step_ms"] for r in res.rows)
+    windows = wait_windows(res.rows)
     say(
         f"data wait: {len(res.rows)} rows, {res.rows[-1]['step'] if res.rows else 0} steps in {wall:.1f} s, "
         f"data {data_ms / max(len(res.rows), 1):.3f} of {step_ms / max(len(res.rows), 1):.1f} ms/step (mean over rows)"
     )
     return {
-        "data_wait_fraction": data_ms / step_ms,
+        "data_wait_fraction": float(np.median(windows)) if windows else data_ms / step_ms,
+        "data_wait_fraction_overall": data_ms / step_ms,
+        "data_wait_fraction_windows": windows,
+        "data_wait_fraction_half_width": clock.median_half_width(windows),
         "data_wait_source": source,
         "data_wait_rows": n,
         "data_wait_steps": res.rows[-1]["step"] if res.rows else 0,
@@ -603,7 +626,12 @@ def main(argv=None) -> dict:
         "loader_rss_growth_mb",
         "data_wait_fraction",
     )
-    res.update(results.figures({k: res[k] for k in keys if k in res}))
+    why = {}
+    if "data_wait_fraction" in res:
+        why["data_wait_fraction"] = clock.spread_unreliable(
+            res["data_wait_fraction"], res["data_wait_fraction_half_width"], "the windows' median 95 % half-width"
+        )
+    res.update(results.figures({k: res[k] for k in keys if k in res}, why))
     return results.finish("data", res, args.save, argv)
 
 

@@ -94,3 +94,10 @@ def test_cli_help_runs_as_a_module():
         "--loader-child",
     ):
         assert word in out.stdout
+
+
+def test_the_wait_fraction_is_taken_per_window_of_consecutive_rows():
+    rows = [{"perf/data_ms": float(i < 6), "perf/step_ms": 10.0} for i in range(12)]
+    windows = bench.wait_windows(rows)
+    assert len(windows) == bench.WAIT_WINDOWS and windows[:3] == [0.1] * 3 and windows[3:] == [0.0] * 3
+    assert bench.wait_windows(rows[: bench.WAIT_WINDOWS - 1]) == []
