@@ -225,6 +225,8 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
     if rest:
         rest_ratios = [a / b for a, b in zip(spans["rest_batch"], spans["in_process_batch"])]
         out["rest_batch_over_in_process_batch"] = float(np.median(rest_ratios))
+        # Wall seconds of two processes: the rounds' own spread says whether another run would agree.
+        out["rest_ratio_spread"] = float(max(rest_ratios) - min(rest_ratios)) if len(rest_ratios) >= 3 else None
     out["parts_ms"] = {p: float(np.median([d[p] for d in part_ms])) for p in PARTS}
     # Resident memory of this process, which has loaded the model and answered every request.
     out["rss_mb"] = rss_mb()
@@ -318,7 +320,9 @@ def headline(res: dict) -> dict:
             "a REST request's work is done in the server's process, so it is timed in wall seconds, "
             "and the probes say other processes' load moved those"
             if res.get("busy") is not False
-            else None
+            else clock.spread_unreliable(
+                res["rest_batch_over_in_process_batch"], res.get("rest_ratio_spread"), "the rounds' max - min"
+            )
         )
         unreliable = {"rest_batch_over_in_process_batch": why}
     return results.figures(values, unreliable)
