@@ -58,6 +58,7 @@ def fake_result(busy: bool) -> dict:
         "in_process_single_over_teacher_encode_single": 2.0,
         "parts_share": {"encode": 0.9, "model": 0.09, "topk": 0.01},
         "rest_batch_over_in_process_batch": 1.1,
+        "rest_ratio_spread": 0.05,
         "rss_mb": 700.0,
     }
 
@@ -80,3 +81,13 @@ def test_the_rest_ratio_is_null_on_a_busy_machine():
     head = bench.headline(fake_result(busy=True))
     assert head["figures"]["rest_batch_over_in_process_batch"] is None
     assert "wall seconds" in head["unreliable"]["rest_batch_over_in_process_batch"]
+
+
+def test_the_rest_ratio_is_null_when_its_rounds_spread_wider_than_two_runs_may_differ():
+    res = {**fake_result(busy=False), "rest_ratio_spread": 0.5}
+    head = bench.headline(res)
+    assert head["figures"]["rest_batch_over_in_process_batch"] is None
+    assert "spread within this run" in head["unreliable"]["rest_batch_over_in_process_batch"]
+    few = bench.headline({**fake_result(busy=False), "rest_ratio_spread": None})
+    assert few["figures"]["rest_batch_over_in_process_batch"] is None
+    assert "too few samples" in few["unreliable"]["rest_batch_over_in_process_batch"]
