@@ -23,6 +23,8 @@ from typing import Iterator, Optional
 
 from bench.clock import AGREEMENT
 from bench.results import RESULTS_DIR
+
+BENCH_DIR = Path(__file__).resolve().parent
 from pipeline.core.paths import REPO_ROOT
 
 
@@ -94,8 +96,13 @@ def main(argv=None) -> dict:
         "--tolerance", type=float, default=AGREEMENT, help=f"largest |B/A - 1| that agrees (default {AGREEMENT:g})"
     )
     args = ap.parse_args(argv)
-    dirs = [d for d in args.dirs if Path(d).is_dir()]
-    benches = [d for d in args.dirs if d not in dirs]
+    # A bench's name is its module's (bench/data.py): checked first, since a bench can share its
+    # name with a directory of the project (data/).
+    benches = [d for d in args.dirs if "/" not in d and (BENCH_DIR / f"{d}.py").is_file()]
+    dirs = [d for d in args.dirs if d not in benches]
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing:
+        ap.error(f"{', '.join(missing)}: neither a result directory nor a bench (bench/NAME.py)")
     a_dir = Path(dirs[0]) if dirs else RESULTS_DIR
     a = load(a_dir, benches)
     if args.rerun:

@@ -65,6 +65,22 @@ def test_agreement_compares_every_figure_of_both_sets(tmp_path):
     assert end.value.code == 1
 
 
+def test_a_bench_named_like_a_project_directory_is_a_bench(tmp_path, monkeypatch, capsys):
+    # `data` is both bench/data.py and the project's data/ directory: the bench is meant.
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for d in (a, b):
+        (d / "data.json").write_text(json.dumps(record({"x": 1.0})))
+        (d / "model.json").write_text(json.dumps(record({"y": 1.0})))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    res = agreement.main([str(a), str(b), "data"])
+    assert [r["bench"] for r in res["figures"]] == ["data"] and res["compared"] == 1
+    with pytest.raises(SystemExit) as end:
+        agreement.main([str(a), str(b), "no_such_bench"])
+    assert end.value.code == 2 and "neither a result directory nor a bench" in capsys.readouterr().err
+
+
 def test_interleaved_ratio_alternates_the_arms_and_takes_the_median_of_pairs():
     calls = []
     res = clock.interleaved_ratio(lambda: calls.append("a"), lambda: calls.append("b"), pairs=3)
