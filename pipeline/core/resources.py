@@ -140,6 +140,11 @@ def _stat(path: Path, key: str) -> int:
 # --------------------------------------------------------------------------- memory
 
 
+def rss_mb() -> float:
+    """This process's resident memory, MB."""
+    return psutil.Process().memory_info().rss / MB
+
+
 @dataclass(frozen=True)
 class MemoryLimit:
     """A limit on memory and what is left under it."""
