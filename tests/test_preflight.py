@@ -69,7 +69,7 @@ def test_memory_of_all_processes_against_the_cgroup_limit():
         preflight.check_memory(need, 3, small(2500))
     msg = str(e.value)
     assert "needs about 1,200 MB per process (teacher 260 MB + a batch 940 MB) x 3 processes = 3,600 MB" in msg
-    assert "2,500 MB is available (cgroup headroom (/sys/fs/cgroup/x/memory.max limit 3,072 MB))" in msg
+    assert "2,500 MB is available (2,500 MB from cgroup headroom (/sys/fs/cgroup/x/memory.max limit 3,072 MB))" in msg
     assert "lower embed.batch_size, or embed.nproc" in msg
 
 

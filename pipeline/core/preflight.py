@@ -95,10 +95,12 @@ def check_memory(need: Need, processes: int, memory: Optional[resources.Memory] 
     memory = memory or resources.available_memory()
     total, room = processes * need.per_process_mb, memory.free_mb + processes * held_mb
     times = f" x {processes} processes = {_mb(total)}" if processes > 1 else ""
+    held = f" + {_mb(held_mb)} this process holds" + (f", x {processes}" if processes > 1 else "") if held_mb else ""
     if total > room:
         raise ResourceError(
             f"this config needs about {_mb(need.per_process_mb)} per process ({need.parts}){times}, but "
-            f"{_mb(room)} is available ({memory.source}); lower {need.keys}. Nothing was started"
+            f"{_mb(room)} is available ({_mb(memory.free_mb)} from {memory.source}{held}); lower {need.keys}. "
+            "Nothing was started"
         )
     cap = memory.per_process
     if cap is not None and need.per_process_mb - held_mb > cap.headroom / resources.MB:
