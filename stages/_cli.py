@@ -13,6 +13,7 @@ from pipeline.core import distributed, output_dirs
 from pipeline.core.config import describe, load_config
 from pipeline.core.errors import ConfigError, PipelineError, Terminated
 from pipeline.core.paths import repo_path
+from pipeline.core.preflight import preflight
 from pipeline.tracking import store as tracking
 from stages.startup import end_startup
 
@@ -51,11 +52,20 @@ Distributed:  {key}=N runs N processes on this machine under torchrun (torch.dis
 
 
 def run_stage(
-    name: str, doc: str, sections: str, body: Callable, argv: list[str] | None = None, nproc_key: str | None = None
+    name: str,
+    doc: str,
+    sections: str,
+    body: Callable,
+    argv: list[str] | None = None,
+    nproc_key: str | None = None,
+    costs: Callable | None = None,
 ) -> int:
     """Parse, validate and run `body(cfg)`. With the config's `nproc_key` (train.nproc) > 1 and no
     torchrun around this process yet, start that many copies of the stage under torchrun instead
-    (after validating, so a bad key fails once, before any process starts)."""
+    (after validating, so a bad key fails once, before any process starts). `costs(cfg, processes)`:
+    the stage's own estimate of what its config needs (pipeline/core/preflight.py), run with the
+    cores check before any work, in the process that starts it (a rank under torchrun only checks
+    its cores: the launcher, or the user's torchrun, started it)."""
     end_startup(name)  # a Ctrl-C held while the stage imported ends it here
     args = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in args):
@@ -77,7 +87,10 @@ def run_stage(
             # Before any work, and before torchrun starts ranks: where the stages write (pipeline/core/output_dirs.py).
             output_dirs.check_outputs(cfg, stage)
             processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
-            if processes > 1 and not distributed.under_launcher():
+            ranked = distributed.under_launcher()
+            # What the config costs, before any work and before any rank starts.
+            preflight(cfg, stage, place.local_world_size if ranked else processes, None if ranked else costs)
+            if processes > 1 and not ranked:
                 if cfg.run.tracking == "required":
                     tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
                 return distributed.launch(processes, module, args, name)

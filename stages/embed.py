@@ -23,11 +23,13 @@ import time
 
 import torch
 
-from pipeline.core import distributed, numerics
+from pipeline.core import distributed, numerics, resources
 from pipeline.core.config import flatten
 from pipeline.core.paths import repo_path
+from pipeline.core.preflight import check_memory
 from pipeline.data.shards import dataset_digest, sha256_file
 from pipeline.embed.embedding import prepare_pairs
+from pipeline.embed.memory import teacher_need
 from pipeline.embed.ranks import STRICT_GEMM, embed_splits, pin_rank_threads
 from pipeline.embed.teacher import count_truncated, load_teacher, teacher_identity
 from pipeline.tracking import store as tracking
@@ -153,8 +155,19 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
     return manifest
 
 
+def costs(cfg, processes: int) -> None:
+    """Before any work and before the ranks start: processes x one process's need (the teacher
+    and a batch, pipeline/embed/memory.py) must fit this node's memory."""
+    held = resources.rss_mb()
+    need = teacher_need(cfg.embed, held)
+    if need is not None:
+        # One process: this one, already holding its baseline. Several: each rank is a new process
+        # with its own baseline, and the launcher keeps what it holds.
+        check_memory(need, processes, held_mb=held if processes == 1 else 0.0)
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("embed", __doc__, "embed, run", run, argv, nproc_key="embed.nproc")
+    return run_stage("embed", __doc__, "embed, run", run, argv, nproc_key="embed.nproc", costs=costs)
 
 
 if __name__ == "__main__":

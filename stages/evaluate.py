@@ -22,14 +22,17 @@ import sys
 
 import pandas as pd
 
+from pipeline.core import resources
 from pipeline.core.arm import arm_of, data_digest
 from pipeline.core.atomic import atomic_path, write_json
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, repo_path
+from pipeline.core.preflight import Need, check_memory
 from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.evaluate.item_tables import TableMeta, write_items
 from pipeline.evaluate.retrieval import (
     BASELINES,
     LOWER_IS_BETTER,
+    METRICS,
     build_bank,
     evaluate_split,
     predict,
@@ -38,7 +41,7 @@ from pipeline.evaluate.retrieval import (
     sample_table,
 )
 from pipeline.evaluate.seed_variance import find_reference
-from pipeline.evaluate.stats import verdict
+from pipeline.evaluate.stats import resample_bytes, verdict
 from pipeline.model.model_file import check_input_dim, load_model
 from pipeline.serve.log import log_answer_model
 from pipeline.tracking import store as tracking
@@ -163,6 +166,22 @@ def summary_lines(estimates: dict, bank_size: int, items: int, covered: str = "t
     return lines
 
 
+def costs(cfg, processes: int) -> None:
+    """Before any work: the test split's bootstrap (every predictor's metrics and the model's
+    differences from each baseline, resampled together) must fit this node's memory."""
+    manifest = load_manifest(repo_path(cfg.embed.out_dir))
+    items = int(manifest["splits"].get("test", {}).get("count", 0))
+    columns = len(METRICS) * (1 + 2 * len(BASELINES))
+    resamples = int(cfg.evaluate.bootstrap_resamples)
+    boot_mb = resample_bytes(resamples, items, columns) / 2**20
+    held = resources.rss_mb()
+    parts = (
+        f"this process {held:,.0f} MB + the bootstrap {boot_mb:,.0f} MB: {resamples:,} resamples x {columns} "
+        f"metrics x 8 bytes, twice, over {items:,} test items"
+    )
+    check_memory(Need(held + boot_mb, parts, "evaluate.bootstrap_resamples"), processes, held_mb=held)
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_stage(
         "evaluate",
@@ -170,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "run, embed.out_dir, embed.batch_size, train.out_dir, train.batch_size, evaluate",
         run,
         argv,
+        costs=costs,
     )
 
 

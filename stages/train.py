@@ -38,6 +38,7 @@ from pipeline.core.output_dirs import CHECKPOINTS, claim
 from pipeline.core.paths import repo_path
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
+from pipeline.train import plan
 from pipeline.train.checkpoints import Checkpointing
 from pipeline.train.device import select_device
 from pipeline.train.inputs import embed_run_of, prepare, run_tags
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         if outcome.diverged is not None:
             raise outcome.diverged  # the stage fails with its message
 
-    code = run_stage("train", __doc__, SECTIONS, run_keeping_outcome, args, nproc_key="train.nproc")
+    code = run_stage("train", __doc__, SECTIONS, run_keeping_outcome, args, nproc_key="train.nproc", costs=plan.costs)
     if outcome.diverged is not None:
         report_divergence(args)  # its verdict is its own output; the stage fails either way
     return code

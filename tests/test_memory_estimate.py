@@ -217,19 +217,30 @@ def test_checkpoint_disk_is_checked_only_when_checkpointing(tmp_path):
     assert not any("train.checkpoint_dir" in p for p in off.problems) and off.disk_free_mb is None
 
 
-def test_cgroup_limit_wins_when_smaller(tmp_path, monkeypatch):
-    """A container's memory.max below the host's MemAvailable is what the processes can have."""
-    (tmp_path / "memory.max").write_text(f"{3 * 2**30}\n")
-    (tmp_path / "memory.current").write_text(f"{2**30}\n")
-    (tmp_path / "memory.stat").write_text(f"anon 1\ninactive_file {2**29}\n")
-    monkeypatch.setattr(memory_estimate, "CGROUP_V2", tmp_path)
-    monkeypatch.setattr(memory_estimate, "CGROUP_V1", tmp_path / "none")
-    # 3 GiB limit - (1 GiB used - 0.5 GiB reclaimable cache) = 2.5 GiB
-    assert memory_estimate.cgroup_headroom()[0] == 5 * 2**29
+def test_cgroup_limit_wins_when_smaller(monkeypatch):
+    """A limit of the process's own cgroup below MemAvailable is what the processes can have, and
+    the log line names its file (the readers themselves: tests/test_resources.py)."""
+    from pipeline.core import resources
+
+    limit = resources.MemoryLimit(5 * 2**29, 3 * 2**30, "/sys/fs/cgroup/x/memory.max limit 3,072 MB")
+    monkeypatch.setattr(resources, "cgroup_memory", lambda *a, **k: limit)
     a = memory_estimate.available_memory(torch.device("cpu"))
-    assert a.host_free_mb == 2560 and "memory.max limit 3,072 MB" in a.host_source
-    (tmp_path / "memory.max").write_text("max\n")
-    assert memory_estimate.cgroup_headroom() is None
+    assert a.host_free_mb == 2560 and "/sys/fs/cgroup/x/memory.max limit 3,072 MB" in a.host_source
+    cfg = load_config(["preset=default", "train.device=cpu"])
+    assert "/sys/fs/cgroup/x/memory.max" in memory_estimate.check(cfg, DIM, available=a).describe()
+
+
+def test_an_rlimit_caps_each_process(monkeypatch):
+    """RLIMIT_AS (`prlimit --as`) is per process: a peak above it is refused, naming it."""
+    from pipeline.core import resources
+
+    cap = resources.MemoryLimit(2**20, 300 * 2**20, "RLIMIT_AS 300 MB (ulimit/prlimit)", per_process=True)
+    monkeypatch.setattr(resources, "rlimit_memory", lambda *a, **k: cap)
+    a = memory_estimate.available_memory(torch.device("cpu"))
+    assert a.process_source.startswith("RLIMIT_AS")
+    cfg = load_config(["preset=default", "train.device=cpu"])
+    with pytest.raises(ResourceError, match=r"RLIMIT_AS 300 MB \(ulimit/prlimit\) lets each process reach"):
+        memory_estimate.check(cfg, DIM, available=a)
 
 
 # --------------------------------------------------------------------------- activations vs autograd

@@ -66,6 +66,16 @@ def resample_means(values: np.ndarray, resamples: int, seed: int) -> np.ndarray:
     return out
 
 
+def resample_bytes(resamples: int, items: int, columns: int) -> int:
+    """Peak bytes of `resample_means` then `intervals` over (items, columns) values: the
+    (resamples, columns) float64 means, the copy np.percentile partitions, a column's temporaries
+    (the seed-luck widening), and one chunk's four arrays (draws and bin counts int64, counts and
+    a column's products float64) of at most _CELLS cells (or one resample's items, if more)."""
+    means = 8 * int(resamples) * int(columns)
+    chunk_cells = max(1, _CELLS // max(1, items)) * max(1, items)
+    return 2 * means + 2 * 8 * int(resamples) + 4 * 8 * min(chunk_cells, max(1, int(resamples) * items))
+
+
 def intervals(means: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Percentile 95 % interval of each column of resampled means (resamples, columns): (lows, highs)."""
     tail = (1 - CONFIDENCE) / 2 * 100

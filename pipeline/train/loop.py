@@ -46,6 +46,7 @@ from pipeline.train.events import StepEvents, skips
 from pipeline.train.faults import injector_for
 from pipeline.train.flow_length import FLOW_STEPS_OBSERVED, FlowLength, add_masked_counters
 from pipeline.train.loss_scaler import build_scaler
+from pipeline.train.plan import DurationWatch
 from pipeline.train.progress import Progress, log_epoch
 from pipeline.train.result import TrainingDiverged, TrainResult, row_figures
 from pipeline.train.resume_state import rng_state, set_rng_state
@@ -204,6 +205,7 @@ class Trainer:
             batches = self.loader.batches(self.epoch_step * t.grad_accum)
             while self.epoch_step < self.steps_per_epoch:
                 self._train_step(batches)
+                self.duration.after_step(self.step)
             if self.val:
                 self._validate()
             log_epoch(self.result.rows, self.epoch, t.epochs, self.step, self.result.summary if self.val else None)
@@ -217,6 +219,7 @@ class Trainer:
         """What a run (or a resumed one) does before its first step."""
         self.t_start = time.perf_counter()
         self.progress.start(self.total_steps, self.step)
+        self.duration = DurationWatch(self.total_steps, self.step, self.place.is_main)
         candidates = precision_candidates(self.t.precision, self.device)
         if len(candidates) > 1 and self.step == 0:
             self.amp_dtype = self._fastest_precision(candidates)

@@ -69,10 +69,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Optional
 
-import psutil
 import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
+from pipeline.core import resources
 from pipeline.core.distributed import Dist, device_for
 from pipeline.core.errors import ResourceError
 from pipeline.model import EnergyFlowModel
@@ -104,10 +104,6 @@ _PROBE_MAX_BYTES = 256 * MB
 # same for every model: set from `python -m bench.tracking_memory` (MLflow's tables created in a new
 # store), rounded up; bench/results/tracking_memory.json holds its last measurement.
 TRACKING_MB = 147.0
-# cgroup v1 reports "no limit" as a huge number (9223372036854771712 here): anything past this is none.
-_NO_LIMIT = 2**60
-CGROUP_V2 = Path("/sys/fs/cgroup")
-CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 
 # --------------------------------------------------------------------------- activations
@@ -354,6 +350,8 @@ class Available:
     host_source: str  # where host_free_mb comes from, for the message
     device_free_mb: Optional[float] = None  # torch.cuda.mem_get_info on the model's device
     device_name: str = ""
+    process_limit_mb: Optional[float] = None  # each process's own ceiling (an rlimit), if one is set
+    process_source: str = ""
 
     @property
     def host_mb(self) -> float:
@@ -368,55 +366,20 @@ class Available:
         return out
 
 
-def _read_int(path: Path) -> Optional[int]:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return None if text in ("", "max") else int(text)
-
-
-def _inactive_file(stat: Path, key: str) -> int:
-    try:
-        for line in stat.read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == key:
-                return int(value)
-    except OSError:
-        pass
-    return 0
-
-
-def cgroup_headroom() -> Optional[tuple[int, str]]:
-    """(bytes the cgroup lets its processes still allocate, which file said so), or None when no
-    limit is set. Usage less the inactive page cache (reclaimable: the kernel drops it before
-    the OOM killer acts), as `docker stats` counts it."""
-    for limit_file, usage_file, stat_key in (
-        (CGROUP_V2 / "memory.max", CGROUP_V2 / "memory.current", "inactive_file"),
-        (CGROUP_V1 / "memory.limit_in_bytes", CGROUP_V1 / "memory.usage_in_bytes", "total_inactive_file"),
-    ):
-        limit = _read_int(limit_file)
-        if limit is None or limit >= _NO_LIMIT:
-            continue
-        usage = _read_int(usage_file) or 0
-        used = max(0, usage - _inactive_file(limit_file.parent / "memory.stat", stat_key))
-        return max(0, limit - used), f"{limit_file} limit {_fmt(_mb(limit))}"
-    return None
-
-
 def available_memory(device: torch.device, processes: int = 1) -> Available:
-    free = psutil.virtual_memory().available
-    source = "MemAvailable"
-    cg = cgroup_headroom()
-    if cg is not None and cg[0] < free:
-        free, source = cg[0], f"cgroup headroom ({cg[1]})"
-    elif cg is None:
-        source += ", no cgroup limit"
+    """What this node's processes can still have: MemAvailable or the tightest limit of this
+    process's own cgroups (pipeline/core/resources.py), and an rlimit's ceiling per process."""
+    mem = resources.available_memory()
     device_free, name = None, ""
     if device.type == "cuda":
         device_free = _mb(torch.cuda.mem_get_info(device)[0])
         name = str(device)
-    return Available(_mb(free), rss_mb(), processes, source, device_free, name)
+    held = rss_mb()
+    cap = mem.per_process
+    # An rlimit bounds what this process maps: its resident peak can reach what it holds now plus
+    # what is left under the limit.
+    per_process = (held + _mb(cap.headroom), cap.source) if cap is not None else (None, "")
+    return Available(mem.free_mb, held, processes, mem.source, device_free, name, *per_process)
 
 
 def estimate(
@@ -569,6 +532,8 @@ class MemoryCheck:
             )
         else:
             room = f"{n}{_fmt(e.peak_mb)} of {_fmt(a.host_mb)} available ({a.host_source})"
+        if a.process_limit_mb is not None:
+            room += f", each process at most {_fmt(a.process_limit_mb)} ({a.process_source})"
         verdict = "fits" if self.fits else "does not fit"
         if self.fits and not self.worst_fits:
             verdict += f" (the worst case, {_fmt(e.peak_worst_mb)}, would not: flows slower than expected could OOM)"
@@ -613,6 +578,11 @@ def check(
             f"the estimated {'host ' if e.on_device else ''}peak is {_fmt(e.host_peak_mb)} "
             f"({host_what}){total}, but {_fmt(a.host_mb)} host memory is available "
             f"({_fmt(a.host_free_mb)} from {a.host_source} + {held})"
+        )
+    if a.process_limit_mb is not None and e.host_peak_mb > a.process_limit_mb:
+        problems.append(
+            f"the estimated {'host ' if e.on_device else ''}peak of one process is {_fmt(e.host_peak_mb)} "
+            f"({host_what}), but {a.process_source} lets each process reach {_fmt(a.process_limit_mb)}"
         )
     worst_fits = n * (e.peak_worst_mb if not e.on_device else e.host_peak_mb) <= a.host_mb
     if e.on_device and a.device_free_mb is not None:

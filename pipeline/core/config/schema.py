@@ -46,6 +46,9 @@ SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # and the report's loss_spikes check both judge over train.spike_window, so it may not be shorter.
 MIN_SPIKE_WINDOW = 10
 MIN_BOOTSTRAP_RESAMPLES = 1000  # fewer make a 95 % interval's ends noisy (the stage and the tools)
+# More move a 95 % interval's ends by less than the 6 decimals they are written with: never
+# meaningful. What a count below this costs in memory is the evaluate stage's preflight check.
+MAX_BOOTSTRAP_RESAMPLES = 10_000_000
 
 
 def _is_delimiter(v: str) -> bool:
@@ -291,7 +294,13 @@ class EvaluateConfig:
     ridge_alpha: float = param(at_least(0), doc="regularisation of the ridge-regression baseline")
     samples: int = param(doc="decoded examples in the sample table")
     bootstrap_resamples: int = param(
-        at_least(MIN_BOOTSTRAP_RESAMPLES, why="fewer make the 95 % interval's ends noisy"),
+        within(
+            MIN_BOOTSTRAP_RESAMPLES,
+            MAX_BOOTSTRAP_RESAMPLES,
+            "[]",
+            "an integer",
+            "fewer make the 95 % interval's ends noisy; more change nothing at 6 decimals",
+        ),
         doc="paired bootstrap resamples over test items for every 95 % CI (pipeline/evaluate/stats.py)",
     )
     bootstrap_seed: int = param(at_least(0), doc="seed of the bootstrap: the same CIs on every run and machine")
