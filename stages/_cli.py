@@ -9,7 +9,7 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from pipeline.core import distributed, output_dirs
+from pipeline.core import distributed, output_dirs, output_lock
 from pipeline.core.config import describe, load_config
 from pipeline.core.errors import ConfigError, PipelineError, Terminated
 from pipeline.core.paths import repo_path
@@ -76,14 +76,17 @@ def run_stage(
             session.sweep = cfg.run.sweep or ""  # tags every MLflow run this stage starts or adds to
             # Before any work, and before torchrun starts ranks: where the stages write (pipeline/core/output_dirs.py).
             output_dirs.check_outputs(cfg, stage)
-            processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
-            if processes > 1 and not distributed.under_launcher():
-                if cfg.run.tracking == "required":
-                    tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
-                return distributed.launch(processes, module, args, name)
-            # Before any work. Only rank 0 tracks; the other ranks never probe the server.
-            tracking.configure(cfg.run.tracking if place.is_main else "disabled")
-            body(cfg)
+            # One writer per output: a second stage writing the same outputs fails here, naming the first.
+            with output_lock.writing(output_lock.stage_outputs(cfg, stage) if place.is_main else []):
+                processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
+                if processes > 1 and not distributed.under_launcher():
+                    if cfg.run.tracking == "required":
+                        tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
+                    with output_lock.held_for_ranks():
+                        return distributed.launch(processes, module, args, name)
+                # Before any work. Only rank 0 tracks; the other ranks never probe the server.
+                tracking.configure(cfg.run.tracking if place.is_main else "disabled")
+                body(cfg)
         except ConfigError as e:
             print(f"[{name}] config error: {e}", file=sys.stderr)
             return 2
