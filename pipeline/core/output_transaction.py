@@ -203,10 +203,14 @@ class OutputTransaction:
         """Put every staged output in place and do the removals, or (on any failure) none."""
         if self._done:
             return
-        self._check()
-        for staged in self._staged.values():
-            _fsync_tree(staged)
-        self._set_journal("committing")
+        try:
+            self._check()
+            for staged in self._staged.values():
+                _fsync_tree(staged)
+            self._set_journal("committing")
+        except BaseException:
+            self.abort()
+            raise
         undo: list[tuple[str, Path, Path | None]] = []  # (what was done, destination, its previous version)
         try:
             for dest, staged in [*self._staged.items(), *((d, None) for d in self._removed)]:
