@@ -45,7 +45,7 @@ def _command() -> str:
         argv = []
     if not argv:
         return "?"
-    shown = " ".join([Path(argv[0]).name, *argv[1:]])
+    shown = " ".join(" ".join([Path(argv[0]).name, *argv[1:]]).split())  # one line, whatever the arguments hold
     return shown if len(shown) <= _COMMAND_CHARS else shown[: _COMMAND_CHARS - 3] + "..."
 
 

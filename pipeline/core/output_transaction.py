@@ -40,8 +40,13 @@ JOURNAL = "journal.json"
 _PREVIOUS = ".previous"  # suffix of a destination's previous version inside the staging directory
 
 
-def _staging_pattern(stage: str) -> re.Pattern:
-    return re.compile(rf"\.{re.escape(stage)}-outputs\.(\d+)\.[0-9a-f]{{8}}\.staging")
+# `.<stage>-outputs.<pid>.<8 hex>.staging`
+STAGING_NAME = re.compile(r"\.([a-z]+)-outputs\.(\d+)\.[0-9a-f]{8}\.staging")
+
+
+def is_staging(name: str) -> bool:
+    """A staging directory's name (output_dirs counts it as the stage's own, not a stranger's file)."""
+    return STAGING_NAME.fullmatch(name) is not None
 
 
 def _alive(pid: int) -> bool:
@@ -99,20 +104,19 @@ def _discard(path: Path) -> None:
 
 def recover_dead_staging(parent: Path, stage: str) -> None:
     """Undo, then remove, what a killed transaction of `stage` left in `parent` (see the module doc)."""
-    pattern = _staging_pattern(stage)
     try:
         entries = list(os.scandir(parent))
     except OSError:
         return
     for entry in entries:
-        found = pattern.fullmatch(entry.name)
-        if not found or not entry.is_dir(follow_symlinks=False):
+        found = STAGING_NAME.fullmatch(entry.name)
+        if not found or found.group(1) != stage or not entry.is_dir(follow_symlinks=False):
             continue
         staging = Path(entry.path)
         journal = _read_journal(staging)
         if journal is None or journal.get("stage") != stage or journal.get("host") != socket.gethostname():
             continue  # not ours to judge: another stage's, another host's, or no journal
-        if int(found.group(1)) != journal.get("pid") or _alive(int(found.group(1))):
+        if int(found.group(2)) != journal.get("pid") or _alive(int(found.group(2))):
             continue
         if journal.get("state") == "committing":
             for name in journal.get("writes") or []:
@@ -264,12 +268,15 @@ class OutputTransaction:
         for staging in self._staging.values():
             shutil.rmtree(staging, ignore_errors=True)
 
-    def disk_full(self, e: BaseException) -> DiskFull:
-        """A full disk while staging, named by the destination it was for."""
+    def staged_dest_of(self, e: BaseException) -> Path | None:
+        """The destination whose staged file a failed write `e` was writing, or None."""
         path = Path(getattr(e, "path", None) or getattr(e, "filename", None) or "")
-        dest = next((d for d, s in self._staged.items() if path == s or s in path.parents), None)
+        return next((d for d, s in self._staged.items() if path == s or s in path.parents), None)
+
+    def disk_full(self, e: BaseException, dest: Path) -> DiskFull:
+        """A full disk while staging `dest`, named by `dest` (not its staged path)."""
         kept = f"the {self.stage} stage's previous outputs are left as they were and its partial ones removed"
-        return disk_full_error(dest or path, e, kept)
+        return disk_full_error(dest, e, kept)
 
 
 @contextlib.contextmanager
@@ -282,8 +289,9 @@ def outputs(stage: str, dests: Iterable[str | os.PathLike] = ()) -> Iterator[Out
         yield tx
     except BaseException as e:
         tx.abort()
-        if is_disk_full(e) and not isinstance(e, KeyboardInterrupt):
-            raise tx.disk_full(e) from e
+        dest = tx.staged_dest_of(e) if is_disk_full(e) else None
+        if dest is not None:
+            raise tx.disk_full(e, dest) from e
         raise
     else:
         tx.commit()

@@ -618,11 +618,20 @@ def run_file(stage: str) -> Path:
     return RUNS_DIR / f"{stage}.json"
 
 
-def write_run_file(stage: str, info: dict) -> None:
+def write_run_file(stage: str, info: dict, tx=None) -> None:
     """`info`: run_id, experiment_id, tracking_uri and the digest of what the run made (e.g.
-    model_sha256), so a reader can tell whether the output in the workspace is still that run's."""
+    model_sha256), so a reader can tell whether the output in the workspace is still that run's.
+    `tx`: the stage's output transaction, which puts the file in place with its other outputs.
+
+    The file points to the last *tracked* run: a run with tracking off (run.tracking=disabled, or
+    optional with no server) has no run to point to, and leaves the file as it is (the readers
+    then find the tracked run of the model at hand by its digest, or say there is none)."""
+    if not info.get("run_id"):
+        log.info("tracking is off: %s still names the last tracked %s run", run_file(stage), stage)
+        return
+    dest = run_file(stage) if tx is None else tx.path(run_file(stage))
     # Shown to anyone with the working copy: no password of a tracking URI in it.
-    write_json(run_file(stage), {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
+    write_json(dest, {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
 
 
 def read_run_file(
