@@ -10,6 +10,7 @@ that copy (DVC_ROOT, or the path), so those runs and their artifacts land in the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -24,8 +25,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
-
-from filelock import FileLock
 
 from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, TrackingUnavailable
@@ -251,7 +250,8 @@ def configure(mode: str) -> None:
 
 def use_store() -> str:
     """Point MLflow at tracking_uri() and return it. A SQLite store is first opened under an
-    exclusive lock (mlflow.db-init.lock beside it, git-ignored with mlflow.db-*): MLflow creates a
+    exclusive lock (flock on the directory that holds it: no lock file is left beside the
+    database, which may be any directory the URI names): MLflow creates a
     missing store's tables, and upgrades an old one's, with Alembic migrations that are not safe
     to run twice at once. `dvc queue start -j 2` on a project without mlflow.db started two embed
     stages together, and one failed with Alembic's "Online migration expected to match one row
@@ -272,8 +272,12 @@ def _open_sqlite_store(uri: str) -> None:
 
     db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(db.with_name(db.name + "-init.lock")):
+    fd = os.open(db.parent, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or when the process dies
         mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
+    finally:
+        os.close(fd)
 
 
 def artifact_location(uri: str) -> str | None:
