@@ -177,6 +177,15 @@ class OutputTransaction:
         """The staged path of `dest`, or None when the stage does not write it."""
         return self._staged.get(Path(os.path.abspath(dest)))
 
+    def now(self, dest: str | os.PathLike) -> Path:
+        """Where `dest`'s new content is until the commit: its staged path, or inside the staged
+        directory of an ancestor, or `dest` itself when this transaction does not write it."""
+        dest = Path(os.path.abspath(dest))
+        for owner in (dest, *dest.parents):
+            if owner in self._staged:
+                return self._staged[owner] / dest.relative_to(owner)
+        return dest
+
     def remove(self, dest: str | os.PathLike) -> None:
         """Delete `dest` (if it exists) when the transaction commits."""
         dest = Path(os.path.abspath(dest))
