@@ -135,3 +135,27 @@ def test_a_second_train_into_the_same_outputs_is_refused_naming_the_first(projec
         holder.kill()
         holder.wait()
     assert os.listdir(root / "checkpoints" / "train") in ([], [".energy-flow-output.json"])
+
+
+@pytest.mark.slow  # two real embed stages (the teacher loads in each)
+def test_two_embeds_into_one_directory_the_second_is_refused_naming_the_first(tmp_path):
+    import time
+
+    root = project_copy(tmp_path)
+    env = {**clean_env(), "ENERGY_FLOW_RUNS_DIR": str(root / "runs")}
+    cmd = [sys.executable, "-m", "stages.embed", "preset=smoke", "run.tracking=disabled"]
+    first = subprocess.Popen(cmd, cwd=root, env=env, stderr=subprocess.PIPE, text=True)
+    lock = root / "data" / ".shards.lock"
+    deadline = time.monotonic() + 300
+    while not (lock.exists() and lock.read_text()) and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    _, first_err = first.communicate(timeout=600)
+    assert first.returncode == 0, first_err[-3000:]
+    assert second.returncode == 1, second.stderr[-3000:]
+    last = second.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"[embed] error: data/shards is being written by pid {first.pid} (python -m stages.embed")
+    assert last.endswith("wait for it or stop it")
+    assert (root / "data" / "shards" / "manifest.json").is_file()
+    assert sorted(p.name for p in (root / "data").iterdir()) == [".gitignore", "raw", "shards"]  # no lock or staging
+    assert sorted(p.name for p in (root / "data" / "raw").iterdir()) == ["qa_pairs.csv"]

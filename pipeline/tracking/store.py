@@ -631,7 +631,8 @@ def write_run_file(stage: str, info: dict, tx=None) -> None:
     optional with no server) has no run to point to, and leaves the file as it is (the readers
     then find the tracked run of the model at hand by its digest, or say there is none)."""
     if not info.get("run_id"):
-        log.info("tracking is off: %s still names the last tracked %s run", run_file(stage), stage)
+        kept = "still names the last tracked" if run_file(stage).is_file() else "is not written: there is no tracked"
+        log.info("tracking is off: %s %s %s run", run_file(stage), kept, stage)
         return
     dest = run_file(stage) if tx is None else tx.path(run_file(stage))
     # Shown to anyone with the working copy: no password of a tracking URI in it.
