@@ -26,7 +26,7 @@ FAILING_COMMIT = textwrap.dedent(
     real = os.replace
     def replace(src, dst, *a, **kw):
         if str(dst).endswith(os.path.join("metrics", "train.json")) and ".staging" in str(src):
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src), None, str(dst))
         return real(src, dst, *a, **kw)
     os.replace = replace
     from stages.train import main

@@ -80,14 +80,16 @@ def test_a_failure_during_the_commit_rolls_back_what_was_swapped(previous, monke
             return real_replace(src, dst, *a, **kw)
         calls.append(dst)
         if len(calls) == fail_at:
-            raise OSError(28, "No space left on device", str(dst))
+            raise OSError(28, "No space left on device", str(src))  # as os.replace names it
         return real_replace(src, dst, *a, **kw)
 
-    with pytest.raises(PipelineError, match="could not be put in place .*is as it was before this run"):
+    wanted = r"^/.*: could not be put in place .*is as it was before this run"
+    with pytest.raises(PipelineError, match=wanted) as raised:
         with outputs("train") as tx:
             write_new(tx, previous)
             monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(os, "replace", real_replace)
+    assert ".staging" not in str(raised.value).split(":")[0]  # named by the output, not its staged copy
     assert snapshot(previous) == before
     assert not list(previous.rglob("*.staging"))
 

@@ -225,8 +225,10 @@ class OutputTransaction:
             self.abort()
             raise
         undo: list[tuple[str, Path, Path | None]] = []  # (what was done, destination, its previous version)
+        current = None
         try:
             for dest, staged in [*self._staged.items(), *((d, None) for d in self._removed)]:
+                current = dest
                 previous = self._staging[dest.parent] / (dest.name + _PREVIOUS)
                 if not (dest.exists() or dest.is_symlink()):
                     if staged is not None:
@@ -247,7 +249,7 @@ class OutputTransaction:
             self.abort()
             if isinstance(e, OSError):
                 raise PipelineError(
-                    f"{e.filename or 'an output'}: could not be put in place ({e.strerror or e}); every output of the "
+                    f"{current}: could not be put in place ({e.strerror or e}); every output of the "
                     f"{self.stage} stage is as it was before this run"
                 ) from e
             raise
