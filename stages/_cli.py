@@ -9,7 +9,7 @@ from typing import Callable
 
 from omegaconf import OmegaConf
 
-from pipeline.core import distributed, output_dirs
+from pipeline.core import distributed, output_dirs, output_lock
 from pipeline.core.config import describe, load_config
 from pipeline.core.errors import ConfigError, PipelineError, Terminated
 from pipeline.core.paths import repo_path
@@ -90,13 +90,16 @@ def run_stage(
             ranked = distributed.under_launcher()
             # What the config costs, before any work and before any rank starts.
             preflight(cfg, stage, place.local_world_size if ranked else processes, None if ranked else costs)
-            if processes > 1 and not ranked:
-                if cfg.run.tracking == "required":
-                    tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
-                return distributed.launch(processes, module, args, name)
-            # Before any work. Only rank 0 tracks; the other ranks never probe the server.
-            tracking.configure(cfg.run.tracking if place.is_main else "disabled")
-            body(cfg)
+            # One writer per output: a second stage writing the same outputs fails here, naming the first.
+            with output_lock.writing(output_lock.stage_outputs(cfg, stage) if place.is_main else []):
+                if processes > 1 and not ranked:
+                    if cfg.run.tracking == "required":
+                        tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
+                    with output_lock.held_for_ranks():
+                        return distributed.launch(processes, module, args, name)
+                # Before any work. Only rank 0 tracks; the other ranks never probe the server.
+                tracking.configure(cfg.run.tracking if place.is_main else "disabled")
+                body(cfg)
         except ConfigError as e:
             print(f"[{name}] config error: {e}", file=sys.stderr)
             return 2

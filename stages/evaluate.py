@@ -25,6 +25,7 @@ import pandas as pd
 from pipeline.core import resources
 from pipeline.core.arm import arm_of, data_digest
 from pipeline.core.atomic import atomic_path, write_json
+from pipeline.core.output_transaction import outputs
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, repo_path
 from pipeline.core.preflight import Need, check_memory
 from pipeline.data.shards import load_manifest, open_split, sha256_file
@@ -50,12 +51,20 @@ from ._cli import run_stage
 
 log = logging.getLogger(__name__)
 
+EVAL_JSON = METRICS_DIR / "eval.json"
 SAMPLES_CSV = REPORTS_DIR / "eval_samples.csv"
 ITEMS_PARQUET = REPORTS_DIR / "eval_items.parquet"
 SPLITS = ("val", "test")
 
 
 def run(cfg) -> dict:
+    # Written aside and put in place together when the stage succeeds (pipeline/core/output_transaction.py):
+    # a failure keeps the previous metrics, item table and samples as they were.
+    with outputs("evaluate", [EVAL_JSON, ITEMS_PARQUET, SAMPLES_CSV]) as tx:
+        return _run(cfg, tx)
+
+
+def _run(cfg, tx) -> dict:
     shard_dir, model_path = repo_path(cfg.embed.out_dir), repo_path(cfg.train.out_dir) / "model.pt"
     model, payload = load_model(model_path)
     manifest = load_manifest(shard_dir)
@@ -95,10 +104,10 @@ def run(cfg) -> dict:
         metrics.update(flat)
         if split == "test":
             test_items, test_estimates = items, estimates
-    write_json(METRICS_DIR / "eval.json", metrics)
-    with atomic_path(ITEMS_PARQUET) as tmp:
+    write_json(tx.path(EVAL_JSON), metrics)
+    with atomic_path(tx.path(ITEMS_PARQUET)) as tmp:
         write_items(test_items, tmp, table_meta(cfg, payload, manifest))
-    with atomic_path(SAMPLES_CSV) as tmp:
+    with atomic_path(tx.path(SAMPLES_CSV)) as tmp:
         pd.DataFrame(
             sample_table(test_items, bank, ev.samples),
             columns=["id", "input", "target", "decoded", "correct", "group_correct"],
@@ -118,8 +127,8 @@ def run(cfg) -> dict:
                 }
             )
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
-            for path in (METRICS_DIR / "eval.json", ITEMS_PARQUET, SAMPLES_CSV):
-                tracking.log_artifact_file(path, "evaluate")
+            for path in (EVAL_JSON, ITEMS_PARQUET, SAMPLES_CSV):
+                tracking.log_artifact_file(tx.path(path), "evaluate")
     for line in summary_lines(test_estimates, bank.size, len(test_items), covered):
         log.info("%s", line)
     return metrics

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
+from pipeline.core.output_transaction import outputs
+from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.core.stage_outputs import read_csv, read_json
-from pipeline.report.build import build_report, log_report, verdict_line
+from pipeline.report.build import EVIDENCE_JSON, REPORT_FILES, STABILITY_JSON, build_report, log_report, verdict_line
 from pipeline.report.checks import REMEASURE
 from pipeline.tracking import store as tracking
 from pipeline.train.perf_files import read_perf
@@ -77,17 +78,21 @@ def run(cfg) -> dict:
     train_metrics = read_json(METRICS_DIR / "train.json", "train")
     run_id = model_run_id(cfg, bool(train_metrics.get("train/diverged")))
     inputs = read_inputs(cfg, train_metrics)
-    result = build_report(
-        cfg,
-        run_id,
-        inputs.steps,
-        inputs.events,
-        inputs.train_metrics,
-        inputs.eval_metrics,
-        unmeasured=inputs.unmeasured,
-    )
-    with tracking.adding_to_run(run_id, "report"):
-        log_report(result)
+    # Written aside and put in place together (pipeline/core/output_transaction.py): a report that
+    # fails half-way leaves the previous one whole.
+    with outputs("report", [*REPORT_FILES, EVIDENCE_JSON, STABILITY_JSON, REPORTS_DIR / "plots"]) as tx:
+        result = build_report(
+            cfg,
+            run_id,
+            inputs.steps,
+            inputs.events,
+            inputs.train_metrics,
+            inputs.eval_metrics,
+            unmeasured=inputs.unmeasured,
+            tx=tx,
+        )
+        with tracking.adding_to_run(run_id, "report"):
+            log_report(result, tx)
     log.info(verdict_line(result))
     return result
 

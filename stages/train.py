@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline.core import distributed
-from pipeline.core.output_dirs import CHECKPOINTS, claim
+from pipeline.core.output_dirs import CHECKPOINTS, MODEL, claim
+from pipeline.core.output_transaction import outputs
 from pipeline.core.paths import repo_path
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
@@ -43,7 +44,7 @@ from pipeline.train.checkpoints import Checkpointing
 from pipeline.train.device import select_device
 from pipeline.train.inputs import embed_run_of, prepare, run_tags
 from pipeline.train.loop import train_model
-from pipeline.train.outputs import log_run_inputs, record_divergence, record_trained
+from pipeline.train.outputs import destinations, log_run_inputs, record_divergence, record_trained
 from pipeline.train.perf_files import manifest_digest, settings_digest
 from pipeline.train.result import TrainingDiverged
 
@@ -113,14 +114,21 @@ def train_and_record(cfg, place) -> dict:
     if resume_run and not tracking.run_exists(resume_run):
         resume_run = None  # the checkpoint's run is not in this store: the weights resume, the run is new
     embed_run = embed_run_of(cfg)
-    with tracking.mlflow_run(
-        tracking.run_name(cfg),
-        cfg.run.preset,
-        cfg.run.experiment,
-        run_id=resume_run,
-        tags={**run_tags(cfg, manifest, embed_run, fp, place), **tracking.overrides_tag(cfg)},
-        stage="train",
-    ) as run:
+    claim(model_dir, MODEL, "train.out_dir")  # checked before any work; made and marked now
+    # Written aside and put in place together when the run ends well (pipeline/core/output_transaction.py):
+    # a failure anywhere keeps the previous run's model, checkpoint, telemetry and metrics. Within
+    # the MLflow run, so that a failed commit ends the run FAILED.
+    with (
+        tracking.mlflow_run(
+            tracking.run_name(cfg),
+            cfg.run.preset,
+            cfg.run.experiment,
+            run_id=resume_run,
+            tags={**run_tags(cfg, manifest, embed_run, fp, place), **tracking.overrides_tag(cfg)},
+            stage="train",
+        ) as run,
+        outputs("train", destinations(model_dir)) as tx,
+    ):
         if resume_run is None:
             log_run_inputs(cfg, manifest, embed_run, place.world_size)
         if cfg.train.checkpoint_every:
@@ -150,11 +158,13 @@ def train_and_record(cfg, place) -> dict:
             except TrainingDiverged as e:
                 diverged = e
         if diverged is not None:  # recorded once the buffer has closed (MLflow's own retries are back)
-            record_divergence(run, diverged.result, settings)
+            record_divergence(run, diverged.result, settings, tx)
+            tx.commit()  # the evidence the report reads; the previous model stays (none was made)
             raise diverged  # inside the run: it ends FAILED
-        record_trained(run, result, cfg, model_dir, settings)
-    # The model is written: the checkpoint has done its job, and a forced re-run must train anew.
-    ckpt_path.unlink(missing_ok=True)
+        record_trained(run, result, cfg, model_dir, settings, tx)
+        # With the model in place the checkpoint has done its job (a forced re-run must train
+        # anew); until then it is what a re-run resumes from.
+        tx.remove(ckpt_path)
     summary = result.summary
     log.info(
         "trained %d steps in %.1f s: loss %.4f, val/cosine %.4f, %d skipped, %d spikes; run %s",

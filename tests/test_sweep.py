@@ -341,6 +341,7 @@ def test_parallel_stages_create_one_fresh_store_together(tmp_path):
     for p in procs:
         p.join(timeout=300)
     assert sorted(queue.get(timeout=5) for _ in procs) == ["ok"] * 3
+    assert not list(tmp_path.glob("*lock*"))  # the store's directory may be anyone's: nothing left in it
 
 
 # --------------------------------------------------------------------------- e2e: a real smoke sweep

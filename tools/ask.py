@@ -46,6 +46,12 @@ def default_model_uri() -> tuple[str, str]:
             "or pass --model URI"
         )
     info = tracking.read_run_file("train")
+    if not info["run_id"]:  # written by a version that recorded untracked runs too
+        raise PipelineError(
+            f"{path} names no MLflow run: the train run it records had tracking off (run.tracking=disabled, or "
+            "optional with no server), so no answer model was logged; run ./dev repro with tracking on, or pass "
+            "--model URI"
+        )
     uri = tracking.tracking_uri()
     recorded = info.get("tracking_uri")
     from mlflow.exceptions import MlflowException

@@ -39,6 +39,7 @@ from typing import Callable, Iterable
 from omegaconf import OmegaConf
 
 from pipeline.core.errors import ConfigError
+from pipeline.core.output_transaction import is_staging
 from pipeline.core.paths import REPO_ROOT
 
 MARK = ".energy-flow-output.json"
@@ -177,7 +178,7 @@ def _foreign_files(directory: Path, kind: Kind, names: list[str]) -> list[str]:
     if kind is EMBEDDING_CACHE:
         return [] if _legacy_cache(directory, names) else names
     temp = _temp_of(kind.files)
-    return [n for n in names if n not in kind.files and not temp(n)]
+    return [n for n in names if n not in kind.files and not temp(n) and not is_staging(n)]
 
 
 def _listing(names: list[str]) -> str:

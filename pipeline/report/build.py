@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 
 from pipeline.core.atomic import write_json, write_text
+from pipeline.core.output_transaction import OutputTransaction
 from pipeline.core.paths import METRICS_DIR, REPORTS_DIR
 from pipeline.report.checks.metrics_file import stability_metrics
 from pipeline.report.checks.params import run_params
@@ -33,21 +34,26 @@ def build_report(
     train_metrics: Mapping,
     eval_metrics: Mapping | None,
     unmeasured: str = "",
+    tx: OutputTransaction | None = None,
 ) -> dict:
     """Checks, plots, reports/stability.md and .html, metrics/stability.json (the DVC metrics:
     no time or memory figures) and reports/stability_evidence.json (every check's evidence, time
     and memory included), each written atomically. `unmeasured`: why there are no time and
     memory measurements of this run (pipeline/train/perf_files.py), said by the checks that need them.
-    Returns the checks' result with "plots" ({name: path}) added."""
+    `tx`: the stage's output transaction, into which every file is written (put in place together
+    when the stage succeeds). Returns the checks' result with "plots" ({name: path}) added: where
+    each plot will be once in place."""
+    at = tx.path if tx is not None else Path
     params = run_params(cfg, train_metrics, len(steps))
     result = run_checks(steps, events, params, eval_metrics, unmeasured=unmeasured)
-    plots = make_plots(steps, events, params, REPORTS_DIR / "plots", eval_metrics)
+    plot_dir = REPORTS_DIR / "plots"
+    plots = make_plots(steps, events, params, at(plot_dir), eval_metrics)  # staged: only this run's plots
     info = {"run_id": run_id, "preset": cfg.run.preset, **train_metrics}
-    write_text(REPORT_FILES[0], render_markdown(result, plots, info, eval_metrics))
-    write_text(REPORT_FILES[1], render_html(result, plots, info, eval_metrics))
-    write_json(STABILITY_JSON, stability_metrics(result))
-    write_json(EVIDENCE_JSON, stability_metrics(result, measured=True))
-    return {**result, "plots": plots}
+    write_text(at(REPORT_FILES[0]), render_markdown(result, plots, info, eval_metrics))
+    write_text(at(REPORT_FILES[1]), render_html(result, plots, info, eval_metrics))
+    write_json(at(STABILITY_JSON), stability_metrics(result))
+    write_json(at(EVIDENCE_JSON), stability_metrics(result, measured=True))
+    return {**result, "plots": {name: plot_dir / path.name for name, path in plots.items()}}
 
 
 # The verdict as one sortable number: 0 stable, 1 stable with warnings, 2 unstable.
@@ -68,12 +74,13 @@ def summary_metrics(result: Mapping) -> dict[str, float]:
     }
 
 
-def log_report(result: Mapping) -> None:
+def log_report(result: Mapping, tx: OutputTransaction | None = None) -> None:
     """Into the model's MLflow run: the verdict and the failed and warned checks as tags
     (filterable: tags.`stability.verdict` = 'unstable'), summary_metrics (sortable), the
-    reports, plots and the evidence JSON as artifacts under report/."""
+    reports, plots and the evidence JSON as artifacts under report/ (read from `tx` while staged)."""
     if not tracking.enabled():
         return
+    now = tx.now if tx is not None else Path
     warned = [n for n, c in result["checks"].items() if c["status"] == "warn"]
     tracking.set_tags(
         {
@@ -86,11 +93,11 @@ def log_report(result: Mapping) -> None:
     )
     tracking.log_metrics(summary_metrics(result))
     for path in REPORT_FILES:
-        tracking.log_artifact_file(path, "report")
+        tracking.log_artifact_file(now(path), "report")
     for path in result["plots"].values():
-        tracking.log_artifact_file(Path(path), "report/plots")
-    tracking.log_artifact_file(STABILITY_JSON, "report")
-    tracking.log_artifact_file(EVIDENCE_JSON, "report")
+        tracking.log_artifact_file(now(path), "report/plots")
+    tracking.log_artifact_file(now(STABILITY_JSON), "report")
+    tracking.log_artifact_file(now(EVIDENCE_JSON), "report")
 
 
 def verdict_line(result: Mapping) -> str:

@@ -10,6 +10,7 @@ that copy (DVC_ROOT, or the path), so those runs and their artifacts land in the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -24,8 +25,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
-
-from filelock import FileLock
 
 from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, TrackingUnavailable
@@ -251,7 +250,8 @@ def configure(mode: str) -> None:
 
 def use_store() -> str:
     """Point MLflow at tracking_uri() and return it. A SQLite store is first opened under an
-    exclusive lock (mlflow.db-init.lock beside it, git-ignored with mlflow.db-*): MLflow creates a
+    exclusive lock (flock on the directory that holds it: no lock file is left beside the
+    database, which may be any directory the URI names): MLflow creates a
     missing store's tables, and upgrades an old one's, with Alembic migrations that are not safe
     to run twice at once. `dvc queue start -j 2` on a project without mlflow.db started two embed
     stages together, and one failed with Alembic's "Online migration expected to match one row
@@ -272,8 +272,12 @@ def _open_sqlite_store(uri: str) -> None:
 
     db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(db.with_name(db.name + "-init.lock")):
+    fd = os.open(db.parent, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or when the process dies
         mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
+    finally:
+        os.close(fd)
 
 
 def artifact_location(uri: str) -> str | None:
@@ -618,11 +622,21 @@ def run_file(stage: str) -> Path:
     return RUNS_DIR / f"{stage}.json"
 
 
-def write_run_file(stage: str, info: dict) -> None:
+def write_run_file(stage: str, info: dict, tx=None) -> None:
     """`info`: run_id, experiment_id, tracking_uri and the digest of what the run made (e.g.
-    model_sha256), so a reader can tell whether the output in the workspace is still that run's."""
+    model_sha256), so a reader can tell whether the output in the workspace is still that run's.
+    `tx`: the stage's output transaction, which puts the file in place with its other outputs.
+
+    The file points to the last *tracked* run: a run with tracking off (run.tracking=disabled, or
+    optional with no server) has no run to point to, and leaves the file as it is (the readers
+    then find the tracked run of the model at hand by its digest, or say there is none)."""
+    if not info.get("run_id"):
+        kept = "still names the last tracked" if run_file(stage).is_file() else "is not written: there is no tracked"
+        log.info("tracking is off: %s %s %s run", run_file(stage), kept, stage)
+        return
+    dest = run_file(stage) if tx is None else tx.path(run_file(stage))
     # Shown to anyone with the working copy: no password of a tracking URI in it.
-    write_json(run_file(stage), {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
+    write_json(dest, {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
 
 
 def read_run_file(

@@ -1,0 +1,172 @@
+"""One writer at a time per output: an advisory lock that names its holder.
+
+Two stages writing one output at once would interleave, and the later would silently win. Before
+any work a stage takes, for each output it writes, a lock: `fcntl.flock` on a hidden file beside
+the output (`.<name>.lock`), holding the writer's pid, host, command and start time. A second
+writer fails at once with a message naming the first. The lock file is removed when the writer
+lets go; a writer killed with SIGKILL leaves it, but the kernel has released its flock, so the
+next writer takes it over (and removes it in turn). A lock file is never put inside an output
+(DVC hashes those) nor anywhere but beside one of our outputs (never beside the dataset).
+
+The stage that starts ranks under torchrun holds the locks for all of them: it sets HELD_ENV, and
+a rank that finds it set takes none (its own attempt would fail against its launcher's lock)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from pipeline.core.errors import PipelineError
+
+HELD_ENV = "ENERGY_FLOW_OUTPUTS_LOCKED_BY"
+_COMMAND_CHARS = 120  # the holder's command line as shown: enough to tell the stage and its overrides
+
+
+class OutputBusy(PipelineError):
+    """Another live process is writing the output; the message names it and what to do."""
+
+
+def lock_path(dest: Path) -> Path:
+    return dest.parent / f".{dest.name}.lock"
+
+
+def _command() -> str:
+    try:
+        import psutil
+
+        argv = psutil.Process().cmdline()
+    except Exception:  # noqa: BLE001 - no process table: the holder is still named by its pid
+        argv = []
+    if not argv:
+        return "?"
+    shown = " ".join(" ".join([Path(argv[0]).name, *argv[1:]]).split())  # one line, whatever the arguments hold
+    return shown if len(shown) <= _COMMAND_CHARS else shown[: _COMMAND_CHARS - 3] + "..."
+
+
+def _holder() -> dict:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": _command(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def _describe(dest: Path, shown: str, fd: int) -> str:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        pid, host, command, started = holder["pid"], holder["host"], holder["command"], holder["started"]
+    except (OSError, ValueError, KeyError, TypeError):  # the holder is between taking the lock and writing it
+        lock = lock_path(dest)
+        return f"{shown} is being written by another process (its lock {lock} is held); wait for it or stop it"
+    where = "" if host == socket.gethostname() else f" on host {host}"
+    return f"{shown} is being written by pid {pid}{where} ({command}, started {started}); wait for it or stop it"
+
+
+def _acquire(dest: Path, shown: str) -> int:
+    """The fd of `dest`'s lock file, locked by this process; OutputBusy if another holds it."""
+    path = lock_path(dest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            message = _describe(dest, shown, fd)
+            os.close(fd)
+            raise OutputBusy(message) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        # The previous holder removes the file as it lets go: a lock on a file no longer at `path`
+        # excludes nobody, so take the one that is there now.
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(_holder()).encode("utf-8"), 0)
+            return fd
+        os.close(fd)
+
+
+def _release(dest: Path, fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(lock_path(dest))  # while still held: a waiter that opened it retries on the new file
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def writing(outputs: Iterable[tuple[Path, str]]) -> Iterator[None]:
+    """Hold the lock of every (output path, name shown in messages) for the block. Taken in a fixed
+    order, without waiting: a busy one fails at once, releasing those already taken."""
+    if _launcher_holds():
+        yield
+        return
+    held: list[tuple[Path, int]] = []
+    try:
+        for dest, shown in sorted({(Path(os.path.abspath(d)), s) for d, s in outputs}):
+            held.append((dest, _acquire(dest, shown)))
+        yield
+    finally:
+        for dest, fd in reversed(held):
+            _release(dest, fd)
+
+
+def _launcher_holds() -> bool:
+    """HELD_ENV names a live ancestor of this process (the stage that started it under torchrun);
+    a value inherited by anything else (a shell that exported it) does not count."""
+    holder = os.environ.get(HELD_ENV, "")
+    if not holder.isdigit():
+        return False
+    try:
+        import psutil
+
+        return int(holder) in {p.pid for p in psutil.Process().parents()}
+    except Exception:  # noqa: BLE001 - no process table: take the locks, as a stage on its own does
+        return False
+
+
+# What each stage locks: its configured output directories, and the one metrics file that stands
+# for the fixed files it writes (telemetry/, reports/, runs/ are written with it, by it alone).
+_STAGE_OUTPUTS = {
+    "embed": ("embed.out_dir",),
+    "train": ("train.out_dir", "train.checkpoint_dir", "metrics/train.json"),
+    "evaluate": ("metrics/eval.json",),
+    "report": ("metrics/stability.json",),
+}
+
+
+def stage_outputs(cfg, stage: str) -> list[tuple[Path, str]]:
+    """(path, name shown) of each output `stage` locks (see _STAGE_OUTPUTS)."""
+    from omegaconf import OmegaConf
+
+    from pipeline.core.paths import repo_path
+
+    found = []
+    for item in _STAGE_OUTPUTS.get(stage, ()):
+        value = item if "/" in item else OmegaConf.select(cfg, item)
+        if value:
+            found.append((repo_path(str(value)), str(value)))
+    return found
+
+
+@contextlib.contextmanager
+def held_for_ranks() -> Iterator[None]:
+    """While this process starts ranks under torchrun: they inherit HELD_ENV and take no lock."""
+    previous = os.environ.get(HELD_ENV)
+    os.environ[HELD_ENV] = str(os.getpid())
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(HELD_ENV, None)
+        else:
+            os.environ[HELD_ENV] = previous
