@@ -64,8 +64,11 @@ def test_a_checkpoint_or_model_that_would_run_code_is_refused_without_running_it
     torch.save(evil, path)
     assert load_state(path, "fp") is None  # set aside: "unreadable", a fresh start
     assert "is unreadable" in caplog.text and "starting from step 0" in caplog.text
-    with pytest.raises(PipelineError, match="not a readable model file"):
+    with pytest.raises(PipelineError, match="not a model file this project wrote") as refused:
         load_model(path)
+    message = str(refused.value)
+    assert "pickled code" in message and str(path) in message
+    assert "weights_only=False" not in message and "weights_only=False" not in caplog.text  # torch's hint never shown
     assert not marker.exists()
 
 
