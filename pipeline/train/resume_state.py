@@ -26,8 +26,8 @@ import torch
 from omegaconf import OmegaConf
 
 from pipeline.core.atomic import atomic_path
-from pipeline.core.output_dirs import CHECKPOINTS
 from pipeline.core.errors import PipelineError
+from pipeline.core.output_dirs import CHECKPOINTS
 from pipeline.model.model_file import first_nonfinite_tensor, read_tensor_file, tensor_mismatch
 
 log = logging.getLogger(__name__)
