@@ -94,14 +94,14 @@ def test_paths_from_config_must_stay_inside_the_project(override):
 
 
 def test_a_symlink_out_of_the_project_is_followed_and_refused(tmp_path, monkeypatch):
-    from pipeline.core import config
+    from pipeline.core import config, paths
     from pipeline.core.errors import ConfigError
 
     project, outside = tmp_path / "project", tmp_path / "outside"
     (project / "data").mkdir(parents=True)
     outside.mkdir()
     (project / "data" / "shards").symlink_to(outside)
-    monkeypatch.setattr(config, "REPO_ROOT", project)
+    monkeypatch.setattr(paths, "REPO_ROOT", project)
     with pytest.raises(ConfigError, match=rf"'embed.out_dir' = 'data/shards' resolves to {outside}, outside"):
         config.load_config(["embed.out_dir=data/shards"])
     config.load_config(["embed.dataset=data/raw/*.csv", "embed.out_dir=data/other"])  # inside, globs too

@@ -35,6 +35,7 @@ import pandas as pd
 from pipeline.core.atomic import DiskFull, disk_full_error, is_disk_full, write_json
 from pipeline.core.errors import ConfigError, ShardError
 from pipeline.core.output_dirs import SHARDS, ownership_problem, remove_stale_siblings, write_mark
+from pipeline.core.paths import check_readable_inside
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -48,6 +49,7 @@ _FINITE_ROWS = 65536  # rows per finiteness check: no full-size boolean temporar
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # becomes part of file names
 _RESERVED = {"format_version", "dim", "dtype", "rows_per_shard", "teacher", "splits", "files"}
 _HINT = "run the embed stage to (re)create the shards"
+_SHARD_FILE = "the shards' file (embed.out_dir)"
 KINDS = ("inputs", "targets")  # the arrays of a shard, in the order they are written
 
 
@@ -546,7 +548,7 @@ class ShardedArray:
 
 
 def load_manifest(shard_dir: str | os.PathLike) -> dict:
-    path = Path(shard_dir) / MANIFEST
+    path = check_readable_inside(Path(shard_dir) / MANIFEST, _SHARD_FILE)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -729,6 +731,7 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
     dim, dtype = int(manifest["dim"]), np.dtype(manifest["dtype"])
     names = [texts_name] + [s[k] for s in shards for k in ("inputs", "targets")]
     for name in names:
+        check_readable_inside(shard_dir / name, _SHARD_FILE)
         if not (shard_dir / name).is_file():
             raise ShardError(
                 f"{shard_dir / name}: file missing (listed in the manifest for "

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import check_readable_inside
 from pipeline.model import EnergyFlowModel
 
 _RETRAIN = "re-run the train stage (dvc repro train)"
@@ -163,7 +164,7 @@ def first_nonfinite_tensor(tensors: Any) -> str:
 
 
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[EnergyFlowModel, dict]:
-    path = Path(path)
+    path = check_readable_inside(path, "the model file (train.out_dir)")
     if not path.is_file():
         raise PipelineError(f"{path} not found: run the train stage first (dvc repro train)")
     payload = read_tensor_file(path, device, "the model.pt the train stage writes", _RETRAIN)

@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import PipelineError
 from pipeline.core.output_dirs import CHECKPOINTS
+from pipeline.core.paths import check_readable_inside
 from pipeline.model.model_file import first_nonfinite_tensor, read_tensor_file, tensor_mismatch
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def load_state(
     `model_shapes` (checkpoint.model_shapes of this run's model): also set aside a checkpoint
     whose model tensors differ from these."""
     warn = (lambda *a: None) if quiet else log.warning
-    path = Path(path)
+    path = check_readable_inside(path, "the checkpoint (train.checkpoint_dir)")
     if not path.is_file():
         return None
     try:
