@@ -164,9 +164,12 @@ def teacher_path(name: str) -> Path | None:
     with '.' or '~')."""
     if not name or name == "bundled":
         return None
-    path = Path(name).expanduser()
-    if path.is_absolute() or name.startswith((".", "~")) or path.exists():
-        return path.resolve()
+    try:
+        path = Path(name).expanduser()
+        if path.is_absolute() or name.startswith((".", "~")) or path.exists():
+            return path.resolve()
+    except (OSError, ValueError, RuntimeError):  # a NUL, a name too long, an unknown ~user: not a path to read
+        return None
     return None
 
 
