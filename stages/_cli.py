@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from pipeline.core import distributed, output_dirs, output_lock
 from pipeline.core.config import describe, load_config
 from pipeline.core.errors import ConfigError, PipelineError, Terminated
-from pipeline.core.paths import repo_path
+from pipeline.core.paths import reading_rule, repo_path
 from pipeline.core.preflight import preflight
 from pipeline.tracking import store as tracking
 from stages.startup import end_startup
@@ -99,7 +99,8 @@ def run_stage(
                         return distributed.launch(processes, module, args, name)
                 # Before any work. Only rank 0 tracks; the other ranks never probe the server.
                 tracking.configure(cfg.run.tracking if place.is_main else "disabled")
-                body(cfg)
+                with reading_rule(cfg.run.allow_external_paths):  # what every reader checks (pipeline/core/paths.py)
+                    body(cfg)
         except ConfigError as e:
             print(f"[{name}] config error: {e}", file=sys.stderr)
             return 2

@@ -25,7 +25,7 @@ import torch
 from pipeline.core.atomic import DiskFull
 from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError, PipelineError
-from pipeline.data.shards import open_split, write_shards
+from pipeline.data.shards import open_split, sha256_file, write_shards
 from pipeline.model import EnergyFlowModel
 from pipeline.model.model_file import load_model, model_shapes, save_model
 from pipeline.train.checkpoints import Checkpointing
@@ -272,7 +272,41 @@ def _flip_last_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def _rewrite_matching(path: Path, change) -> None:
+    """A shard rewritten by something other than the embed stage, its manifest checksum made to
+    match: only what the file holds is wrong."""
+    np.save(path, change(np.load(path)), allow_pickle=False)
+    manifest_path = path.parent / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"][path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def _with(value, rows=slice(4, 5)):
+    def change(arr):
+        arr[rows] = value
+        return arr
+
+    return change
+
+
 SHARD_CASES = {
+    "NaN, checksum matching": (
+        lambda out: _rewrite_matching(out / "train-00000_inputs.npy", _with(np.nan)),
+        ["train-00000_inputs.npy: row 5 holds NaN (column 1; split 'train')", "dvc repro embed"],
+    ),
+    "inf in val, checksum matching": (
+        lambda out: _rewrite_matching(out / "val-00000_inputs.npy", _with(np.inf)),
+        ["val-00000_inputs.npy: row 5 holds inf (column 1; split 'val')", "dvc repro embed"],
+    ),
+    "all-NaN targets, checksum matching": (
+        lambda out: _rewrite_matching(out / "train-00000_targets.npy", _with(np.nan, slice(None))),
+        ["train-00000_targets.npy: row 1 holds NaN (column 1; split 'train')"],
+    ),
+    "float64, checksum matching": (
+        lambda out: _rewrite_matching(out / "train-00000_inputs.npy", lambda a: a.astype(np.float64)),
+        ["train-00000_inputs.npy: dtype differs from the manifest: expected float32, found float64"],
+    ),
     "sha256 differs from the manifest": (
         lambda out: _flip_last_byte(out / "train-00000_inputs.npy"),
         ["train-00000_inputs.npy: sha256 differs from the manifest: expected ", "run the embed stage"],
@@ -305,14 +339,14 @@ def model_dir_with(tmp_path, model: EnergyFlowModel, model_cfg) -> Path:
     return models
 
 
-def run_evaluate(tmp_path, monkeypatch, shards, models) -> int:
+def run_evaluate(tmp_path, monkeypatch, shards, models, *extra: str) -> int:
     metrics = tmp_path / "metrics"
     # Where evaluate writes: a check that failed to stop it would show as files here, not in the repo.
     monkeypatch.setattr(evaluate, "METRICS_DIR", metrics)
     monkeypatch.setattr(evaluate, "SAMPLES_CSV", tmp_path / "reports" / "eval_samples.csv")
     monkeypatch.setattr(evaluate, "ridge_fit", lambda *a, **kw: pytest.fail("evaluation started"))
     return evaluate.main(
-        [f"embed.out_dir={shards}", f"train.out_dir={models}", "preset=smoke", "run.allow_external_paths=true"]
+        [f"embed.out_dir={shards}", f"train.out_dir={models}", "preset=smoke", "run.allow_external_paths=true", *extra]
     )
 
 
@@ -328,6 +362,38 @@ def test_embedding_dim_other_than_the_models_is_refused_by_evaluate(tmp_path, ca
     assert f"the model takes {DIM}-d embeddings but the shards in {shards} hold 8-d ones (teacher tiny-teacher)" in err
     assert "expected the shards it was trained on" in err
     assert tree(tmp_path) == before and not (tmp_path / "metrics").exists()
+
+
+@pytest.mark.parametrize("case", [c for c in SHARD_CASES if "checksum matching" in c])
+def test_shards_holding_what_the_embed_stage_never_writes_stop_evaluate_before_work(
+    case, tmp_path, capsys, monkeypatch
+):
+    spoil, fragments = SHARD_CASES[case]
+    cfg = load_config(["preset=smoke"]).model
+    models = model_dir_with(tmp_path, EnergyFlowModel.from_config(cfg, DIM), cfg)
+    shards = tmp_path / "shards"
+    fake_shards(shards)
+    spoil(shards)
+    before = tree(tmp_path)
+    assert run_evaluate(tmp_path, monkeypatch, shards, models, "run.tracking=disabled") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("[evaluate] error: ") and len(err.strip().splitlines()) == 1, err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+    assert tree(tmp_path) == before and not (tmp_path / "metrics").exists()
+
+
+def test_a_model_with_nan_weights_stops_evaluate_before_work(tmp_path, capsys, monkeypatch):
+    cfg = load_config(["preset=smoke"]).model
+    model = EnergyFlowModel.from_config(cfg, DIM)
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float("nan")
+    models = model_dir_with(tmp_path, model, cfg)
+    shards = tmp_path / "shards"
+    fake_shards(shards)
+    assert run_evaluate(tmp_path, monkeypatch, shards, models) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"[evaluate] error: {models / 'model.pt'}: parameter ") and "= NaN is not finite" in err
 
 
 def test_float16_shards_are_widened_for_a_float32_config(tmp_path):

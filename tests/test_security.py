@@ -64,8 +64,11 @@ def test_a_checkpoint_or_model_that_would_run_code_is_refused_without_running_it
     torch.save(evil, path)
     assert load_state(path, "fp") is None  # set aside: "unreadable", a fresh start
     assert "is unreadable" in caplog.text and "starting from step 0" in caplog.text
-    with pytest.raises(PipelineError, match="not a readable model file"):
+    with pytest.raises(PipelineError, match="not a model file this project wrote") as refused:
         load_model(path)
+    message = str(refused.value)
+    assert "pickled code" in message and str(path) in message
+    assert "weights_only=False" not in message and "weights_only=False" not in caplog.text  # torch's hint never shown
     assert not marker.exists()
 
 
@@ -91,14 +94,14 @@ def test_paths_from_config_must_stay_inside_the_project(override):
 
 
 def test_a_symlink_out_of_the_project_is_followed_and_refused(tmp_path, monkeypatch):
-    from pipeline.core import config
+    from pipeline.core import config, paths
     from pipeline.core.errors import ConfigError
 
     project, outside = tmp_path / "project", tmp_path / "outside"
     (project / "data").mkdir(parents=True)
     outside.mkdir()
     (project / "data" / "shards").symlink_to(outside)
-    monkeypatch.setattr(config, "REPO_ROOT", project)
+    monkeypatch.setattr(paths, "REPO_ROOT", project)
     with pytest.raises(ConfigError, match=rf"'embed.out_dir' = 'data/shards' resolves to {outside}, outside"):
         config.load_config(["embed.out_dir=data/shards"])
     config.load_config(["embed.dataset=data/raw/*.csv", "embed.out_dir=data/other"])  # inside, globs too

@@ -9,14 +9,19 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import check_readable_inside
 
 
 def _again(stage: str) -> str:
     return f"it is written by the {stage} stage: run it again (dvc repro {stage})"
 
 
+def _output_of(stage: str) -> str:
+    return f"the {stage} stage's output"
+
+
 def read_json(path: str | Path, stage: str, expect: type = dict) -> Any:
-    path = Path(path)
+    path = check_readable_inside(path, _output_of(stage))
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -36,7 +41,7 @@ def read_json(path: str | Path, stage: str, expect: type = dict) -> Any:
 def read_csv(path: str | Path, stage: str, required: tuple[str, ...] = ()):
     import pandas as pd
 
-    path = Path(path)
+    path = check_readable_inside(path, _output_of(stage))
     try:
         frame = pd.read_csv(path)
     except FileNotFoundError:

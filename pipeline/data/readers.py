@@ -23,6 +23,9 @@ from typing import Any, Callable
 import pandas as pd
 
 from pipeline.core.errors import ConfigError, DatasetError, PipelineError
+from pipeline.data.input_limits import InputLimits, check_columns, check_lines, check_rows, check_size, header_fields
+
+NO_LIMITS = InputLimits()
 
 # Extension -> format. Explicit `fmt` values (embed.format) are the format names themselves
 # (plus "ndjson").
@@ -86,6 +89,8 @@ def read_pairs(
     skip_empty: bool = False,
     delimiter: str = "",
     group_field: str | None = None,
+    *,
+    limits: InputLimits = NO_LIMITS,
 ) -> pd.DataFrame:
     """Read a dataset into a frame with columns id, input_text, target_text, group (str), in file
     order. `group_field` names the column that says which rows' targets are one answer in other
@@ -98,6 +103,8 @@ def read_pairs(
     `id_field` None or "" means no id column: ids are content hashes of (input, target).
     `delimiter` is the CSV/TSV field separator: "" = the format's own (',' for csv, tab for tsv),
     "tab" or "\\t" = tab, else one character (embed.delimiter).
+    `limits` (pipeline/data/input_limits.py): the file's size is checked before it is read, its
+    lines and columns before it is parsed, its rows as soon as they are known.
     """
     path = Path(path)
     id_field = id_field or None
@@ -115,8 +122,10 @@ def read_pairs(
         kind = "a directory" if is_dir else "not a regular file"
         raise DatasetError(f"{path}: {kind}; expected a {fmt} dataset file")
     try:
-        if path.stat().st_size == 0:
+        size = path.stat().st_size
+        if size == 0:
             raise DatasetError(f"{path}: empty file (0 bytes); expected a {fmt} dataset")
+        check_size(path, size, limits)
         roles = {}
         group_field = group_field or None
         for field, key in (
@@ -129,15 +138,17 @@ def read_pairs(
                 roles.setdefault(field, key)
         fields = list(roles)
         if fmt == "parquet":
-            table = _read_parquet(path, fields, roles)
+            table = _read_parquet(path, fields, roles, limits)
         else:
-            text = _read_text(path, fmt)
+            text = _read_text(path, fmt, limits)
             if fmt in ("csv", "tsv"):
+                check_columns(path, header_fields(_first_line(text), sep), limits)
                 table = _read_delimited(path, text, fmt, sep, fields, roles, explicit=bool(delimiter))
             elif fmt == "jsonl":
                 table = _read_jsonl(path, text, fields, roles)
             else:
                 table = _read_json(path, text, fields, roles)
+        check_rows(str(path), table.n_rows, limits, "before its texts are checked or embedded")
         return _build_frame(path, table, input_field, target_field, id_field, skip_empty, group_field)
     except (PipelineError, MemoryError):
         raise
@@ -319,6 +330,7 @@ def read_dataset(
     *,
     allowed_root: Path | None = None,
     group_field: str | None = None,
+    limits: InputLimits = NO_LIMITS,
 ) -> pd.DataFrame:
     """read_pairs over every file of a dataset spec (see dataset_files), concatenated in file
     order. Ids must be unique across files too; the error names both files.
@@ -327,9 +339,12 @@ def read_dataset(
     directory, or match of a glob, that was not read), "rows_skipped_empty"."""
     id_field = id_field or None
     files, files_skipped = dataset_listing(spec, allowed_root=allowed_root)
-    frames, seen, skipped = [], {}, 0
-    for f in files:
-        df = read_pairs(f, input_field, target_field, id_field, fmt, skip_empty, delimiter, group_field)
+    frames, seen, skipped, rows = [], {}, 0, 0
+    for n, f in enumerate(files, 1):
+        df = read_pairs(f, input_field, target_field, id_field, fmt, skip_empty, delimiter, group_field, limits=limits)
+        rows += len(df) + df.attrs.get("rows_skipped_empty", 0)
+        if n > 1:
+            check_rows(f"{spec} ({n} of its {len(files)} files)", rows, limits, "before reading the rest")
         skipped += df.attrs.get("rows_skipped_empty", 0)
         if id_field is not None:
             for i in df["id"]:
@@ -429,12 +444,26 @@ def _binary_kind(head: bytes) -> str | None:
     return None
 
 
-def _read_text(path: Path, fmt: str) -> str:
+def _first_line(text: str) -> str:
+    """The first line that is not blank (the header), without splitting the whole text."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        if text[start:end].strip():
+            return text[start:end].rstrip("\r")
+        start = end + 1
+    return ""
+
+
+def _read_text(path: Path, fmt: str, limits: InputLimits = NO_LIMITS) -> str:
     data = path.read_bytes()
     kind = _binary_kind(data[:8192])
     if kind is not None:
         redo = " — re-save the file as UTF-8" if kind.startswith("UTF-") else ""
         raise DatasetError(f"{path}: looks like {kind}, expected UTF-8 {fmt.upper()} text{redo}")
+    if fmt != "json":  # one row a line; a JSON array is often one line however many rows it holds
+        check_lines(path, data, limits)
     try:
         # utf-8-sig: a byte-order mark written by Excel/Notepad is not part of the first header.
         return data.decode("utf-8-sig")
@@ -839,7 +868,7 @@ def _read_json(path: Path, text: str, fields: list[str], roles: dict[str, str]) 
     return _extract_objects(path, data, fields, roles, lambda i: f"row {i + 1}")
 
 
-def _read_parquet(path: Path, fields: list[str], roles: dict[str, str]) -> _Table:
+def _read_parquet(path: Path, fields: list[str], roles: dict[str, str], limits: InputLimits = NO_LIMITS) -> _Table:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -866,6 +895,8 @@ def _read_parquet(path: Path, fields: list[str], roles: dict[str, str]) -> _Tabl
         raise DatasetError(f"{path}: corrupt Parquet file ({_detail(e)}); expected a readable Parquet file") from None
     if n_rows == 0:
         raise DatasetError(f"{path}: empty dataset (Parquet file has 0 rows); expected at least one row")
+    check_columns(path, len(schema.names), limits, "its schema")
+    check_rows(str(path), n_rows, limits, "before reading it")
     _check_parquet_names(path, schema)
 
     # Resolve each field to (top-level column, struct path below it) before reading data, so

@@ -35,6 +35,7 @@ import pandas as pd
 from pipeline.core.atomic import DiskFull, disk_full_error, is_disk_full, write_json
 from pipeline.core.errors import ConfigError, ShardError
 from pipeline.core.output_dirs import SHARDS, ownership_problem, remove_stale_siblings, write_mark
+from pipeline.core.paths import check_readable_inside
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -48,6 +49,7 @@ _FINITE_ROWS = 65536  # rows per finiteness check: no full-size boolean temporar
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # becomes part of file names
 _RESERVED = {"format_version", "dim", "dtype", "rows_per_shard", "teacher", "splits", "files"}
 _HINT = "run the embed stage to (re)create the shards"
+_SHARD_FILE = "the shards' file (embed.out_dir)"
 KINDS = ("inputs", "targets")  # the arrays of a shard, in the order they are written
 
 
@@ -546,7 +548,7 @@ class ShardedArray:
 
 
 def load_manifest(shard_dir: str | os.PathLike) -> dict:
-    path = Path(shard_dir) / MANIFEST
+    path = check_readable_inside(Path(shard_dir) / MANIFEST, _SHARD_FILE)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -572,6 +574,11 @@ def load_manifest(shard_dir: str | os.PathLike) -> dict:
         raise ShardError(f"{path}: shard manifest lacks {missing}; {_HINT}")
     if manifest["dtype"] not in DTYPES:
         raise ShardError(f"{path}: shard dtype is {manifest['dtype']!r}, expected one of {list(DTYPES)}; {_HINT}")
+    dim = manifest["dim"]
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise ShardError(f"{path}: shard dim is {dim!r}, expected a positive integer; {_HINT}")
+    if not isinstance(manifest["splits"], dict) or not isinstance(manifest["files"], dict):
+        raise ShardError(f"{path}: shard manifest's splits and files are not JSON objects; {_HINT}")
     return manifest
 
 
@@ -609,6 +616,38 @@ def _verify_file(shard_dir: Path, name: str, manifest: dict) -> None:
             f"{path}: sha256 differs from the manifest: expected {entry['sha256']}, "
             f"found {digest} (changed since the embed stage wrote it); {_HINT}"
         )
+
+
+_CHECK_ELEMENTS = 1 << 22  # values per finiteness block on read: a few MiB of temporaries whatever the dim
+
+
+def first_nonfinite(arr: np.ndarray) -> tuple[int, int, str] | None:
+    """(row, column, "NaN" | "inf" | "-inf") of the first value of a (rows, dim) array that is not
+    finite, 0-based, or None. Read in blocks of rows, so a memory map is scanned without being
+    copied whole and the boolean temporaries stay small."""
+    rows_per_block = max(1, _CHECK_ELEMENTS // max(1, arr.shape[1] if arr.ndim == 2 else 1))
+    for start in range(0, arr.shape[0], rows_per_block):
+        block = arr[start : start + rows_per_block]
+        finite = np.isfinite(block)
+        if not finite.all():
+            row, col = np.unravel_index(int(np.argmin(finite.reshape(-1))), block.shape)
+            value = float(block[row, col])
+            return start + int(row), int(col), "NaN" if value != value else ("inf" if value > 0 else "-inf")
+    return None
+
+
+def _check_values(path: Path, arr: np.ndarray, split: str, first_row: int) -> None:
+    """Refuse a shard holding NaN or inf: the checksums only say a file is the one the manifest
+    lists, not that what wrote it wrote numbers. Named by file, row of the file and of the split."""
+    bad = first_nonfinite(arr)
+    if bad is None:
+        return
+    row, col, what = bad
+    of_split = f", row {first_row + row + 1} of the split" if first_row else ""
+    raise ShardError(
+        f"{path}: row {row + 1} holds {what} (column {col + 1}; split {split!r}{of_split}); expected finite "
+        f"embeddings: the shard is damaged or was not written by the embed stage; {_HINT} (dvc repro embed)"
+    )
 
 
 def _load_array(path: Path, rows: int, dim: int, dtype: np.dtype) -> np.ndarray:
@@ -651,11 +690,18 @@ def split_layout(manifest: dict, split: str, where: Path) -> tuple[int, str, lis
     try:
         count = int(entry["count"])
         if manifest["format_version"] == 1:  # one float32 file per array
-            return count, entry["texts"], [{"inputs": entry["inputs"], "targets": entry["targets"], "rows": count}]
-        shards = [{"inputs": s["inputs"], "targets": s["targets"], "rows": int(s["rows"])} for s in entry["shards"]]
+            shards = [{"inputs": entry["inputs"], "targets": entry["targets"], "rows": count}]
+        else:
+            shards = [{"inputs": s["inputs"], "targets": s["targets"], "rows": int(s["rows"])} for s in entry["shards"]]
         texts = entry["texts"]
     except (KeyError, TypeError, ValueError) as e:
         raise ShardError(f"{where}: split {split!r} entry is malformed ({e!r}); {_HINT}") from None
+    for name in [texts] + [s[k] for s in shards for k in KINDS]:
+        # A name is joined to the shard directory: one with a separator or '..' would read elsewhere.
+        if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+            raise ShardError(f"{where}: split {split!r} lists the file {name!r}; expected a plain file name; {_HINT}")
+    if any(s["rows"] < 0 for s in shards) or count < 0:
+        raise ShardError(f"{where}: split {split!r} has a negative row count; {_HINT}")
     total = sum(s["rows"] for s in shards)
     if total != count:
         raise ShardError(f"{where}: split {split!r} shards hold {total} rows but its count is {count}; {_HINT}")
@@ -665,7 +711,9 @@ def split_layout(manifest: dict, split: str, where: Path) -> tuple[int, str, lis
 def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, need_rows: str = "") -> SplitShard:
     """Open one split. Existence, shapes, dtype and row count of every file are always checked
     (they are cheap); verify=True also checks every file's size and sha256 against the
-    manifest. The arrays are memory-mapped, not read. `need_rows` (what the rows are for, e.g.
+    manifest and that every value is finite (one more pass over the data, a block at a time: a
+    NaN would otherwise surface deep in the model as an index out of range). The arrays are
+    memory-mapped, not read into memory. `need_rows` (what the rows are for, e.g.
     "to evaluate on"): a split with no rows is then an error saying so, not an empty result."""
     shard_dir = Path(shard_dir)
     manifest = load_manifest(shard_dir)
@@ -683,6 +731,7 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
     dim, dtype = int(manifest["dim"]), np.dtype(manifest["dtype"])
     names = [texts_name] + [s[k] for s in shards for k in ("inputs", "targets")]
     for name in names:
+        check_readable_inside(shard_dir / name, _SHARD_FILE)
         if not (shard_dir / name).is_file():
             raise ShardError(
                 f"{shard_dir / name}: file missing (listed in the manifest for "
@@ -694,7 +743,13 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
     texts = _load_texts(shard_dir / texts_name, count)
     arrays = {}
     for kind in ("inputs", "targets"):
-        parts = [_load_array(shard_dir / s[kind], s["rows"], dim, dtype) for s in shards]
+        parts, first_row = [], 0
+        for s in shards:
+            part = _load_array(shard_dir / s[kind], s["rows"], dim, dtype)
+            if verify:
+                _check_values(shard_dir / s[kind], part, split, first_row)
+            parts.append(part)
+            first_row += s["rows"]
         arrays[kind] = ShardedArray(parts, dim, dtype, names=[s[kind] for s in shards])
     return SplitShard(
         split=split,

@@ -29,6 +29,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from pipeline.core.errors import ShardError
+from pipeline.core.paths import check_readable_inside
 
 KEY_BYTES = 16
 # Rows per Parquet row group: a lookup decodes only the groups holding its hits, so reading one
@@ -63,6 +64,7 @@ class EmbeddingCache:
         index: dict[bytes, tuple[int, int]] = {}
         self._parts = sorted(self.dir.glob("part-*.parquet")) if self.dir.is_dir() else []
         for p, path in enumerate(self._parts):
+            check_readable_inside(path, "the embedding cache's part (embed.cache_dir)")
             try:
                 keys = pq.read_table(path, columns=["key"]).column("key").to_pylist()
             except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file

@@ -16,6 +16,7 @@ import pandas as pd
 from pipeline.core.atomic import DiskFull, disk_full_error, is_disk_full
 from pipeline.core.errors import DatasetError, ShardError
 from pipeline.core.paths import REPO_ROOT, repo_path
+from pipeline.data.input_limits import InputLimits
 from pipeline.data.readers import content_id, drop_duplicate_pairs, read_dataset
 from pipeline.data.shards import KINDS, shard_ranges
 from pipeline.data.split import assign_splits
@@ -48,6 +49,7 @@ def prepare_pairs(embed_cfg, allow_external_paths: bool = False) -> PreparedPair
         delimiter=embed_cfg.delimiter,
         allowed_root=None if allow_external_paths else REPO_ROOT,
         group_field=embed_cfg.group_field or None,
+        limits=InputLimits.of(embed_cfg),
     )
     skipped_empty = int(df.attrs.get("rows_skipped_empty", 0))
     files = list(df.attrs.get("files", []))

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.config import teacher_path
 from pipeline.core.errors import ConfigError
+from pipeline.core.paths import check_readable_inside
 
 BUNDLED = "bundled"
 
@@ -28,6 +30,9 @@ def resolve_teacher(name: str) -> str:
 
 def load_teacher(name: str, device: str = "cpu"):
     """Load the teacher; for the bundled one forbid hub access so a missing file fails loudly."""
+    given = teacher_path(name)
+    if given is not None:
+        check_readable_inside(given, "parameter 'embed.teacher'")
     path = resolve_teacher(name)
     if name == BUNDLED or Path(path).exists():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")

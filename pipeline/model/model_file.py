@@ -9,13 +9,17 @@ the shards' (check_input_dim)."""
 from __future__ import annotations
 
 import inspect
+import re
+import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import OmegaConf
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import check_readable_inside
 from pipeline.model import EnergyFlowModel
 
 _RETRAIN = "re-run the train stage (dvc repro train)"
@@ -106,17 +110,64 @@ def _check_config_keys(path: Path, model_cfg) -> None:
         )
 
 
+def read_tensor_file(path: Path, device: torch.device | str, expected: str, again: str) -> Any:
+    """torch.load(weights_only=True) of `path`, every failure one PipelineError naming the file:
+    never torch's own advice to retry with weights_only=False, which would run whatever code the
+    file holds. `expected`: what the file should be; `again`: how to write it again."""
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols before refusing them
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError... for a bad file
+        raise _unreadable(path, e, expected, again) from None
+
+
+def _unreadable(path: Path, e: Exception, expected: str, again: str) -> PipelineError:
+    # Told apart by name: this module does not import pickle (tests/test_security.py).
+    if type(e).__name__ == "UnpicklingError":
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        held = (
+            f"it holds pickled code or objects ({found.group(1)}), refused for safety"
+            if found
+            else "not in the format torch.save writes: a plain pickle or other data, refused for safety"
+        )
+        return PipelineError(
+            f"{path}: not a model file this project wrote ({held}: it is only ever read as tensors, "
+            f"never run); expected {expected}; {again}"
+        )
+    # The first sentence only: torch's later ones advise on loading it some other way.
+    first = re.split(r"(?<=[.!?])\s", " ".join(str(e).split()), maxsplit=1)[0] or type(e).__name__
+    return PipelineError(
+        f"{path}: not a readable model file ({type(e).__name__}: {first[:200]}); expected {expected}; {again}"
+    )
+
+
+def first_nonfinite_tensor(tensors: Any) -> str:
+    """'' when every floating tensor of the mapping `tensors` (a state dict, nested dicts and lists
+    of them) holds finite values, else the first that does not, with the index and the value."""
+    stack: list[tuple[str, Any]] = [("", tensors)]
+    while stack:
+        name, value = stack.pop(0)
+        if isinstance(value, dict):
+            stack[:0] = [(f"{name}.{k}" if name else str(k), v) for k, v in value.items()]
+        elif isinstance(value, (list, tuple)):
+            stack[:0] = [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+            finite = torch.isfinite(value)
+            if not bool(finite.all()):
+                flat = int(torch.argmin(finite.reshape(-1).to(torch.uint8)))
+                index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), value.shape))
+                v = float(value.reshape(-1)[flat])
+                shown = "NaN" if v != v else ("inf" if v > 0 else "-inf")
+                return f"{name}{list(index)} = {shown}"
+    return ""
+
+
 def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[EnergyFlowModel, dict]:
-    path = Path(path)
+    path = check_readable_inside(path, "the model file (train.out_dir)")
     if not path.is_file():
         raise PipelineError(f"{path} not found: run the train stage first (dvc repro train)")
-    try:
-        payload = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError, UnpicklingError, EOFError... for a bad file
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise PipelineError(
-            f"{path}: not a readable model file ({first}); expected the model.pt the train stage writes; {_RETRAIN}"
-        ) from None
+    payload = read_tensor_file(path, device, "the model.pt the train stage writes", _RETRAIN)
     lacks = [k for k in ("state_dict", "model_config", "dim") if not isinstance(payload, dict) or k not in payload]
     if lacks:
         raise PipelineError(
@@ -131,6 +182,12 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[En
             f"({_describe(payload['model_config'], dim)}): {mismatch}; expected the weights of "
             f"that config (these come from another model config or another version of the code); "
             f"{_RETRAIN}"
+        )
+    bad = first_nonfinite_tensor(payload["state_dict"])
+    if bad:
+        raise PipelineError(
+            f"{path}: parameter {bad} is not finite; expected finite weights (a model whose training "
+            f"diverged is not saved, so this file was damaged or written elsewhere); {_RETRAIN}"
         )
     model = EnergyFlowModel.from_config(payload["model_config"], dim).to(device)
     model.load_state_dict(payload["state_dict"])

@@ -26,8 +26,10 @@ import torch
 from omegaconf import OmegaConf
 
 from pipeline.core.atomic import atomic_path
+from pipeline.core.errors import PipelineError
 from pipeline.core.output_dirs import CHECKPOINTS
-from pipeline.model.model_file import tensor_mismatch
+from pipeline.core.paths import check_readable_inside
+from pipeline.model.model_file import first_nonfinite_tensor, read_tensor_file, tensor_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +95,13 @@ def load_state(
     `model_shapes` (checkpoint.model_shapes of this run's model): also set aside a checkpoint
     whose model tensors differ from these."""
     warn = (lambda *a: None) if quiet else log.warning
-    path = Path(path)
+    path = check_readable_inside(path, "the checkpoint (train.checkpoint_dir)")
     if not path.is_file():
         return None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - a damaged checkpoint must not stop a fresh start
-        warn("checkpoint %s is unreadable (%s): starting from step 0", path, str(e).splitlines()[0])
+        state = read_tensor_file(path, "cpu", "the checkpoint the train stage writes", "it is set aside")
+    except PipelineError as e:  # a damaged checkpoint must not stop a fresh start
+        warn("checkpoint is unreadable: %s: starting from step 0", e)
         return None
     found = state.get("fingerprint") if isinstance(state, dict) else None
     if found != expected_fingerprint:
@@ -121,4 +123,8 @@ def load_state(
                 mismatch,
             )
             return None
+    bad = first_nonfinite_tensor({k: state.get(k) for k in ("model", "optimizer")})
+    if bad:
+        warn("checkpoint %s holds a value that is not finite (%s): starting from step 0", path, bad)
+        return None
     return state

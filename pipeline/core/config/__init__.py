@@ -58,7 +58,7 @@ from pipeline.core.config.schema import (
     TrainConfig,
 )
 from pipeline.core.errors import ConfigError
-from pipeline.core.paths import REPO_ROOT
+from pipeline.core.paths import outside_message, outside_project
 
 __all__ = [
     "CONFIG_GROUPS",
@@ -93,6 +93,7 @@ __all__ = [
     "default_values",
     "describe",
     "flatten",
+    "teacher_path",
     "load_config",
     "unknown_key_message",
     "validate",
@@ -140,19 +141,36 @@ def _check_paths(cfg: DictConfig) -> None:
     elsewhere. A glob is judged by its part before the first wildcard."""
     if cfg.run.allow_external_paths:
         return
-    root = REPO_ROOT.resolve()
     for key in PATH_KEYS:
         value = OmegaConf.select(cfg, key)
         if not value:
             continue  # "" = off (embed.cache_dir)
         parts = Path(value).parts
         fixed = Path(*parts[: next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))] or ["."])
-        resolved = (root / fixed).resolve()  # an absolute path replaces root
-        if not resolved.is_relative_to(root):
-            raise ConfigError(
-                f"parameter '{key}' = {value!r} resolves to {resolved}, outside the project ({root}); "
-                "expected a path inside it, or set run.allow_external_paths=true to allow it"
-            )
+        resolved = outside_project(fixed)
+        if resolved is not None:
+            raise ConfigError(outside_message(f"parameter '{key}'", value, resolved))
+    teacher = teacher_path(cfg.embed.teacher)
+    if teacher is not None:
+        resolved = outside_project(teacher)
+        if resolved is not None:
+            raise ConfigError(outside_message("parameter 'embed.teacher'", cfg.embed.teacher, resolved))
+
+
+def teacher_path(name: str) -> Path | None:
+    """embed.teacher as a filesystem path, or None for the bundled teacher or a model name. A path is
+    what sentence-transformers would read from disk: an existing file or directory (relative to
+    the working directory, as it resolves it), or a name written as a path (absolute, or starting
+    with '.' or '~')."""
+    if not name or name == "bundled":
+        return None
+    try:
+        path = Path(name).expanduser()
+        if path.is_absolute() or name.startswith((".", "~")) or path.exists():
+            return path.resolve()
+    except (OSError, ValueError, RuntimeError):  # a NUL, a name too long, an unknown ~user: not a path to read
+        return None
+    return None
 
 
 def flatten(cfg: DictConfig) -> dict[str, Any]:

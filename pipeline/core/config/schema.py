@@ -112,6 +112,14 @@ class EmbedConfig:
     split_salt: str = param(doc="salt of the split hash: another salt, another split")
     splits: dict = param(doc="share of the rows in each split (train learns, val guides, evaluate scores test)")
     max_rows: int = param(at_least(0, why="0 = all rows"), doc="a deterministic, content-hashed subset")
+    # What a dataset read may hold (pipeline/data/input_limits.py): each is checked before the memory
+    # it bounds is spent, and its refusal names the key that raises it.
+    max_input_mb: float = param(finite_above(0, "MB"), doc="largest dataset file read (it is read whole)")
+    max_line_kb: float = param(
+        finite_above(0, "KB"), doc="longest line of a CSV, TSV or JSON Lines file (one row a line)"
+    )
+    max_input_columns: int = param(POSITIVE_INT, doc="most columns of a CSV/TSV header or a Parquet schema")
+    max_input_rows: int = param(POSITIVE_INT, doc="most data rows of a dataset, all its files together")
     drop_duplicates: bool = param(doc="repeated (input, target) pairs are counted always, dropped unless false")
     empty_text: EmptyText = param(doc="a null or empty input/target text stops the run, or is dropped and counted")
     out_dir: str = param(doc="where the shards and their manifest are written")
