@@ -120,7 +120,8 @@ def batch_size(train_batch_size: int, max_rows: int) -> int:
     """Questions per predict call: the largest multiple of the model's train_batch_size within the
     row limit (the model predicts in batches of train_batch_size, so the answers are those of one
     call with every question), or the row limit when one train batch exceeds it."""
-    return max(1, (max_rows // train_batch_size) * train_batch_size) if train_batch_size >= 1 else max_rows
+    whole = (max_rows // train_batch_size) * train_batch_size if train_batch_size >= 1 else 0
+    return whole or max_rows
 
 
 def progress_bar(total: int, batch: int, stream):
@@ -186,8 +187,13 @@ def ask(args, tally: Tally) -> int:
                 cut = out["truncated"] if "truncated" in out else None  # (a model logged before it said)
                 text = render(questions, out["answers"], out["scores"], cut, window)
                 bar.clear()
-                print(text + ("\n" if start + batch < len(args.questions) else ""), flush=True)
-                tally.answered += len(questions)
+                # Ctrl-C waits while a batch is printed and counted: the count it reports is what was printed.
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    print(text + ("\n" if start + batch < len(args.questions) else ""), flush=True)
+                    tally.answered += len(questions)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
                 bar.update(len(questions))
     return 0
 

@@ -15,6 +15,7 @@ flows per question and so the prediction), and scored against the evaluate stage
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import mlflow
@@ -38,6 +39,10 @@ class EnergyFlowAnswerer(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
         cfg = context.model_config
         self.limits = Limits.from_env()  # a bad value stops the load, naming the variable
+        # The scoring server answers each request in a thread of its own, and the teacher's
+        # tokenizer is not safe to share between threads (each call sets its truncation): one
+        # request at a time, each using every core through torch.
+        self.lock = threading.Lock()
         self.train_batch_size = int(cfg["train_batch_size"])
         self.embed_batch_size = int(cfg["embed_batch_size"])
         self.embed_dtype = np.dtype(cfg["embed_dtype"])
@@ -69,12 +74,16 @@ class EnergyFlowAnswerer(mlflow.pyfunc.PythonModel):
                 )
         return teacher
 
-    @torch.inference_mode()
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         k = top_k(params, len(self.texts))
         questions = questions_of(model_input, self.limits, window(self.teacher))
         if not questions:
             return pd.DataFrame({ANSWERS: [], SCORES: [], TRUNCATED: pd.Series([], dtype=bool)})
+        with self.lock:
+            return self._answer(questions, k)
+
+    @torch.inference_mode()
+    def _answer(self, questions: list[str], k: int) -> pd.DataFrame:
         cut = truncated(self.teacher, questions)
         x = encode_texts(self.teacher, questions, self.embed_batch_size, progress=False)
         # The shards hold vectors at embed.dtype (float16 halves them): the model saw them so.

@@ -12,7 +12,9 @@ that sends its whole body before reading the answer (most do) gets the 413 rathe
 connection; a client that asked `Expect: 100-continue` is answered at once and sends nothing.
 
 It also gives MLflow's request timeout (a bare 504 "Request processing time exceeded limit") a
-message that says which setting it was and what to do."""
+message that says which setting it was and what to do, and cuts the echo of the whole request
+that MLflow puts before the model's refusal ("Failed to predict data '<every row>'. Error: ..."):
+the answer to a large bad request is the one line that says what was wrong, not the request."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import json
 from pipeline.serve.request import BODY_VAR, ROWS_VAR
 
 TIMEOUT_VAR = "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT"
+ECHO_START, ECHO_END = "Failed to predict data '", "'. \nError: "  # MLflow's prefix to a model's refusal
 
 
 def too_large_message(size: int | None, limit: int) -> str:
@@ -94,20 +97,40 @@ class BodyLimit:
         await self.app(scope, replay, self._explained(send))
 
     def _explained(self, send):
-        """`send`, with MLflow's bare 504 replaced by a message naming the timeout setting."""
-        state = {"timeout": False}
+        """`send`, with MLflow's bare 504 replaced by a message naming the timeout setting and a
+        400's echo of the request cut from its message."""
+        state = {"status": None, "body": []}
 
         async def wrapped(message):
-            if message["type"] == "http.response.start" and message["status"] == 504:
-                state["timeout"] = True
+            if message["type"] == "http.response.start" and message["status"] in (400, 504):
+                state["status"], state["start"] = message["status"], message
                 return None
-            if state["timeout"] and message["type"] == "http.response.body":
-                if not message.get("more_body", False):
-                    await _answer(send, 504, timeout_message(self.timeout_s))
+            if state["status"] is None or message["type"] != "http.response.body":
+                return await send(message)
+            state["body"].append(message.get("body", b""))
+            if message.get("more_body", False):
                 return None
-            return await send(message)
+            if state["status"] == 504:
+                return await _answer(send, 504, timeout_message(self.timeout_s))
+            body = _without_echo(b"".join(state["body"]))
+            headers = [(k, v) for k, v in state["start"].get("headers", []) if k.lower() != b"content-length"]
+            await send({**state["start"], "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
 
         return wrapped
+
+
+def _without_echo(body: bytes) -> bytes:
+    """A JSON error body whose message is MLflow's echo of the data then the model's refusal:
+    the refusal alone. Any other body as it was."""
+    try:
+        error = json.loads(body)
+        message = error["message"]
+    except (ValueError, TypeError, KeyError):
+        return body
+    if not (isinstance(message, str) and message.startswith(ECHO_START) and ECHO_END in message):
+        return body
+    return json.dumps({**error, "message": message[message.rindex(ECHO_END) + len(ECHO_END) :]}).encode()
 
 
 def _content_length(raw: bytes | None) -> int | None:
