@@ -223,3 +223,18 @@ def test_a_refusal_is_not_buried_under_mlflows_echo_of_the_whole_request():
 
     status, answer, _ = call(BodyLimit(refuses, 50_000), b"{}")
     assert status == 400 and answer == {"error_code": "INVALID_PARAMETER_VALUE", "message": refusal_text}
+
+
+def test_malformed_json_is_answered_without_the_body_echoed():
+    async def refuses(scope, receive, send):
+        await receive()
+        message = (
+            "Invalid input. Ensure that input is a valid JSON formatted string. Error: 'x'\nInput: \nb'" + "z" * 9000
+        )
+        await send({"type": "http.response.start", "status": 400, "headers": []})
+        await send({"type": "http.response.body", "body": json.dumps({"message": message}).encode()})
+
+    status, answer, _ = call(BodyLimit(refuses, 50_000), b"{")
+    assert status == 400 and answer == {
+        "message": "Invalid input. Ensure that input is a valid JSON formatted string. Error: 'x'"
+    }

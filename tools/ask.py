@@ -27,6 +27,7 @@ what to do; 130 stopped by Ctrl-C (the answers printed so far stand, and a line 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -139,10 +140,35 @@ class Tally:
     answered: int = 0
 
 
-def _stop_on_first_ctrl_c(signum, frame):
-    # A second Ctrl-C would break the clean-up the first one started (the model's temporary copy).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
+class CtrlC:
+    """The SIGINT handler: KeyboardInterrupt on the first Ctrl-C, and later ones ignored (they
+    would break the clean-up the first one started: the model's temporary copy). While `held`,
+    a Ctrl-C waits for the block to end, so a batch is printed and counted whole. (A flag, not a
+    signal mask: a process-wide signal can be delivered to any of torch's threads.)"""
+
+    def __init__(self):
+        self.holding = self.pending = False
+
+    def __call__(self, signum, frame):
+        if self.holding:
+            self.pending = True
+            return
+        self._stop()
+
+    @staticmethod
+    def _stop():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self.pending:
+                self._stop()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -159,7 +185,7 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def ask(args, tally: Tally) -> int:
+def ask(args, tally: Tally, ctrl_c: CtrlC) -> int:
     import mlflow
     import pandas as pd
 
@@ -187,13 +213,9 @@ def ask(args, tally: Tally) -> int:
                 cut = out["truncated"] if "truncated" in out else None  # (a model logged before it said)
                 text = render(questions, out["answers"], out["scores"], cut, window)
                 bar.clear()
-                # Ctrl-C waits while a batch is printed and counted: the count it reports is what was printed.
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-                try:
+                with ctrl_c.held():  # the count Ctrl-C reports is what was printed
                     print(text + ("\n" if start + batch < len(args.questions) else ""), flush=True)
                     tally.answered += len(questions)
-                finally:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
                 bar.update(len(questions))
     return 0
 
@@ -204,12 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.k < 1:
         ap.error(f"-k {args.k}: expected 1 or more answers per question")
     tally = Tally(len(args.questions))
-    previous = signal.signal(signal.SIGINT, _stop_on_first_ctrl_c)
+    ctrl_c = CtrlC()
+    previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
         from mlflow.exceptions import MlflowException
 
         try:
-            return ask(args, tally)
+            return ask(args, tally, ctrl_c)
         except (PipelineError, MlflowException) as e:
             print(f"ask: {e.message if isinstance(e, MlflowException) else e}", file=sys.stderr)
             return 2

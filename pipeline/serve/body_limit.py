@@ -13,8 +13,9 @@ connection; a client that asked `Expect: 100-continue` is answered at once and s
 
 It also gives MLflow's request timeout (a bare 504 "Request processing time exceeded limit") a
 message that says which setting it was and what to do, and cuts the echo of the whole request
-that MLflow puts before the model's refusal ("Failed to predict data '<every row>'. Error: ..."):
-the answer to a large bad request is the one line that says what was wrong, not the request."""
+that MLflow puts before the model's refusal ("Failed to predict data '<every row>'. Error: ...")
+or after "not valid JSON" ("Input: <the body>"): the answer to a large bad request is the line
+that says what was wrong, not the request."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pipeline.serve.request import BODY_VAR, ROWS_VAR
 
 TIMEOUT_VAR = "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT"
 ECHO_START, ECHO_END = "Failed to predict data '", "'. \nError: "  # MLflow's prefix to a model's refusal
+INPUT_ECHO = "\nInput: "  # what MLflow appends to "not valid JSON": the whole body
 
 
 def too_large_message(size: int | None, limit: int) -> str:
@@ -128,9 +130,15 @@ def _without_echo(body: bytes) -> bytes:
         message = error["message"]
     except (ValueError, TypeError, KeyError):
         return body
-    if not (isinstance(message, str) and message.startswith(ECHO_START) and ECHO_END in message):
+    if not isinstance(message, str):
         return body
-    return json.dumps({**error, "message": message[message.rindex(ECHO_END) + len(ECHO_END) :]}).encode()
+    if message.startswith(ECHO_START) and ECHO_END in message:
+        message = message[message.rindex(ECHO_END) + len(ECHO_END) :]
+    elif "valid JSON" in message and INPUT_ECHO in message:
+        message = message[: message.index(INPUT_ECHO)]
+    else:
+        return body
+    return json.dumps({**error, "message": message}).encode()
 
 
 def _content_length(raw: bytes | None) -> int | None:
