@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,16 @@ def test_ctrl_c_stops_a_long_ask_in_one_line_saying_what_was_answered(project, t
         first = proc.stdout.readline()  # the first batch is printed as soon as it is answered
         assert first.startswith("Q: What is the capital of country number 0?"), first
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
+        # read(), not communicate(): communicate reads the pipe itself and would miss what readline
+        # has already buffered. stderr holds a few lines: it cannot fill its pipe meanwhile. The
+        # timer ends an ask that ignored Ctrl-C, so the reads end.
+        watchdog = threading.Timer(300, proc.kill)
+        watchdog.start()
+        try:
+            out, err = proc.stdout.read(), proc.stderr.read()
+            proc.wait(timeout=30)
+        finally:
+            watchdog.cancel()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -26,11 +26,8 @@ import os
 import signal
 import sys
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled teacher loads from its package
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-
-from pipeline.core.errors import PipelineError  # noqa: E402
-from pipeline.serve.request import BODY_VAR, CHARS_VAR, ROWS_VAR  # noqa: E402
+from pipeline.core.errors import PipelineError
+from pipeline.serve.request import BODY_VAR, CHARS_VAR, ROWS_VAR
 
 DEFAULT_PORT = 5001  # docs/serving.md's examples use it
 LIMIT_FLAGS = {"max_body_bytes": BODY_VAR, "max_rows": ROWS_VAR, "max_question_chars": CHARS_VAR}
@@ -97,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             _parser().error(f"--{flag.replace('_', '-')} {value}: expected an integer >= 1")
+    # Before MLflow and transformers are imported (serve imports them).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled teacher loads from its package
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from mlflow.exceptions import MlflowException
