@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -57,3 +58,37 @@ def invoke(base_url: str, payload: dict, timeout: float = 120.0) -> tuple[int, d
 
 def questions_payload(questions: list[str], k: int = 5) -> dict:
     return {"dataframe_split": {"columns": ["question"], "data": [[q] for q in questions]}, "params": {"k": k}}
+
+
+@contextlib.contextmanager
+def project_server(
+    model_uri: str, tracking_uri: str = "", limits: dict | None = None, timeout: float = START_TIMEOUT_S
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """Serve `model_uri` with the project's server (tools/serve.py, `./dev serve`: MLflow's
+    scoring app behind the request body limit) on a free loopback port; yield (base URL, the
+    server process) once /ping answers 200. `limits`: tools.serve flags without their dashes,
+    e.g. {"max_rows": 8}."""
+    port = free_port()
+    args = [sys.executable, "-m", "tools.serve", "--model", model_uri, "--host", "127.0.0.1", "--port", str(port)]
+    for flag, value in (limits or {}).items():
+        args += [f"--{flag.replace('_', '-')}", str(value)]
+    env = {**os.environ, **SERVER_ENV}
+    if tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    base_url = f"http://127.0.0.1:{port}"
+    with serving(args, env, f"{base_url}/ping", timeout) as proc:
+        yield base_url, proc
+
+
+def post(base_url: str, body: bytes, timeout: float = 120.0) -> tuple[int, dict]:
+    """POST raw `body` (JSON or not) to /invocations; (HTTP status, the JSON body or {"text": ...})."""
+    req = urllib.request.Request(f"{base_url}/invocations", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw or b"{}")
+    except ValueError:
+        return status, {"text": raw.decode("utf-8", "replace")}

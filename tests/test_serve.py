@@ -108,7 +108,8 @@ def test_test_split_questions_get_the_evaluate_stages_top_answer(answerer, proje
 def test_scores_are_cosines_best_first_and_k_is_honoured(answerer):
     questions = ["What is the capital of France?", "Which currency does Japan use?"]
     default = ask(answerer, questions)
-    assert list(default.columns) == ["answers", "scores"] and len(default) == 2
+    assert list(default.columns) == ["answers", "scores", "truncated"] and len(default) == 2
+    assert default["truncated"].tolist() == [False, False]
     for answers, scores in zip(default["answers"], default["scores"]):
         assert len(answers) == len(scores) == 5 and all(isinstance(a, str) and a for a in answers)
         assert all(-1.0 <= s <= 1.0 for s in scores) and scores == sorted(scores, reverse=True)
@@ -118,6 +119,11 @@ def test_scores_are_cosines_best_first_and_k_is_honoured(answerer):
     everything = ask(answerer, questions[:1], k=10**6)["answers"][0]  # more than the bank: all of it
     assert len(everything) == len(set(everything)) == answerer.metadata.metadata["bank_size"]
     assert answerer.predict(pd.DataFrame({"question": pd.Series([], dtype=str)})).empty  # no rows, no answers
+
+
+def test_a_question_longer_than_the_teachers_window_is_answered_and_flagged(answerer):
+    out = ask(answerer, ["Where is Kabul?", "Where is Kabul? " + "word " * 300], k=2)
+    assert out["truncated"].tolist() == [False, True] and [len(a) for a in out["answers"]] == [2, 2]
 
 
 @pytest.mark.parametrize(
@@ -132,8 +138,10 @@ def test_scores_are_cosines_best_first_and_k_is_honoured(answerer):
         ),
         (pd.DataFrame({"question": ["Where is Paris?", "   "]}), None, "row 1 of column 'question' is empty"),
         (pd.DataFrame({"question": ["Where is Paris?"]}), {"k": 0}, "param k = 0; expected an integer >= 1"),
+        (pd.DataFrame({"question": ["Where is Paris?"] * 257}), None, "the request holds 257 rows, the limit is 256"),
+        (pd.DataFrame({"question": ["x" * 8193]}), None, "is too long: 8193 characters, the limit is 8192"),
     ],
-    ids=["no-question-column", "none", "not-a-string", "blank", "k-zero"],
+    ids=["no-question-column", "none", "not-a-string", "blank", "k-zero", "too-many-rows", "too-long"],
 )
 def test_bad_input_is_refused_naming_the_row_or_column(answerer, frame, params, message):
     with pytest.raises(MlflowException, match=None) as err:
@@ -176,7 +184,7 @@ def test_ask_refuses_a_model_that_is_not_an_answer_model(model_dir, tmp_path):
     (copy / "MLmodel").write_text(yaml.safe_dump(mlmodel))
     with pytest.raises(PipelineError, match="is not an answer model \\(it takes a tensor of embeddings"):
         check_answer_model(str(copy))
-    check_answer_model(str(model_dir))  # the answer model passes
+    assert check_answer_model(str(model_dir)).metadata["train_batch_size"]  # the answer model passes
 
 
 def test_it_logs_into_the_run_a_stage_adds_to_and_refuses_without_a_run(project, tmp_path, monkeypatch):

@@ -1,10 +1,15 @@
 """`./dev ask` (tools/ask.py) as a user runs it, in a subprocess, on a real logged answer model:
-the default model is runs/train.json's run; errors a user can act on exit 2 with one line."""
+the default model is runs/train.json's run; errors a user can act on exit 2 with one line; Ctrl-C
+stops it with one line (exit 130); nothing is left in the system temp directory, whatever the end."""
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +62,80 @@ def test_dev_ask_help_explains_the_command():
     proc = subprocess.run([str(REPO_ROOT / "dev"), "ask", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "usage: ./dev ask" in proc.stdout and "--model URI" in proc.stdout
     assert "runs/train.json" in proc.stdout
+
+
+def leftovers(tmp: Path) -> list[str]:
+    """What is in the temp directory `tmp`, but torch's own per-user compile cache directory,
+    which importing torch makes (empty) and every later run reuses: it may stay, holding nothing."""
+    torch_cache = [p for p in tmp.glob("torchinductor_*") if p.is_dir()]
+    assert not [f for d in torch_cache for f in d.rglob("*") if f.is_file()], "torch's cache holds files"
+    return sorted(p.name for p in tmp.iterdir() if p not in torch_cache)
+
+
+def test_ask_leaves_no_model_copy_in_the_system_temp_directory_also_when_it_fails(project, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**project.env, "TMPDIR": str(tmp)}
+    proc = ask(project, "Where is Kabul?", env=env)
+    assert proc.returncode == 0 and leftovers(tmp) == [], proc.stderr
+    # A download that starts, then fails (the run exists, the artifact does not).
+    proc = ask(project, "Where is Kabul?", "--model", f"runs:/{project.run_id}/no-such-model", env=env)
+    assert proc.returncode == 2 and "no MLflow model at" in proc.stderr and leftovers(tmp) == [], proc.stderr
+
+
+def test_a_question_over_the_length_limit_is_refused_before_the_model_loads(project):
+    proc = ask(project, "Where is Kabul?", "x" * 9000)
+    assert proc.returncode == 2 and "[ask] loading" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (
+        "ask: question 2 is too long: 9000 characters, the limit is 8192 per question; shorten it, or raise "
+        "the limit with ENERGY_FLOW_SERVE_MAX_QUESTION_CHARS (the environment of the server, or of ./dev ask)"
+    )
+    proc = ask(project, "Where is Kabul?", env={**project.env, "ENERGY_FLOW_SERVE_MAX_ROWS": "lots"})
+    assert proc.returncode == 2 and "ENERGY_FLOW_SERVE_MAX_ROWS='lots': expected an integer >= 1" in proc.stderr
+
+
+def test_a_long_question_is_answered_and_said_to_be_truncated(project):
+    proc = ask(project, "Where is Kabul?", "word " * 300, "-k", "1")
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stdout.splitlines() if "truncated" in line]
+    assert notes == ["  (truncated: the teacher read only its first 256 tokens of it)"], proc.stdout
+    assert proc.stdout.index("truncated") > proc.stdout.index("Q: word")  # under the long one
+
+
+def test_ctrl_c_stops_a_long_ask_in_one_line_saying_what_was_answered(project, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    questions = [f"What is the capital of country number {i}?" for i in range(3000)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.ask", *questions, "-k", "1"],
+        cwd=project.root,
+        env={**project.env, "TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()  # the first batch is printed as soon as it is answered
+        assert first.startswith("Q: What is the capital of country number 0?"), first
+        proc.send_signal(signal.SIGINT)
+        # read(), not communicate(): communicate reads the pipe itself and would miss what readline
+        # has already buffered. stderr holds a few lines: it cannot fill its pipe meanwhile. The
+        # timer ends an ask that ignored Ctrl-C, so the reads end.
+        watchdog = threading.Timer(300, proc.kill)
+        watchdog.start()
+        try:
+            out, err = proc.stdout.read(), proc.stderr.read()
+            proc.wait(timeout=30)
+        finally:
+            watchdog.cancel()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    last = err.strip().splitlines()[-1]
+    m = re.fullmatch(r"ask: stopped \(Ctrl-C\) after answering (\d+) of 3000 questions; their answers are above", last)
+    assert m, err
+    answered = int(m.group(1))
+    assert 0 < answered < 3000 and (first + out).count("\nQ: ") + 1 == answered  # exactly what was printed
+    assert leftovers(tmp) == []

@@ -10,18 +10,28 @@ runs/train.json names (the last train stage here), `runs:/<run_id>/model` in the
 (mlflow.db at the repository root, or MLFLOW_TRACKING_URI). --model takes any MLflow model URI
 (runs:/<run_id>/model, models:/<model_id>, a local directory made with
 pipeline.serve.log.save_answer_model). Scores are cosines between the model's prediction and each
-answer's teacher vector (1 = same direction), best first.
+answer's teacher vector (1 = same direction), best first. A question longer than the teacher's
+window (its max_seq_length tokens) is answered from its beginning, and says so.
+
+Many questions are asked in batches (a multiple of the model's train.batch_size, so the answers
+are those of one request, within the serving row limit), each batch's answers printed as it is
+done, with a progress bar on a terminal. The questions are checked before the model loads (the
+length limit, ENERGY_FLOW_SERVE_MAX_QUESTION_CHARS). A model stored elsewhere is downloaded into
+a temporary directory that is removed afterwards, whatever happens.
 
 Exit status: 0 answered; 2 nothing to ask with (no trained model yet, a run without the answer
 model, a model that is not an answer model) or a request the model refused, with one line saying
-what to do.
+what to do; 130 stopped by Ctrl-C (the answers printed so far stand, and a line says how many).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+from dataclasses import dataclass
 
 # Before MLflow and transformers are imported: their download and weight-loading progress bars
 # would bury the answers.
@@ -68,13 +78,15 @@ def default_model_uri() -> tuple[str, str]:
     return f"runs:/{info['run_id']}/model", uri
 
 
-def check_answer_model(uri: str) -> None:
-    """The model at `uri` exists and is an answer model (text in, text out), read from its MLmodel
-    alone: loading an embedding-to-embedding model only to fail on the first question is slow
-    and says little."""
+def check_answer_model(uri: str, name: str | None = None):
+    """The model at `uri` (a local directory, as pipeline.serve.local_copy.model_dir gives) exists
+    and is an answer model (text in, text out), read from its MLmodel alone: loading an
+    embedding-to-embedding model only to fail on the first question is slow and says little.
+    `name`: the URI the user gave, for the messages. Returns the MLmodel (mlflow Model)."""
     from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
+    name = name or uri
     try:
         # Model.load reads MLmodel alone (get_model_info would also look the model's id up in the
         # tracking store, which a downloaded model directory's id is not in).
@@ -82,7 +94,7 @@ def check_answer_model(uri: str) -> None:
     except (MlflowException, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PipelineError(
-            f"no MLflow model at {uri} ({first}); expected the answer model the pipeline logs as `model` "
+            f"no MLflow model at {name} ({first}); expected the answer model the pipeline logs as `model` "
             "(run ./dev repro), or a --model URI that holds one"
         ) from None
     loader = (info.flavors.get("python_function") or {}).get("loader_module")
@@ -91,20 +103,78 @@ def check_answer_model(uri: str) -> None:
     if loader != ANSWER_LOADER or "question" not in inputs:
         takes = f"columns {inputs}" if inputs else "a tensor of embeddings" if schema is not None else "no signature"
         raise PipelineError(
-            f"{uri} is not an answer model (it takes {takes}; loader {loader}): it was "
+            f"{name} is not an answer model (it takes {takes}; loader {loader}): it was "
             "logged before the model answered questions (an embedding-to-embedding model); re-run the evaluate "
             "stage, which logs the answer model to the model's run (./dev repro -f evaluate), or pass --model URI"
         )
+    return info
 
 
-def render(questions: list[str], answers, scores) -> str:
+def render(questions: list[str], answers, scores, truncated=None, window: int | None = None) -> str:
     lines = []
-    for q, texts, values in zip(questions, answers, scores):
+    cut = truncated if truncated is not None else [False] * len(questions)
+    for q, texts, values, was_cut in zip(questions, answers, scores, cut):
         lines.append(f"Q: {q}")
+        if was_cut:
+            lines.append(f"  (truncated: the teacher read only its first {window or 'window of'} tokens of it)")
         for rank, (text, score) in enumerate(zip(texts, values), 1):
             lines.append(f"  {rank}. {score:.3f}  {text}")
         lines.append("")
     return "\n".join(lines).rstrip("\n")
+
+
+def batch_size(train_batch_size: int, max_rows: int) -> int:
+    """Questions per predict call: the largest multiple of the model's train_batch_size within the
+    row limit (the model predicts in batches of train_batch_size, so the answers are those of one
+    call with every question), or the row limit when one train batch exceeds it."""
+    whole = (max_rows // train_batch_size) * train_batch_size if train_batch_size >= 1 else 0
+    return whole or max_rows
+
+
+def progress_bar(total: int, batch: int, stream):
+    """A tqdm bar over the questions, on `stream`, shown only when there is more than one batch
+    and `stream` is a terminal (a log or a pipe gets the answers alone)."""
+    from tqdm.auto import tqdm
+
+    show = total > batch and stream.isatty()
+    return tqdm(total=total, unit="question", desc="ask", file=stream, disable=not show, mininterval=0.5)
+
+
+@dataclass
+class Tally:
+    total: int
+    answered: int = 0
+
+
+class CtrlC:
+    """The SIGINT handler: KeyboardInterrupt on the first Ctrl-C, and later ones ignored (they
+    would break the clean-up the first one started: the model's temporary copy). While `held`,
+    a Ctrl-C waits for the block to end, so a batch is printed and counted whole. (A flag, not a
+    signal mask: a process-wide signal can be delivered to any of torch's threads.)"""
+
+    def __init__(self):
+        self.holding = self.pending = False
+
+    def __call__(self, signum, frame):
+        if self.holding:
+            self.pending = True
+            return
+        self._stop()
+
+    @staticmethod
+    def _stop():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+            if self.pending:
+                self._stop()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,31 +191,66 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def ask(args, tally: Tally, ctrl_c: CtrlC) -> int:
+    import mlflow
+    import pandas as pd
+
+    from pipeline.serve.local_copy import model_dir
+    from pipeline.serve.request import Limits, check_question
+    from pipeline.tracking import store as tracking
+
+    limits = Limits.from_env()
+    for i, q in enumerate(args.questions):  # before anything loads
+        check_question(q, f"question {i + 1}", limits)
+    store = tracking.tracking_uri()  # where runs:/ and models:/ URIs are looked up
+    mlflow.set_tracking_uri(store)
+    uri = args.model or default_model_uri()[0]
+    where = f" (store {store})" if uri.startswith(("runs:/", "models:/")) else ""
+    with model_dir(uri) as path:
+        meta = check_answer_model(str(path), uri).metadata or {}
+        window = (meta.get("teacher_identity") or {}).get("max_seq_length")
+        batch = batch_size(int(meta.get("train_batch_size") or 0), limits.max_rows)
+        print(f"[ask] loading {uri}{where}", file=sys.stderr)
+        model = mlflow.pyfunc.load_model(str(path))
+        with progress_bar(len(args.questions), batch, sys.stderr) as bar:
+            for start in range(0, len(args.questions), batch):
+                questions = args.questions[start : start + batch]
+                out = model.predict(pd.DataFrame({"question": questions}), params={"k": args.k})
+                cut = out["truncated"] if "truncated" in out else None  # (a model logged before it said)
+                text = render(questions, out["answers"], out["scores"], cut, window)
+                bar.clear()
+                with ctrl_c.held():  # the count Ctrl-C reports is what was printed
+                    print(text + ("\n" if start + batch < len(args.questions) else ""), flush=True)
+                    tally.answered += len(questions)
+                bar.update(len(questions))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     if args.k < 1:
         ap.error(f"-k {args.k}: expected 1 or more answers per question")
-    import mlflow
-    import pandas as pd
-    from mlflow.exceptions import MlflowException
-
+    tally = Tally(len(args.questions))
+    ctrl_c = CtrlC()
+    previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
-        from pipeline.tracking import store as tracking
+        from mlflow.exceptions import MlflowException
 
-        store = tracking.tracking_uri()  # where runs:/ and models:/ URIs are looked up
-        mlflow.set_tracking_uri(store)
-        uri = args.model or default_model_uri()[0]
-        where = f" (store {store})" if uri.startswith(("runs:/", "models:/")) else ""
-        check_answer_model(uri)
-        print(f"[ask] loading {uri}{where}", file=sys.stderr)
-        model = mlflow.pyfunc.load_model(uri)
-        out = model.predict(pd.DataFrame({"question": args.questions}), params={"k": args.k})
-    except (PipelineError, MlflowException) as e:
-        print(f"ask: {e.message if isinstance(e, MlflowException) else e}", file=sys.stderr)
-        return 2
-    print(render(args.questions, out["answers"], out["scores"]))
-    return 0
+        try:
+            return ask(args, tally, ctrl_c)
+        except (PipelineError, MlflowException) as e:
+            print(f"ask: {e.message if isinstance(e, MlflowException) else e}", file=sys.stderr)
+            return 2
+    except KeyboardInterrupt:
+        so_far = "; their answers are above" if tally.answered else ""
+        print(
+            f"\nask: stopped (Ctrl-C) after answering {tally.answered} of {tally.total} questions{so_far}",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":

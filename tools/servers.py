@@ -125,9 +125,10 @@ def start_mlflow_server(
 
 
 @contextlib.contextmanager
-def serving(args: list[str], env: dict, ready_url: str, timeout: float) -> Iterator[None]:
+def serving(args: list[str], env: dict, ready_url: str, timeout: float) -> Iterator[subprocess.Popen]:
     """Run `args` in a process group of its own (MLflow's CLI starts uvicorn as a child) until the
-    block ends, then kill the whole group; enter the block once `ready_url` answers HTTP 200.
+    block ends, then kill the whole group; enter the block, with the process, once `ready_url`
+    answers HTTP 200.
     Output goes to a temp file, not a pipe: nobody reads a pipe while the tests run, and a full
     pipe would block the server. Raises RuntimeError (with the tail of that output) if the
     process exits early or `ready_url` does not answer within `timeout` seconds."""
@@ -137,7 +138,7 @@ def serving(args: list[str], env: dict, ready_url: str, timeout: float) -> Itera
         )
         try:
             _wait_for_server(proc, ready_url, timeout, log, args)
-            yield
+            yield proc
         finally:
             kill_group(proc)
 

@@ -3,7 +3,10 @@ this file when the model is logged and again when it is loaded, so its top level
 imports and the class; `set_model` at the bottom names the model).
 
 predict: a DataFrame with a `question` column -> a DataFrame with, per row, `answers` (the k
-nearest bank texts, best first) and `scores` (their cosines to the model's prediction). A question
+nearest bank texts, best first), `scores` (their cosines to the model's prediction) and
+`truncated` (the teacher read only the question's first max_seq_length tokens). A request over
+the limits (pipeline.serve.request.Limits, read from the environment at load time) is refused
+before anything is embedded. A question
 goes the way a row goes through the pipeline: embedded as the embed stage embeds texts
 (encode_texts: the teacher's raw vectors, not normalised, in embed.batch_size batches, longest
 first, then stored at the shards' dtype), mapped by the model in batches of train.batch_size as
@@ -12,6 +15,7 @@ flows per question and so the prediction), and scored against the evaluate stage
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import mlflow
@@ -25,7 +29,8 @@ from pipeline.embed.teacher import encode_texts, load_teacher, resolve_teacher, 
 from pipeline.evaluate.retrieval import predict as model_predict
 from pipeline.model.model_file import load_model
 from pipeline.serve.bank import load_bank
-from pipeline.serve.request import ANSWERS, SCORES, questions_of, top_k
+from pipeline.serve.request import ANSWERS, SCORES, TRUNCATED, Limits, questions_of, top_k
+from pipeline.serve.window import truncated, window
 
 
 class EnergyFlowAnswerer(mlflow.pyfunc.PythonModel):
@@ -33,6 +38,11 @@ class EnergyFlowAnswerer(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context):
         cfg = context.model_config
+        self.limits = Limits.from_env()  # a bad value stops the load, naming the variable
+        # The scoring server answers each request in a thread of its own, and the teacher's
+        # tokenizer is not safe to share between threads (each call sets its truncation): one
+        # request at a time, each using every core through torch.
+        self.lock = threading.Lock()
         self.train_batch_size = int(cfg["train_batch_size"])
         self.embed_batch_size = int(cfg["embed_batch_size"])
         self.embed_dtype = np.dtype(cfg["embed_dtype"])
@@ -64,18 +74,24 @@ class EnergyFlowAnswerer(mlflow.pyfunc.PythonModel):
                 )
         return teacher
 
-    @torch.inference_mode()
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         k = top_k(params, len(self.texts))
-        questions = questions_of(model_input)
+        questions = questions_of(model_input, self.limits, window(self.teacher))
         if not questions:
-            return pd.DataFrame({ANSWERS: [], SCORES: []})
+            return pd.DataFrame({ANSWERS: [], SCORES: [], TRUNCATED: pd.Series([], dtype=bool)})
+        with self.lock:
+            return self._answer(questions, k)
+
+    @torch.inference_mode()
+    def _answer(self, questions: list[str], k: int) -> pd.DataFrame:
+        cut = truncated(self.teacher, questions)
         x = encode_texts(self.teacher, questions, self.embed_batch_size, progress=False)
         # The shards hold vectors at embed.dtype (float16 halves them): the model saw them so.
         x = x.astype(self.embed_dtype, copy=False).astype(np.float32, copy=False)  # no copy at float32
         pred = torch.from_numpy(model_predict(self.model, x, self.train_batch_size))
         scores, idx = torch.topk(F.normalize(pred, dim=1) @ self.bank_vectors.T, k, dim=1)
-        return pd.DataFrame({ANSWERS: [list(row) for row in self.texts[idx.numpy()]], SCORES: scores.double().tolist()})
+        answers = [list(row) for row in self.texts[idx.numpy()]]
+        return pd.DataFrame({ANSWERS: answers, SCORES: scores.double().tolist(), TRUNCATED: cut})
 
 
 mlflow.models.set_model(EnergyFlowAnswerer())
