@@ -23,9 +23,9 @@ from typing import Iterator, Optional
 
 from bench.clock import AGREEMENT
 from bench.results import RESULTS_DIR
+from pipeline.core.paths import REPO_ROOT
 
 BENCH_DIR = Path(__file__).resolve().parent
-from pipeline.core.paths import REPO_ROOT
 
 
 def flat(figures: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
