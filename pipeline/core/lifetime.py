@@ -136,7 +136,7 @@ def bound_stops(name: str, grace: float = STOP_GRACE) -> bool:
 
 def set_stop_grace(grace: float) -> None:
     """Change the bound that `bound_stops` armed (a launcher waits for its ranks' stops and then
-    torchrun's kill); nothing where none was armed (a test or a tool calling a stage's code)."""
+    torchrun's kill). It arms nothing: a test or a tool calling a stage's code is not bounded."""
     _Bound.grace = grace
 
 
