@@ -99,14 +99,20 @@ print(json.dumps({"asked": asked, "signal": value.value, "left": os.environ.get(
 """
 
 
-def test_a_stage_follows_the_parent_that_names_itself_and_takes_the_name_out_of_its_environment():
-    proc = python(PDEATHSIG, stdout=subprocess.PIPE, env={lifetime.PARENT_ENV: str(os.getpid())})
+@pytest.mark.parametrize(
+    "env",
+    [{lifetime.PARENT_ENV: str(os.getpid())}, {"TORCHELASTIC_RUN_ID": "run"}, {"DVC_STAGE": "train"}],
+    ids=["named", "torchrun", "dvc"],
+)
+def test_a_stage_follows_the_launcher_that_started_it_and_takes_the_name_out_of_its_environment(env):
+    proc = python(PDEATHSIG, stdout=subprocess.PIPE, env=env)
     out, _ = proc.communicate(timeout=60)
     assert out.strip() == f'{{"asked": true, "signal": {int(signal.SIGTERM)}, "left": null}}'
 
 
 def test_a_process_started_by_a_person_is_left_to_live_on_its_own():
-    env = {k: v for k, v in os.environ.items() if k not in (lifetime.PARENT_ENV, "TORCHELASTIC_RUN_ID")}
+    launchers = (lifetime.PARENT_ENV, "TORCHELASTIC_RUN_ID", "DVC_STAGE")
+    env = {k: v for k, v in os.environ.items() if k not in launchers}
     proc = subprocess.Popen(
         [sys.executable, "-c", PDEATHSIG], env={**env, "PYTHONPATH": str(REPO_ROOT)}, stdout=subprocess.PIPE, text=True
     )

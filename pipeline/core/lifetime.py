@@ -70,12 +70,13 @@ def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
 def follow_parent() -> bool:
     """Die with the parent that started this process: the one named in ENERGY_FLOW_PARENT_PID
     (taken out of the environment, so that this process's own children do not inherit a name
-    that is not their parent's), else, in a rank that torchrun started (TORCHELASTIC_RUN_ID),
-    its agent. A process started by a person (a shell, nohup) is left to live on its own."""
+    that is not their parent's); else, in a rank that torchrun started (TORCHELASTIC_RUN_ID), its
+    agent, and in a stage that DVC runs (DVC_STAGE), DVC. A process started by a person (a shell,
+    nohup) is left to live on its own."""
     value = os.environ.pop(PARENT_ENV, "")
     if value.isdigit():
         return die_with_parent(int(value))
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    if "TORCHELASTIC_RUN_ID" in os.environ or "DVC_STAGE" in os.environ:
         return die_with_parent(os.getppid())
     return False
 
