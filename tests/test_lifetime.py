@@ -180,3 +180,30 @@ def test_a_private_temp_dir_goes_when_its_block_fails(tmp_path):
         (Path(d) / "f").write_text("x")
         raise RuntimeError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+# What a stage process does first (stages/startup.py), then a stop it ignores.
+STAGE_START = """
+import signal, tempfile, time
+from stages import startup
+from pipeline.core import lifetime
+startup.begin()
+tempfile.mkstemp()
+lifetime.set_stop_grace(1.0)
+signal.signal(signal.SIGTERM, lambda *a: None)
+print(tempfile.gettempdir(), flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_stage_process_takes_a_temp_dir_of_its_own_and_its_stop_is_bounded(tmp_path):
+    proc = python(STAGE_START, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={"TMPDIR": str(tmp_path)})
+    own = Path(proc.stdout.readline().strip())
+    assert own.parent == tmp_path and own.name.startswith(f"energy-flow-stage-{proc.pid}-")
+    assert len(list(own.iterdir())) == 1
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert "still running 1 s after SIGTERM: ended without finishing its stop" in err
+    assert list(tmp_path.iterdir()) == []
