@@ -11,6 +11,10 @@ stage any other way (tests, tools) changes nothing in the process.
   'pybind11::error_already_set'"). A held signal is noted, not raised, and once the imports are
   done (end_startup, from stages/_cli.py) the stage ends with one line, killed by SIGINT as Ctrl-C
   ends a process. An interrupt raised anyway also ends with one line (the excepthook below).
+- The process dies with the parent that started it, when that parent is ours (torchrun's
+  launcher for a rank, the train stage for the report it runs), and any stop (SIGTERM, Ctrl-C)
+  ends it within a bound, stuck or not; its temp directory is one of its own, removed when it
+  ends (pipeline/core/lifetime.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
-from pipeline.core import numerics
+from pipeline.core import lifetime, numerics
 
 
 @dataclass
@@ -30,13 +34,20 @@ class _Startup:
     numerics: dict = field(default_factory=dict)  # what numerics.pin() set and kept
 
 
+# A stage process's own temp directory, in the one it was given (pipeline/core/lifetime.py).
+TEMP_DIR_PREFIX = "energy-flow-stage-"
+
 # The one stage this process runs; begin() fills it, end_startup() reads it.
 STARTUP = _Startup()
 
 
 def begin() -> dict:
-    """Pin the numerics, hold Ctrl-C and print an interrupt as one line; returns what pin() did."""
+    """Pin the numerics, die with a parent of ours, take a temp directory of its own, bound any
+    stop, hold Ctrl-C and print an interrupt as one line; returns what pin() did."""
     STARTUP.numerics = numerics.pin()
+    lifetime.follow_parent()
+    lifetime.use_private_temp_dir(TEMP_DIR_PREFIX)
+    lifetime.bound_stops(_label())
     if sys.excepthook is sys.__excepthook__:  # leave a hook someone else set (an IDE, a debugger)
         sys.excepthook = _one_line_for_interrupt
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # the user's own handling is left alone
@@ -45,10 +56,16 @@ def begin() -> dict:
     return STARTUP.numerics
 
 
+def _label() -> str:
+    """How this process's lines start: the stage, and its rank when it is not rank 0."""
+    stage = os.path.splitext(os.path.basename(sys.argv[0] or "stage"))[0]
+    rank = os.environ.get("RANK", "0")
+    return stage if rank in ("", "0") else f"{stage} rank {rank}"
+
+
 def _one_line_for_interrupt(kind, value, tb, _default=sys.excepthook):
     if issubclass(kind, KeyboardInterrupt):
-        stage = os.path.splitext(os.path.basename(sys.argv[0] or "stage"))[0]
-        print(f"[{stage}] stopped by Ctrl-C while starting: nothing was done", file=sys.stderr)
+        print(f"[{_label()}] stopped by Ctrl-C while starting: nothing was done", file=sys.stderr)
         return
     _default(kind, value, tb)
 
@@ -67,4 +84,5 @@ def end_startup(stage: str) -> None:
     if STARTUP.held:
         print(f"[{stage}] stopped by Ctrl-C while starting: nothing was done", file=sys.stderr, flush=True)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        lifetime.remove_private_temp_dir()  # the signal ends the process without atexit
         os.kill(os.getpid(), signal.SIGINT)

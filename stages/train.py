@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from pipeline.core import distributed
+from pipeline.core import distributed, lifetime
 from pipeline.core.output_dirs import CHECKPOINTS, MODEL, claim
 from pipeline.core.output_transaction import outputs
 from pipeline.core.paths import repo_path
@@ -184,7 +184,7 @@ def report_divergence(args: list[str]) -> int:
     (`python -m stages.report`: this stage imports nothing of the report, so a change to the
     report never re-trains the model). It reads the partial telemetry and metrics, skips the
     learning check (nothing to evaluate) and adds the report to the run, which stays FAILED.
-    Tracking is as this process had it."""
+    Tracking is as this process had it; it dies with this process (pipeline/core/lifetime.py)."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_ENV and not k.startswith("TORCHELASTIC_")}
     code_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (code_root, env.get("PYTHONPATH"))))
@@ -194,7 +194,7 @@ def report_divergence(args: list[str]) -> int:
         env["MLFLOW_TRACKING_URI"] = tracking.tracking_uri()
     else:
         overrides.append("run.tracking=disabled")
-    return subprocess.run([sys.executable, "-m", "stages.report", *overrides], env=env).returncode
+    return subprocess.run([sys.executable, "-m", "stages.report", *overrides], env=lifetime.child_env(env)).returncode
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,12 @@
 """Local MLflow servers as child processes: the real `mlflow server` (this venv's) on a loopback
 port, `mlflow models serve` and the like (serving), with the process helpers they use (a free
 port, ending a process group so that no server outlives the block that started it). The tests
-of the tracking server and the UI and the serving benchmark start theirs here.
+of the tracking server and the UI, the serving benchmark and `./dev ui` (`python -m
+tools.servers -- CMD ...`, in the foreground) start theirs here.
+
+A server runs in a process group of its own, led by a keeper (tools/server_keeper.py) that dies
+with this process: however this process ends (the block's end, Ctrl-C, SIGTERM, SIGKILL, a
+timeout's kill), the server and the processes it started end with it.
 
     with start_mlflow_server("sqlite:////abs/mlflow.db", tmp_path / "artifacts") as base_url:
         ...  # http://127.0.0.1:PORT, answering /health
@@ -21,6 +26,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Iterator
+
+from pipeline.core.paths import REPO_ROOT
 
 # Environment for the server. Job execution (on by default in MLflow 3.x) starts a job runner
 # and ~7 huey consumer processes and leaves a temp dir in /dev/shm per start; the UI pages we
@@ -45,11 +52,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
-    """End the process group that `proc` leads (started with start_new_session=True): SIGTERM,
-    then SIGKILL whatever is left after `grace` seconds. The group, not just `proc`, because the
-    MLflow CLI runs uvicorn as a child, which outlives it if only the leader dies."""
-    pgid = proc.pid  # a session leader's pgid is its pid, even after it has exited
+def kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE, reap: tuple[subprocess.Popen, ...] = ()) -> None:
+    """End the process group that `proc` leads (started with start_new_session=True or
+    process_group=0): SIGTERM, then SIGKILL whatever is left after `grace` seconds. The group,
+    not just `proc`, because the MLflow CLI runs uvicorn as a child, which outlives it if only
+    the leader dies. `reap`: other children of this process in the group, waited for as the
+    leader is."""
+    pgid = proc.pid  # a group leader's pgid is its pid, even after it has exited
+    children = (proc, *reap)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(pgid, sig)
@@ -57,14 +67,39 @@ def kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
             break
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
-            proc.poll()  # reap the leader, or it stays a zombie that keeps the group "alive"
+            for child in children:
+                child.poll()  # reap our children, or they stay zombies that keep the group "alive"
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
                 return
             time.sleep(0.05)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=1)
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=1)
+
+
+@contextlib.contextmanager
+def kept_group(grace: float = KILL_GRACE) -> Iterator[subprocess.Popen]:
+    """A new process group whose leader, a keeper (tools/server_keeper.py), ends the group when
+    this process dies, however it dies; yields the keeper, whose pid is the group to start the
+    server in (Popen(..., process_group=keeper.pid)). The group is ended when the block ends."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))}
+    keeper = subprocess.Popen(
+        [sys.executable, "-m", "tools.server_keeper", str(os.getpid()), str(grace)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        env=env,
+        process_group=0,  # a group of its own in this session: another session's group could not be joined
+    )
+    try:
+        line = keeper.stdout.readline()
+        keeper.stdout.close()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the server keeper (tools/server_keeper.py) did not start: exit status {keeper.wait()}")
+        yield keeper
+    finally:
+        kill_group(keeper, grace)
 
 
 def _tail(log, lines: int = 30) -> str:
@@ -126,21 +161,45 @@ def start_mlflow_server(
 
 @contextlib.contextmanager
 def serving(args: list[str], env: dict, ready_url: str, timeout: float) -> Iterator[subprocess.Popen]:
-    """Run `args` in a process group of its own (MLflow's CLI starts uvicorn as a child) until the
-    block ends, then kill the whole group; enter the block, with the process, once `ready_url`
-    answers HTTP 200.
-    Output goes to a temp file, not a pipe: nobody reads a pipe while the tests run, and a full
-    pipe would block the server. Raises RuntimeError (with the tail of that output) if the
-    process exits early or `ready_url` does not answer within `timeout` seconds."""
-    with tempfile.TemporaryFile(prefix="mlflow-serve-") as log:
+    """Run `args` in a kept process group (kept_group: MLflow's CLI starts uvicorn as a child)
+    until the block ends, then kill the whole group; enter the block once `ready_url` answers
+    HTTP 200, with the process. Output goes to a temp file, not a pipe: nobody reads a pipe while the tests run,
+    and a full pipe would block the server. Raises RuntimeError (with the tail of that output)
+    if the process exits early or `ready_url` does not answer within `timeout` seconds."""
+    with tempfile.TemporaryFile(prefix="mlflow-serve-") as log, kept_group() as keeper:
         proc = subprocess.Popen(
-            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=keeper.pid
         )
         try:
             _wait_for_server(proc, ready_url, timeout, log, args)
             yield proc
         finally:
-            kill_group(proc)
+            kill_group(keeper, reap=(proc,))
+
+
+def run_in_foreground(args: list[str], env: dict | None = None) -> int:
+    """Run `args` (a server a person started, `./dev ui`) in a kept process group, its output on
+    this process's, until it exits or this process is stopped (Ctrl-C, SIGTERM, SIGHUP; SIGKILL is
+    the keeper's); returns its exit status, or 128 + the signal that stopped it."""
+    stopped = []
+
+    def stop(signum, frame):
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with kept_group() as keeper:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, env=env, process_group=keeper.pid)
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                return 128 + (stopped[0] if stopped else signal.SIGINT)
+            finally:
+                kill_group(keeper, reap=(proc,))
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _wait_for_server(proc: subprocess.Popen, ready_url: str, timeout: float, log, args) -> None:
@@ -167,3 +226,17 @@ def _wait_for_server(proc: subprocess.Popen, ready_url: str, timeout: float, log
                 f"Its output (last lines):\n{_tail(log)}"
             )
         time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    # python -m tools.servers -- CMD [ARG ...]: CMD in the foreground, in a kept process group.
+    command = sys.argv[1:]
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("usage: python -m tools.servers -- CMD [ARG ...]", file=sys.stderr)
+        sys.exit(2)
+    try:
+        sys.exit(run_in_foreground(command))
+    except KeyboardInterrupt:  # Ctrl-C before the server started: the group is ended already
+        sys.exit(128 + signal.SIGINT)

@@ -6,7 +6,10 @@ A stage runs distributed in one of two ways, both on PyTorch's own engine:
 - `python -m stages.train` with `train.nproc` (or `embed.nproc`) > 1, which is how `dvc repro`
   runs it: the stage starts torchrun's launcher itself (torch.distributed.launcher.elastic_launch,
   a standalone rendezvous on this machine, no restarts) with the same arguments, and exits with
-  the code of the rank that failed first (2 for a config error, 143 for SIGTERM, ...).
+  the code of the rank that failed first (2 for a config error, 143 for SIGTERM, ...). The
+  ranks die with the launcher however it ends (each sets the parent-death signal at startup:
+  pipeline/core/lifetime.py), and torchrun's files and the ranks' temp files go into a directory
+  of the launch's own, removed when it ends (or by the next launch, when it was killed).
 
 The backend follows the device: nccl on CUDA, gloo on CPU. Only rank 0 talks: the other ranks
 log warnings and errors only, each line prefixed with its rank (`[train rank 1] ...`), and show
@@ -26,13 +29,17 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
-from pipeline.core import numerics
+from pipeline.core import lifetime, numerics
 
 log = logging.getLogger(__name__)
 
 # A rank that waits longer than this in a collective is stuck (a peer died without torchrun
 # noticing): fail instead of hanging a CI job for torch's default 30 minutes.
 TIMEOUT = datetime.timedelta(minutes=10)
+# What the launch's temp directory is called, in the system temp directory.
+LAUNCH_DIR_PREFIX = "energy-flow-launch-"
+# torchrun's agent gives the ranks this long to stop after its signal before it kills them.
+AGENT_STOP_WAIT = 30
 
 
 @dataclass(frozen=True)
@@ -186,7 +193,31 @@ def configure_rank_output(stage: str, place: Dist) -> str:
 def launch(nproc: int, module: str, args: Sequence[str], stage: str) -> int:
     """Run `python -m module args` in `nproc` processes on this machine under torchrun's launcher;
     return the exit code of the first rank that failed (0 when all succeeded)."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    with lifetime.private_temp_dir(LAUNCH_DIR_PREFIX) as tmp, _rank_env(tmp):
+        # This process waits for the ranks' stops, then torchrun's kill: its own stop gets longer.
+        lifetime.set_stop_grace(2 * AGENT_STOP_WAIT + lifetime.STOP_GRACE)
+        return _launch(nproc, module, args, stage, tmp)
+
+
+@contextlib.contextmanager
+def _rank_env(tmp) -> Iterator[None]:
+    """The environment torchrun passes on to the ranks (it copies this process's): the launcher's
+    pid, for the parent-death signal, and TMPDIR, so that what the ranks leave in their temp
+    directory goes with the launch's."""
+    saved = {k: os.environ.get(k) for k in (lifetime.PARENT_ENV, "TMPDIR")}
+    os.environ.update({lifetime.PARENT_ENV: str(os.getpid()), "TMPDIR": str(tmp)})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _launch(nproc: int, module: str, args: Sequence[str], stage: str, tmp) -> int:
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -200,6 +231,7 @@ def launch(nproc: int, module: str, args: Sequence[str], stage: str) -> int:
         max_restarts=0,
         start_method="spawn",
         monitor_interval=0.1,
+        logs_specs=DefaultLogsSpecs(log_dir=str(tmp)),  # else a torchelastic_* directory in /tmp, per launch
     )
     # torchrun's own loggers set their level at import (WARNING): quiet them, as the failure and
     # the signal are reported below in one line each (they add "Received 15 death signal" and an

@@ -195,7 +195,15 @@ class Trainer:
             DeferredStop() as stop,
         ):
             self.stop = stop
-            return self._run()
+            try:
+                return self._run()
+            except RuntimeError:
+                # The ranks get a stop signal together but each sees it at the end of its own step:
+                # a rank that stopped a step ahead leaves this one's collective without its peer
+                # (gloo: "Connection closed by peer"). That is the stop this rank was asked for too.
+                if stop.requested and self.place.enabled:
+                    stop.raise_()
+                raise
 
     def _run(self) -> TrainResult:
         t = self.t
