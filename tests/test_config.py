@@ -96,7 +96,8 @@ def test_help_shows_each_parameters_default_type_range_and_meaning():
     assert lines[lines.index("  train.lr = 0.003  (float; a finite number > 0)") + 1] == "      peak learning rate"
     assert "  train.precision = auto  (one of auto, fp32, tf32, bf16, fp16)" in lines
     assert "  train.grad_warning = 5.0  (float; 0 < grad_warning < grad_critical (10.0))" in lines
-    assert "  embed.out_dir = data/shards  (str)" in lines and "embed.dataset" not in text
+    assert "  embed.out_dir = data/shards  (str; a path (not empty, no NUL character))" in lines
+    assert "embed.dataset" not in text
     assert "train.scaler.init_scale = 1024.0" in text and "model." not in text
 
 
