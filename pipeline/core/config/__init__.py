@@ -41,7 +41,7 @@ from pipeline.core.config.compose import compose_raw
 from pipeline.core.config.defaults import CONF_DIR, CONFIG_GROUPS, PARAMS_FILE, default_values
 from pipeline.core.config.describe import describe
 from pipeline.core.config.messages import choice_message, choices_of, unknown_key_message
-from pipeline.core.config.param import check_ranges
+from pipeline.core.config.param import check_ranges, parameters, refuse
 from pipeline.core.config.rules import check_rules
 from pipeline.core.config.schema import (
     MIN_BOOTSTRAP_RESAMPLES,
@@ -121,6 +121,9 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         choices = choices_of(key)
         if choices is not None:
             raise ConfigError(choice_message(key, getattr(e, "value", None), choices)) from None
+        declared = next((p for p in parameters(Config) if p.key == key), None)
+        if declared is not None and hasattr(e, "value"):  # a value of the wrong type: what the key takes
+            raise refuse(key, e.value, declared.expected) from None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
     check_ranges(cfg, Config)

@@ -114,6 +114,14 @@ class Parameter:
         return args[0] if args else self.type
 
     @property
+    def expected(self) -> str:
+        """What a value must be: its type in words, then its range ("an integer; >= 0")."""
+        words = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a mapping"}
+        kind = words.get(self.base_type, self.type_name)
+        kind = f"{kind} or null" if self.base_type is not self.type else kind
+        return combined(kind, self.range)
+
+    @property
     def type_name(self) -> str:
         args = [a for a in typing.get_args(self.type) if a is not type(None)]
         name = getattr(args[0] if args else self.type, "__name__", str(self.type))
@@ -129,6 +137,15 @@ def parameters(schema: type, prefix: str = "") -> Iterator[Parameter]:
             yield from parameters(kind, f"{key}.")
         else:
             yield Parameter(key, kind, f.metadata.get("range"), f.metadata.get("doc", ""))
+
+
+def combined(kind: str, range: Range | None) -> str:
+    """ "a finite number" and ">= 0" as "a finite number >= 0"; a range that says the kind itself alone."""
+    if range is None:
+        return kind
+    if range.expected.startswith((">", "<", "in ")):
+        return f"{kind} {range.expected}"
+    return range.expected if range.expected.startswith(kind) else f"{kind}; {range.expected}"
 
 
 def refuse(key: str, value: Any, expected: str) -> ConfigError:
@@ -151,6 +168,6 @@ def check_ranges(cfg: DictConfig, schema: type) -> None:
         value = OmegaConf.select(cfg, p.key)
         wrong = _type_rule(p.base_type, value)
         if wrong:
-            raise refuse(p.key, value, f"{wrong}{'; ' + p.range.expected if p.range else ''}")
+            raise refuse(p.key, value, combined(wrong, p.range))
         if p.range is not None and not p.range.allows(value):
             raise refuse(p.key, value, p.range.expected)
