@@ -36,7 +36,12 @@ STARTUP = _Startup()
 
 def begin() -> dict:
     """Pin the numerics, hold Ctrl-C and print an interrupt as one line; returns what pin() did."""
-    STARTUP.numerics = numerics.pin()
+    try:
+        STARTUP.numerics = numerics.pin()
+    except ValueError as e:  # ENERGY_FLOW_NUMERICS that is neither portable nor native
+        stage = os.path.splitext(os.path.basename(sys.argv[0] or "stage"))[0]
+        print(f"[{stage}] config error: environment variable {e}; fix or unset it", file=sys.stderr)
+        raise SystemExit(2) from None
     if sys.excepthook is sys.__excepthook__:  # leave a hook someone else set (an IDE, a debugger)
         sys.excepthook = _one_line_for_interrupt
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # the user's own handling is left alone
