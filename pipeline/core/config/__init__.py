@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from pipeline.core.config.choices import (
     CudaGraph,
@@ -115,14 +115,15 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         # bad one is named here rather than failing wherever the value is first read.
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
+        key = getattr(e, "full_key", None) or _unresolvable(raw) or "?"
         if isinstance(e, ConfigKeyError) and key != "?":
             raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
         choices = choices_of(key)
         if choices is not None:
             raise ConfigError(choice_message(key, getattr(e, "value", None), choices)) from None
         declared = next((p for p in parameters(Config) if p.key == key), None)
-        if declared is not None and hasattr(e, "value"):  # a value of the wrong type: what the key takes
+        if declared is not None and hasattr(e, "value") and not isinstance(e, InterpolationResolutionError):
+            # a value of the wrong type: what the key takes
             raise refuse(key, e.value, declared.expected) from None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
@@ -131,6 +132,22 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
     _check_paths(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _unresolvable(raw: Any, prefix: str = "") -> str | None:
+    """The first key whose interpolation cannot be resolved (OmegaConf.resolve names none)."""
+    if not isinstance(raw, DictConfig):
+        return None
+    for k in raw.keys():
+        key = f"{prefix}{k}"
+        try:
+            node = raw[k]
+        except OmegaConfBaseException:
+            return key
+        found = _unresolvable(node, f"{key}.")
+        if found:
+            return found
+    return None
 
 
 PATH_KEYS = ("embed.dataset", "embed.out_dir", "embed.cache_dir", "train.out_dir", "train.checkpoint_dir")
