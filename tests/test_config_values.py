@@ -253,3 +253,16 @@ def test_fp16_on_a_cpu_is_told_with_the_key_and_the_better_choices():
     )
     assert slow_precision_warning("fp32", torch.device("cpu")) is None
     assert slow_precision_warning("fp16", torch.device("cuda")) is None
+
+
+def test_ctrl_c_while_the_config_loads_ends_in_one_line(monkeypatch, capsys):
+    import stages._cli as cli
+    from stages import evaluate
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "load_config", interrupted)
+    assert evaluate.main([]) == 130
+    err = capsys.readouterr().err
+    assert err == "[evaluate] stopped by SIGINT while reading its configuration: nothing was done\n", err
