@@ -27,7 +27,10 @@ def _integer(low: int) -> Callable[[str], bool]:
 
 
 def _directory(v: str) -> bool:
-    return v != "" and "\0" not in v and (not Path(v).exists() or Path(v).is_dir())
+    try:
+        return v != "" and (not Path(v).exists() or Path(v).is_dir())
+    except (OSError, ValueError):  # a name too long for the file system, a NUL
+        return False
 
 
 # name: (what it may hold, the test, who reads it)

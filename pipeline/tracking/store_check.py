@@ -51,14 +51,22 @@ def bad_scheme(uri: str) -> str | None:
 def store_problem(uri: str) -> str | None:
     """Why `uri` is no store of runs (its scheme, or the local file or directory it names), or None.
     A server or database is not asked here: unreachable_reason does that."""
-    scheme = bad_scheme(uri)
-    if scheme:
-        return scheme
-    kind = "" if _is_drive(uri) else _scheme(uri)
-    if kind == "sqlite":
-        return _sqlite_problem(uri)
-    if kind in ("", "file"):
-        return _directory_problem(Path(urllib.parse.unquote(urllib.parse.urlsplit(uri).path) if kind else uri))
+    try:
+        scheme = bad_scheme(uri)
+        if scheme:
+            return scheme
+        kind = "" if _is_drive(uri) else _scheme(uri)
+        path = urllib.parse.unquote(urllib.parse.urlsplit(uri).path) if kind else uri
+        if "\0" in path:
+            return f"the path holds a NUL character; {VALID}"
+        if kind == "sqlite":
+            return _sqlite_problem(uri)
+        if kind in ("", "file"):
+            return _directory_problem(Path(path))
+    except ValueError as e:  # urllib's own refusal (an unclosed [ of an IPv6 host)
+        return f"not a URI ({e}); {VALID}"
+    except OSError as e:  # a name too long for the file system
+        return f"not a path this machine can use ({e.strerror or e}); {VALID}"
     return None
 
 
