@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from pipeline.core import distributed, output_dirs, output_lock
 from pipeline.core.config import describe, load_config
+from pipeline.core.environment import check_environment
 from pipeline.core.errors import ConfigError, PipelineError, Terminated
 from pipeline.core.paths import reading_rule, repo_path
 from pipeline.core.preflight import preflight
@@ -73,6 +74,11 @@ def run_stage(
         params = describe(sections)
         print(USAGE.format(name=name, doc=doc.strip(), sections=sections, parameters=params, distributed=extra))
         return 0
+    try:
+        check_environment()  # before distributed.from_env() reads the rank variables
+    except ConfigError as e:
+        print(f"[{name}] config error: {e}", file=sys.stderr)
+        return 2
     module, place, stage = f"stages.{name}", distributed.from_env(), name
     logging.basicConfig(level=logging.INFO, format=f"[{name}] %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)

@@ -44,7 +44,12 @@ STARTUP = _Startup()
 def begin() -> dict:
     """Pin the numerics, die with a parent of ours, take a temp directory of its own, bound any
     stop, hold Ctrl-C and print an interrupt as one line; returns what pin() did."""
-    STARTUP.numerics = numerics.pin()
+    try:
+        STARTUP.numerics = numerics.pin()
+    except ValueError as e:  # ENERGY_FLOW_NUMERICS that is neither portable nor native
+        stage = os.path.splitext(os.path.basename(sys.argv[0] or "stage"))[0]
+        print(f"[{stage}] config error: environment variable {e}; fix or unset it", file=sys.stderr)
+        raise SystemExit(2) from None
     lifetime.follow_parent()
     lifetime.use_private_temp_dir(TEMP_DIR_PREFIX)
     lifetime.bound_stops(_label())

@@ -430,7 +430,7 @@ def test_float16_shards_are_widened_for_a_float32_config(tmp_path):
         pytest.param("+embed.foo=1", ["unknown key 'embed.foo'", "rows_per_shard"], id="unknown key added with +"),
         pytest.param(
             "embed.batch_size=many",
-            ["'embed.batch_size'", "Value 'many' of type 'str' could not be converted to Integer"],
+            ["parameter 'embed.batch_size' = 'many': expected an integer > 0"],
             id="wrong type",
         ),
         pytest.param("train.batch_size=-4", ["'train.batch_size' = -4: expected an integer > 0"], id="negative size"),

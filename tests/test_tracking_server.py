@@ -11,6 +11,7 @@ import time
 import pytest
 
 from pipeline.tracking import store as tracking
+from pipeline.tracking import store_check
 from stages import embed, evaluate
 
 pytestmark = pytest.mark.integration
@@ -93,4 +94,4 @@ def test_a_uri_mlflow_cannot_store_runs_in_stops_the_stage_before_any_work(monke
         "https://mlflow.example",
         "databricks",
     ):
-        assert tracking.bad_scheme(ok) is None, ok
+        assert store_check.bad_scheme(ok) is None, ok

@@ -30,6 +30,7 @@ from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, TrackingUnavailable
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking.redact import redact_params, redact_text
+from pipeline.tracking.store_check import mlflow_env_problem, store_problem
 
 log = logging.getLogger(__name__)
 
@@ -157,37 +158,6 @@ def sweep_tags(existing: dict | None = None) -> dict[str, str]:
     return tags
 
 
-# URI schemes MLflow stores runs in (its own list, in the error it raises for any other; a
-# database scheme may carry a driver: postgresql+psycopg2). A bare path has no scheme.
-STORE_SCHEMES = (
-    "",
-    "file",
-    "databricks",
-    "databricks-uc",
-    "uc",
-    "http",
-    "https",
-    "postgresql",
-    "mysql",
-    "sqlite",
-    "mssql",
-)
-
-
-def bad_scheme(uri: str) -> str | None:
-    """Why MLflow cannot store runs at `uri` whatever answers there (an unknown scheme: MLflow
-    would say so only when the first run starts, after the stage's work), or None."""
-    import urllib.parse
-
-    scheme = urllib.parse.urlsplit(uri).scheme.split("+")[0].lower()
-    if scheme in STORE_SCHEMES or (len(scheme) == 1 and uri[1:2] == ":"):  # (a Windows drive: a path)
-        return None
-    return (
-        f"MLflow cannot store runs under the scheme {scheme!r}; expected sqlite:///PATH, a directory, "
-        "http(s)://HOST:PORT or a database URI (postgresql://, mysql://, mssql://)"
-    )
-
-
 def unreachable_reason(uri: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """Why the tracking server at `uri` cannot be reached (None: it answered, or the store is a
     local one). Any HTTP answer counts as reachable: a 401 or 404 is the server's to explain."""
@@ -217,17 +187,16 @@ def configure(mode: str) -> None:
         return
     uri = tracking_uri()
     shown = redact_text(uri)
-    scheme = bad_scheme(uri)
+    problem = store_problem(uri)
+    scheme = f"MLFLOW_TRACKING_URI = {shown}: {problem}" if problem else mlflow_env_problem()
     if scheme:
         if mode == "optional":
             current.enabled = False
-            log.warning(
-                "MLFLOW_TRACKING_URI = %s: %s. Tracking is OFF for this stage (run.tracking=optional)", shown, scheme
-            )
+            log.warning("%s. Tracking is OFF for this stage (run.tracking=optional)", scheme)
             return
         raise TrackingUnavailable(
-            f"MLFLOW_TRACKING_URI = {shown}: {scheme}. Fix it, unset it (the project's mlflow.db "
-            "is then used), or set run.tracking=disabled"
+            f"{scheme}. Fix or unset it (with no MLFLOW_TRACKING_URI the project's mlflow.db is used), "
+            "or set run.tracking=disabled"
         )
     reason = unreachable_reason(uri)
     if reason is None:

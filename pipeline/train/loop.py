@@ -41,7 +41,7 @@ from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.train.checkpoints import Checkpointing
 from pipeline.train.cuda_graph import FlowRunner, why_eager
-from pipeline.train.device import precision_candidates, select_device, select_precision
+from pipeline.train.device import precision_candidates, select_device, select_precision, slow_precision_warning
 from pipeline.train.events import StepEvents, skips
 from pipeline.train.faults import injector_for
 from pipeline.train.flow_length import FLOW_STEPS_OBSERVED, FlowLength, add_masked_counters
@@ -101,6 +101,9 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         self.device = device = select_device(device_for(t.device, place))  # a CUDA rank: cuda:LOCAL_RANK
         self.amp_dtype = select_precision(t.precision, device)
+        slow = slow_precision_warning(t.precision, device)
+        if slow and place.is_main:
+            log.warning(slow)
         self.model = EnergyFlowModel.from_config(cfg.model, int(train_inputs.shape[1])).to(device)
         self.model.train()
         self.model.flow_loop = str(t.flow_loop)

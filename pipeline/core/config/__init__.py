@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException
 
 from pipeline.core.config.choices import (
     CudaGraph,
@@ -41,7 +41,7 @@ from pipeline.core.config.compose import compose_raw
 from pipeline.core.config.defaults import CONF_DIR, CONFIG_GROUPS, PARAMS_FILE, default_values
 from pipeline.core.config.describe import describe
 from pipeline.core.config.messages import choice_message, choices_of, unknown_key_message
-from pipeline.core.config.param import check_ranges
+from pipeline.core.config.param import check_ranges, parameters, refuse
 from pipeline.core.config.rules import check_rules
 from pipeline.core.config.schema import (
     MIN_BOOTSTRAP_RESAMPLES,
@@ -116,12 +116,16 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         # bad one is named here rather than failing wherever the value is first read.
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
+        key = getattr(e, "full_key", None) or _unresolvable(raw) or "?"
         if isinstance(e, ConfigKeyError) and key != "?":
             raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
         choices = choices_of(key)
         if choices is not None:
             raise ConfigError(choice_message(key, getattr(e, "value", None), choices)) from None
+        declared = next((p for p in parameters(Config) if p.key == key), None)
+        if declared is not None and hasattr(e, "value") and not isinstance(e, InterpolationResolutionError):
+            # a value of the wrong type: what the key takes
+            raise refuse(key, e.value, declared.expected) from None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
     check_ranges(cfg, Config)
@@ -129,6 +133,22 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
     _check_paths(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _unresolvable(raw: Any, prefix: str = "") -> str | None:
+    """The first key whose interpolation cannot be resolved (OmegaConf.resolve names none)."""
+    if not isinstance(raw, DictConfig):
+        return None
+    for k in raw.keys():
+        key = f"{prefix}{k}"
+        try:
+            node = raw[k]
+        except OmegaConfBaseException:
+            return key
+        found = _unresolvable(node, f"{key}.")
+        if found:
+            return found
+    return None
 
 
 PATH_KEYS = ("embed.dataset", "embed.out_dir", "embed.cache_dir", "train.out_dir", "train.checkpoint_dir")

@@ -5,15 +5,16 @@ write instead, told apart by Hydra's and OmegaConf's exception types."""
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from pipeline.core.config.defaults import CONF_DIR, CONFIG_GROUPS, PARAMS_FILE
+from pipeline.core.config.defaults import CONF_DIR, CONFIG_GROUPS, PARAMS_FILE, default_values
 from pipeline.core.config.messages import unknown_key_message
-from pipeline.core.config.schema import Config
+from pipeline.core.config.yaml_file import load_checked
 from pipeline.core.errors import ConfigError
 
 
@@ -25,6 +26,7 @@ def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) 
     from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 
     overrides = list(overrides)
+    _check_text(overrides)
     params_file = Path(params_file) if params_file else PARAMS_FILE
     groups = {o.split("=", 1)[0].lstrip("+~") for o in overrides} & set(CONFIG_GROUPS)
     use_conf = bool(groups)
@@ -35,7 +37,7 @@ def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) 
     if not (config_dir / f"{config_name}.yaml").is_file():
         raise ConfigError(f"{config_dir / (config_name + '.yaml')} not found: run from a checkout of the project")
     _check_group_choices(overrides)
-    _check_yaml(config_dir / f"{config_name}.yaml")
+    load_checked(config_dir / f"{config_name}.yaml")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
@@ -50,7 +52,11 @@ def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) 
         # Hydra's "Could not override 'embed.foo'. To append to your config use +embed.foo=1" sends
         # the user to a second error (the schema has no such key): say which keys there are.
         if isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)):
-            raise ConfigError(unknown_key_message(e.__cause__.full_key)) from None
+            named = re.search(r"override '([^']+)'", str(e))  # the whole key: full_key may be its section
+            key = named.group(1) if named else e.__cause__.full_key
+            if not use_conf and OmegaConf.select(default_values(), key) is not None:
+                raise ConfigError(_absent_key_message(params_file, key)) from None
+            raise ConfigError(unknown_key_message(key)) from None
         raise ConfigError(f"bad override in {overrides}: {str(e).splitlines()[0]}") from None
     except HydraException as e:
         raise ConfigError(f"bad override in {overrides}: {str(e).splitlines()[0]}") from None
@@ -67,7 +73,7 @@ def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) 
 
 def _params_preset(params_file: Path) -> str:
     try:
-        preset = OmegaConf.load(params_file).run.preset
+        preset = load_checked(params_file)["run"]["preset"]
     except Exception:  # noqa: BLE001 - a missing or odd params.yaml: the default preset
         return "default"
     return str(preset) if (CONF_DIR / "preset" / f"{preset}.yaml").is_file() else "default"
@@ -89,28 +95,35 @@ def _check_group_choices(overrides: Sequence[str]) -> None:
             )
 
 
-def _check_yaml(path: Path) -> None:
-    """A YAML file that does not parse into a mapping of sections is named with its line, not a
-    traceback from deep inside Hydra (an edited params.yaml, a merge conflict left in it)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(
-            f"{path}: not valid YAML{where} ({problem}); expected the sections run, embed, model, train, "
-            f"... as in conf/config.yaml (`git diff {path.name}` shows what changed)"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot be read ({e})") from None
-    if doc is not None and not isinstance(doc, dict):
-        raise ConfigError(f"{path}: holds a {type(doc).__name__}, expected a mapping of sections (run, embed, ...)")
-    for section, value in (doc or {}).items():
-        if section in Config.__dataclass_fields__ and value is not None and not isinstance(value, dict):
+def _check_text(overrides: Sequence[str]) -> None:
+    """An override must be text: bytes that are not UTF-8 reach Python as lone surrogates
+    (surrogateescape), which Hydra's grammar rejects as if the override needed quotes."""
+    for override in overrides:
+        try:
+            override.encode("utf-8")
+        except UnicodeEncodeError as e:
+            try:
+                raw = override.encode("utf-8", "surrogateescape")
+                what = f"byte 0x{override[e.start].encode('utf-8', 'surrogateescape')[0]:02x}"
+            except UnicodeEncodeError:  # a surrogate no byte stands for (not from a command line)
+                raw, what = override.encode("utf-8", "backslashreplace"), "a lone surrogate"
+            shown = raw.decode("utf-8", "backslashreplace")
             raise ConfigError(
-                f"{path}: section '{section}' is {value!r}, expected a mapping of its keys "
-                f"({', '.join(sorted(OmegaConf.structured(Config)[section].keys())[:6])}, ...)"
-            )
+                f"the override '{shown}' (key '{override.partition('=')[0]}') is not UTF-8 text: {what} at "
+                f"character {e.start + 1}; write its value in UTF-8 (the shell's or script's encoding)"
+            ) from None
+
+
+def _absent_key_message(params_file: Path, key: str) -> str:
+    """A known key that params.yaml lacks cannot be overridden there: the file is not what conf/ composes."""
+    section = key.split(".")[0]
+    try:
+        doc = load_checked(params_file)
+    except ConfigError as e:
+        return str(e)
+    missing = f"its section '{section}' is missing or empty" if not doc.get(section) else "the key is missing"
+    return (
+        f"{params_file}: cannot override '{key}': {missing} (params.yaml holds every key, as conf/ composes it); "
+        f"restore it with `git checkout {params_file.name}`, or compose conf/ instead by adding preset=NAME "
+        "(e.g. preset=default) to the overrides"
+    )

@@ -3,6 +3,9 @@ tracks (conf/config.yaml composed with a preset, by `dvc exp run -S preset=NAME`
 
 from __future__ import annotations
 
+import copy
+import functools
+
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core.config.schema import Config
@@ -20,6 +23,14 @@ def default_values() -> DictConfig:
     each call: the caller may change it)."""
     if not PRIMARY.is_file():
         raise ConfigError(f"{PRIMARY} not found: run from a checkout of the project")
-    values = OmegaConf.load(PRIMARY)
+    stat = PRIMARY.stat()
+    return OmegaConf.merge(OmegaConf.structured(Config), copy.deepcopy(_primary(stat.st_mtime_ns, stat.st_size)))
+
+
+@functools.lru_cache(maxsize=4)
+def _primary(mtime_ns: int, size: int) -> dict:
+    """conf/config.yaml as parsed, once per version of the file: parsing it was most of a load's
+    time, and every load and every refusal message asks for the defaults."""
+    values = OmegaConf.to_container(OmegaConf.load(PRIMARY))
     values.pop("defaults", None)  # Hydra's list of config groups, not a parameter
-    return OmegaConf.merge(OmegaConf.structured(Config), values)
+    return values

@@ -36,7 +36,7 @@ def unknown_key_message(key: str) -> str:
     defaults = default_values()  # (the schema alone has no keys under a mapping such as embed.splits)
     node = OmegaConf.select(defaults, section) if section else defaults
     known = sorted(node.keys()) if isinstance(node, DictConfig) else []
-    close = difflib.get_close_matches(name, known, n=1)
+    close = difflib.get_close_matches(name, [k for k in known if k != name], n=1)  # never the key itself
     hint = f" (did you mean '{section + '.' if section else ''}{close[0]}'?)" if close else ""
     where = f"the keys of '{section}'" if section else "the sections"
     return f"unknown key '{key}'{hint}; expected one of {where}: {', '.join(known)}"

@@ -50,12 +50,47 @@ def within(low: float, high: float, ends: str = "[]", noun: str = "", why: str =
     return Range(_words(noun, f"in {opened}{low}, {high}{closed}", why), allows)
 
 
-def matching(pattern: re.Pattern, expected: str) -> Range:
-    return Range(expected, lambda v: pattern.fullmatch(v) is not None)
+def matching(pattern: re.Pattern, expected: str, empty_ok: bool = False) -> Range:
+    """A string that `pattern` matches whole (`empty_ok`: or "", where "" means none or off)."""
+    return Range(expected, lambda v: (empty_ok and v == "") or pattern.fullmatch(v) is not None)
 
 
 POSITIVE_INT = above(0, "an integer")
 FRACTION = within(0, 1, "[]", "a fraction")
+# numpy's legacy and torch's generators, and every tool that re-seeds from the value, accept it.
+SEED = within(0, 2**32 - 1, "[]", "an integer", "what numpy's and torch's random generators accept")
+# A name that is also an MLflow experiment name, a tag value and a command-line word: it starts with
+# a letter or digit (an experiment named "-embed" reads as an option), and is short enough that
+# MLflow's limits hold with the suffixes the project adds ("-embed").
+NAME = matching(
+    re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"),
+    "a name of letters, digits, '.', '_' and '-', starting with a letter or digit, at most 128 characters",
+)
+# A path: a file name cannot hold a NUL, and "" would mean the project's root.
+PATH = Range("a path (not empty, no NUL character)", lambda v: v != "" and "\0" not in v)
+OPTIONAL_PATH = Range('"" (off) or a path (no NUL character)', lambda v: "\0" not in v)
+# A column or dotted JSON path of the dataset: one line of text.
+FIELD = Range(
+    "a column name or dotted JSON path: not empty, one line, at most 256 characters",
+    lambda v: 0 < len(v) <= 256 and not any(c in v for c in "\r\n\0"),
+)
+OPTIONAL_FIELD = Range('null, "" (none) or ' + FIELD.expected, lambda v: v is None or v == "" or FIELD.allows(v))
+# The values every field of a type must hold, whatever its own range: a float that is a number, an
+# integer a tensor or a generator can hold, text that can be written to YAML, MLflow and a file name.
+INT64 = 2**63 - 1
+
+
+def _type_rule(kind: Any, value: Any) -> str | None:
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        return "a finite number"
+    if kind is int and isinstance(value, int) and not -INT64 - 1 <= value <= INT64:
+        return "an integer that fits in 64 bits"
+    if kind is str and isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "text that is valid UTF-8"
+    return None
 
 
 def param(range: Range | None = None, doc: str = "") -> Any:
@@ -71,6 +106,20 @@ class Parameter:
     type: Any
     range: Range | None
     doc: str
+
+    @property
+    def base_type(self) -> Any:
+        """str for Optional[str]: the type a value has when it is not null."""
+        args = [a for a in typing.get_args(self.type) if a is not type(None)]
+        return args[0] if args else self.type
+
+    @property
+    def expected(self) -> str:
+        """What a value must be: its type in words, then its range ("an integer; >= 0")."""
+        words = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a mapping"}
+        kind = words.get(self.base_type, self.type_name)
+        kind = f"{kind} or null" if self.base_type is not self.type else kind
+        return combined(kind, self.range)
 
     @property
     def type_name(self) -> str:
@@ -90,14 +139,35 @@ def parameters(schema: type, prefix: str = "") -> Iterator[Parameter]:
             yield Parameter(key, kind, f.metadata.get("range"), f.metadata.get("doc", ""))
 
 
+def combined(kind: str, range: Range | None) -> str:
+    """ "a finite number" and ">= 0" as "a finite number >= 0"; a range that says the kind itself alone."""
+    if range is None:
+        return kind
+    if range.expected.startswith((">", "<", "in ")):
+        return f"{kind} {range.expected}"
+    return range.expected if range.expected.startswith(kind) else f"{kind}; {range.expected}"
+
+
 def refuse(key: str, value: Any, expected: str) -> ConfigError:
-    """The one wording of a refused value: "parameter 'train.lr' = 0.0: expected a finite number > 0"."""
-    return ConfigError(f"parameter '{key}' = {value!r}: expected {expected}")
+    """The one wording of a refused value: "parameter 'train.lr' = 0.0: expected a finite number > 0"
+    ("parameter 'embed.dataset' is empty: expected ..." for "", which a repr shows as a bare '')."""
+    shown = " is empty" if isinstance(value, str) and value == "" else f" = {_shown(value)}"
+    return ConfigError(f"parameter '{key}'{shown}: expected {expected}")
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """The value as written, cut to `limit` characters: a 500-character name is not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}...{text[-10:]} ({len(str(value))} characters)"
 
 
 def check_ranges(cfg: DictConfig, schema: type) -> None:
-    """Each value against its declared range, in declaration order; the first outside it stops."""
+    """Each value against its type's rule and its declared range, in declaration order; the first
+    outside them stops."""
     for p in parameters(schema):
         value = OmegaConf.select(cfg, p.key)
+        wrong = _type_rule(p.base_type, value)
+        if wrong:
+            raise refuse(p.key, value, combined(wrong, p.range))
         if p.range is not None and not p.range.allows(value):
             raise refuse(p.key, value, p.range.expected)

@@ -62,12 +62,12 @@ RULES = (
     SplitFractions(),
     Rule(
         "model.min_forward",
-        lambda c: f"0 < min_forward <= max_forward ({c.model.max_forward})",
+        lambda c: f"0 < min_forward <= model.max_forward ({c.model.max_forward})",
         lambda c: 0 < c.model.min_forward <= c.model.max_forward,
     ),
     Rule(
         "train.grad_warning",
-        lambda c: f"0 < grad_warning < grad_critical ({c.train.grad_critical})",
+        lambda c: f"0 < grad_warning < train.grad_critical ({c.train.grad_critical})",
         lambda c: 0 < c.train.grad_warning < c.train.grad_critical,
     ),
     # A checkpoint must close a telemetry row, so a resumed run's telemetry continues where it was.

