@@ -12,7 +12,8 @@ What is left out of the arm, so that it names the same arm wherever and however 
 - how and where a run is carried out when that does not change what it computes: paths, the
   embed stage's processes and batch size, checkpoint and logging cadence, threads and device,
   the flow loop's form and CUDA graph capture (the numerics differ in the last bits, not in what
-  is learned), the evaluate stage's sampling
+  is learned), the limits a dataset is read within (a file they let in is read the same way
+  whatever they are), the evaluate stage's sampling
   and bootstrap, the report's thresholds.
 A key not named here is part of the arm: a new parameter splits arms until it is listed, rather
 than silently merging runs that differ in it.
@@ -44,6 +45,10 @@ NOT_ARM_KEYS = frozenset(
         "embed.batch_size",
         "embed.device",
         "embed.rows_per_shard",
+        "embed.max_input_mb",
+        "embed.max_line_kb",
+        "embed.max_input_columns",
+        "embed.max_input_rows",
         "train.out_dir",
         "train.checkpoint_dir",
         "train.checkpoint_every",
