@@ -4,7 +4,6 @@ run.tracking=optional it goes on with tracking off and says so; =disabled never 
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 
