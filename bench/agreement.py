@@ -95,7 +95,7 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--tolerance", type=float, default=AGREEMENT, help=f"largest |B/A - 1| that agrees (default {AGREEMENT:g})"
     )
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # --rerun OUT may come before or after the names
     # A bench's name is its module's (bench/data.py): checked first, since a bench can share its
     # name with a directory of the project (data/).
     benches = [d for d in args.dirs if "/" not in d and (BENCH_DIR / f"{d}.py").is_file()]

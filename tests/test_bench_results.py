@@ -76,6 +76,9 @@ def test_a_bench_named_like_a_project_directory_is_a_bench(tmp_path, monkeypatch
     (tmp_path / "data").mkdir()
     res = agreement.main([str(a), str(b), "data"])
     assert [r["bench"] for r in res["figures"]] == ["data"] and res["compared"] == 1
+    # The option may come between the names (argparse keeps positionals apart otherwise).
+    assert agreement.main(["--tolerance", "0.1", str(a), str(b), "data"])["compared"] == 1
+    assert agreement.main([str(a), "--tolerance", "0.1", str(b), "data"])["compared"] == 1
     with pytest.raises(SystemExit) as end:
         agreement.main([str(a), str(b), "no_such_bench"])
     assert end.value.code == 2 and "neither a result directory nor a bench" in capsys.readouterr().err
