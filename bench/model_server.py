@@ -18,6 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+import psutil
+
 from tools.servers import free_port, serving
 
 # Loading the model means loading the teacher, and a busy machine can take many times as long:
@@ -32,6 +34,33 @@ SERVER_ENV |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 def model_server(model_uri: str, tracking_uri: str = "", timeout: float = START_TIMEOUT_S) -> Iterator[str]:
     """Serve `model_uri` (a runs:/ URI is looked up in `tracking_uri`) with this venv's mlflow,
     in this environment (--env-manager local); yield its base URL once /ping answers 200."""
+    with served_model(model_uri, tracking_uri, timeout) as (base_url, _):
+        yield base_url
+
+
+def tree_cpu_s(proc: subprocess.Popen) -> float:
+    """CPU seconds (user + system) spent so far by `proc` and every process under it (MLflow's
+    CLI starts uvicorn as a child, which answers the requests)."""
+    try:
+        root = psutil.Process(proc.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return float("nan")
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:  # a child that ended between the listing and the read
+            continue
+        total += t.user + t.system
+    return total
+
+
+@contextlib.contextmanager
+def served_model(
+    model_uri: str, tracking_uri: str = "", timeout: float = START_TIMEOUT_S
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """model_server, yielding (base URL, the server's process) so a caller can read its CPU time."""
     bin_dir = Path(sys.executable).parent
     port = free_port()
     args = [str(bin_dir / "mlflow"), "models", "serve", "-m", model_uri, "--env-manager", "local"]
@@ -40,8 +69,8 @@ def model_server(model_uri: str, tracking_uri: str = "", timeout: float = START_
     if tracking_uri:
         env["MLFLOW_TRACKING_URI"] = tracking_uri
     base_url = f"http://127.0.0.1:{port}"
-    with serving(args, env, f"{base_url}/ping", timeout):
-        yield base_url
+    with serving(args, env, f"{base_url}/ping", timeout) as proc:
+        yield base_url, proc
 
 
 def invoke(base_url: str, payload: dict, timeout: float = 120.0) -> tuple[int, dict]:
