@@ -64,7 +64,7 @@ def compare(a: dict[str, dict], b: dict[str, dict], tolerance: float) -> dict:
             row: dict = {"bench": bench, "figure": key, "a": va, "b": vb}
             numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
             if not numbers:
-                row["skipped"] = why.get(key.split(".")[0]) or "not a number in both sets"
+                row["skipped"] = why.get(key) or why.get(key.split(".")[0]) or "not a number in both sets"
             elif va == 0:
                 row["ratio"], row["agrees"] = None, vb == 0
             else:

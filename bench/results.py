@@ -14,6 +14,7 @@ bench/agreement.py compares two sets of saved results figure by figure.
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import math
@@ -111,7 +112,11 @@ def figures(values: dict, unreliable: Optional[dict] = None) -> dict:
     """The `figures` and `unreliable` keys of a result: a figure with a reason in `unreliable` is
     null, whatever was measured."""
     unreliable = {k: v for k, v in (unreliable or {}).items() if v}
-    return {
-        "figures": {k: (None if k in unreliable else v) for k, v in values.items()},
-        "unreliable": unreliable,
-    }
+    out = copy.deepcopy(values)
+    for key in unreliable:  # a dotted key names a figure inside a nested one (parts_share.model)
+        *parents, last = key.split(".")
+        node = out
+        for part in parents:
+            node = node[part]
+        node[last] = None
+    return {"figures": out, "unreliable": unreliable}

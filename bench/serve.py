@@ -224,10 +224,11 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
         "teacher_encode_batch_s_median": float(np.median(cpu["teacher_encode"])),
         "parts_ms": {p: float(np.median([d[f"{p}_cpu"] for d in part_ms])) for p in PARTS},
     }
-    # Each part's share of its round's batch (the three parts' sum), CPU seconds, median over rounds.
-    out["parts_share"] = {
-        p: float(np.median([d[f"{p}_cpu"] / sum(d[f"{q}_cpu"] for q in PARTS) for d in part_ms])) for p in PARTS
-    }
+    # Each part's share of its round's batch (the three parts' sum), CPU seconds, median over rounds;
+    # the rounds' spread says whether another run would agree (a small part's share moves most).
+    shares = {p: [d[f"{p}_cpu"] / sum(d[f"{q}_cpu"] for q in PARTS) for d in part_ms] for p in PARTS}
+    out["parts_share"] = {p: float(np.median(v)) for p, v in shares.items()}
+    out["parts_share_spread"] = {p: float(max(v) - min(v)) if len(v) >= 3 else None for p, v in shares.items()}
     if rest:
         # CPU seconds on both sides (the server's process tree and this client) over the in-process
         # batch's, round by round: wall seconds across two processes moved with other load.
@@ -325,13 +326,18 @@ def headline(res: dict) -> dict:
         "parts_share": res["parts_share"],
         "rss_mb": res["rss_mb"],
     }
-    unreliable = {}
+    unreliable = {
+        f"parts_share.{p}": clock.spread_unreliable(
+            share, res.get("parts_share_spread", {}).get(p), "the rounds' max - min"
+        )
+        for p, share in res["parts_share"].items()
+    }
     if "rest" in res:
         values["rest_batch_over_in_process_batch"] = res["rest_batch_over_in_process_batch"]
         why = clock.spread_unreliable(
             res["rest_batch_over_in_process_batch"], res.get("rest_ratio_spread"), "the rounds' max - min"
         )
-        unreliable = {"rest_batch_over_in_process_batch": why}
+        unreliable["rest_batch_over_in_process_batch"] = why
     return results.figures(values, unreliable)
 
 

@@ -57,6 +57,7 @@ def fake_result(busy: bool) -> dict:
         "in_process_batch_over_teacher_encode": 2.0,
         "in_process_single_over_teacher_encode_single": 2.0,
         "parts_share": {"encode": 0.9, "model": 0.09, "topk": 0.01},
+        "parts_share_spread": {"encode": 0.01, "model": 0.005, "topk": 0.0005},
         "rest_batch_over_in_process_batch": 1.1,
         "rest_ratio_spread": 0.05,
         "rss_mb": 700.0,
@@ -90,3 +91,10 @@ def test_the_rest_ratio_is_null_when_its_rounds_spread_wider_than_two_runs_may_d
     few = bench.headline({**fake_result(busy=False), "rest_ratio_spread": None})
     assert few["figures"]["rest_batch_over_in_process_batch"] is None
     assert "too few samples" in few["unreliable"]["rest_batch_over_in_process_batch"]
+
+
+def test_a_part_whose_share_spreads_over_the_rounds_is_null_and_the_others_stay():
+    res = {**fake_result(busy=False), "parts_share_spread": {"encode": 0.01, "model": 0.03, "topk": 0.0005}}
+    head = bench.headline(res)
+    assert head["figures"]["parts_share"] == {"encode": 0.9, "model": None, "topk": 0.01}
+    assert "spread within this run" in head["unreliable"]["parts_share.model"]
