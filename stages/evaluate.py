@@ -44,7 +44,7 @@ from pipeline.evaluate.retrieval import (
 from pipeline.evaluate.seed_variance import find_reference
 from pipeline.evaluate.stats import resample_bytes, verdict
 from pipeline.model.model_file import check_input_dim, load_model
-from pipeline.serve.log import log_answer_model
+from pipeline.serve.log import log_answer_model, logged_model_record
 from pipeline.tracking import store as tracking
 
 from ._cli import run_stage
@@ -129,6 +129,8 @@ def _run(cfg, tx) -> dict:
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
             for path in (EVAL_JSON, ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(tx.path(path), "evaluate")
+        if logged:  # where the answer model is, so ./dev ask need not look it up in the store
+            tracking.write_run_file("evaluate", logged_model_record(logged), tx)
     for line in summary_lines(test_estimates, bank.size, len(test_items), covered):
         log.info("%s", line)
     return metrics

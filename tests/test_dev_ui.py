@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
+import threading
 import time
 import urllib.request
 
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.slow  # 10-17 s (the UI server's start): the default suite keeps its 10 minutes
-def test_dev_ui_serves_the_store_on_loopback(tmp_path):
+def test_dev_ui_serves_the_store_on_loopback_and_prints_its_links_once_it_answers(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # A store from before the experiments had a kind and a saved view: ./dev ui brings it up to date.
     exp_id = MlflowClient(uri).create_experiment("energy-flow", artifact_location=(tmp_path / "a").as_uri())
@@ -32,29 +34,47 @@ def test_dev_ui_serves_the_store_on_loopback(tmp_path):
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        text=True,
         start_new_session=True,
     )
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    base = f"http://127.0.0.1:{port}"
+    link = f"{base}/#/experiments/{exp_id}/runs?workflowType=machine_learning&viewStateShareKey=evaluation"
+    seen = []
     try:
         deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        while link not in "".join(seen):
+            assert time.monotonic() < deadline, f"no link within 120 s:\n{''.join(seen)[-3000:]}"
             try:
-                with urllib.request.urlopen(
-                    f"http://127.0.0.1:{port}/ajax-api/2.0/mlflow/experiments/search?max_results=10", timeout=5
-                ) as r:
-                    names = [e["name"] for e in json.load(r)["experiments"]]
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the UI did not answer within 120 s"
-                time.sleep(0.5)
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                assert proc.poll() is None, "".join(seen)[-3000:]
+                continue
+            # One of our links printed before the server answers (the server's own log lines may name it).
+            if line.startswith("[dev]") and base in line and not seen_answering(base):
+                pytest.fail(f"printed {line.strip()!r} while {base}/health did not answer")
+            seen.append(line)
+        # At the moment the link is printed it opens, at once: one request, no retry.
+        with urllib.request.urlopen(link, timeout=5) as r:
+            assert r.status == 200
+        assert "[dev] starting the MLflow UI" in "".join(seen)
+        with urllib.request.urlopen(f"{base}/ajax-api/2.0/mlflow/experiments/search?max_results=10", timeout=5) as r:
+            names = [e["name"] for e in json.load(r)["experiments"]]
         assert "energy-flow" in names
         assert listening_addresses(port) == {"127.0.0.1"}  # loopback only, not 0.0.0.0
-        link = f"http://127.0.0.1:{port}/#/experiments/{exp_id}/runs?workflowType=machine_learning&viewStateShareKey=evaluation"
-        assert link in proc.stdout.read1().decode()
         tags = MlflowClient(uri).get_experiment(exp_id).tags
         assert tags["mlflow.experimentKind"] == "custom_model_development" and VIEW_TAG in tags
     finally:
         kill_group(proc)
+
+
+def seen_answering(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/health", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def test_dev_ui_points_at_a_tracking_server_instead_of_starting_one():

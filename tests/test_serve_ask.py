@@ -4,7 +4,9 @@ stops it with one line (exit 130); nothing is left in the system temp directory,
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -139,3 +141,46 @@ def test_ctrl_c_stops_a_long_ask_in_one_line_saying_what_was_answered(project, t
     answered = int(m.group(1))
     assert 0 < answered < 3000 and (first + out).count("\nQ: ") + 1 == answered  # exactly what was printed
     assert leftovers(tmp) == []
+
+
+# Imports tools.ask and asks in-process, then says whether any part of MLflow was imported.
+_NO_MLFLOW = """
+import sys
+from tools import ask
+rc = ask.main(sys.argv[1:])
+print("mlflow imported:", any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def test_the_recorded_local_model_answers_without_mlflow_or_a_copy(project, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    record = json.loads((project.root / "runs" / "evaluate.json").read_text())
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_MLFLOW, "Which currency does Japan use?", "-k", "2"],
+        cwd=project.root,
+        env={**project.env, "TMPDIR": str(tmp)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "mlflow imported: False" in proc.stderr
+    assert f"runs:/{project.run_id}/model from {record['model_dir']}" in proc.stderr  # the store's own directory
+    assert leftovers(tmp) == []  # nothing downloaded
+    assert "Q: Which currency does Japan use?" in proc.stdout
+
+
+def test_the_local_model_answers_as_mlflow_does_and_a_stale_record_goes_through_mlflow(project, tmp_path):
+    questions = ["What is the capital of France?", "Who wrote 1984?"]
+    fast = ask(project, *questions, "-k", "3")
+    assert fast.returncode == 0 and "through MLflow" not in fast.stderr, fast.stderr
+    runs = tmp_path / "runs"
+    shutil.copytree(project.root / "runs", runs)
+    record = json.loads((runs / "evaluate.json").read_text())
+    (runs / "evaluate.json").write_text(json.dumps({**record, "run_id": "another"}))
+    slow = ask(project, *questions, "-k", "3", env={**project.env, "ENERGY_FLOW_RUNS_DIR": str(runs)})
+    assert slow.returncode == 0, slow.stderr
+    assert "through MLflow" in slow.stderr and "is of another run than" in slow.stderr
+    assert fast.stdout == slow.stdout  # the same answers and scores, to the printed digit

@@ -5,9 +5,13 @@
 
 The model is the answer model the pipeline logs to the model's run (pipeline/serve/: the teacher embeds the
 question, the energy-flow model maps it, the nearest texts of the answer bank are the answers),
-loaded in this process with mlflow.pyfunc.load_model. By default it is the model of the run that
-runs/train.json names (the last train stage here), `runs:/<run_id>/model` in the project's store
-(mlflow.db at the repository root, or MLFLOW_TRACKING_URI). --model takes any MLflow model URI
+loaded in this process. By default it is the model of the run that runs/train.json names (the
+last train stage here), `runs:/<run_id>/model` in the project's store (mlflow.db at the
+repository root, or MLFLOW_TRACKING_URI). When the evaluate stage recorded that model's local
+directory (runs/evaluate.json) and the model's code is this checkout's, it is loaded from there
+without MLflow (pipeline/serve/local_model.py: no store lookup, no copy, the same checks of its
+bank and teacher); a local --model directory is loaded the same way. Otherwise it goes through
+mlflow.pyfunc.load_model. --model takes any MLflow model URI
 (runs:/<run_id>/model, models:/<model_id>, a local directory made with
 pipeline.serve.log.save_answer_model). Scores are cosines between the model's prediction and each
 answer's teacher vector (1 = same direction), best first. A question longer than the teacher's
@@ -31,7 +35,9 @@ import contextlib
 import os
 import signal
 import sys
+import urllib.parse
 from dataclasses import dataclass
+from pathlib import Path
 
 # Before MLflow and transformers are imported: their download and weight-loading progress bars
 # would bury the answers.
@@ -44,9 +50,8 @@ from pipeline.core.errors import PipelineError  # noqa: E402
 ANSWER_LOADER = "mlflow.pyfunc.loaders.code_model"
 
 
-def default_model_uri() -> tuple[str, str]:
-    """(runs:/<run_id>/model, tracking URI) of the last train run here, or an error saying what to
-    do when there is none."""
+def train_run() -> dict:
+    """runs/train.json of the last train run here, or an error saying what to do when there is none."""
     from pipeline.tracking import store as tracking
 
     path = tracking.run_file("train")
@@ -62,6 +67,15 @@ def default_model_uri() -> tuple[str, str]:
             "optional with no server), so no answer model was logged; run ./dev repro with tracking on, or pass "
             "--model URI"
         )
+    return info
+
+
+def default_model_uri() -> tuple[str, str]:
+    """(runs:/<run_id>/model, tracking URI) of the last train run here, checked in the store, or
+    an error saying what to do when there is none."""
+    from pipeline.tracking import store as tracking
+
+    info, path = train_run(), tracking.run_file("train")
     uri = tracking.tracking_uri()
     recorded = info.get("tracking_uri")
     from mlflow.exceptions import MlflowException
@@ -76,6 +90,66 @@ def default_model_uri() -> tuple[str, str]:
             "run ./dev repro to train and log a model here, or pass --model URI"
         ) from None
     return f"runs:/{info['run_id']}/model", uri
+
+
+def recorded_model_dir(train: dict) -> tuple[Path | None, str]:
+    """(the local directory of `train`'s answer model, as the evaluate stage recorded it in
+    runs/evaluate.json, "") or (None, why there is none to use)."""
+    from pipeline.core.stage_outputs import read_json
+    from pipeline.tracking import store as tracking
+    from pipeline.tracking.redact import redact_text
+
+    path = tracking.run_file("evaluate")
+    if not path.is_file():
+        return None, f"{path} does not exist"
+    try:
+        rec = read_json(path, "evaluate")
+    except PipelineError as e:
+        return None, str(e)
+    if rec.get("run_id") != train["run_id"]:
+        return None, f"{path} is of another run than {tracking.run_file('train')}"
+    if rec.get("tracking_uri") != redact_text(tracking.tracking_uri()):
+        return None, f"{path} is of another tracking store"
+    model_dir = rec.get("model_dir")
+    if not isinstance(model_dir, str) or not model_dir or not Path(model_dir).is_dir():
+        return None, "the store keeps the model elsewhere"
+    return Path(model_dir), ""
+
+
+def local_model(given: str | None):
+    """(LocalModel, the name to show) when the model to ask can be loaded without MLflow (see the
+    module's docstring), else (None, why not)."""
+    from pipeline.serve.local_model import open_local
+
+    if given is None:
+        train = train_run()
+        name = f"runs:/{train['run_id']}/model"
+        path, why = recorded_model_dir(train)
+        if path is None:
+            return None, why
+        model, why = open_local(path)
+        if model is not None and model.run_id != train["run_id"]:
+            return None, f"{path} holds the model of run {model.run_id}"
+        recorded = train.get("model_sha256")
+        if model is not None and recorded and model.metadata.get("model_sha256") != recorded:
+            return None, f"{path} holds another model file than the train run's"
+        return (model, name) if model is not None else (None, why)
+    if given.startswith("file://"):
+        given = urllib.parse.unquote(urllib.parse.urlparse(given).path)
+    elif ":/" in given:  # runs:/, models:/, a remote artifact URI
+        return None, "it is not a local directory"
+    path = Path(given)
+    if not (path / "MLmodel").is_file():
+        return None, "it is not a local model directory"
+    model, why = open_local(path)
+    return (model, given) if model is not None else (None, why)
+
+
+def digest_cache() -> Path:
+    """Where ./dev ask keeps the teacher's weights digest between runs (the project's .cache/)."""
+    from pipeline.tracking import store as tracking
+
+    return tracking.project_root() / ".cache" / "teacher-weights-digest.json"
 
 
 def check_answer_model(uri: str, name: str | None = None):
@@ -191,39 +265,66 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def ask(args, tally: Tally, ctrl_c: CtrlC) -> int:
-    import mlflow
+def answer_all(args, predict, meta: dict, limits, tally: Tally, ctrl_c: CtrlC) -> None:
+    """Ask every question through `predict` (a DataFrame of questions, params -> the answers), a
+    batch at a time, printing each batch's answers as it is done."""
     import pandas as pd
 
-    from pipeline.serve.local_copy import model_dir
+    window = (meta.get("teacher_identity") or {}).get("max_seq_length")
+    batch = batch_size(int(meta.get("train_batch_size") or 0), limits.max_rows)
+    with progress_bar(len(args.questions), batch, sys.stderr) as bar:
+        for start in range(0, len(args.questions), batch):
+            questions = args.questions[start : start + batch]
+            out = predict(pd.DataFrame({"question": questions}), params={"k": args.k})
+            cut = out["truncated"] if "truncated" in out else None  # (a model logged before it said)
+            text = render(questions, out["answers"], out["scores"], cut, window)
+            bar.clear()
+            with ctrl_c.held():  # the count Ctrl-C reports is what was printed
+                print(text + ("\n" if start + batch < len(args.questions) else ""), flush=True)
+                tally.answered += len(questions)
+            bar.update(len(questions))
+
+
+def ask(args, tally: Tally, ctrl_c: CtrlC) -> int:
     from pipeline.serve.request import Limits, check_question
-    from pipeline.tracking import store as tracking
 
     limits = Limits.from_env()
     for i, q in enumerate(args.questions):  # before anything loads
         check_question(q, f"question {i + 1}", limits)
+    model, why = local_model(args.model)
+    if model is not None:
+        from pipeline.serve.local_model import load_local
+
+        print(f"[ask] loading {why} from {model.path}", file=sys.stderr)
+        answer_all(args, load_local(model, digest_cache()).answer, model.metadata, limits, tally, ctrl_c)
+        return 0
+    import mlflow
+
+    from pipeline.serve.local_copy import model_dir
+    from pipeline.tracking import store as tracking
+
     store = tracking.tracking_uri()  # where runs:/ and models:/ URIs are looked up
     mlflow.set_tracking_uri(store)
     uri = args.model or default_model_uri()[0]
     where = f" (store {store})" if uri.startswith(("runs:/", "models:/")) else ""
     with model_dir(uri) as path:
         meta = check_answer_model(str(path), uri).metadata or {}
-        window = (meta.get("teacher_identity") or {}).get("max_seq_length")
-        batch = batch_size(int(meta.get("train_batch_size") or 0), limits.max_rows)
-        print(f"[ask] loading {uri}{where}", file=sys.stderr)
+        print(f"[ask] loading {uri}{where} through MLflow ({why})", file=sys.stderr)
         model = mlflow.pyfunc.load_model(str(path))
-        with progress_bar(len(args.questions), batch, sys.stderr) as bar:
-            for start in range(0, len(args.questions), batch):
-                questions = args.questions[start : start + batch]
-                out = model.predict(pd.DataFrame({"question": questions}), params={"k": args.k})
-                cut = out["truncated"] if "truncated" in out else None  # (a model logged before it said)
-                text = render(questions, out["answers"], out["scores"], cut, window)
-                bar.clear()
-                with ctrl_c.held():  # the count Ctrl-C reports is what was printed
-                    print(text + ("\n" if start + batch < len(args.questions) else ""), flush=True)
-                    tally.answered += len(questions)
-                bar.update(len(questions))
+        answer_all(args, model.predict, meta, limits, tally, ctrl_c)
     return 0
+
+
+def user_error(e: Exception) -> str | None:
+    """The one line for an error a user can act on (the pipeline's, or a refusal by MLflow or by
+    the model), None for any other. MLflow's exception class is looked up only where MLflow was
+    imported: an error raised without it is not MLflow's."""
+    if isinstance(e, PipelineError):
+        return str(e)
+    exceptions = sys.modules.get("mlflow.exceptions")
+    if exceptions is not None and isinstance(e, exceptions.MlflowException):
+        return e.message
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,12 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     ctrl_c = CtrlC()
     previous = signal.signal(signal.SIGINT, ctrl_c)
     try:
-        from mlflow.exceptions import MlflowException
-
         try:
             return ask(args, tally, ctrl_c)
-        except (PipelineError, MlflowException) as e:
-            print(f"ask: {e.message if isinstance(e, MlflowException) else e}", file=sys.stderr)
+        except Exception as e:
+            message = user_error(e)
+            if message is None:
+                raise
+            print(f"ask: {message}", file=sys.stderr)
             return 2
     except KeyboardInterrupt:
         so_far = "; their answers are above" if tally.answered else ""

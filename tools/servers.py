@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from pipeline.core.paths import REPO_ROOT
 
@@ -177,10 +177,12 @@ def serving(args: list[str], env: dict, ready_url: str, timeout: float) -> Itera
             kill_group(keeper, reap=(proc,))
 
 
-def run_in_foreground(args: list[str], env: dict | None = None) -> int:
+def run_in_foreground(args: list[str], env: dict | None = None, started: Callable | None = None) -> int:
     """Run `args` (a server a person started, `./dev ui`) in a kept process group, its output on
     this process's, until it exits or this process is stopped (Ctrl-C, SIGTERM, SIGHUP; SIGKILL is
-    the keeper's); returns its exit status, or 128 + the signal that stopped it."""
+    the keeper's); returns its exit status, or 128 + the signal that stopped it. `started(proc)`,
+    if given, runs once the process is started (e.g. waits for it to answer, then says where):
+    what it raises ends the group and is raised here."""
     stopped = []
 
     def stop(signum, frame):
@@ -192,6 +194,8 @@ def run_in_foreground(args: list[str], env: dict | None = None) -> int:
         with kept_group() as keeper:
             proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, env=env, process_group=keeper.pid)
             try:
+                if started is not None:
+                    started(proc)
                 return proc.wait()
             except KeyboardInterrupt:
                 return 128 + (stopped[0] if stopped else signal.SIGINT)

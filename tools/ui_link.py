@@ -2,7 +2,7 @@
 columns (pipeline/tracking/views.py). Brings an older store's experiment up to date first (its
 kind and view), so the link works on runs made before they existed.
 
-    python -m tools.ui_link BASE_URL [--experiment NAME]
+    python -m tools.ui_link BASE_URL [--experiment NAME] [--arms]
 """
 
 from __future__ import annotations
@@ -11,30 +11,35 @@ import argparse
 import sys
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.ui_link", description=__doc__.split("\n\n")[0])
-    parser.add_argument("base", help="where the UI answers, e.g. http://127.0.0.1:5000")
-    parser.add_argument("--experiment", help="the model experiment (default: run.experiment of params.yaml)")
-    parser.add_argument("--arms", action="store_true", help="the view of the runs grouped by arm (replicates)")
-    args = parser.parse_args(argv)
+def links(base: str, experiment: str | None = None) -> tuple[str, str]:
+    """(the runs table in the eval view, the same grouped by arm) on the UI at `base`, the model
+    experiment brought up to date first; or, twice, `base` with a note saying why there is no
+    experiment to link to. `experiment`: default run.experiment of params.yaml."""
     import mlflow
 
     from pipeline.core.config import load_config
     from pipeline.tracking import store as tracking
     from pipeline.tracking.views import ARMS_VIEW_KEY, VIEW_KEY, runs_url
 
-    name = args.experiment or str(load_config([]).run.experiment)
+    name = experiment or str(load_config([]).run.experiment)
     reason = tracking.unreachable_reason(tracking.tracking_uri())
     if reason:  # (MLflow's client would retry for minutes)
-        print(f"{args.base}  (the tracking server does not answer: {reason})")
-        return 0
+        return (f"{base}  (the tracking server does not answer: {reason})",) * 2
     tracking.use_store()
     found = mlflow.get_experiment_by_name(name)
     if found is None:
-        print(f"{args.base}  (no experiment {name!r} in the store yet: `./dev repro` trains the first model)")
-        return 0
+        return (f"{base}  (no experiment {name!r} in the store yet: `./dev repro` trains the first model)",) * 2
     tracking.tag_experiment(mlflow.MlflowClient(), found, models=True)
-    print(runs_url(args.base, found.experiment_id, ARMS_VIEW_KEY if args.arms else VIEW_KEY))
+    return runs_url(base, found.experiment_id, VIEW_KEY), runs_url(base, found.experiment_id, ARMS_VIEW_KEY)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.ui_link", description=__doc__.split("\n\n")[0])
+    parser.add_argument("base", help="where the UI answers, e.g. http://127.0.0.1:5000")
+    parser.add_argument("--experiment", help="the model experiment (default: run.experiment of params.yaml)")
+    parser.add_argument("--arms", action="store_true", help="the view of the runs grouped by arm (replicates)")
+    args = parser.parse_args(argv)
+    print(links(args.base, args.experiment)[1 if args.arms else 0])
     return 0
 
 

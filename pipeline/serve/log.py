@@ -160,6 +160,29 @@ def log_answer_model(
     return info
 
 
+def logged_model_record(info) -> dict:
+    """What runs/evaluate.json records of the answer model `info` (log_answer_model's ModelInfo):
+    its run, id and URI, the model file's digest, and its directory when the store keeps it on
+    this machine (`model_dir`, else ""). ./dev ask loads that directory as it is, with no MLflow
+    (pipeline/serve/local_model.py), when the run is still runs/train.json's."""
+    from mlflow.utils.file_utils import local_file_uri_to_path
+    from mlflow.utils.uri import is_local_uri
+
+    from pipeline.tracking import store as tracking
+
+    location = str(info.artifact_path or "")
+    local = location and is_local_uri(location, is_tracking_or_registry_uri=False)
+    model_dir = Path(local_file_uri_to_path(location)) if local else None
+    return {
+        "run_id": info.run_id,
+        "model_id": info.model_id,
+        "model_uri": info.model_uri,
+        "tracking_uri": tracking.tracking_uri(),
+        "model_sha256": (info.metadata or {}).get("model_sha256", ""),
+        "model_dir": str(model_dir) if model_dir is not None and (model_dir / "MLmodel").is_file() else "",
+    }
+
+
 def save_answer_model(
     path: str | os.PathLike,
     model_path: str | os.PathLike,

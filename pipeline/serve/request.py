@@ -18,8 +18,6 @@ from typing import Mapping
 
 import numpy as np
 import pandas as pd
-from mlflow.exceptions import MlflowException
-from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from pipeline.core.errors import ConfigError
 
@@ -67,7 +65,12 @@ class Limits:
         return cls(**values)
 
 
-def bad_input(message: str) -> MlflowException:
+def bad_input(message: str):
+    """The MlflowException a refused request raises. MLflow is imported here, not at the top: ./dev
+    ask loads a local model without it (importing it takes seconds), and only a refusal needs it."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 

@@ -1,7 +1,8 @@
 """A real trained model to serve: the project copied into a temporary directory (what `git clone`
 gives), the smoke preset's embed and train stages run there, and the answer model logged into the
 copy's own MLflow store (its mlflow.db) with pipeline.serve.log.log_answer_model, in a model run
-named `train` whose id runs/train.json records, as the train stage records its run. About 40 s on
+named `train` whose id runs/train.json records, as the train stage records its run (and
+runs/evaluate.json where the model is, as the evaluate stage records it). About 40 s on
 2 cores, once per test session (make_answer_project caches it)."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import json, sys
 import mlflow
 from omegaconf import OmegaConf
 from pipeline.data.shards import sha256_file
-from pipeline.serve.log import log_answer_model
+from pipeline.serve.log import log_answer_model, logged_model_record
 from pipeline.tracking import store as tracking
 
 cfg = OmegaConf.load("params.yaml")
@@ -34,6 +35,7 @@ with mlflow.start_run(run_name="train") as run:
 model_sha = sha256_file("models/model.pt")
 tracking.write_run_file("train", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
     "tracking_uri": uri, "model_sha256": model_sha, "model_id": info.model_id})
+tracking.write_run_file("evaluate", logged_model_record(info))  # as the evaluate stage records it
 print(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri, "model_uri": info.model_uri}))
 """
 
