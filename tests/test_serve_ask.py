@@ -104,6 +104,7 @@ def test_a_long_question_is_answered_and_said_to_be_truncated(project):
     assert proc.stdout.index("truncated") > proc.stdout.index("Q: word")  # under the long one
 
 
+@pytest.mark.slow  # a long ask in a subprocess, stopped part-way (the model loads twice)
 def test_ctrl_c_stops_a_long_ask_in_one_line_saying_what_was_answered(project, tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -172,6 +173,7 @@ def test_the_recorded_local_model_answers_without_mlflow_or_a_copy(project, tmp_
     assert "Q: Which currency does Japan use?" in proc.stdout
 
 
+@pytest.mark.slow  # asks twice, once through MLflow's store and download
 def test_the_local_model_answers_as_mlflow_does_and_a_stale_record_goes_through_mlflow(project, tmp_path):
     questions = ["What is the capital of France?", "Who wrote 1984?"]
     fast = ask(project, *questions, "-k", "3")
