@@ -128,10 +128,24 @@ def project(tmp_path):
     return root, env, tmp_path
 
 
+def sigint_as_from_a_terminal() -> None:
+    """preexec_fn: SIGINT back to its default in the child. A process started in the background of
+    a non-interactive shell (as CI may start this suite) inherits SIGINT ignored, and Python then
+    keeps ignoring it, so a SIGINT test would hang there; a person's Ctrl-C reaches a process whose
+    SIGINT is not ignored, which is what is tested."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_stage(root: Path, env: dict, log: Path, *args: str) -> subprocess.Popen:
     with open(log, "w") as out:  # a file, not a pipe: nobody reads a pipe while the test waits
         return subprocess.Popen(
-            [sys.executable, "-m", *args], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+            [sys.executable, "-m", *args],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=sigint_as_from_a_terminal,
         )
 
 
@@ -211,6 +225,7 @@ def test_no_server_outlives_the_process_that_started_it(tmp_path, how):
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=sigint_as_from_a_terminal,
         )
     try:
         url = wait_for(lambda: next(iter(log.read_text().split()), ""), "server URL", proc, log)
@@ -232,7 +247,12 @@ def test_no_server_outlives_a_killed_dev_ui(tmp_path):
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [str(REPO_ROOT / "dev"), "ui", str(port)], cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            [str(REPO_ROOT / "dev"), "ui", str(port)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=sigint_as_from_a_terminal,
         )
     try:
         url = f"http://127.0.0.1:{port}"
