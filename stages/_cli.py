@@ -94,17 +94,21 @@ def run_stage(
             output_dirs.check_outputs(cfg, stage)
             processes = OmegaConf.select(cfg, nproc_key) if nproc_key else 1
             ranked = distributed.under_launcher()
+            launching = processes > 1 and not ranked
+            # The tracking store next: a typo in its URI or a server that does not answer is named
+            # whatever the inputs are, before anything reads them. A launcher only checks (rank 0
+            # tracks, once, before any rank starts); the other ranks never probe the server.
+            if not launching:
+                tracking.configure(cfg.run.tracking if place.is_main else "disabled")
+            elif cfg.run.tracking == "required":
+                tracking.configure("required")
             # What the config costs, before any work and before any rank starts.
             preflight(cfg, stage, place.local_world_size if ranked else processes, None if ranked else costs)
             # One writer per output: a second stage writing the same outputs fails here, naming the first.
             with output_lock.writing(output_lock.stage_outputs(cfg, stage) if place.is_main else []):
-                if processes > 1 and not ranked:
-                    if cfg.run.tracking == "required":
-                        tracking.configure("required")  # an unreachable server fails here, once, before any rank starts
+                if launching:
                     with output_lock.held_for_ranks():
                         return distributed.launch(processes, module, args, name)
-                # Before any work. Only rank 0 tracks; the other ranks never probe the server.
-                tracking.configure(cfg.run.tracking if place.is_main else "disabled")
                 with reading_rule(cfg.run.allow_external_paths):  # what every reader checks (pipeline/core/paths.py)
                     body(cfg)
         except ConfigError as e:

@@ -252,7 +252,7 @@ def run(args) -> dict:
         "a": arm_dict("A", plan.a_sets, state.results["A"]),
         "b": arm_dict("B", plan.b_sets, state.results["B"]),
         "method": {
-            "interval": "paired bootstrap over test items + Student-t draw of the seed spread "
+            "interval": "paired bootstrap over test items + t-distribution draw of the seed spread "
             "(pipeline/evaluate/decision.py)",
             "sequential": "alpha spent over the planned looks, alpha * ln(1 + (e - 1) t) by fraction t "
             "(decision.alpha_spending)",

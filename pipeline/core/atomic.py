@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from pipeline.core.errors import DiskFull
+from pipeline.core.lifetime import process_exists
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # How a full disk shows, as seen on a full 512 KiB tmpfs: Python's own writes and pyarrow raise
@@ -99,16 +100,6 @@ def disk_full_error(dest: str | os.PathLike, e: BaseException, kept: str, hint: 
     )
 
 
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
-
-
 def remove_dead_writers_temps(dest: Path) -> None:
     """The temp files of `dest` whose writing process no longer exists (killed mid-write). A live
     writer's temp (another process writing the same file now) is left alone."""
@@ -116,7 +107,7 @@ def remove_dead_writers_temps(dest: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in os.scandir(dest.parent):
             found = pattern.fullmatch(entry.name)
-            if found and entry.is_file(follow_symlinks=False) and not _process_exists(int(found.group(1))):
+            if found and entry.is_file(follow_symlinks=False) and not process_exists(int(found.group(1))):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
 

@@ -35,6 +35,7 @@ from typing import Iterable, Iterator
 
 from pipeline.core.atomic import current_umask, disk_full_error, is_disk_full
 from pipeline.core.errors import DiskFull, PipelineError
+from pipeline.core.lifetime import process_exists
 
 JOURNAL = "journal.json"
 _PREVIOUS = ".previous"  # suffix of a destination's previous version inside the staging directory
@@ -47,16 +48,6 @@ STAGING_NAME = re.compile(r"\.([a-z]+)-outputs\.(\d+)\.[0-9a-f]{8}\.staging")
 def is_staging(name: str) -> bool:
     """A staging directory's name (output_dirs counts it as the stage's own, not a stranger's file)."""
     return STAGING_NAME.fullmatch(name) is not None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_journal(staging: Path) -> dict | None:
@@ -116,7 +107,7 @@ def recover_dead_staging(parent: Path, stage: str) -> None:
         journal = _read_journal(staging)
         if journal is None or journal.get("stage") != stage or journal.get("host") != socket.gethostname():
             continue  # not ours to judge: another stage's, another host's, or no journal
-        if int(found.group(2)) != journal.get("pid") or _alive(int(found.group(2))):
+        if int(found.group(2)) != journal.get("pid") or process_exists(int(found.group(2))):
             continue
         if journal.get("state") == "committing":
             for name in journal.get("writes") or []:

@@ -13,7 +13,7 @@ items, or a baseline (identity, ridge, nearest: the same for every seed). For on
     (seed_variance.SeedVar: the variance of a run's mean, pooled from the arms' own replicates
     and the committed reference when it matches). Not bootstrapped: a bootstrap over 1 to 5 seeds
     cannot see how uncertain that variance itself is, and its intervals come out too narrow.
-    Each item resample is paired with a Student-t draw (the variance's degrees of freedom) scaled
+    Each item resample is paired with a t-distribution draw (the variance's degrees of freedom) scaled
     to that standard deviation; the t quantiles are stratified and shuffled by a fixed seed, so
     the result is deterministic. The run-mean variance holds the items that flip between seeds,
     which the item bootstrap holds too: the item draws are shrunk by that part so that it counts
@@ -286,7 +286,7 @@ def needed_seeds(
     a: ArmRuns, b: ArmRuns, metric: str, d: np.ndarray, var: SeedVar | None, level: float, margin: float
 ) -> int | None:
     """About how many seeds per arm would settle it, if the difference stays what it is now: the
-    fewest n, more than the runs there are, whose interval (a Student-t with the degrees of
+    fewest n, more than the runs there are, whose interval (a t distribution with the degrees of
     freedom n seeds would give) excludes 0 or fits in the margin. None when no number of seeds up
     to MAX_SEEDS_ESTIMATE would (the test items' own luck is wider than both)."""
     trained = [x for x in (a, b) if not x.deterministic]

@@ -11,7 +11,7 @@ x[s, i]. Read it as a two-way layout, x[s, i] = mu + a_i + u_s + e_si:
 So a comparison must add the variance of u to the item bootstrap, and no more: the spread of
 run means holds u and e (var(run means) = var(u) + var(e) / items), and e is in the bootstrap
 already. How it is added (decision.py): the seed part is drawn from the spread of run means,
-whose estimate is an exact scaled chi-square (a Student-t with runs - 1 degrees of freedom is
+whose estimate is an exact scaled chi-square (a t distribution with runs - 1 degrees of freedom is
 then exact), and the item part is shrunk by the e it would count twice. Estimating var(u)
 alone by subtracting mean squares (the method of moments) is no substitute: with 2 or 3 runs it
 often comes out near 0, and intervals built on it are too narrow (tests/test_decision.py holds the
@@ -258,7 +258,7 @@ def _sig(x: float) -> float:
 
 
 def t_draws(df: int, n: int, seed: int) -> np.ndarray:
-    """n stratified Student-t quantiles in a fixed shuffled order (the same on every machine)."""
+    """n stratified t-distribution quantiles in a fixed shuffled order (the same on every machine)."""
     q = sps.t.ppf((np.arange(n) + 0.5) / n, df)
     return q[np.random.Generator(np.random.PCG64(seed)).permutation(n)]
 
@@ -268,7 +268,7 @@ def with_seed_luck(
 ) -> np.ndarray:
     """Item-bootstrap draws of a mean (or difference) centred on `centre`, with the seed luck of
     runs worth `weight` (sum of 1 / runs of the trained sides) added: the item draws shrunk by the
-    seed x item part they share with run_var, plus a stratified Student-t draw of the run spread."""
+    seed x item part they share with run_var, plus a stratified t-distribution draw of the run spread."""
     if var is None or weight == 0:
         return item_draws
     out = item_draws
