@@ -6,9 +6,13 @@ baseline (CI and p-value).
 Writes metrics/eval.json, reports/eval_items.parquet (one row per test item: ranks, top-5 bank
 ids, cosine; in its metadata the preset, arm, seed and data it came from; `./dev compare` reads
 it) and reports/eval_samples.csv (decoded examples).
+Calibrates the answer model's confidence rule on val (pipeline/evaluate/abstention.py: when its
+top answer is right often enough to be given as an answer) and measures it on test and on
+questions whose answer is not in the bank (evaluate.out_of_bank_questions): eval/answer/... keys.
 Logs them once, to the model's MLflow run and its logged model, under eval/... keys. The logged
 model is the trained model as a text-in, text-out service (pipeline/serve/: questions in, the
-bank's nearest answers out), logged to the model's run as `model` with the bank it was scored on."""
+bank's nearest answers out, each saying whether it is confident), logged to the model's run as
+`model` with the bank it was scored on and the rule calibrated here."""
 
 from __future__ import annotations
 
@@ -26,9 +30,10 @@ from pipeline.core import resources
 from pipeline.core.arm import arm_of, data_digest
 from pipeline.core.atomic import atomic_path, write_json
 from pipeline.core.output_transaction import outputs
-from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, repo_path
+from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, check_readable_inside, repo_path
 from pipeline.core.preflight import Need, check_memory
 from pipeline.data.shards import load_manifest, open_split, sha256_file
+from pipeline.evaluate import abstention
 from pipeline.evaluate.item_tables import TableMeta, write_items
 from pipeline.evaluate.retrieval import (
     BASELINES,
@@ -104,6 +109,21 @@ def _run(cfg, tx) -> dict:
         metrics.update(flat)
         if split == "test":
             test_items, test_estimates = items, estimates
+    answers = abstention.measure(
+        model,
+        shards,
+        bank,
+        ev.answer_precision,
+        ev.answer_floor_keep,
+        out_of_bank_inputs(cfg, manifest),
+    )
+    metrics.update(answers.metrics)
+    if answers.rule.margin_threshold is None:
+        log.warning(
+            "answer confidence: no margin threshold reaches precision %.2f on val (evaluate.answer_precision): "
+            "the logged model is never confident",
+            ev.answer_precision,
+        )
     write_json(tx.path(EVAL_JSON), metrics)
     with atomic_path(tx.path(ITEMS_PARQUET)) as tmp:
         write_items(test_items, tmp, table_meta(cfg, payload, manifest))
@@ -119,7 +139,9 @@ def _run(cfg, tx) -> dict:
         with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")):
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.
-            logged = log_answer_model(model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size)
+            logged = log_answer_model(
+                model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size, answers.rule, answers.calibration
+            )
             tracking.set_tags(
                 {
                     "eval.ci_covers": covered,
@@ -133,7 +155,27 @@ def _run(cfg, tx) -> dict:
             tracking.write_run_file("evaluate", logged_model_record(logged), tx)
     for line in summary_lines(test_estimates, bank.size, len(test_items), covered):
         log.info("%s", line)
+    log.info("%s", answers.summary())
     return metrics
+
+
+def out_of_bank_inputs(cfg, manifest: dict):
+    """The out-of-bank questions (evaluate.out_of_bank_questions) embedded as the served model
+    embeds a question: the shards' teacher, embed.batch_size, stored at the shards' dtype. None
+    when the parameter is "" (no such list)."""
+    given = str(cfg.evaluate.out_of_bank_questions or "")
+    if not given:
+        return None
+    import numpy as np
+
+    from pipeline.embed.teacher import encode_texts, load_teacher
+    from pipeline.serve.log import teacher_load_name
+
+    path = check_readable_inside(repo_path(given), "parameter 'evaluate.out_of_bank_questions'")
+    questions = abstention.read_questions(path)
+    teacher = load_teacher(teacher_load_name(dict(manifest.get("teacher") or {})))
+    x = encode_texts(teacher, questions, int(cfg.embed.batch_size), progress=False)
+    return x.astype(str(manifest.get("dtype", "float32")), copy=False).astype(np.float32, copy=False)
 
 
 def covers(reference, preset: str) -> str:

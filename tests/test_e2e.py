@@ -86,6 +86,14 @@ def test_metrics_are_finite_and_named_split_slash_metric(project):
         assert math.isfinite(ev[key]), key
     assert 0 <= ev["eval/test/model/top1"] <= ev["eval/test/model/top5"] <= 1
     assert ev["eval/test/model/top1"] <= ev["eval/test/model/group_top1"] <= ev["eval/test/model/group_top5"] <= 1
+    # The answer model's confidence rule, calibrated on val and measured on held-out questions: a
+    # smoke model may reach no threshold (inf: never confident), and then answers nothing, so its
+    # precision is NaN.
+    assert ev["eval/answer/threshold"] >= 0 and ev["eval/answer/out_of_bank_questions"] > 0
+    for split in ("val", "test"):
+        share, precision = ev[f"eval/answer/{split}_answered_share"], ev[f"eval/answer/{split}_answered_precision"]
+        assert 0 <= share <= 1 and (0 <= precision <= 1 or (share == 0 and math.isnan(precision))), (split, ev)
+    assert 0 <= ev["eval/answer/out_of_bank_refused_share"] <= 1
     stab = json.loads((root / "metrics/stability.json").read_text())
     assert_clean_report(stab)
     for check in CHECK_ORDER:

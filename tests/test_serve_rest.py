@@ -43,6 +43,7 @@ def test_dataframe_split_and_records_get_the_models_answers(server, in_process):
     assert status == 200, body
     rows = body["predictions"]
     assert [r["answers"] for r in rows] == list(in_process["answers"])
+    assert [r["confident"] for r in rows] == in_process["confident"].tolist() == [True] * len(rows)
     for r, scores in zip(rows, in_process["scores"]):
         assert r["scores"] == pytest.approx(scores, abs=1e-6) and r["scores"] == sorted(r["scores"], reverse=True)
     status, body = invoke(server, {"dataframe_records": [{"question": q} for q in QUESTIONS], "params": {"k": 3}})

@@ -14,7 +14,10 @@ bank and teacher); a local --model directory is loaded the same way. Otherwise i
 mlflow.pyfunc.load_model. --model takes any MLflow model URI
 (runs:/<run_id>/model, models:/<model_id>, a local directory made with
 pipeline.serve.log.save_answer_model). Scores are cosines between the model's prediction and each
-answer's teacher vector (1 = same direction), best first. A question longer than the teacher's
+answer's teacher vector (1 = same direction), best first, one answer per fact. A question whose
+top answer is not confident (the rule the evaluate stage calibrated on val: docs/serving.md) is
+answered with "no confident answer (why); best guesses:" before its answers; a model logged
+before answers carried a confidence says its confidence is unknown. A question longer than the teacher's
 window (its max_seq_length tokens) is answered from its beginning, and says so.
 
 Many questions are asked in batches (a multiple of the model's train.batch_size, so the answers
@@ -184,13 +187,44 @@ def check_answer_model(uri: str, name: str | None = None):
     return info
 
 
-def render(questions: list[str], answers, scores, truncated=None, window: int | None = None) -> str:
+UNKNOWN = (
+    "(confidence unknown: the model was logged before answers said whether they are confident; "
+    "re-run the evaluate stage to log one that does)"
+)
+
+
+def verdict(texts, values, confident, rule) -> str | None:
+    """The line before a question's answers when its top answer is not confident (None when it is)."""
+    if confident is None or (isinstance(confident, float) and confident != confident):
+        return UNKNOWN
+    if bool(confident):
+        return None
+    if rule is None or not len(values):
+        return "no confident answer; best guesses:"
+    top = float(values[0])
+    margin = top - float(values[1]) if len(values) > 1 else float("inf")
+    if rule.margin_threshold is not None and top >= rule.score_floor and len(values) < 2:
+        close = f"the next fact scores within {rule.margin_threshold:.4f} of it"
+        return f"no confident answer ({close}: -k 2 shows it); best guess:"
+    return f"no confident answer ({rule.why_not(top, margin)}); best guesses:"
+
+
+def render(
+    questions: list[str], answers, scores, truncated=None, window: int | None = None, confident=None, rule=None
+) -> str:
+    """Each question, then its answers with their scores. `confident` (one per question, None for
+    a model without a confidence rule): a question whose top answer is not confident says so,
+    and why (`rule`: the model's ConfidenceRule), before its best guesses."""
     lines = []
     cut = truncated if truncated is not None else [False] * len(questions)
-    for q, texts, values, was_cut in zip(questions, answers, scores, cut):
+    sure = confident if confident is not None else [None] * len(questions)
+    for q, texts, values, was_cut, ok in zip(questions, answers, scores, cut, sure):
         lines.append(f"Q: {q}")
         if was_cut:
             lines.append(f"  (truncated: the teacher read only its first {window or 'window of'} tokens of it)")
+        note = verdict(texts, values, ok, rule)
+        if note:
+            lines.append(f"  {note}")
         for rank, (text, score) in enumerate(zip(texts, values), 1):
             lines.append(f"  {rank}. {score:.3f}  {text}")
         lines.append("")
@@ -270,14 +304,19 @@ def answer_all(args, predict, meta: dict, limits, tally: Tally, ctrl_c: CtrlC) -
     batch at a time, printing each batch's answers as it is done."""
     import pandas as pd
 
+    from pipeline.serve.confidence import ConfidenceRule
+
     window = (meta.get("teacher_identity") or {}).get("max_seq_length")
+    rule = ConfidenceRule.from_config(meta)  # the metadata records the rule as the config does
     batch = batch_size(int(meta.get("train_batch_size") or 0), limits.max_rows)
     with progress_bar(len(args.questions), batch, sys.stderr) as bar:
         for start in range(0, len(args.questions), batch):
             questions = args.questions[start : start + batch]
             out = predict(pd.DataFrame({"question": questions}), params={"k": args.k})
-            cut = out["truncated"] if "truncated" in out else None  # (a model logged before it said)
-            text = render(questions, out["answers"], out["scores"], cut, window)
+            # Columns a model logged before them lacks: its answers are shown without them.
+            cut = out["truncated"] if "truncated" in out else None
+            sure = out["confident"].tolist() if "confident" in out else None
+            text = render(questions, out["answers"], out["scores"], cut, window, sure, rule)
             bar.clear()
             with ctrl_c.held():  # the count Ctrl-C reports is what was printed
                 print(text + ("\n" if start + batch < len(args.questions) else ""), flush=True)

@@ -13,8 +13,8 @@ What is left out of the arm, so that it names the same arm wherever and however 
   embed stage's processes and batch size, checkpoint and logging cadence, threads and device,
   the flow loop's form and CUDA graph capture (the numerics differ in the last bits, not in what
   is learned), the limits a dataset is read within (a file they let in is read the same way
-  whatever they are), the evaluate stage's sampling
-  and bootstrap, the report's thresholds.
+  whatever they are), the evaluate stage's sampling,
+  bootstrap and answer-confidence calibration, the report's thresholds.
 A key not named here is part of the arm: a new parameter splits arms until it is listed, rather
 than silently merging runs that differ in it.
 
@@ -66,6 +66,9 @@ NOT_ARM_KEYS = frozenset(
         "evaluate.samples",
         "evaluate.bootstrap_resamples",
         "evaluate.bootstrap_seed",
+        "evaluate.answer_precision",
+        "evaluate.answer_floor_keep",
+        "evaluate.out_of_bank_questions",
     }
 )
 NOT_ARM_SECTIONS = ("report.",)  # the report judges a run; it does not make it

@@ -54,6 +54,9 @@ class Bank:
     vectors: torch.Tensor  # (size, dim), unit length
     index: dict[str, int]  # text -> bank position
     group_members: dict[str, np.ndarray]  # group -> bank positions of its texts
+    # The group of each text's first row: the one group the answer model gives it, so that its
+    # top answers are distinct facts (a text in several groups is rare: one answer to two facts).
+    groups: list[str]
 
     @property
     def size(self) -> int:
@@ -63,7 +66,7 @@ class Bank:
 def build_bank(shards: Sequence) -> Bank:
     """The retrieval bank over the given splits (pass all of them: train, val, test)."""
     index: dict[str, int] = {}
-    ids, rows = [], []
+    ids, rows, first_groups = [], [], []
     members: dict[str, set[int]] = {}
     for shard in shards:
         firsts = []
@@ -72,6 +75,7 @@ def build_bank(shards: Sequence) -> Bank:
             if j is None:
                 j = index[text] = len(ids)
                 ids.append(str(shard.ids[i]))
+                first_groups.append(str(group))
                 firsts.append(i)
             members.setdefault(str(group), set()).add(j)
         if firsts:
@@ -83,6 +87,7 @@ def build_bank(shards: Sequence) -> Bank:
         vectors,
         index,
         {g: np.fromiter(sorted(m), dtype=np.int64, count=len(m)) for g, m in members.items()},
+        first_groups,
     )
 
 

@@ -6,7 +6,10 @@ from a logged model's local directory (pipeline/serve/local_model.py) when that 
 this checkout's, which spares it importing MLflow and opening the tracking store.
 
 answer: a DataFrame with a `question` column -> a DataFrame with, per row, `answers` (the k
-nearest bank texts, best first), `scores` (their cosines to the model's prediction) and
+nearest distinct facts of the bank, each as its best-scoring text, best first: one fact in other
+words is one answer, pipeline/serve/ranking.py), `scores` (their cosines to the model's
+prediction), `confident` (whether the top answer passes the confidence rule calibrated on the
+validation split, pipeline/serve/confidence.py; None for a model logged without one) and
 `truncated` (the teacher read only the question's first max_seq_length tokens). A request over
 the limits (pipeline.serve.request.Limits, read from the environment at load time) is refused
 before anything is embedded. A question goes the way a row goes through the pipeline: embedded
@@ -31,7 +34,9 @@ from pipeline.embed.teacher import encode_texts, load_teacher, resolve_teacher
 from pipeline.evaluate.retrieval import predict as model_predict
 from pipeline.model.model_file import load_model
 from pipeline.serve.bank import load_bank
-from pipeline.serve.request import ANSWERS, SCORES, TRUNCATED, Limits, questions_of, top_k
+from pipeline.serve.confidence import ConfidenceRule
+from pipeline.serve.ranking import distinct_top, group_sizes, top_and_margin
+from pipeline.serve.request import ANSWERS, CONFIDENT, SCORES, TRUNCATED, Limits, questions_of, top_k
 from pipeline.serve.teacher_digest import teacher_weights_digest
 from pipeline.serve.window import truncated, window
 
@@ -56,6 +61,13 @@ class Answerer:
         self.texts = np.asarray(bank.texts, dtype=object)
         # A torch tensor of unit rows: one matrix product and one torch.topk per request.
         self.bank_vectors = torch.from_numpy(bank.vectors)
+        self.group_ids = torch.from_numpy(bank.group_ids())
+        self.groups = int(self.group_ids.max()) + 1 if len(self.group_ids) else 0
+        self.max_members = group_sizes(self.group_ids)
+        try:
+            self.confidence = ConfidenceRule.from_config(config)  # None: logged before answers had one
+        except PipelineError as e:
+            raise PipelineError(f"{artifacts['model']}: {e}") from None
         if not self.model.dim == bank.dim == int(config["dim"]):
             raise PipelineError(
                 f"{artifacts['model']}: the model maps {self.model.dim}-d embeddings, the bank "
@@ -80,10 +92,12 @@ class Answerer:
         return teacher
 
     def answer(self, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
-        k = top_k(params, len(self.texts))
+        k = top_k(params, self.groups)
         questions = questions_of(model_input, self.limits, window(self.teacher))
         if not questions:
-            return pd.DataFrame({ANSWERS: [], SCORES: [], TRUNCATED: pd.Series([], dtype=bool)})
+            return pd.DataFrame(
+                {ANSWERS: [], SCORES: [], CONFIDENT: pd.Series([], dtype=bool), TRUNCATED: pd.Series([], dtype=bool)}
+            )
         with self.lock:
             return self._answer(questions, k)
 
@@ -94,6 +108,15 @@ class Answerer:
         # The shards hold vectors at embed.dtype (float16 halves them): the model saw them so.
         x = x.astype(self.embed_dtype, copy=False).astype(np.float32, copy=False)  # no copy at float32
         pred = torch.from_numpy(model_predict(self.model, x, self.train_batch_size))
-        scores, idx = torch.topk(F.normalize(pred, dim=1) @ self.bank_vectors.T, k, dim=1)
-        answers = [list(row) for row in self.texts[idx.numpy()]]
-        return pd.DataFrame({ANSWERS: answers, SCORES: scores.double().tolist(), TRUNCATED: cut})
+        sims = F.normalize(pred, dim=1) @ self.bank_vectors.T
+        # Two facts at least, for the margin of the best over the second best.
+        scores, idx = distinct_top(sims, self.group_ids, max(k, 2), self.max_members)
+        if self.confidence is None:
+            confident = [None] * len(questions)
+        else:
+            top, margin = top_and_margin(scores)
+            confident = self.confidence.confident(top.numpy(), margin.numpy()).tolist()
+        answers = [list(row) for row in self.texts[idx[:, :k].numpy()]]
+        return pd.DataFrame(
+            {ANSWERS: answers, SCORES: scores[:, :k].double().tolist(), CONFIDENT: confident, TRUNCATED: cut}
+        )

@@ -2,11 +2,16 @@
 bank the evaluate stage scores retrieval against (pipeline.evaluate.retrieval.build_bank over the
 train, val and test splits), saved to one `.npz` with no pickle in it.
 
-The file holds two plain arrays: `vectors`, float32 (size, dim), unit length as build_bank makes
-them, and `texts`, the UTF-8 bytes of a JSON list of the texts (uint8), so that
-`np.load(..., allow_pickle=False)` reads it. Its digest (`bank_digest`) is a sha256 over the
-vectors' bytes and the texts, computed the same way on save and on load: the logged model records
-it, and a file whose content does not match is refused."""
+The file holds plain arrays: `vectors`, float32 (size, dim), unit length as build_bank makes
+them; `texts`, the UTF-8 bytes of a JSON list of the texts (uint8); and `groups`, the same for
+each text's group (embed.group_field: texts that are one fact in other words), so that
+`np.load(..., allow_pickle=False)` reads it. The groups let the model answer with distinct facts
+rather than one fact in several phrasings. Its digest (`bank_digest`) is a sha256 over the
+vectors' bytes, the texts and the groups, computed the same way on save and on load: the logged
+model records it, and a file whose content does not match is refused.
+
+A bank written before banks held groups has no `groups` array: it still loads, each text its own
+group, and its digest is the one it was logged with (the format without groups)."""
 
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ import numpy as np
 from pipeline.core.errors import PipelineError
 
 SPLITS = ("train", "val", "test")  # build_bank's order: a text's first row decides nothing else
-_DIGEST_TAG = b"energy-flow answer bank v1\0"  # a format change must change every digest
+_DIGEST_TAG = b"energy-flow answer bank v1\0"  # banks without groups, as they were logged
+_DIGEST_TAG_GROUPS = b"energy-flow answer bank v2\0"  # a format change must change every digest
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,8 @@ class AnswerBank:
     texts: list[str]
     vectors: np.ndarray  # float32 (size, dim), unit length, row i is texts[i]'s
     sha256: str
+    # groups[i]: texts[i]'s group; None: a bank saved without groups, each text its own group.
+    groups: list[str] | None = None
 
     @property
     def size(self) -> int:
@@ -38,19 +46,30 @@ class AnswerBank:
     def dim(self) -> int:
         return int(self.vectors.shape[1])
 
+    def group_ids(self) -> np.ndarray:
+        """int64 (size,): each text's group as a number, 0 .. groups - 1."""
+        if self.groups is None:
+            return np.arange(self.size, dtype=np.int64)
+        return np.unique(np.asarray(self.groups, dtype=object).astype(str), return_inverse=True)[1].astype(np.int64)
+
 
 def _texts_bytes(texts: list[str]) -> bytes:
     return json.dumps(texts, ensure_ascii=False).encode("utf-8")
 
 
-def bank_digest(vectors: np.ndarray, texts: list[str]) -> str:
-    """sha256 over the shape, the float32 little-endian C-order bytes of the vectors and the UTF-8
-    JSON of the texts: the same bank gives the same digest wherever it was written."""
+def bank_digest(vectors: np.ndarray, texts: list[str], groups: list[str] | None = None) -> str:
+    """sha256 over the shape, the float32 little-endian C-order bytes of the vectors, the UTF-8
+    JSON of the texts and, when there are groups, of the groups: the same bank gives the same
+    digest wherever it was written. Without groups it is the digest banks had before they held
+    groups, so a model logged then still loads."""
     v = np.ascontiguousarray(vectors, dtype="<f4")
-    h = hashlib.sha256(_DIGEST_TAG)
+    h = hashlib.sha256(_DIGEST_TAG if groups is None else _DIGEST_TAG_GROUPS)
     h.update(f"{v.shape[0]}x{v.shape[1]}\0".encode())
     h.update(v.tobytes())
     h.update(_texts_bytes(texts))
+    if groups is not None:
+        h.update(b"\0")
+        h.update(_texts_bytes(groups))
     return h.hexdigest()
 
 
@@ -61,7 +80,8 @@ def bank_from_shards(shard_dir: str | os.PathLike) -> AnswerBank:
 
     bank = build_bank([open_split(shard_dir, split) for split in SPLITS])
     vectors = bank.vectors.numpy().astype(np.float32, copy=False)
-    return AnswerBank(list(bank.texts), vectors, bank_digest(vectors, bank.texts))
+    texts, groups = list(bank.texts), list(bank.groups)
+    return AnswerBank(texts, vectors, bank_digest(vectors, texts, groups), groups)
 
 
 def save_bank(bank: AnswerBank, path: str | os.PathLike) -> Path:
@@ -69,9 +89,14 @@ def save_bank(bank: AnswerBank, path: str | os.PathLike) -> Path:
     a plain read). Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    texts = np.frombuffer(_texts_bytes(bank.texts), dtype=np.uint8)
+    arrays = {
+        "vectors": np.ascontiguousarray(bank.vectors, dtype=np.float32),
+        "texts": np.frombuffer(_texts_bytes(bank.texts), dtype=np.uint8),
+    }
+    if bank.groups is not None:
+        arrays["groups"] = np.frombuffer(_texts_bytes(bank.groups), dtype=np.uint8)
     with open(path, "wb") as f:  # a file object: np.savez would otherwise append ".npz"
-        np.savez(f, vectors=np.ascontiguousarray(bank.vectors, dtype=np.float32), texts=texts)
+        np.savez(f, **arrays)
     return path
 
 
@@ -82,25 +107,36 @@ def load_bank(path: str | os.PathLike, expected_sha256: str) -> AnswerBank:
     try:
         with np.load(path, allow_pickle=False) as f:
             vectors, raw = f["vectors"], f["texts"]
+            raw_groups = f["groups"] if "groups" in f.files else None  # absent: saved before banks held groups
     except (OSError, ValueError, KeyError) as e:
         raise PipelineError(
-            f"{path}: not a readable answer bank ({e}); expected the .npz of `vectors` (float32) and "
-            "`texts` (UTF-8 JSON) that pipeline.serve.bank.save_bank writes"
+            f"{path}: not a readable answer bank ({e}); expected the .npz of `vectors` (float32), "
+            "`texts` and `groups` (UTF-8 JSON) that pipeline.serve.bank.save_bank writes"
         ) from None
-    try:
-        texts = json.loads(raw.tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise PipelineError(f"{path}: its `texts` are not UTF-8 JSON ({e}); expected a JSON list of strings") from None
-    if vectors.dtype != np.float32 or vectors.ndim != 2 or not isinstance(texts, list) or len(texts) != len(vectors):
+    texts = _json_list(path, "texts", raw)
+    groups = None if raw_groups is None else _json_list(path, "groups", raw_groups)
+    if vectors.dtype != np.float32 or vectors.ndim != 2 or len(texts) != len(vectors):
         raise PipelineError(
-            f"{path}: `vectors` is {vectors.dtype} {vectors.shape} for "
-            f"{len(texts) if isinstance(texts, list) else '?'} texts; expected float32 (texts, dim), one row per text"
+            f"{path}: `vectors` is {vectors.dtype} {vectors.shape} for {len(texts)} texts; "
+            "expected float32 (texts, dim), one row per text"
         )
-    digest = bank_digest(vectors, texts)
+    if groups is not None and len(groups) != len(texts):
+        raise PipelineError(f"{path}: {len(groups)} `groups` for {len(texts)} texts; expected one group per text")
+    digest = bank_digest(vectors, texts, groups)
     if digest != expected_sha256:
         raise PipelineError(
             f"{path}: the answer bank's content has sha256 {digest[:16]}..., but the model was logged with "
             f"{str(expected_sha256)[:16]}...: the file was changed or belongs to another model; refusing to "
             "answer from it (log the model again with its own bank)"
         )
-    return AnswerBank(texts, vectors, digest)
+    return AnswerBank(texts, vectors, digest, groups)
+
+
+def _json_list(path: Path, name: str, raw: np.ndarray) -> list[str]:
+    try:
+        values = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise PipelineError(f"{path}: its `{name}` are not UTF-8 JSON ({e}); expected a JSON list of strings") from None
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise PipelineError(f"{path}: its `{name}` are not a JSON list of strings")
+    return values

@@ -24,6 +24,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.data.shards import load_manifest, sha256_file
 from pipeline.embed.teacher import BUNDLED
 from pipeline.serve.bank import bank_from_shards, save_bank
+from pipeline.serve.confidence import CONFIG_KEY, ConfidenceRule
 from pipeline.serve.request import signature
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,17 @@ def _no_input_example_warning() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _model_parts(
-    model_path: str | os.PathLike, shard_dir: str | os.PathLike, batch_size: int, embed_batch_size: int
+    model_path: str | os.PathLike,
+    shard_dir: str | os.PathLike,
+    batch_size: int,
+    embed_batch_size: int,
+    confidence: ConfidenceRule | None = None,
+    calibration: dict | None = None,
 ) -> Iterator[dict]:
     """The keyword arguments of mlflow.pyfunc.log_model / save_model, with the bank written to a
-    temporary file (MLflow copies it into the model) that is removed afterwards."""
+    temporary file (MLflow copies it into the model) that is removed afterwards. `confidence`:
+    the rule the evaluate stage calibrated (None: the model's answers say confidence unknown);
+    `calibration`: what it measured, for the model's metadata."""
     model_path, shard_dir = Path(model_path), Path(shard_dir)
     if not model_path.is_file():
         raise PipelineError(f"{model_path} not found: expected the trained model file (models/model.pt)")
@@ -92,6 +100,7 @@ def _model_parts(
         "teacher_weights_sha256": teacher.get("weights_sha256"),
         "dim": int(manifest["dim"]),
         "bank_sha256": bank.sha256,
+        **({CONFIG_KEY: confidence.to_config()} if confidence is not None else {}),
     }
     metadata = {
         "bank_sha256": bank.sha256,
@@ -103,6 +112,7 @@ def _model_parts(
         "embed_batch_size": int(embed_batch_size),
         "embed_dtype": config["embed_dtype"],
         "embedding_dim": int(manifest["dim"]),
+        **({CONFIG_KEY: {**confidence.to_config(), **(calibration or {})}} if confidence is not None else {}),
     }
     with tempfile.TemporaryDirectory(prefix="answer-bank-") as tmp:
         yield {
@@ -121,6 +131,8 @@ def log_answer_model(
     shard_dir: str | os.PathLike,
     batch_size: int,
     embed_batch_size: int,  # the caller's embed.batch_size
+    confidence: ConfidenceRule | None = None,
+    calibration: dict | None = None,
 ):
     """Log the answer model as `model` into the run this process logs to: the active MLflow run,
     or the run a stage adds to (pipeline.tracking.store.adding_to_run: evaluate adds to the model's
@@ -130,7 +142,8 @@ def log_answer_model(
     model_path: the trained model file (models/model.pt); shard_dir: the shards it was trained on
     (embed.out_dir: the bank and the teacher come from them); batch_size: train.batch_size (the
     model predicts in batches of it); embed_batch_size: embed.batch_size (questions are embedded
-    in batches of it, as the shards' texts were)."""
+    in batches of it, as the shards' texts were); confidence: the rule the evaluate stage
+    calibrated on val, and calibration its figures (the model's metadata)."""
     import mlflow
     from mlflow.models import Model
 
@@ -145,7 +158,10 @@ def log_answer_model(
             "none: call it inside mlflow.start_run() or pipeline.tracking.store.adding_to_run()"
         )
     t0 = time.perf_counter()
-    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts, _no_input_example_warning():
+    with (
+        _model_parts(model_path, shard_dir, batch_size, embed_batch_size, confidence, calibration) as parts,
+        _no_input_example_warning(),
+    ):
         # What mlflow.pyfunc.log_model does, with the run named: it logs to the active run only.
         info = Model.log(
             artifact_path=None,
@@ -189,11 +205,16 @@ def save_answer_model(
     shard_dir: str | os.PathLike,
     batch_size: int,
     embed_batch_size: int,  # the caller's embed.batch_size
+    confidence: ConfidenceRule | None = None,
+    calibration: dict | None = None,
 ) -> Path:
     """The same model as log_answer_model, saved to the local directory `path` (which must not
     exist or be empty): `mlflow.pyfunc.load_model(path)` and `mlflow models serve -m path` take it."""
     import mlflow
 
-    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size) as parts, _no_input_example_warning():
+    with (
+        _model_parts(model_path, shard_dir, batch_size, embed_batch_size, confidence, calibration) as parts,
+        _no_input_example_warning(),
+    ):
         mlflow.pyfunc.save_model(str(path), **parts)
     return Path(path)

@@ -22,7 +22,7 @@ import pandas as pd
 from pipeline.core.errors import ConfigError
 
 QUESTION = "question"  # the input column
-ANSWERS, SCORES, TRUNCATED = "answers", "scores", "truncated"  # the output columns
+ANSWERS, SCORES, CONFIDENT, TRUNCATED = "answers", "scores", "confident", "truncated"  # the output columns
 DEFAULT_K = 5  # answers per question when the request does not say
 
 ROWS_VAR = "ENERGY_FLOW_SERVE_MAX_ROWS"
@@ -121,7 +121,8 @@ def questions_of(model_input, limits: Limits | None = None, window: int | None =
 
 
 def top_k(params: dict | None, bank_size: int) -> int:
-    """The param k, checked; more than the bank holds gives the whole bank, ranked."""
+    """The param k, checked; more than the bank holds (`bank_size`: its distinct facts) gives the
+    whole bank, ranked."""
     k = (params or {}).get("k", DEFAULT_K)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise bad_input(f"param k = {k!r}; expected an integer >= 1 (answers per question)")
@@ -129,9 +130,11 @@ def top_k(params: dict | None, bank_size: int) -> int:
 
 
 def signature():
-    """Input: a `question` string per row. Outputs: `answers` (k strings) and `scores` (k cosines),
-    best first, and `truncated` (the teacher read only the question's first max_seq_length
-    tokens). Param: k (answers per question, default DEFAULT_K)."""
+    """Input: a `question` string per row. Outputs: `answers` (k strings, k distinct facts) and
+    `scores` (k cosines), best first, `confident` (the top answer passes the confidence rule
+    calibrated on val; null for a model logged without one) and `truncated` (the teacher read
+    only the question's first max_seq_length tokens). Param: k (answers per question, default
+    DEFAULT_K)."""
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
     from mlflow.types.schema import Array
@@ -142,6 +145,7 @@ def signature():
             [
                 ColSpec(Array(DataType.string), ANSWERS),
                 ColSpec(Array(DataType.double), SCORES),
+                ColSpec(DataType.boolean, CONFIDENT, required=False),  # null: the model has no rule
                 ColSpec(DataType.boolean, TRUNCATED),
             ]
         ),

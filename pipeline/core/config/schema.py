@@ -332,6 +332,22 @@ class EvaluateConfig:
         doc="paired bootstrap resamples over test items for every 95 % CI (pipeline/evaluate/stats.py)",
     )
     bootstrap_seed: int = param(SEED, doc="seed of the bootstrap: the same CIs on every run and machine")
+    # The answer model's confidence rule, calibrated on val (pipeline/evaluate/abstention.py).
+    answer_precision: float = param(
+        within(0, 1, "(]", "a fraction"),
+        doc="precision the confident top answers must reach on val: the margin threshold is the lowest "
+        "that reaches it (none reaching it: never confident)",
+    )
+    answer_floor_keep: float = param(
+        within(0, 1, "(]", "a fraction"),
+        doc="share of val's rightly answered questions the score floor keeps: a question whose best "
+        "answer scores under the floor is unlike the bank's and gets no confident answer",
+    )
+    out_of_bank_questions: str = param(
+        OPTIONAL_PATH,
+        doc="CSV (question,entity) of questions whose answer is not in the bank; their refused share is "
+        'measured; "" = none',
+    )
 
 
 @dataclass
