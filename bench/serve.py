@@ -114,7 +114,7 @@ def parts(answerer, questions: list[str]) -> dict[str, float]:
     import torch.nn.functional as F
 
     from pipeline.embed.teacher import encode_texts
-    from pipeline.evaluate.retrieval import predict
+    from pipeline.evaluate.prediction import predict
 
     teacher, embed_bs = answerer.teacher, answerer.embed_batch_size
     encode, x = clock.measure(lambda: encode_texts(teacher, questions, embed_bs, progress=False))

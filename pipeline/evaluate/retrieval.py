@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipeline.data.loader import BatchLoader
+from pipeline.evaluate.prediction import predict  # noqa: F401 - part of this module's interface
 from pipeline.evaluate.seed_variance import with_seed_luck
 from pipeline.evaluate.stats import Estimate, intervals, p_value, resample_means
 
@@ -220,15 +220,6 @@ def item_table(shard, bank: Bank, scores: dict[str, dict[str, np.ndarray]]) -> p
             for c in ("rank", "group_rank", "cosine", "mse"):
                 table[f"{b}_{c}"] = sc[c]
     return pd.DataFrame(table)
-
-
-@torch.no_grad()
-def predict(model, inputs: np.ndarray, batch_size: int, device: torch.device | str = "cpu") -> np.ndarray:
-    model.eval()
-    outs = []
-    for x, _ in BatchLoader(inputs, inputs, batch_size, shuffle=False):
-        outs.append(model(x.to(device)).pred.float().cpu().numpy())
-    return np.concatenate(outs) if outs else np.zeros((0, model.dim), dtype=np.float32)
 
 
 RIDGE_CHUNK = 65536  # rows per block of X'X: 65536 x 385 float64 = 190 MiB at most, whatever the split's size

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from pipeline.core.errors import PipelineError
 from pipeline.embed.teacher import encode_texts, load_teacher, resolve_teacher
-from pipeline.evaluate.retrieval import predict as model_predict
+from pipeline.evaluate.prediction import predict as model_predict
 from pipeline.model.model_file import load_model
 from pipeline.serve.bank import load_bank
 from pipeline.serve.confidence import ConfidenceRule
