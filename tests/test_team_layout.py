@@ -92,3 +92,18 @@ def test_port_in_use_sees_a_listener(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         assert port_in_use(s.getsockname()[1])
+
+
+def test_up_refuses_a_taken_port_naming_it_and_the_setting_and_starts_nothing(tmp_path, capsys):
+    import socket
+
+    from tools.team.cli import main
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert main(["up", "--dir", str(tmp_path / "team"), "--port", str(port), "--no-dvc-remote"]) == 1
+    err = capsys.readouterr().err
+    assert f"MLflow's port 127.0.0.1:{port} ({tmp_path / 'team' / 'team.json'}: mlflow_port) is taken" in err
+    assert not (tmp_path / "team" / "run" / "stack.json").exists() and not (tmp_path / "team" / "postgres").exists()
