@@ -122,14 +122,22 @@ def start_mlflow_server(
     (use an absolute path). `artifacts_dir`: where the server's artifact proxy reads and writes
     (--artifacts-destination), so the server never creates ./mlartifacts in the repo; it is
     created if missing. Runs logged straight to the store keep their own artifact locations.
-
-    One uvicorn worker: the UI makes a handful of requests and the machines may have 2 cores.
-    Host-header/CORS security middleware stays on: its defaults allow 127.0.0.1 on any port,
-    which is what the browser uses. `port`: this one rather than a free one (a server restarted
-    where its clients expect it).
+    `port`: this one rather than a free one (a server restarted where its clients expect it).
 
     Raises RuntimeError (with the tail of the server's output) if the server exits early or does
     not answer within `timeout` seconds."""
+    port = port or free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    args = mlflow_server_command(backend_store_uri, artifacts_dir, port)
+    with serving(args, mlflow_server_env(), f"{base_url}/health", timeout):
+        yield base_url
+
+
+def mlflow_server_command(backend_store_uri: str, artifacts_dir: Path, port: int, workers: int = 1) -> list[str]:
+    """The `mlflow server` command line (this venv's) on 127.0.0.1:`port`, proxying artifacts to
+    `artifacts_dir` (created if missing). One uvicorn worker by default: the UI makes a handful
+    of requests and the machines may have 2 cores. Host-header/CORS security middleware stays on:
+    its defaults allow 127.0.0.1 on any port, which is what the browser uses."""
     artifacts_dir = Path(artifacts_dir).resolve()
     artifacts_dir.mkdir(parents=True, exist_ok=True)
     mlflow_exe = Path(sys.executable).parent / "mlflow"
@@ -137,13 +145,12 @@ def start_mlflow_server(
         raise RuntimeError(
             f"no mlflow executable next to this Python ({mlflow_exe}); run with the project's venv (.venv/bin/python)"
         )
-    port = port or free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    args = [
+    return [
         str(mlflow_exe),
         "server",
         "--backend-store-uri",
         backend_store_uri,
+        "--serve-artifacts",
         "--artifacts-destination",
         str(artifacts_dir),
         "--host",
@@ -151,22 +158,29 @@ def start_mlflow_server(
         "--port",
         str(port),
         "--workers",
-        "1",
+        str(workers),
     ]
+
+
+def mlflow_server_env() -> dict[str, str]:
+    """This process's environment for an `mlflow server` (SERVER_ENV), without
+    MLFLOW_TRACKING_URI: the server is told its store, and that variable would only confuse it."""
     env = {**os.environ, **SERVER_ENV}
-    env.pop("MLFLOW_TRACKING_URI", None)  # the server is told its store; don't let this confuse it
-    with serving(args, env, f"{base_url}/health", timeout):
-        yield base_url
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
 
 
 @contextlib.contextmanager
-def serving(args: list[str], env: dict, ready_url: str, timeout: float) -> Iterator[subprocess.Popen]:
+def serving(
+    args: list[str], env: dict, ready_url: str, timeout: float, log_path: Path | None = None
+) -> Iterator[subprocess.Popen]:
     """Run `args` in a kept process group (kept_group: MLflow's CLI starts uvicorn as a child)
     until the block ends, then kill the whole group; enter the block once `ready_url` answers
-    HTTP 200, with the process. Output goes to a temp file, not a pipe: nobody reads a pipe while the tests run,
-    and a full pipe would block the server. Raises RuntimeError (with the tail of that output)
+    HTTP 200, with the process. Output goes to a file, not a pipe: nobody reads a pipe while the
+    tests run, and a full pipe would block the server. The file is `log_path` (appended to, kept:
+    a long-lived server's log) or a temp file. Raises RuntimeError (with the tail of that output)
     if the process exits early or `ready_url` does not answer within `timeout` seconds."""
-    with tempfile.TemporaryFile(prefix="mlflow-serve-") as log, kept_group() as keeper:
+    with open_log(log_path) as log, kept_group() as keeper:
         proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=keeper.pid
         )
@@ -175,6 +189,14 @@ def serving(args: list[str], env: dict, ready_url: str, timeout: float) -> Itera
             yield proc
         finally:
             kill_group(keeper, reap=(proc,))
+
+
+def open_log(path: Path | None):
+    """`path` opened to append (binary), or a temp file that goes when closed."""
+    if path is None:
+        return tempfile.TemporaryFile(prefix="mlflow-serve-")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "ab")
 
 
 def run_in_foreground(args: list[str], env: dict | None = None, started: Callable | None = None) -> int:

@@ -1,0 +1,7 @@
+"""`python -m tools.team up|down|status` (what `./dev team` runs): tools/team/cli.py."""
+
+import sys
+
+from tools.team.cli import main
+
+sys.exit(main())

@@ -1,0 +1,258 @@
+"""`./dev team up|down|status [--dir DIR]`: a team stack on this machine for a trial, all of it
+under one folder (default ~/.energy-flow-team, or $ENERGY_FLOW_TEAM_DIR): PostgreSQL, an MLflow
+server on it with proxied artifacts, and a DVC remote. docs/team.md explains it.
+
+- `up` starts the stack (tools/team/stack.py, in the background) and returns once MLflow
+  answers /health; it prints the `export MLFLOW_TRACKING_URI=...` line on stdout (so
+  `eval "$(./dev team up)"` works) and sets the folder's DVC remote as this checkout's default
+  in .dvc/config.local (git never sees that file). A stack that runs already is said so, and
+  left as it is.
+- `down` stops everything `up` started (no process is left) and keeps every byte of the data.
+- `status` says whether it runs and where (exit 0), or that it does not (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT
+from tools.server_keeper import group_members
+from tools.team import stack
+from tools.team.layout import Layout, default_dir, port_in_use, prepare, read_settings
+
+UP_TIMEOUT = 600.0  # s; a first start makes the cluster and MLflow's tables (about half a minute on 2 cores)
+DOWN_TIMEOUT = 120.0  # s for the supervisor's own stop before it is killed (its groups then end with it)
+GROUP_END_TIMEOUT = 30.0  # s for the servers' groups to be empty once the supervisor is gone
+REMOTE_NAME = "team"
+POLL_S = 0.2
+
+
+def running_state(layout: Layout) -> dict | None:
+    """The running stack's run/stack.json, or None when no supervisor holds the folder's lock (a
+    stale file from a killed one does not count)."""
+    if not layout.lock.exists():
+        return None
+    fd = os.open(layout.lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pass  # held: a supervisor lives
+    else:
+        return None
+    finally:
+        os.close(fd)  # (closing also releases a lock taken just now)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the supervisor writes it right after taking the lock
+        try:
+            return json.loads(layout.state.read_text())
+        except (OSError, ValueError):
+            time.sleep(POLL_S)
+    return {"pid": None, "groups": [], "ready": False}
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def tracking_uri(settings: dict) -> str:
+    return f"http://127.0.0.1:{settings['mlflow_port']}"
+
+
+def log_tails(layout: Layout) -> str:
+    from tools.team.postgres import tail
+
+    return "\n".join(f"--- {layout.logs / name} (last lines):\n{tail(layout.logs / name)}" for name in LOGS)
+
+
+LOGS = ("stack.log", "postgres.log", "mlflow.log")
+
+
+def start_supervisor(layout: Layout) -> subprocess.Popen:
+    """tools/team/stack.py in a session of its own (no terminal's Ctrl-C or hang-up reaches it):
+    it outlives this command on purpose, and `down` is what stops it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))}
+    with open(layout.logs / "stack.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tools.team.stack", str(layout.root)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_until_ready(layout: Layout, settings: dict, proc: subprocess.Popen | None, timeout: float) -> None:
+    """Until the supervisor says MLflow answers and /health answers here too. `proc`: the
+    supervisor this command started (None: one that ran already)."""
+    deadline = time.monotonic() + timeout
+    health = f"{tracking_uri(settings)}/health"
+    while True:
+        if proc is not None and proc.poll() is not None:
+            if proc.returncode == stack.ALREADY_RUNNING:  # another `up` won the race: wait for its stack
+                proc = None
+                continue
+            raise PipelineError(
+                f"the team stack exited (status {proc.returncode}) before MLflow answered:\n{log_tails(layout)}"
+            )
+        state = running_state(layout)
+        if state is None and proc is None:
+            raise PipelineError(f"the team stack stopped before MLflow answered:\n{log_tails(layout)}")
+        if state and state.get("ready") and answers(health):
+            return
+        if time.monotonic() > deadline:
+            if proc is not None:
+                proc.send_signal(signal.SIGTERM)
+            raise PipelineError(
+                f"MLflow did not answer {health} within {timeout:g} s; the stack is stopped "
+                f"(raise the wait with --start-timeout S):\n{log_tails(layout)}"
+            )
+        time.sleep(POLL_S)
+
+
+def configure_dvc_remote(project: Path, remote: Path) -> str:
+    """The folder's DVC remote as `project`'s default, in its .dvc/config.local (machine-specific,
+    ignored by git through DVC's own .dvc/.gitignore)."""
+    command = ["dvc", "remote", "add", "--local", "--force", "--default", REMOTE_NAME, str(remote)]
+    if not (project / ".dvc").is_dir():
+        return f"no DVC project at {project}: in one, run `{' '.join(command)}`"
+    done = subprocess.run(
+        [sys.executable, "-m", *command],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    if done.returncode != 0:
+        raise PipelineError(f"`{' '.join(command)}` in {project} failed:\n{done.stderr[-2000:]}")
+    return f"DVC remote '{REMOTE_NAME}' = {remote}, the default of {project} (.dvc/config.local)"
+
+
+def up(args) -> int:
+    layout, settings = prepare(args.dir, args.port)
+    state = running_state(layout)
+    proc = None
+    if state is not None and state.get("ready"):
+        if args.port is not None and state.get("mlflow_port") != args.port:
+            raise PipelineError(
+                f"the team stack in {layout.root} runs already, with MLflow on port {state.get('mlflow_port')}: "
+                f"`./dev team down --dir {layout.root}` first to move it to {args.port}"
+            )
+        settings = {k: state[k] for k in ("mlflow_port", "postgres_port")}
+        print(f"[team] the team stack in {layout.root} runs already", file=sys.stderr)
+    elif state is None:
+        for name, key in (("MLflow", "mlflow_port"), ("PostgreSQL", "postgres_port")):
+            if port_in_use(settings[key]):
+                raise PipelineError(
+                    f"{name}'s port 127.0.0.1:{settings[key]} ({layout.settings}: {key}) is taken by another "
+                    f"process; stop it, or choose another port"
+                    + (" with --port N" if key == "mlflow_port" else f" by editing {key} in that file")
+                )
+        print(f"[team] starting the team stack in {layout.root} (logs: {layout.logs})", file=sys.stderr)
+        proc = start_supervisor(layout)
+    wait_until_ready(layout, settings, proc, args.start_timeout)
+    remote = "DVC remote left as it is (--no-dvc-remote)"
+    if not args.no_dvc_remote:
+        remote = configure_dvc_remote(args.project.resolve(), layout.dvc_remote)
+    uri = tracking_uri(settings)
+    print(
+        f"[team] MLflow at {uri} (PostgreSQL on 127.0.0.1:{settings['postgres_port']}, artifacts in "
+        f"{layout.artifacts}); {remote}",
+        file=sys.stderr,
+    )
+    print('[team] to log to it, export this (or: eval "$(./dev team up)"):', file=sys.stderr)
+    print(f"export MLFLOW_TRACKING_URI={uri}", flush=True)
+    return 0
+
+
+def down(args) -> int:
+    layout = Layout(args.dir.expanduser().resolve())
+    state = running_state(layout)
+    if state is None:
+        print(f"[team] no team stack runs in {layout.root}", file=sys.stderr)
+        return 0
+    pid, groups = state.get("pid"), state.get("groups", [])
+    if pid:
+        os.kill(pid, signal.SIGTERM)
+    if not wait_for(lambda: running_state(layout) is None, DOWN_TIMEOUT) and pid:
+        os.kill(pid, signal.SIGKILL)  # the keepers end the servers' groups when it dies
+        wait_for(lambda: running_state(layout) is None, 10)
+    if not wait_for(lambda: not any(group_members(g) for g in groups), GROUP_END_TIMEOUT):
+        left = sorted(p for g in groups for p in group_members(g))
+        raise PipelineError(f"the team stack in {layout.root} is stopped but processes {left} of its groups live on")
+    print(f"[team] the team stack is stopped; its data stays in {layout.root}", file=sys.stderr)
+    return 0
+
+
+def status(args) -> int:
+    layout = Layout(args.dir.expanduser().resolve())
+    state = running_state(layout)
+    if state is None:
+        known = "" if read_settings(layout) else " (and none was ever started there)"
+        print(f"[team] no team stack runs in {layout.root}{known}", file=sys.stderr)
+        return 1
+    settings = {k: state.get(k) for k in ("mlflow_port", "postgres_port")}
+    healthy = bool(state.get("ready")) and answers(f"{tracking_uri(settings)}/health")
+    print(
+        f"team stack in {layout.root}: supervisor pid {state.get('pid')}, "
+        f"{'MLflow answers' if healthy else 'MLflow does not answer (yet)'}"
+    )
+    print(f"  MLFLOW_TRACKING_URI={tracking_uri(settings)}")
+    print(f"  PostgreSQL: 127.0.0.1:{settings['postgres_port']} (data {layout.pgdata})")
+    print(f"  artifacts:  {layout.artifacts}")
+    print(f"  DVC remote: {layout.dvc_remote}")
+    print(f"  logs:       {layout.logs}")
+    return 0 if healthy else 1
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./dev team", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("up", "start the stack (or say it runs), set the DVC remote, print the tracking URI"),
+        ("down", "stop everything `up` started; the data stays"),
+        ("status", "whether it runs, and where"),
+    ):
+        sub = commands.add_parser(name, help=text, description=text)
+        sub.add_argument(
+            "--dir", type=Path, default=default_dir(), help=f"the stack's folder (default {default_dir()})"
+        )
+        if name == "up":
+            sub.add_argument("--port", type=int, help="MLflow's loopback port (default: the folder's, first 5050)")
+            sub.add_argument("--project", type=Path, default=REPO_ROOT, help="the DVC project to set the remote in")
+            sub.add_argument("--no-dvc-remote", action="store_true", help="leave the DVC config alone")
+            sub.add_argument("--start-timeout", type=float, default=UP_TIMEOUT, metavar="S")
+    args = parser.parse_args(argv)
+    if getattr(args, "port", None) is not None and not 1 <= args.port <= 65535:
+        parser.error(f"--port {args.port}: expected a port 1-65535")
+    try:
+        return {"up": up, "down": down, "status": status}[args.command](args)
+    except PipelineError as e:
+        print(f"team {args.command}: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,164 @@
+"""The one folder a team stack lives in (`./dev team up --dir DIR`), and what it holds:
+
+    DIR/                  0700: only its owner reads any of it
+      team.json           the ports, chosen at the first `up` and kept (the URI stays the same)
+      secrets/            0700
+        postgres.password 0600: generated at the first `up`; in no command line, log or run
+        pgpass            0600: libpq's password file, how the MLflow server logs in (PGPASSFILE)
+      postgres/           PostgreSQL's data directory (initdb)
+      artifacts/          the MLflow server's proxied artifact store (--artifacts-destination)
+      dvc-remote/         the DVC remote (a directory remote)
+      logs/               postgres.log, mlflow.log, stack.log
+      run/                the running stack's lock, pid and process groups (gone when it stops)
+
+Nothing here starts anything: tools/team/stack.py runs the servers, tools/team/cli.py the commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.atomic import write_json
+from pipeline.core.errors import PipelineError
+from tools.servers import free_port
+
+# Outside any checkout: every clone and worktree on the machine shares one stack, and neither
+# `git clean -fdx` nor a fresh clone loses its runs; git and DVC never see it.
+DEFAULT_DIR = Path("~/.energy-flow-team")
+DIR_ENV = "ENERGY_FLOW_TEAM_DIR"
+DEFAULT_MLFLOW_PORT = 5050  # not 5000: `./dev ui` takes that one
+PRIVATE = 0o700
+SECRET = 0o600
+DATABASE = "mlflow"  # the database and the role the MLflow server logs in as (not a superuser)
+SUPERUSER = "postgres"
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get(DIR_ENV) or DEFAULT_DIR).expanduser()
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @property
+    def settings(self) -> Path:
+        return self.root / "team.json"
+
+    @property
+    def secrets(self) -> Path:
+        return self.root / "secrets"
+
+    @property
+    def password_file(self) -> Path:
+        return self.secrets / "postgres.password"
+
+    @property
+    def pgpass(self) -> Path:
+        return self.secrets / "pgpass"
+
+    @property
+    def pgdata(self) -> Path:
+        return self.root / "postgres"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def dvc_remote(self) -> Path:
+        return self.root / "dvc-remote"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def lock(self) -> Path:
+        return self.run / "stack.lock"
+
+    @property
+    def state(self) -> Path:
+        """run/stack.json: the supervisor's pid, its process groups, and `ready` once MLflow answers."""
+        return self.run / "stack.json"
+
+
+def prepare(root: Path, mlflow_port: int | None = None) -> tuple[Layout, dict]:
+    """The folder made (or found) and its settings: {"mlflow_port", "postgres_port"}. Ports are
+    chosen at the first call (`mlflow_port` or DEFAULT_MLFLOW_PORT; PostgreSQL a free one) and
+    kept; `mlflow_port` given later moves MLflow there. The password is made once."""
+    layout = Layout(root.expanduser().resolve())
+    if layout.root.exists() and not layout.root.is_dir():
+        raise PipelineError(
+            f"team stack folder {layout.root}: exists and is not a folder; expected a folder or nothing"
+        )
+    for folder in (layout.root, layout.secrets, layout.logs, layout.run):
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(PRIVATE)
+    layout.artifacts.mkdir(exist_ok=True)
+    layout.dvc_remote.mkdir(exist_ok=True)
+    settings = read_settings(layout)
+    changed = not settings
+    if mlflow_port is not None and settings.get("mlflow_port") != mlflow_port:
+        settings["mlflow_port"], changed = mlflow_port, True
+    settings.setdefault("mlflow_port", DEFAULT_MLFLOW_PORT)
+    settings.setdefault("postgres_port", free_port())
+    if changed:
+        write_json(layout.settings, settings)
+    if not layout.password_file.exists():
+        write_secret(layout.password_file, secrets.token_urlsafe(32) + "\n")
+    return layout, settings
+
+
+def read_settings(layout: Layout) -> dict:
+    """team.json, or {} before the first `up`."""
+    if not layout.settings.exists():
+        return {}
+    try:
+        settings = json.loads(layout.settings.read_text())
+    except (OSError, ValueError) as e:
+        raise PipelineError(f"{layout.settings}: unreadable ({e}); expected the JSON `./dev team up` wrote") from e
+    for key in ("mlflow_port", "postgres_port"):
+        value = settings.get(key)
+        if value is not None and not (isinstance(value, int) and 1 <= value <= 65535):
+            raise PipelineError(f"{layout.settings}: {key} = {value!r}; expected a port 1-65535")
+    return settings
+
+
+def password(layout: Layout) -> str:
+    return layout.password_file.read_text().strip()
+
+
+def write_secret(path: Path, text: str) -> None:
+    """`text` into `path`, readable by its owner only from the first byte on (created 0600, not chmod-ed after)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, SECRET)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_pgpass(layout: Layout, port: int) -> None:
+    """libpq's password file for 127.0.0.1:`port`, any database and role (one password). libpq
+    ignores the file unless it is 0600. (token_urlsafe makes no ':' or '\\' to escape.)"""
+    write_secret(layout.pgpass, f"127.0.0.1:{port}:*:*:{password(layout)}\n")
+
+
+def port_in_use(port: int) -> bool:
+    """Something listens on 127.0.0.1:`port` (or holds it): binding it fails."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False

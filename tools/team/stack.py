@@ -1,0 +1,119 @@
+"""The team stack's supervisor: `python -m tools.team.stack DIR`, which `./dev team up` starts in
+a session of its own and leaves running, and `./dev team down` stops with SIGTERM.
+
+It holds DIR/run/stack.lock for as long as it lives (so there is one stack per folder, and a
+lock that is free means no stack, whatever a stale file says), then runs PostgreSQL and the
+MLflow server on it, each in a kept process group (tools/servers.py): the groups end with this
+process however it ends, SIGKILL included. It writes DIR/run/stack.json (its pid, the groups,
+`ready` once MLflow answers /health) and then waits. SIGTERM, SIGINT or SIGHUP stops MLflow
+first, then PostgreSQL with a fast shutdown (a checkpoint: nothing to replay at the next start).
+A server that dies on its own ends the stack too, with a line in DIR/logs/stack.log.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipeline.core.atomic import write_json
+from pipeline.core.errors import PipelineError, Terminated
+from tools.servers import mlflow_server_command, mlflow_server_env, serving
+from tools.team import postgres
+from tools.team.layout import DATABASE, Layout, password, prepare, write_pgpass
+
+ALREADY_RUNNING = 3  # exit status when another supervisor holds the folder's lock
+MLFLOW_START_TIMEOUT = 300.0  # s; the first start creates MLflow's tables in PostgreSQL
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+POLL_S = 0.5
+
+
+def say(message: str) -> None:
+    print(f"[team stack {time.strftime('%Y-%m-%d %H:%M:%S')}] {message}", flush=True)
+
+
+def backend_store_uri(port: int) -> str:
+    """No password in it: the server's libpq reads it from DIR/secrets/pgpass (PGPASSFILE), so it
+    is in no command line that `ps` shows and in nothing MLflow records."""
+    return f"postgresql+psycopg2://{DATABASE}@127.0.0.1:{port}/{DATABASE}"
+
+
+def take_lock(layout: Layout) -> int | None:
+    """The folder's lock, held until this process ends (the descriptor is not inherited by the
+    servers: Python opens it close-on-exec); None if another process holds it."""
+    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def run(layout: Layout, settings: dict) -> int:
+    state = {"pid": os.getpid(), "groups": [], "ready": False, **settings}
+    write_json(layout.state, state)
+    pg_port, mlflow_port = settings["postgres_port"], settings["mlflow_port"]
+    write_pgpass(layout, pg_port)
+    os.environ["PGPASSFILE"] = str(layout.pgpass)  # for the MLflow server's libpq (mlflow_server_env copies it)
+    if postgres.initialise(layout):
+        say(f"made a new PostgreSQL cluster in {layout.pgdata}")
+    with postgres.running(layout, pg_port, layout.logs / "postgres.log") as pg:
+        state["groups"].append(os.getpgid(pg.pid))
+        write_json(layout.state, state)
+        postgres.ensure_database(pg_port, password(layout))
+        say(f"PostgreSQL takes logins on 127.0.0.1:{pg_port}")
+        command = mlflow_server_command(backend_store_uri(pg_port), layout.artifacts, mlflow_port)
+        health = f"http://127.0.0.1:{mlflow_port}/health"
+        with serving(command, mlflow_server_env(), health, MLFLOW_START_TIMEOUT, layout.logs / "mlflow.log") as ml:
+            state["groups"].append(os.getpgid(ml.pid))
+            state["ready"] = True
+            write_json(layout.state, state)
+            say(f"MLflow answers on http://127.0.0.1:{mlflow_port}")
+            while pg.poll() is None and ml.poll() is None:
+                time.sleep(POLL_S)
+            gone, code = (
+                ("PostgreSQL", pg.returncode) if pg.poll() is not None else ("the MLflow server", ml.returncode)
+            )
+            say(f"{gone} exited on its own (status {code}): stopping the stack")
+            return 1
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m tools.team.stack DIR", file=sys.stderr)
+        return 2
+    layout, settings = prepare(Path(argv[0]))
+    lock = take_lock(layout)
+    if lock is None:
+        say(f"another stack holds {layout.lock}: it runs already")
+        return ALREADY_RUNNING
+    stopping: list[int] = []
+
+    def stop(signum, frame):
+        if not stopping:  # later signals wait for the stop under way
+            stopping.append(signum)
+            raise Terminated(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
+    try:
+        return run(layout, settings)
+    except Terminated as e:
+        say(f"stopped by signal {e.signum}")
+        return 0
+    except (PipelineError, RuntimeError) as e:
+        say(f"could not run: {e}")
+        return 1
+    finally:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        layout.state.unlink(missing_ok=True)
+        say("PostgreSQL and MLflow are stopped; the data stays in " + str(layout.root))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
