@@ -15,7 +15,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -556,14 +555,20 @@ def set_tags(tags: dict[str, str]) -> None:
 def log_metrics(
     metrics: dict[str, float], step: int | None = None, model_id: str | None = None, dataset: Any = None
 ) -> None:
-    """One batched, asynchronous call per log boundary (never one call per metric). `model_id`
-    (MLflow 3's logged model): the values also show on that model's page; `dataset` (an MLflow
-    dataset, e.g. shards_dataset's): the data they were measured on."""
+    """One batched, asynchronous call per log boundary (never one call per metric). The keys are
+    the files' (metrics/*.json, the telemetry): metric_names.route gives their MLflow names, and
+    turns constants and the headline intervals into tags. `model_id` (MLflow 3's logged model):
+    the values also show on that model's page; `dataset` (an MLflow dataset, e.g.
+    shards_dataset's): the data they were measured on."""
     if not enabled():
         return
     import mlflow
 
-    clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    from pipeline.tracking.metric_names import route
+
+    clean, tags = route(metrics)
+    if tags:
+        set_tags(tags)
     if clean:
         mlflow.log_metrics(
             clean,
