@@ -44,8 +44,9 @@ from pipeline.evaluate.retrieval import (
 from pipeline.evaluate.seed_variance import find_reference
 from pipeline.evaluate.stats import resample_bytes, verdict
 from pipeline.model.model_file import check_input_dim, load_model
-from pipeline.serve.log import log_answer_model, logged_model_record
+from pipeline.serve.log import log_answer_model, logged_model_record, model_name
 from pipeline.tracking import store as tracking
+from pipeline.tracking.run_note import update_note
 
 from ._cli import run_stage
 
@@ -115,11 +116,17 @@ def _run(cfg, tx) -> dict:
     if run_info:
         manifest_path = shard_dir / "manifest.json"
         # The metrics are measured on these shards: the logged model's page names them with the values.
-        dataset = tracking.shards_dataset(shard_dir, manifest, sha256_file(manifest_path))
-        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")):
+        dataset = tracking.shards_dataset(shard_dir, manifest, sha256_file(manifest_path), str(cfg.run.preset))
+        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")) as run:
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.
-            logged = log_answer_model(model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size)
+            logged = log_answer_model(
+                model_path,
+                shard_dir,
+                cfg.train.batch_size,
+                cfg.embed.batch_size,
+                *model_label(run, str(cfg.run.preset)),
+            )
             tracking.set_tags(
                 {
                     "eval.ci_covers": covered,
@@ -127,6 +134,7 @@ def _run(cfg, tx) -> dict:
                 }
             )
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
+            update_note()
             for path in (EVAL_JSON, ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(tx.path(path), "evaluate")
         if logged:  # where the answer model is, so ./dev ask need not look it up in the store
@@ -134,6 +142,16 @@ def _run(cfg, tx) -> dict:
     for line in summary_lines(test_estimates, bank.size, len(test_items), covered):
         log.info("%s", line)
     return metrics
+
+
+def model_label(run, preset: str) -> tuple[str, dict[str, str]]:
+    """The logged model's name (`smoke-a-1a2b3c4d`) and tags: which run and preset it is."""
+    run_name = run.info.run_name or ""
+    tags = {"preset": preset, "run_name": run_name, "run_id": run.info.run_id}
+    overrides = (getattr(run, "data", None) and run.data.tags.get("run.overrides")) or ""
+    if overrides:
+        tags["run.overrides"] = overrides
+    return model_name(preset, run_name, run.info.run_id), tags
 
 
 def covers(reference, preset: str) -> str:

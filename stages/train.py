@@ -53,6 +53,7 @@ from ._cli import run_stage
 log = logging.getLogger(__name__)
 
 SECTIONS = "run, embed.out_dir, model, train, fault"
+MEMORY_ESTIMATE_ARTIFACT = "train/memory_estimate.json"
 # torchrun's rank variables: the report of a diverged run is one process of its own.
 _LAUNCHER_ENV = (
     "RANK",
@@ -133,7 +134,10 @@ def train_and_record(cfg, place) -> dict:
             log_run_inputs(cfg, manifest, embed_run, place.world_size)
         if cfg.train.checkpoint_every:
             claim(ckpt_path.parent, CHECKPOINTS, "train.checkpoint_dir")
+        # Its figures are constants of the run: the peak and what was available as tags
+        # (metric_names.TAGS), every part in the artifact.
         tracking.log_metrics(memory.metrics(), step=0)
+        tracking.log_dict(memory.metrics(), MEMORY_ESTIMATE_ARTIFACT)
         diverged = None
         with MetricBuffer(run.info.run_id, system_metrics_s=cfg.train.system_metrics_every_s) as to_mlflow:
             ckpt = Checkpointing(
