@@ -65,6 +65,7 @@ from pipeline.tracking.redact import redact_text
 log = logging.getLogger(__name__)
 
 CPU_KEY = SYSTEM["system/cpu_utilization_percentage"]  # in every sample
+CURVES_PREFIX = "curves/"
 BATCH_LIMIT = 1000  # MLflow's cap on metric values per log_batch
 RETRY_S = 2.0  # while the store is away, send the kept values again at most this often
 FINAL_TRIES, FINAL_PAUSE_S = 5, 1.0  # at the end: a store back within ~5 s still gets everything
@@ -160,6 +161,10 @@ class MetricBuffer:
             if isinstance(v, (int, float)) and math.isfinite(v)  # MLflow rejects NaN / inf
             if (name := mlflow_key(k)) is not None
         ]
+        # The curves first: the store lists a run's metrics in the order it first saw them, and
+        # so do the run page's Metrics table and the compare page's default plot (loss, not a
+        # gradient counter). Stable: each curve's points keep their order.
+        new.sort(key=lambda m: not m.key.startswith(CURVES_PREFIX))
         self.rows, self.last_flush = [], time.monotonic()
         self.sent += len(new)
         if self.refused and not force and time.monotonic() - self.last_try < RETRY_S:

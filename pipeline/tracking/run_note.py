@@ -10,13 +10,18 @@ from __future__ import annotations
 from typing import Mapping
 
 NOTE_TAG = "mlflow.note.content"
-# (interval tag, label) in the order shown; the tags are metric_names.INTERVAL_TAGS'.
+# (interval tag, label) in the order shown; the tags are metric_names.INTERVAL_TAGS'. The page
+# shows the description's first lines only ("Show more" for the rest): the first paragraph holds
+# the headline, the second the rest.
 HEADLINES = (
     ("eval.test.group_top1", "group top-1"),
-    ("eval.test.group_top5", "group top-5"),
-    ("eval.test.mrr", "MRR"),
     ("eval.test.cosine", "cosine"),
     ("eval.test.vs_ridge.group_top1", "group top-1 minus ridge's"),
+)
+MORE = (
+    ("eval.test.group_top5", "group top-5"),
+    ("eval.test.mrr", "MRR"),
+    ("eval.test.top1", "exact top-1"),
     ("eval.test.vs_ridge.cosine", "cosine minus ridge's"),
 )
 WHERE_TO_LOOK = (
@@ -28,20 +33,24 @@ WHERE_TO_LOOK = (
 
 def note_text(tags: Mapping[str, str]) -> str:
     """The description, from the run's tags."""
-    overrides = tags.get("run.overrides")
-    lines = [f"**{tags.get('mlflow.runName', 'this run')}**" + (f": `{overrides}`" if overrides else "")]
-    shown = [(label, tags[tag]) for tag, label in HEADLINES if tags.get(tag)]
+    shown = [f"{label} **{tags[tag]}**" for tag, label in HEADLINES if tags.get(tag)]
     if shown:
         items = tags.get("eval.test.items")
-        lines += ["", f"Test{f' ({items} items)' if items else ''}, 95 % intervals:", ""]
-        lines += [f"- {label}: **{value}**" for label, value in shown]
+        headline = f"Test{f' ({items} items)' if items else ''}: " + ", ".join(shown) + " (95 % intervals)."
     else:
         status = tags.get("stage.evaluate.status")
-        lines += ["", f"Not evaluated{f' (evaluate: {status})' if status else ' yet'}."]
+        headline = f"Not evaluated{f' (evaluate: {status})' if status else ' yet'}."
     verdict = tags.get("stability.verdict")
     if verdict:
+        headline += f" Stability: **{verdict}**."
+    overrides = tags.get("run.overrides")
+    lines = [headline, "", f"**{tags.get('mlflow.runName', 'this run')}**" + (f": `{overrides}`" if overrides else "")]
+    more = [f"{label} {tags[tag]}" for tag, label in MORE if tags.get(tag)]
+    if more:
+        lines += ["", "Also on test: " + ", ".join(more) + "."]
+    if verdict:
         failed, warned = tags.get("stability.failed", "none"), tags.get("stability.warned", "none")
-        lines += ["", f"Stability: **{verdict}** (failed: {failed}; warned: {warned})"]
+        lines += ["", f"Stability checks failed: {failed}; warned: {warned}."]
     lines += ["", *(f"- {line}" for line in WHERE_TO_LOOK)]
     return "\n".join(lines)
 
