@@ -6,9 +6,11 @@ baseline (CI and p-value).
 Writes metrics/eval.json, reports/eval_items.parquet (one row per test item: ranks, top-5 bank
 ids, cosine; in its metadata the preset, arm, seed and data it came from; `./dev compare` reads
 it) and reports/eval_samples.csv (decoded examples).
-Logs them once, to the model's MLflow run and its logged model, under eval/... keys. The logged
+Logs them once, to the model's MLflow run and its logged model, the headline metrics under their
+MLflow names (pipeline/tracking/metric_names.py) and their intervals as tags. The logged
 model is the trained model as a text-in, text-out service (pipeline/serve/: questions in, the
-bank's nearest answers out), logged to the model's run as `model` with the bank it was scored on."""
+bank's nearest answers out), logged to the model's run with the bank it was scored on, named after
+the run (`smoke-a-1a2b3c4d`); runs/evaluate.json records its models:/ URI."""
 
 from __future__ import annotations
 

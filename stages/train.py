@@ -3,7 +3,7 @@ per-window telemetry with gradient health (a DVC plot), skipped / flagged steps 
 metrics/train.json. The MLflow run (named after the DVC experiment, else the preset and its
 overrides) gets the whole config as params, the shards as its dataset, the curves and system
 metrics (CPU, memory, GPU); the evaluate stage adds the model as an MLflow model
-(runs:/<run_id>/model). Writes a resumable checkpoint every train.checkpoint_every steps: a
+(models:/<model_id>, named after the run). Writes a resumable checkpoint every train.checkpoint_every steps: a
 killed train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends
 with the same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips
 skipped steps in a row) still gets its stability report (reports/stability.html): the stage writes
