@@ -39,14 +39,15 @@ LAST_TAGS = ("run.overrides",)  # long: last, where it may run off the screen
 # 1600 px window beside MLflow's sidebar (checked in the browser test's screenshot); a metric's
 # header is cut with "…" (hover shows the full key), a dataset's name too.
 WIDTHS = {
-    "run_name": 150,
+    "run_name": 140,
+    "created": 100,
     "arm_group": 320,
-    "metric": 110,
-    "interval": 150,  # "0.883 [0.857, 0.907]"
-    "difference": 215,  # "+0.027 [+0.010, +0.045] p=0.008"
-    "stability.verdict": 90,
-    "preset": 70,
-    "Dataset": 215,
+    "metric": 100,
+    "interval": 150,  # "0.883 [0.857, 0.907]", whole
+    "difference": 205,  # "+0.027 [+0.010, +0.045] p=0.008"
+    "stability.verdict": 85,
+    "preset": 65,
+    "Dataset": 190,
     "Models": 100,
     "overrides": 260,
 }
@@ -73,6 +74,7 @@ def view_state(grouped: bool = False) -> dict:
     ]
     widths = {
         "attributes.`Run Name`": WIDTHS["run_name"],
+        "runDateAndNestInfo": WIDTHS["created"],
         **{c: WIDTHS["metric"] for c in metrics},
         **{f"tags.`{k}`": WIDTHS["difference" if ".vs_" in k else "interval"] for k in INTERVALS},
         **{f"tags.`{k}`": WIDTHS[k] for k in TAGS},
