@@ -2,7 +2,7 @@
 started in its own session, waited for until it answers /ping, and ended with its whole process
 group (the CLI runs uvicorn as a child, which would outlive the leader).
 
-    with model_server("runs:/<run_id>/model", tracking_uri) as base_url:
+    with model_server("models:/<model_id>", tracking_uri) as base_url:
         ...  # http://127.0.0.1:PORT: GET /ping, POST /invocations
 """
 

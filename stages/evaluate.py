@@ -9,10 +9,12 @@ it) and reports/eval_samples.csv (decoded examples).
 Calibrates the answer model's confidence rule on val (pipeline/evaluate/abstention.py: when its
 top answer is right often enough to be given as an answer) and measures it on test and on
 questions whose answer is not in the bank (evaluate.out_of_bank_questions): eval/answer/... keys.
-Logs them once, to the model's MLflow run and its logged model, under eval/... keys. The logged
+Logs them once, to the model's MLflow run and its logged model, the headline metrics under their
+MLflow names (pipeline/tracking/metric_names.py) and their intervals as tags. The logged
 model is the trained model as a text-in, text-out service (pipeline/serve/: questions in, the
-bank's nearest answers out, each saying whether it is confident), logged to the model's run as
-`model` with the bank it was scored on and the rule calibrated here."""
+bank's nearest answers out, each saying whether it is confident), logged to the model's run with
+the bank it was scored on and the rule calibrated here, named after the run (`smoke-a-1a2b3c4d`);
+runs/evaluate.json records its models:/ URI."""
 
 from __future__ import annotations
 
@@ -49,8 +51,9 @@ from pipeline.evaluate.retrieval import (
 from pipeline.evaluate.seed_variance import find_reference
 from pipeline.evaluate.stats import resample_bytes, verdict
 from pipeline.model.model_file import check_input_dim, load_model
-from pipeline.serve.log import log_answer_model, logged_model_record
+from pipeline.serve.log import log_answer_model, logged_model_record, model_name
 from pipeline.tracking import store as tracking
+from pipeline.tracking.run_note import update_note
 
 from ._cli import run_stage
 
@@ -135,12 +138,18 @@ def _run(cfg, tx) -> dict:
     if run_info:
         manifest_path = shard_dir / "manifest.json"
         # The metrics are measured on these shards: the logged model's page names them with the values.
-        dataset = tracking.shards_dataset(shard_dir, manifest, sha256_file(manifest_path))
-        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")):
+        dataset = tracking.shards_dataset(shard_dir, manifest, sha256_file(manifest_path), str(cfg.run.preset))
+        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")) as run:
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.
             logged = log_answer_model(
-                model_path, shard_dir, cfg.train.batch_size, cfg.embed.batch_size, answers.rule, answers.calibration
+                model_path,
+                shard_dir,
+                cfg.train.batch_size,
+                cfg.embed.batch_size,
+                answers.rule,
+                answers.calibration,
+                *model_label(run, str(cfg.run.preset)),
             )
             tracking.set_tags(
                 {
@@ -149,6 +158,7 @@ def _run(cfg, tx) -> dict:
                 }
             )
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
+            update_note()
             for path in (EVAL_JSON, ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(tx.path(path), "evaluate")
         if logged:  # where the answer model is, so ./dev ask need not look it up in the store
@@ -176,6 +186,16 @@ def out_of_bank_inputs(cfg, manifest: dict):
     teacher = load_teacher(teacher_load_name(dict(manifest.get("teacher") or {})))
     x = encode_texts(teacher, questions, int(cfg.embed.batch_size), progress=False)
     return x.astype(str(manifest.get("dtype", "float32")), copy=False).astype(np.float32, copy=False)
+
+
+def model_label(run, preset: str) -> tuple[str, dict[str, str]]:
+    """The logged model's name (`smoke-a-1a2b3c4d`) and tags: which run and preset it is."""
+    run_name = run.info.run_name or ""
+    tags = {"preset": preset, "run_name": run_name, "run_id": run.info.run_id}
+    overrides = (getattr(run, "data", None) and run.data.tags.get("run.overrides")) or ""
+    if overrides:
+        tags["run.overrides"] = overrides
+    return model_name(preset, run_name, run.info.run_id), tags
 
 
 def covers(reference, preset: str) -> str:

@@ -3,7 +3,7 @@ per-window telemetry with gradient health (a DVC plot), skipped / flagged steps 
 metrics/train.json. The MLflow run (named after the DVC experiment, else the preset and its
 overrides) gets the whole config as params, the shards as its dataset, the curves and system
 metrics (CPU, memory, GPU); the evaluate stage adds the model as an MLflow model
-(runs:/<run_id>/model). Writes a resumable checkpoint every train.checkpoint_every steps: a
+(models:/<model_id>, named after the run). Writes a resumable checkpoint every train.checkpoint_every steps: a
 killed train stage started again (dvc repro) resumes from it, in the same MLflow run, and ends
 with the same weights as an uninterrupted run. A run that diverges (train.max_consecutive_skips
 skipped steps in a row) still gets its stability report (reports/stability.html): the stage writes
@@ -53,6 +53,7 @@ from ._cli import run_stage
 log = logging.getLogger(__name__)
 
 SECTIONS = "run, embed.out_dir, model, train, fault"
+MEMORY_ESTIMATE_ARTIFACT = "train/memory_estimate.json"
 # torchrun's rank variables: the report of a diverged run is one process of its own.
 _LAUNCHER_ENV = (
     "RANK",
@@ -133,7 +134,10 @@ def train_and_record(cfg, place) -> dict:
             log_run_inputs(cfg, manifest, embed_run, place.world_size)
         if cfg.train.checkpoint_every:
             claim(ckpt_path.parent, CHECKPOINTS, "train.checkpoint_dir")
+        # Its figures are constants of the run: the peak and what was available as tags
+        # (metric_names.TAGS), every part in the artifact.
         tracking.log_metrics(memory.metrics(), step=0)
+        tracking.log_dict(memory.metrics(), MEMORY_ESTIMATE_ARTIFACT)
         diverged = None
         with MetricBuffer(run.info.run_id, system_metrics_s=cfg.train.system_metrics_every_s) as to_mlflow:
             ckpt = Checkpointing(

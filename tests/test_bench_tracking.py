@@ -43,7 +43,8 @@ def test_quick_run_prints_one_json_line_with_the_figures():
     for arm in ("stage", "mlflow_async"):
         per = res["per_arm"][arm]
         assert per["rows_per_run"] == 40 and 0 < per["rows_sent_per_run"] < 40
-        assert per["metrics_logged_per_run"] >= 30 * per["rows_sent_per_run"]
+        # About 25 MLflow metrics a smoke row (pipeline/tracking/metric_names.py; the rest stays in the CSV).
+        assert per["metrics_logged_per_run"] >= 20 * per["rows_sent_per_run"]
     assert res["throughput_metrics"] == 200 * 35  # every value pushed was counted as sent
     assert res["metrics_logged_per_s"] > 0 and res["metrics_logged_per_s_mlflow_async"] > 0
     assert res["arms_same_work"] is True  # tracking does not change what is trained

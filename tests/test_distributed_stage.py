@@ -55,5 +55,5 @@ def test_one_mlflow_run_records_the_processes_and_the_backend(ddp_experiment):
     assert run.data.params["train.effective_batch"] == "64"
     assert run.data.tags["distributed.backend"] == "gloo" and run.data.tags["train.processes"] == "2"
     # A row every 2 steps and the run's summary at the last step, from rank 0 alone: no copies.
-    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train/loss"))
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "curves/loss"))
     assert steps == [2, 4, 6, 8, 10, 12, 14, 14]

@@ -69,5 +69,5 @@ def test_the_report_is_on_the_run_which_stays_failed(diverged):
     assert run.info.status == "FAILED"
     assert run.data.tags["stability.verdict"] == "unstable" and run.data.tags["stability.failed"] == "nonfinite"
     assert run.data.tags["stage.report.status"] == "FINISHED"
-    assert run.data.metrics["train/diverged"] == 1 and run.data.metrics["stability/verdict_code"] == 2
+    assert run.data.metrics["stability/diverged"] == 1 and run.data.metrics["stability/verdict_code"] == 2
     assert os.path.getsize(root / "reports" / "stability.html") > 1000

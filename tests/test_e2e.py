@@ -135,23 +135,27 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
     # The model run's dataset: the shards, by the manifest's digest, linked to the embed run.
     (shards,) = model_run.inputs.dataset_inputs
     manifest_sha = hashlib.sha256((root / "data" / "shards" / "manifest.json").read_bytes()).hexdigest()
-    assert shards.dataset.name == "qa_pairs.csv shards" and shards.dataset.digest == manifest_sha[:16]
+    # Named so that a smoke run's data and a default run's differ at a glance.
+    assert shards.dataset.name == "qa_pairs.csv · 600 pairs · smoke" and shards.dataset.digest == manifest_sha[:16]
     input_tags = {t.key: t.value for t in shards.tags}
     assert input_tags["embed.run_id"] == embed_run.info.run_id and input_tags["mlflow.data.context"] == "training"
     assert input_tags["source.path"] == "data/raw/qa_pairs.csv" and int(input_tags["rows.train"]) > 0
     m = model_run.data.metrics
     for key in (
-        "train/loss",
-        "perf/samples_per_s",
-        "eval/test/model/cosine",
-        "eval/test/ridge/cosine",
+        "curves/loss",
+        "speed/samples_per_s",
+        "eval/test_cosine",
+        "eval_baselines/ridge_group_top1",
         "stability/verdict_code",
         "stability/failed_checks",
-        "eval/test/nearest/cosine",
+        "eval_baselines/model_vs_nearest_group_top1",
     ):
         assert key in m and math.isfinite(m[key]), key
-    # The verdict is a tag and a handful of metrics; each check's evidence is a JSON artifact.
-    assert not [k for k in m if k.startswith("stability/") and k.count("/") > 1]
+    # One chart section per key prefix on the run page: one '/' per key; the intervals are tags.
+    assert [k for k in m if k.count("/") != 1] == [] and len(m) <= 60, sorted(m)
+    assert model_run.data.tags["eval.test.group_top1"].count("[") == 1
+    assert model_run.data.tags["run.overrides"].startswith("preset=smoke")
+    assert "**smoke-a**" in model_run.data.tags["mlflow.note.content"]
     verdict = assert_clean_tags(model_run.data.tags)
     assert (m["stability/verdict_code"] == 2) == (verdict == "unstable") and m["stability/failed_checks"] >= 0
     # Filterable by verdict, as in the UI's search box (the tag as shown: with warnings or not).
@@ -160,7 +164,7 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
         r.info.run_id for r in client.search_runs([exp.experiment_id], f"tags.`stability.verdict` = '{shown}'")
     ]
     assert model_run.data.params["train.lr"] == "0.003"  # the whole resolved config, flattened
-    assert len(client.get_metric_history(model_run.info.run_id, "train/loss")) > 3  # a curve, not a point
+    assert len(client.get_metric_history(model_run.info.run_id, "curves/loss")) > 3  # a curve, not a point
     artifacts = {a.path for a in client.list_artifacts(model_run.info.run_id, "report")}
     assert {"report/stability.html", "report/stability.md", "report/stability_evidence.json"} <= artifacts
     assert "data/rows_used" in embed_run.data.metrics
@@ -293,7 +297,7 @@ def test_plain_repro_after_an_edit_reruns_train_evaluate_report_not_embed_and_is
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and "dvc.exp_name" not in run.data.tags
     assert run.data.params["train.epochs"] == "1" and run.data.tags["mlflow.source.git.dirty"] == "true"
-    assert "eval/test/model/cosine" in run.data.metrics
+    assert "eval/test_cosine" in run.data.metrics
     assert_clean_tags(run.data.tags)
 
 
@@ -322,8 +326,8 @@ def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     run_id = json.loads((root / "runs/train.json").read_text())["run_id"]
     run = client.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.data.metrics["train/resumed_from_step"] == resumed_at
-    steps = [m.step for m in client.get_metric_history(run_id, "train/loss")]
+    assert run.info.status == "FINISHED" and run.data.tags["train.resumed_from_step"] == str(resumed_at)
+    steps = [m.step for m in client.get_metric_history(run_id, "curves/loss")]
     assert min(steps) < resumed_at < max(steps) == total  # one curve across both processes
     fp = run.data.tags["train.fingerprint"]
     same = client.search_runs([run.info.experiment_id], f"tags.`train.fingerprint` = '{fp}'")
@@ -364,7 +368,7 @@ def test_sigterm_to_the_train_stage_sends_its_metrics_and_ends_the_run_killed(pr
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     run = client.get_run(state["extra"]["run_id"])
     assert run.info.status == "KILLED"
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "curves/loss")]
     assert steps and max(steps) >= state["step"]  # everything up to the checkpoint, at least
 
 

@@ -18,16 +18,19 @@ import sys
 import pytest
 import torch
 
+from pipeline.tracking.metric_names import mlflow_key
 from tests.conftest import EXPERIMENTS, dvc, sh
 from tests.helpers.verdicts import assert_clean_tags
 
 pytestmark = pytest.mark.e2e
 
-# The numbers a researcher compares first; each is in a DVC metrics file and in the MLflow run.
+# The numbers a researcher compares first; each is in a DVC metrics file (under its file key) and
+# in the MLflow run (under mlflow_key's name).
 HEADLINE = {
     "metrics/eval.json": ("eval/test/model/cosine", "eval/test/model/group_top1", "eval/test/model/mrr"),
     "metrics/train.json": ("train/loss", "train/skipped_steps", "val/cosine"),
 }
+DATASET = "qa_pairs.csv · 600 pairs · smoke"  # the smoke preset's shards, as the Dataset column names them
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +70,19 @@ def test_every_way_of_running_an_experiment_lands_in_the_one_store(smoke_experim
         embed = client.get_run(tags["embed.run_id"])
         assert embed.data.tags["stage"] == "embed" and embed.data.tags["dataset.sha256"] == tags["dataset.sha256"]
         assert embed.inputs.dataset_inputs and embed.inputs.dataset_inputs[0].dataset.digest == tags["dataset.sha256"]
-        # Curves, eval, system metrics.
-        assert len(client.get_metric_history(run.info.run_id, "train/loss")) > 5, name
-        assert math.isfinite(metrics["eval/test/model/cosine"]) and "stability/verdict_code" in metrics, name
+        # Curves, eval, system metrics (under machine/: the run page would list system/* first).
+        assert len(client.get_metric_history(run.info.run_id, "curves/loss")) > 5, name
+        assert math.isfinite(metrics["eval/test_cosine"]) and "stability/verdict_code" in metrics, name
         assert run.info.run_name == name and tags["stage.evaluate.status"] == "FINISHED", name
-        assert run.inputs.dataset_inputs[0].dataset.name == "qa_pairs.csv shards", name
-        assert metrics["system/cpu_utilization_percentage"] >= 0, name
-        assert metrics["system/system_memory_usage_megabytes"] > 0, name
+        assert run.inputs.dataset_inputs[0].dataset.name == DATASET, name
+        assert metrics["machine/cpu_percent"] >= 0, name
+        assert metrics["machine/memory_percent"] > 0, name
+        # Readable in ten seconds: at most 60 metrics, one chart section each prefix, the
+        # overrides with preset, the intervals as tags.
+        assert len(metrics) <= 60 and all(k.count("/") == 1 for k in metrics), sorted(metrics)
+        overrides = "preset=smoke" + ("" if name == "smoke-a" else f" train.lr={float(lr)!r}")  # smoke-a: its lr
+        assert tags["run.overrides"] == overrides, (name, tags["run.overrides"])
+        assert tags["eval.test.group_top1"].startswith(f"{metrics['eval/test_group_top1']:.3f} ["), name
         # Artifacts outlive DVC's temporary copies: they are read back from the store.
         paths = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
         assert "report/stability.html" in paths, name
@@ -95,7 +104,7 @@ def _dvc_read(root, path: str, rev: str, env) -> bytes:
 
 
 def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, store, tmp_path):
-    """runs:/<run_id>/model of each experiment is its own trained model as a text-in, text-out
+    """The logged model of each experiment's run is its own trained model as a text-in, text-out
     pyfunc: its model file is the experiment's models/model.pt, its bank the one evaluate scored
     (the run's eval.bank_sha256), and asked the test questions it gives the evaluate stage's own
     top-5 answers (reports/eval_items.parquet of that experiment). It loads where this repository
@@ -117,7 +126,10 @@ def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, s
     questions = [str(q) for q in splits[2].input_texts]
     for name in ("smoke-a", "smoke-b"):
         run = runs[name]
-        uri = f"runs:/{run.info.run_id}/model"
+        (output,) = run.outputs.model_outputs  # one model per run
+        # Named after its run and preset (the Models tab lists them apart), found by its id.
+        assert client.get_logged_model(output.model_id).name == f"{name}-{run.info.run_id[:8]}", name
+        uri = f"models:/{output.model_id}"
         info = mlflow.models.get_model_info(uri)
         assert info.signature.inputs.input_names() == ["question"], name
         assert info.metadata["bank_sha256"] == run.data.tags["eval.bank_sha256"], name
@@ -140,7 +152,7 @@ def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, s
             "print(m.predict(pd.DataFrame({'question': ['What is the capital of France?']}), params={'k': 1})"
             "['answers'][0][0]); print(sys.modules['pipeline'].__file__)",
             client.tracking_uri,
-            f"runs:/{runs['smoke-a'].info.run_id}/model",
+            f"models:/{runs['smoke-a'].outputs.model_outputs[0].model_id}",
         ],
         cwd=tmp_path,
         env={k: v for k, v in smoke_experiments.env.items() if k != "PYTHONPATH"},
@@ -150,11 +162,12 @@ def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, s
     )
     assert elsewhere.returncode == 0, elsewhere.stderr[-3000:]
     answer, package = elsewhere.stdout.strip().splitlines()[-2:]
-    assert answer in bank.texts and str(root) not in package and "/code/pipeline/" in package
+    # The package is the model's own copy (models:/ on a local store loads from the store's
+    # directory, which may lie under the project; never the project's pipeline/ itself).
+    assert answer in bank.texts and "/code/pipeline/" in package
+    assert not package.startswith(str(root / "pipeline") + "/"), package
     # Different params, different models: the comparison is not of two copies.
-    assert (
-        runs["smoke-a"].data.metrics["eval/test/model/cosine"] != runs["smoke-b"].data.metrics["eval/test/model/cosine"]
-    )
+    assert runs["smoke-a"].data.metrics["eval/test_cosine"] != runs["smoke-b"].data.metrics["eval/test_cosine"]
 
 
 def _exp_show(root, env) -> dict:
@@ -178,7 +191,8 @@ def test_dvc_exp_show_and_metrics_diff_list_the_headline_metrics_mlflow_has(smok
     for path, keys in HEADLINE.items():
         for key in keys:
             for name in EXPERIMENTS:
-                assert shown[name][path][key] == pytest.approx(runs[name].data.metrics[key], rel=1e-12), (name, key)
+                logged = runs[name].data.metrics[mlflow_key(key)]
+                assert shown[name][path][key] == pytest.approx(logged, rel=1e-12), (name, key)
             assert diff[path][key]["old"] == shown["smoke-a"][path][key], key
             assert diff[path][key]["new"] == shown["smoke-b"][path][key], key
     for name in EXPERIMENTS:
@@ -206,7 +220,7 @@ def test_dvc_plots_diff_shows_both_experiments_training_curves(smoke_experiments
     for name in ("smoke-a", "smoke-b"):
         rows = loss["content"]["data"]["values"]
         curve = [(int(r["step"]), float(r["train/loss"])) for r in rows if r["rev"] == name]
-        history = client.get_metric_history(runs[name].info.run_id, "train/loss")
+        history = client.get_metric_history(runs[name].info.run_id, "curves/loss")
         # DVC's curve is MLflow's curve (where the run's final figure, logged at the last step,
         # repeats the last row's loss).
         assert curve == sorted({(m.step, m.value) for m in history}), name
@@ -235,7 +249,7 @@ def _shards_digest(runs) -> str:
     digests = set()
     for name, run in runs.items():
         (dataset_input,) = run.inputs.dataset_inputs
-        assert dataset_input.dataset.name == "qa_pairs.csv shards", name
+        assert dataset_input.dataset.name == DATASET, name
         digests.add(dataset_input.dataset.digest)
     (digest,) = digests
     assert len(digest) == 16 and int(digest, 16) >= 0
@@ -265,7 +279,7 @@ def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(store, 
     ids = [r.info.run_id for r in pair]
     lr = f"train.lr\t{EXPERIMENTS['smoke-a']}\t{EXPERIMENTS['smoke-b']}"
     metric_rows = [
-        "\t".join([key, *(format_metric(r.data.metrics[key]) for r in pair)])
+        "\t".join([mlflow_key(key), *(format_metric(r.data.metrics[mlflow_key(key)]) for r in pair)])
         for keys in HEADLINE.values()
         for key in keys
     ]
@@ -286,15 +300,16 @@ def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(store, 
     # Every metric of both runs is on the page, system metrics included.
     shown = {row.split("\t")[0] for row in rows}
     assert shown == set(pair[0].data.metrics) | set(pair[1].data.metrics)
-    assert any(key.startswith("system/") for key in shown)
+    assert any(key.startswith("machine/") for key in shown)
 
     # Show diff only: the eval metrics that differ, each with both values on one row; the equal
-    # ones hidden (the bank of answers is the same data for both), and the equal params.
+    # ones hidden (the baselines do not depend on the model: same data, same scores), and the
+    # equal params.
     a, b = (r.data.metrics for r in pair)
-    evals = sorted(k for k in a.keys() & b.keys() if k.startswith("eval/"))
+    evals = sorted(k for k in a.keys() & b.keys() if k.startswith("eval"))
     differ = [k for k in evals if a[k] != b[k]]
     same = [k for k in evals if a[k] == b[k]]
-    assert "eval/test/model/cosine" in differ and "eval/bank_size" in same
+    assert "eval/test_cosine" in differ and "eval_baselines/ridge_group_top1" in same
     diff_page, diff_grid = view.text_after.split(GRID_ROWS_HEADING)
     diff_rows = diff_grid.strip().splitlines()
     for key in differ:
@@ -304,20 +319,113 @@ def test_mlflow_ui_compare_page_shows_both_experiments_in_a_real_browser(store, 
     assert lr in diff_lines and "model.lattice_width\t4\t4" not in diff_lines
 
 
+# Where the run page's parts are, for the "first screen" checks: the description's headline
+# paragraph (the box shows its first lines, "Show more" the rest) and the Metrics table's loss.
+_RUN_PAGE_JS = """() => {
+  const box = r => r && r.getBoundingClientRect();
+  const headline = [...document.querySelectorAll('p')].find(e => e.innerText.startsWith('Test ('));
+  const more = [...document.querySelectorAll('button, a, span')].find(e => e.innerText.trim() === 'Show more');
+  const loss = [...document.querySelectorAll('a')].find(e => e.innerText.trim() === 'curves/loss');
+  return {headline: box(headline)?.bottom ?? null, more: box(more)?.top ?? null,
+          loss: box(loss)?.bottom ?? null, height: innerHeight};
+}"""
+
+
+def test_mlflow_ui_run_page_opens_on_the_headline_and_the_training_curves(store, mlflow_ui):
+    """smoke-b's run page in headless Chromium, as a researcher opens it (1600 x 1000, no
+    scrolling). Overview: the description's first paragraph (what the collapsed box shows) gives
+    test group top-1, cosine and the difference from ridge, each with its 95 % interval, and the
+    verdict; the Metrics table starts with the training curves (the loss first), on screen. Model
+    metrics: the first chart section is `curves`, line charts of loss, val loss and cosine,
+    gradient norm, update ratio, step time and lr, the other sections after it, each named for
+    what it shows. Screenshots: test-artifacts/mlflow-run-page-overview.png and
+    test-artifacts/mlflow-run-page-curves.png."""
+    import re
+
+    from pipeline.core.paths import REPO_ROOT
+    from tests.helpers.browser import QUIET_ASSISTANT_JS, view_page
+
+    client, exp, runs = store
+    run = runs["smoke-b"]
+    tags = run.data.tags
+    headline = [tags[t] for t in ("eval.test.group_top1", "eval.test.cosine", "eval.test.vs_ridge.group_top1")]
+    page = f"{mlflow_ui}/#/experiments/{exp.experiment_id}/runs/{run.info.run_id}"
+    view = view_page(
+        page,
+        expect=["Description", *headline, f"Stability: {tags['stability.verdict']}", "curves/loss"],
+        screenshot=REPO_ROOT / "test-artifacts" / "mlflow-run-page-overview.png",
+        full_page=False,
+        height=1000,
+        init_script=QUIET_ASSISTANT_JS,
+        read_js=_RUN_PAGE_JS,
+    )
+    where = view.read
+    # The headline is in the description's visible lines, and the loss row in the window.
+    assert where["headline"] is not None and where["headline"] <= (where["more"] or where["height"]), where
+    assert where["loss"] is not None and where["loss"] <= where["height"], where
+    # The table's first row (after its headers: Metric, Value, and Models where the run has one).
+    table = [line for line in view.text.split("\nMetric\nValue\n", 1)[1].splitlines() if "/" in line]
+    assert table[0] == "curves/loss", table[:6]
+    assert f"Metrics ({len(run.data.metrics)})" in view.text and len(run.data.metrics) <= 60
+
+    view = view_page(
+        f"{page}/model-metrics",
+        expect=["curves", "(7)", "loss", "grad_norm", "update_ratio", "val_cosine", "Step"],
+        screenshot=REPO_ROOT / "test-artifacts" / "mlflow-run-page-curves.png",
+        full_page=False,
+        height=1000,
+        init_script=QUIET_ASSISTANT_JS,
+    )
+    lines = view.text.splitlines()
+    # A section's header is its name, then its chart count on the next line: "curves", "(7)".
+    sections = [name for name, count in zip(lines, lines[1:]) if re.fullmatch(r"\(\d+\)", count)]
+    assert sections[0] == "curves" and lines[lines.index("curves") + 1] == "(7)", sections
+    named = [name for name in sections if name != "Model metrics"]  # (MLflow's own, for keys with no "/": empty)
+    assert named == sorted(named) and "eval" in named and "System metrics" not in sections, sections
+    # Line charts (the x axis is the step), each legend naming the run and the curve.
+    assert "smoke-b (curves/loss)" in view.text
+
+
+def test_mlflow_ui_compare_page_opens_on_a_plot_of_the_lr_against_the_loss(store, mlflow_ui):
+    """The compare page of two runs that differ in train.lr opens on MLflow's parallel-coordinates
+    plot of the params that differ against the first metric both runs have (in the order the
+    store first saw them): train.lr against the training loss, not the CPU use the system
+    sampler used to log first. The screenshot is test-artifacts/mlflow-compare-default-plot.png."""
+    from pipeline.core.paths import REPO_ROOT
+    from tests.helpers.browser import QUIET_ASSISTANT_JS, compare_runs_url, view_page
+
+    client, exp, runs = store
+    ids = [runs[name].info.run_id for name in ("smoke-a", "smoke-b")]
+    view = view_page(
+        compare_runs_url(mlflow_ui, exp.experiment_id, ids),
+        expect=["Parallel Coordinates Plot", "Parameters:", "Metrics:", "curves/loss"],
+        screenshot=REPO_ROOT / "test-artifacts" / "mlflow-compare-default-plot.png",
+        full_page=False,
+        height=1000,
+        init_script=QUIET_ASSISTANT_JS,
+    )
+    lines = view.text.splitlines()
+    assert lines[lines.index("Parameters:") + 1] == "train.lr", lines[lines.index("Parameters:") :][:6]
+    assert lines[lines.index("Metrics:") + 1] == "curves/loss", lines[lines.index("Metrics:") :][:6]
+
+
 def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store, mlflow_ui):
     """The link `./dev ui` prints (views.runs_url) in headless Chromium: the runs table, not the
     GenAI overview MLflow 3.17 lands on by default, in the saved view "Evaluation": the three runs
-    by name, the eval columns with each run's values as the table prints them (unrounded), the
-    stability verdict, the dataset (name and digest) and the logged model, rows sorted by test
-    group top-1, best first. The screenshot is kept in test-artifacts/mlflow-runs-table.png."""
+    by name, test group top-1 as the table prints it (unrounded), the headline intervals (tags:
+    value and 95 % interval in one cell), the stability verdict, the preset, the dataset (name and
+    digest) and the logged model, rows sorted by test group top-1, best first. The screenshot is
+    kept in test-artifacts/mlflow-runs-table.png."""
     from pipeline.core.paths import REPO_ROOT
     from pipeline.tracking.views import runs_url
     from tests.helpers.browser import QUIET_ASSISTANT_JS, RUNS_TABLE_ROWS_JS, js_number, view_page
 
     client, exp, runs = store
     digest = _shards_digest(runs)
-    columns = ("eval/test/model/group_top1", "eval/test/model/cosine", "eval/test/model_vs_ridge/group_top1")
+    columns = ("eval/test_group_top1",)
+    intervals = ("eval.test.group_top1", "eval.test.cosine", "eval.test.vs_ridge.group_top1")
     values = [js_number(run.data.metrics[key]) for run in runs.values() for key in columns]
+    values += [run.data.tags[tag] for run in runs.values() for tag in intervals]
     view = view_page(
         runs_url(mlflow_ui, exp.experiment_id),
         expect=[
@@ -325,9 +433,10 @@ def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store
             *EXPERIMENTS,
             *columns,
             "stability.verdict",
+            "preset",
             "Dataset",
             "Models",
-            f"qa_pairs.csv shards ({digest})",
+            f"{DATASET} ({digest})",
             *values,
         ],
         screenshot=REPO_ROOT / "test-artifacts" / "mlflow-runs-table.png",
@@ -344,11 +453,11 @@ def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store
     )
     rows = view.read["rows"]
     # Everything up to the logged model is on screen at a laptop's width, without scrolling.
-    for column in ("attributes.`Dataset`", "attributes.`Models`", "tags.`stability.verdict`"):
+    for column in ("attributes.`Dataset`", "attributes.`Models`", "tags.`stability.verdict`", "tags.`preset`"):
         assert 0 < view.read["right"][column] <= view.read["width"], (column, view.read["right"])
     # The runs tab of the model experiment (the app rewrites the URL with the view's sort).
     assert f"/#/experiments/{exp.experiment_id}/runs?" in view.url and "/overview" not in view.url, view.url
-    assert "orderByKey=metrics.%60eval%2Ftest%2Fmodel%2Fgroup_top1%60&orderByAsc=false" in view.url, view.url
+    assert "orderByKey=metrics.%60eval%2Ftest_group_top1%60&orderByAsc=false" in view.url, view.url
     # (Other modules' runs may share the store: tests/test_e2e.py repros in the same project,
     # and its runs are named after the preset and their overrides, e.g. "smoke epochs=1".)
     names = [row["attributes.`Run Name`"].splitlines()[-1] for row in rows]
@@ -359,12 +468,13 @@ def test_dev_ui_link_opens_the_runs_table_with_the_eval_columns_best_first(store
         run = runs[name]
         for key in columns:
             assert row[f"metrics.`{key}`"] == js_number(run.data.metrics[key]), (name, key, row)
-        assert row["tags.`stability.verdict`"] == run.data.tags["stability.verdict"], (name, row)
-        assert row["attributes.`Dataset`"].splitlines()[:2] == [f"qa_pairs.csv shards ({digest})", "Training"], row
+        for tag in (*intervals, "stability.verdict", "preset"):
+            assert row[f"tags.`{tag}`"] == run.data.tags[tag], (name, tag, row)
+        assert row["attributes.`Dataset`"].splitlines()[:2] == [f"{DATASET} ({digest})", "Training"], row
         (output,) = run.outputs.model_outputs
         assert row["attributes.`Models`"] == client.get_logged_model(output.model_id).name, (name, row)
     # Best group top-1 first (runs without one, e.g. a killed train stage's, come last).
-    shown = [row["metrics.`eval/test/model/group_top1`"] for row in rows]
+    shown = [row["metrics.`eval/test_group_top1`"] for row in rows]
     top1 = [float(v) for v in shown if v != "-"]
     assert top1 == sorted(top1, reverse=True) and shown[: len(top1)] == [v for v in shown if v != "-"], shown
 
@@ -400,7 +510,7 @@ def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, m
     """smoke-a's logged model (the Models tab's row) in headless Chromium: the run it came from,
     the dataset it was trained and evaluated on (MLflow writes the digest with a "#" on this
     page), and its eval metrics, each tied to that dataset, with the run's values unrounded. The
-    screenshot, with the metrics searched for "eval/test/model/", is kept in
+    screenshot, with the metrics searched for "eval/test_", is kept in
     test-artifacts/mlflow-model-page.png."""
     from pipeline.core.paths import REPO_ROOT
     from tests.helpers.browser import QUIET_ASSISTANT_JS, js_number, type_into_js, view_page
@@ -409,8 +519,8 @@ def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, m
     run = runs["smoke-a"]
     (output,) = run.outputs.model_outputs
     model = client.get_logged_model(output.model_id)
-    dataset = f"qa_pairs.csv shards (#{_shards_digest(runs)})"
-    key = "eval/test/model/group_top1"
+    dataset = f"{DATASET} (#{_shards_digest(runs)})"
+    key = "eval/test_group_top1"
     # A row of the Metrics table: Metric | Dataset | Source run | Value.
     row = "\n".join([key, dataset, "smoke-a", js_number(run.data.metrics[key])])
     view = view_page(
@@ -419,7 +529,7 @@ def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, m
         screenshot=REPO_ROOT / "test-artifacts" / "mlflow-model-page.png",
         full_page=False,  # the metrics box scrolls by itself; the rest of the page is parameters
         height=1300,
-        before_screenshot=type_into_js("Search metrics", "eval/test/model/"),
+        before_screenshot=type_into_js("Search metrics", "eval/test_"),
         init_script=QUIET_ASSISTANT_JS,
     )
     lines = view.text.splitlines()
@@ -435,7 +545,7 @@ def test_mlflow_ui_logged_model_page_shows_its_dataset_and_eval_metrics(store, m
     cells = table.splitlines()
     shown = {cells[i]: cells[i + 1 : i + 4] for i in range(0, len(cells), 4)}
     metrics = run.data.metrics
-    expected = {k: [dataset, "smoke-a", js_number(v)] for k, v in metrics.items() if k.startswith("eval/test/model/")}
+    expected = {k: [dataset, "smoke-a", js_number(v)] for k, v in metrics.items() if k.startswith("eval/test_")}
     # (MLflow 3.17's search keeps some rows that do not match in the list, e.g. the report's
     # stability metrics, linked to the model after it was logged: only the eval rows are asserted.)
     assert {k: v for k, v in shown.items() if k.startswith("eval/")} == expected

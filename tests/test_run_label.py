@@ -34,9 +34,19 @@ def test_a_long_list_is_cut_and_the_tag_keeps_it_whole():
     long = run_label(cfg, {f"train.key_{i}": "x" * 20 for i in range(8)})
     assert len(long) == MAX_NAME and long.endswith("…")
     assert tracking.overrides_tag(cfg) == {
-        "run.overrides": '{"run.seed":7,"train.epochs":3,"train.batch_size":8,"train.lr":0.01}'
+        "run.overrides": "preset=default run.seed=7 train.epochs=3 train.batch_size=8 train.lr=0.01"
     }
-    assert tracking.overrides_tag(load_config([])) == {}
+    assert tracking.overrides_tag(load_config([])) == {"run.overrides": "preset=default"}
+
+
+def test_the_overrides_tag_names_the_preset_and_fault_and_composes_the_run_again():
+    from pipeline.core.run_label import differences
+
+    cfg = load_config(["preset=smoke", "fault=nan_loss", "train.epochs=3"])
+    tag = tracking.overrides_tag(cfg)["run.overrides"]
+    assert tag == "preset=smoke fault=nan_loss train.epochs=3"
+    again = load_config(tag.split())
+    assert differences(again) == differences(cfg) and again.fault.kind == "nan_loss"
 
 
 def test_a_key_is_shortened_only_where_its_last_part_is_unique():

@@ -36,7 +36,7 @@ def project(answer_project) -> AnswerProject:
 
 @pytest.fixture(scope="module")
 def model_dir(project, tmp_path_factory) -> Path:
-    """The logged model, as MLflow stores it, downloaded from the run (runs:/<run_id>/model)."""
+    """The logged model, as MLflow stores it, downloaded from the run (runs:/<run_id>/<model name>)."""
     from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
     dst = tmp_path_factory.mktemp("answer-model")
@@ -246,7 +246,7 @@ def test_it_logs_into_the_run_a_stage_adds_to_and_refuses_without_a_run(project,
         with tracking.adding_to_run(run_id, "evaluate"):
             info = log_answer_model(*args)
         assert info.run_id == run_id and client.get_run(run_id).info.status == "FINISHED"
-        logged = mlflow.models.Model.load(f"runs:/{run_id}/model")
+        logged = mlflow.models.Model.load(info.model_uri)
         assert logged.model_id == info.model_id
         assert logged.metadata["bank_sha256"] == bank_from_shards(project.shard_dir).sha256
         assert client.get_logged_model(info.model_id).experiment_id == exp

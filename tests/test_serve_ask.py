@@ -49,7 +49,7 @@ def test_ask_prints_each_questions_answers_from_the_last_trained_model(project):
         for rank in (1, 2):
             prefix, score, text = lines[i + rank].split(maxsplit=2)
             assert prefix == f"{rank}." and -1 <= float(score) <= 1 and text in bank
-    assert f"runs:/{project.run_id}/model" in proc.stderr  # which model answered
+    assert project.model_uri in proc.stderr  # which model answered
 
 
 def test_ask_without_a_trained_model_or_with_a_uri_that_holds_none_says_what_to_do(project, tmp_path):
@@ -168,7 +168,7 @@ def test_the_recorded_local_model_answers_without_mlflow_or_a_copy(project, tmp_
     )
     assert proc.returncode == 0, proc.stderr
     assert "mlflow imported: False" in proc.stderr
-    assert f"runs:/{project.run_id}/model from {record['model_dir']}" in proc.stderr  # the store's own directory
+    assert f"{project.model_uri} from {record['model_dir']}" in proc.stderr  # the store's own directory
     assert leftovers(tmp) == []  # nothing downloaded
     assert "Q: Which currency does Japan use?" in proc.stdout
 

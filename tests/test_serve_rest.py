@@ -1,4 +1,4 @@
-"""The answer model behind the real REST server: `mlflow models serve -m runs:/<id>/model
+"""The answer model behind the real REST server: `mlflow models serve -m runs:/<id>/<model name>
 --env-manager local` on 127.0.0.1 and a free port (bench/model_server.py; its process group is
 always ended). It answers /invocations in both DataFrame layouts with what the model answers in
 process, and a request it cannot answer gets a 4xx whose message says what was expected."""

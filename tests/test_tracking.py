@@ -75,13 +75,13 @@ def test_a_stage_adding_to_a_finished_run_never_changes_its_status(tmp_path, mon
         assert run.info.run_id == run_id and mlflow.active_run() is None
         assert client.get_run(run_id).info.status == "FINISHED"
         assert client.get_run(run_id).data.tags["stage.evaluate.status"] == "RUNNING"
-        tracking.log_metrics({"eval/cosine": 0.5})
+        tracking.log_metrics({"eval/test/model/cosine": 0.5})
         tracking.set_tags({"stability.verdict": "stable"})
         tracking.log_params({"evaluate.k": 5})
         (tmp_path / "eval.json").write_text("{}")
         tracking.log_artifact_file(tmp_path / "eval.json", "evaluate")
     after = client.get_run(run_id)
-    assert after.info.status == "FINISHED" and after.data.metrics["eval/cosine"] == 0.5
+    assert after.info.status == "FINISHED" and after.data.metrics["eval/test_cosine"] == 0.5
     assert after.data.tags["stage.evaluate.status"] == "FINISHED" and after.data.tags["extra"] == "x"
     assert after.data.tags["stability.verdict"] == "stable" and after.data.params["evaluate.k"] == "5"
     assert [f.path for f in client.list_artifacts(run_id, "evaluate")] == ["evaluate/eval.json"]
@@ -317,7 +317,7 @@ def test_sigterm_flushes_buffered_metrics_and_ends_the_run_killed(tmp_path, sign
     run_id = ready.read_text()
     run = client.get_run(run_id)
     assert run.info.status == "KILLED"
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train/loss")] == [
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "curves/loss")] == [
         (s, 1.0 / s) for s in range(1, 6)
     ]
     assert run.data.metrics["direct/async"] == 1.0

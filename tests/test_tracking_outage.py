@@ -69,7 +69,7 @@ def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path
         )
         assert replay.returncode == 0, replay.stderr
         assert f"5 values stored in run {run_id}" in replay.stdout and not pending.exists()
-        history = MlflowClient(url).get_metric_history(run_id, "train/loss")
+        history = MlflowClient(url).get_metric_history(run_id, "curves/loss")
     assert sorted((m.step, m.value) for m in history) == [(s, 1.0 / s) for s in range(1, 21)]  # nothing lost, no copies
 
 
@@ -113,11 +113,11 @@ def test_the_train_stage_trains_through_a_server_restart_and_its_run_is_whole(tm
         assert train.returncode == 0, err[-4000:]
         client = MlflowClient(url)
         [run] = client.search_runs([e.experiment_id for e in client.search_experiments()], "tags.stage = 'train'")
-        history = client.get_metric_history(run.info.run_id, "train/loss")
+        history = client.get_metric_history(run.info.run_id, "curves/loss")
     assert "the MLflow store is not taking metrics" in err and "the MLflow store answers again" in err
     assert "Failed to log run data" not in err  # MLflow's line for each refused batch: the buffer says it once
     assert run.info.status == "FINISHED"
     steps = sorted({m.step for m in history})
-    total = int(run.data.metrics["train/steps"])
+    total = int(run.data.tags["train.steps"])
     assert steps == list(range(2, total + 1, 2)), "a telemetry row is missing"  # smoke: a row every 2 steps
     assert not list((root / ".mlflow-pending").glob("*.jsonl"))

@@ -19,9 +19,12 @@ from pipeline.tracking.views import (
 @pytest.mark.unit
 def test_the_view_selects_sorts_and_sizes_the_eval_columns():
     state = view_state()
-    assert state["orderByKey"] == "metrics.`eval/test/model/group_top1`" and state["orderByAsc"] is False
+    assert state["orderByKey"] == "metrics.`eval/test_group_top1`" and state["orderByAsc"] is False
     assert {f"metrics.`{k}`" for k in METRICS} <= set(state["selectedColumns"])
     assert {"attributes.`Dataset`", "attributes.`Models`", "tags.`stability.verdict`"} <= set(state["selectedColumns"])
+    # The intervals (tags), the preset and the overrides are columns too.
+    for tag in ("eval.test.group_top1", "eval.test.vs_ridge.group_top1", "preset", "run.overrides"):
+        assert f"tags.`{tag}`" in state["selectedColumns"], tag
     # Widths only count for columns in columnOrder (the UI ignores the rest).
     assert set(state["columnWidths"]) <= set(state["columnOrder"])
     envelope = json.loads(view_tag_value(now_ms=1))

@@ -6,13 +6,14 @@
 The model is the answer model the pipeline logs to the model's run (pipeline/serve/: the teacher embeds the
 question, the energy-flow model maps it, the nearest texts of the answer bank are the answers),
 loaded in this process. By default it is the model of the run that runs/train.json names (the
-last train stage here), `runs:/<run_id>/model` in the project's store (mlflow.db at the
-repository root, or MLFLOW_TRACKING_URI). When the evaluate stage recorded that model's local
+last train stage here): the answer model the evaluate stage logged to that run,
+`models:/<model_id>` in the project's store (mlflow.db at the repository root, or
+MLFLOW_TRACKING_URI). When the evaluate stage recorded that model's local
 directory (runs/evaluate.json) and the model's code is this checkout's, it is loaded from there
 without MLflow (pipeline/serve/local_model.py: no store lookup, no copy, the same checks of its
 bank and teacher); a local --model directory is loaded the same way. Otherwise it goes through
 mlflow.pyfunc.load_model. --model takes any MLflow model URI
-(runs:/<run_id>/model, models:/<model_id>, a local directory made with
+(models:/<model_id>, runs:/<run_id>/<model name>, a local directory made with
 pipeline.serve.log.save_answer_model). Scores are cosines between the model's prediction and each
 answer's teacher vector (1 = same direction), best first, one answer per fact. A question whose
 top answer is not confident (the rule the evaluate stage calibrated on val: docs/serving.md) is
@@ -74,8 +75,10 @@ def train_run() -> dict:
 
 
 def default_model_uri() -> tuple[str, str]:
-    """(runs:/<run_id>/model, tracking URI) of the last train run here, checked in the store, or
-    an error saying what to do when there is none."""
+    """(models:/<model_id>, tracking URI) of the answer model of the last train run here (the
+    newest the run holds), checked in the store, or an error saying what to do when there is none.
+    Not runs:/<run_id>/model: MLflow resolves that by the logged model's name, which is the
+    run's own (pipeline.serve.log.model_name)."""
     from pipeline.tracking import store as tracking
 
     info, path = train_run(), tracking.run_file("train")
@@ -92,7 +95,23 @@ def default_model_uri() -> tuple[str, str]:
             f"run {info['run_id']}, which {path} names, is not in the tracking store {uri}{elsewhere}; "
             "run ./dev repro to train and log a model here, or pass --model URI"
         ) from None
-    return f"runs:/{info['run_id']}/model", uri
+    model_id = run_model_id(MlflowClient(uri), info["run_id"])
+    if not model_id:
+        raise PipelineError(
+            f"run {info['run_id']}, which {path} names, holds no logged answer model (the evaluate stage logs it): "
+            "run ./dev repro, or pass --model URI"
+        )
+    return f"models:/{model_id}", uri
+
+
+def run_model_id(client, run_id: str) -> str:
+    """The id of the newest model logged to the run ("" if none): an evaluate run again logs a
+    new one."""
+    outputs = client.get_run(run_id).outputs
+    models = [o for o in (outputs.model_outputs if outputs else []) or []]
+    if not models:
+        return ""
+    return max(models, key=lambda o: client.get_logged_model(o.model_id).creation_timestamp).model_id
 
 
 def recorded_model_dir(train: dict) -> tuple[Path | None, str]:
@@ -126,7 +145,6 @@ def local_model(given: str | None):
 
     if given is None:
         train = train_run()
-        name = f"runs:/{train['run_id']}/model"
         path, why = recorded_model_dir(train)
         if path is None:
             return None, why
@@ -136,6 +154,7 @@ def local_model(given: str | None):
         recorded = train.get("model_sha256")
         if model is not None and recorded and model.metadata.get("model_sha256") != recorded:
             return None, f"{path} holds another model file than the train run's"
+        name = f"models:/{model.model_id}" if model is not None and model.model_id else f"run {train['run_id']}'s model"
         return (model, name) if model is not None else (None, why)
     if given.startswith("file://"):
         given = urllib.parse.unquote(urllib.parse.urlparse(given).path)
@@ -294,7 +313,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--model",
         metavar="URI",
-        help="an MLflow model URI or local directory (default: runs:/<run_id>/model of runs/train.json's run)",
+        help="an MLflow model URI or local directory (default: models:/<model_id> of runs/train.json's run)",
     )
     return ap
 

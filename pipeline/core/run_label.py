@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections import Counter
 from typing import Any
 
@@ -66,6 +67,32 @@ def short_keys(keys: list[str], all_keys: list[str]) -> dict[str, str]:
     train.lr), else in full (`train.batch_size`: embed has a batch_size too)."""
     leaves = Counter(k.rsplit(".", 1)[-1] for k in all_keys)
     return {k: k.rsplit(".", 1)[-1] if leaves[k.rsplit(".", 1)[-1]] == 1 else k for k in keys}
+
+
+_PLAIN = re.compile(r"^[A-Za-z0-9_.:/+-]+$")
+
+
+def _hydra_value(value: Any) -> str:
+    """A value as a Hydra override takes it back (`true`, `null`, `0.001`, `[4,8]`, 'a b')."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"))
+    text = str(value)
+    return text if _PLAIN.match(text) else "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def hydra_overrides(cfg: DictConfig, diff: dict[str, Any] | None = None) -> str:
+    """What makes the run, as the overrides that compose it again: `preset=smoke`, then
+    `fault=<kind>` for a deliberate fault, then `key=value` for each difference from the two, keys
+    in full (`preset=smoke fault=nan_loss train.epochs=3`)."""
+    diff = differences(cfg) if diff is None else diff
+    fault = [f"fault={_fault(cfg)}"] if _fault(cfg) != "none" else []
+    return " ".join([f"preset={cfg.run.preset}", *fault, *(f"{k}={_hydra_value(v)}" for k, v in diff.items())])
 
 
 def run_label(cfg: DictConfig, diff: dict[str, Any] | None = None) -> str:

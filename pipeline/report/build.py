@@ -20,6 +20,7 @@ from pipeline.report.checks.suite import headline_verdict, run_checks
 from pipeline.report.plots import make_plots
 from pipeline.report.render import render_html, render_markdown
 from pipeline.tracking import store as tracking
+from pipeline.tracking.run_note import update_note
 
 STABILITY_JSON = METRICS_DIR / "stability.json"
 REPORT_FILES = (REPORTS_DIR / "stability.md", REPORTS_DIR / "stability.html")
@@ -98,6 +99,7 @@ def log_report(result: Mapping, tx: OutputTransaction | None = None) -> None:
         tracking.log_artifact_file(now(path), "report/plots")
     tracking.log_artifact_file(now(STABILITY_JSON), "report")
     tracking.log_artifact_file(now(EVIDENCE_JSON), "report")
+    update_note()
 
 
 def verdict_line(result: Mapping) -> str:

@@ -1,5 +1,7 @@
 """Log the trained model as the text-in, text-out pyfunc of answerer.py into the active MLflow run
-(or the run a stage adds to) under the name `model`, so `runs:/<run_id>/model` loads it
+(or the run a stage adds to), named after the run (model_name: `smoke-lr-a-1a2b3c4d`, so the
+experiment's Models tab and the runs table's Models column say which run and preset each model
+is), so `models:/<model_id>` (runs/evaluate.json records it) or `runs:/<run_id>/<name>` loads it
 (mlflow.pyfunc.load_model) and serves it (mlflow models serve); or save the same model to a local
 directory (save_answer_model).
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -29,7 +32,10 @@ from pipeline.serve.request import signature
 
 log = logging.getLogger(__name__)
 
-NAME = "model"  # runs:/<run_id>/model
+NAME = "model"  # the name when the run's is not known (a run logged by hand)
+# MLflow refuses these in a logged model's name; the run name's other odd characters go too.
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+MAX_NAME = 80
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/, the whole library
 ANSWERER = Path(__file__).with_name("answerer.py")
 BANK_FILE = "answer_bank.npz"
@@ -59,6 +65,22 @@ def requirements(teacher: str) -> list[str]:
         except PackageNotFoundError:
             raise PipelineError(f"{name} is not installed here; the answer model needs it to load") from None
     return out
+
+
+def model_name(preset: str, run_name: str, run_id: str) -> str:
+    """`<preset>-<run name>-<run id's first 8>` with only the characters MLflow takes in a logged
+    model's name (`.` as `p`, the others as `-`): `default-lr-0p001-880be2ca`, `smoke-a-1a2b3c4d`
+    (a run name that starts with its preset is not preceded by it again)."""
+
+    def slug(text: str) -> str:
+        return _NOT_IN_NAME.sub("-", text.replace(".", "p")).strip("-")
+
+    name, preset = slug(run_name), slug(preset)
+    if preset and name != preset and not name.startswith(preset + "-"):
+        name = f"{preset}-{name}" if name else preset
+    tail = slug(run_id)[:8]
+    name = name[: MAX_NAME - len(tail) - 1].rstrip("-")
+    return f"{name}-{tail}" if name else tail or NAME
 
 
 @contextlib.contextmanager
@@ -133,8 +155,10 @@ def log_answer_model(
     embed_batch_size: int,  # the caller's embed.batch_size
     confidence: ConfidenceRule | None = None,
     calibration: dict | None = None,
+    name: str = NAME,
+    tags: dict[str, str] | None = None,
 ):
-    """Log the answer model as `model` into the run this process logs to: the active MLflow run,
+    """Log the answer model as `name` (model_name) into the run this process logs to: the active MLflow run,
     or the run a stage adds to (pipeline.tracking.store.adding_to_run: evaluate adds to the model's
     run without re-opening it). Returns MLflow's ModelInfo (None with the project's tracking off:
     run.tracking=disabled, a rank other than 0, or optional and unreachable).
@@ -165,7 +189,8 @@ def log_answer_model(
         # What mlflow.pyfunc.log_model does, with the run named: it logs to the active run only.
         info = Model.log(
             artifact_path=None,
-            name=NAME,
+            name=name,
+            tags=tags,
             flavor=mlflow.pyfunc,
             run_id=run_id,
             flavor_name="pyfunc.ModelFromCode",  # what mlflow.pyfunc.log_model names a models-from-code model

@@ -36,8 +36,14 @@ closes, before the stage logs its model and artifacts):
   and its future tells the truth. A SIGKILL loses the rows after the last sync (at most a checkpoint
 interval): the resumed run logs those steps again.
 
-System metrics (CPU, memory, disk, network, NVIDIA GPUs) are sampled by MLflow's collectors from
-a thread of this process every `system_metrics_s` seconds, once at the start and once at the end.
+Keys are the telemetry's (telemetry/train_steps.csv); each value goes to MLflow under its
+metric_names key, and a column the table leaves out is not sent.
+
+System metrics (CPU and memory use; per GPU its use and memory) are sampled by MLflow's collectors
+from a thread of this process every `system_metrics_s` seconds, from the first row on (and once at
+the end), as `machine/...` metrics. Not before the first row: MLflow's compare page plots the
+first metric a run was given (in the order the store first saw them) against the params that
+differ, and that should be the training loss, not the CPU use.
 """
 
 from __future__ import annotations
@@ -53,10 +59,13 @@ from pathlib import Path
 
 from pipeline.core.atomic import atomic_path
 from pipeline.tracking import store
+from pipeline.tracking.metric_names import SYSTEM, mlflow_key
 from pipeline.tracking.redact import redact_text
 
 log = logging.getLogger(__name__)
 
+CPU_KEY = SYSTEM["system/cpu_utilization_percentage"]  # in every sample
+CURVES_PREFIX = "curves/"
 BATCH_LIMIT = 1000  # MLflow's cap on metric values per log_batch
 RETRY_S = 2.0  # while the store is away, send the kept values again at most this often
 FINAL_TRIES, FINAL_PAUSE_S = 5, 1.0  # at the end: a store back within ~5 s still gets everything
@@ -104,6 +113,7 @@ class MetricBuffer:
         self._filter = _DropRefusedBatches()
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
+        self._system_metrics_s = system_metrics_s
         if not self.on:
             return
         import mlflow
@@ -114,21 +124,26 @@ class MetricBuffer:
         self._saved_env = {k: os.environ.get(k) for k in ENV_WHILE_OPEN}
         _set_env(ENV_WHILE_OPEN)
         logging.getLogger(_QUEUE_LOGGER).addFilter(self._filter)
-        if system_metrics_s > 0:
-            self._sampler = threading.Thread(
-                target=sample_system_metrics,
-                args=(run_id, store.tracking_uri(), system_metrics_s, self._stop_sampling),
-                daemon=True,
-                name="system-metrics",
-            )
-            self._sampler.start()
+
+    def _start_sampler(self) -> None:
+        """The system-metrics thread, once the first row is stored (see the module's docstring)."""
+        self._sampler = threading.Thread(
+            target=sample_system_metrics,
+            args=(self.run_id, store.tracking_uri(), self._system_metrics_s, self._stop_sampling),
+            daemon=True,
+            name="system-metrics",
+        )
+        self._sampler.start()
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         if not self.on:
             return
         # The row as it is (a shallow copy): unpacking it into Metric objects waits for the flush.
         self.rows.append((step, int(time.time() * 1000), dict(metrics)))
-        if time.monotonic() - self.last_flush >= self.flush_seconds:
+        if self._sampler is None and self._system_metrics_s > 0:
+            self._settle()  # the first row is in the store before any system metric
+            self._start_sampler()
+        elif time.monotonic() - self.last_flush >= self.flush_seconds:
             self.flush()
 
     def flush(self, force: bool = False) -> None:
@@ -140,11 +155,16 @@ class MetricBuffer:
 
         self._collect()
         new = [
-            Metric(k, float(v), ts, step)
+            Metric(name, float(v), ts, step)
             for step, ts, row in self.rows
             for k, v in row.items()
             if isinstance(v, (int, float)) and math.isfinite(v)  # MLflow rejects NaN / inf
+            if (name := mlflow_key(k)) is not None
         ]
+        # The curves first: the store lists a run's metrics in the order it first saw them, and
+        # so do the run page's Metrics table and the compare page's default plot (loss, not a
+        # gradient counter). Stable: each curve's points keep their order.
+        new.sort(key=lambda m: not m.key.startswith(CURVES_PREFIX))
         self.rows, self.last_flush = [], time.monotonic()
         self.sent += len(new)
         if self.refused and not force and time.monotonic() - self.last_try < RETRY_S:
@@ -255,31 +275,47 @@ def _set_env(values: dict[str, str | None]) -> None:
 def sample_system_metrics(run_id: str, uri: str, interval: float, stop: threading.Event) -> None:
     """MLflow's system-metrics collectors (CPU, memory, disk, network; NVIDIA GPUs through
     pynvml, AMD through pyrsmi, when present), sampled now, every `interval` seconds and once more
-    when `stop` is set, as `system/...` metrics. Driven here rather than by MLflow's own sampler
-    thread, which publishes only after a full interval and drops the last partial one: a smoke
-    run trains for well under a second and would get no sample at all."""
+    when `stop` is set, and logged under their metric_names keys (`machine/cpu_percent`, ...; the
+    rest is left out). Driven here rather than by MLflow's own sampler thread, which publishes only
+    after a full interval and drops the last partial one (a smoke run trains for well under a
+    second and would get no sample at all), and which names every value `system/...`: the run
+    page would list those first."""
+    from mlflow.entities import Metric
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    from mlflow.tracking import MlflowClient
 
     dropped = 0
 
-    def sample() -> None:
+    def sample(step: int) -> None:
         nonlocal dropped
         try:
             monitor.collect_metrics()
-            monitor.publish_metrics(monitor.aggregate_metrics())
+            values = monitor.aggregate_metrics()
+            for part in monitor.monitors:
+                part.clear_metrics()
+            now = int(time.time() * 1000)
+            named = ((mlflow_key(f"system/{k}"), v) for k, v in values.items())
+            client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in named if k is not None])
         except Exception as e:  # noqa: BLE001 - context, not telemetry: a sample the store refused is dropped
             dropped += 1
             if dropped == 1:
                 log.warning("a system-metrics sample was dropped (%s: %s); sampling goes on", type(e).__name__, e)
 
     try:
-        # resume_logging: a resumed run's samples continue its step count instead of restarting.
-        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, resume_logging=True, tracking_uri=uri)
+        client = MlflowClient(uri)
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, tracking_uri=uri)
+        step = next_sample_step(client, run_id)
         while True:
-            sample()
+            sample(step)
+            step += 1
             if stop.wait(interval):
                 break
-        sample()
-        monitor.mlflow_logger.flush()
+        sample(step)
     except Exception as e:  # noqa: BLE001 - system metrics are context: never stop the run for them
         log.warning("system metrics stopped: %s: %s", type(e).__name__, e)
+
+
+def next_sample_step(client, run_id: str) -> int:
+    """A resumed run's samples continue its step count instead of restarting at 0."""
+    steps = [m.step for m in client.get_metric_history(run_id, CPU_KEY)]  # a sample every few seconds: short
+    return max(steps) + 1 if steps else 0

@@ -19,10 +19,14 @@ import sys
 from pathlib import Path
 
 from pipeline.tracking import store as tracking
+from pipeline.tracking.metric_names import mlflow_key
 
 
 def read_pending(path: Path) -> list:
-    """The file's values as MLflow Metrics; a line that is not one (a hand-edited file) is skipped."""
+    """The file's values as MLflow Metrics, under their MLflow names (metric_names: a file from a
+    version that wrote the telemetry's own keys is renamed as the buffer now sends them; the
+    buffer's own files hold MLflow names already, which map to themselves); a line that is not
+    one (a hand-edited file) is skipped."""
     from mlflow.entities import Metric
 
     metrics = []
@@ -32,7 +36,9 @@ def read_pending(path: Path) -> list:
         except (ValueError, TypeError):
             print(f"[metric replay] {path}:{n}: not a [key, value, timestamp, step] line; skipped", file=sys.stderr)
             continue
-        metrics.append(Metric(key, float(value), int(timestamp), int(step)))
+        name = mlflow_key(str(key))
+        if name is not None:
+            metrics.append(Metric(name, float(value), int(timestamp), int(step)))
     return metrics
 
 

@@ -15,7 +15,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import os
 import socket
 import subprocess
@@ -351,11 +350,12 @@ def run_name(cfg) -> str:
 
 
 def overrides_tag(cfg) -> dict[str, str]:
-    """`run.overrides`: every difference from the preset, in full (the name may be cut)."""
-    from pipeline.core.run_label import differences
+    """`run.overrides`: the preset, the fault and every difference from them, in full (the name
+    may be cut), as the Hydra overrides that compose the run again: `preset=smoke fault=nan_loss
+    train.epochs=3`. Always set, so the runs table's column is never empty."""
+    from pipeline.core.run_label import hydra_overrides
 
-    diff = differences(cfg)
-    return {"run.overrides": json.dumps(diff, separators=(",", ":"), default=str)[:5000]} if diff else {}
+    return {"run.overrides": hydra_overrides(cfg)[:5000]}
 
 
 def embed_experiment(experiment: str) -> str:
@@ -556,14 +556,20 @@ def set_tags(tags: dict[str, str]) -> None:
 def log_metrics(
     metrics: dict[str, float], step: int | None = None, model_id: str | None = None, dataset: Any = None
 ) -> None:
-    """One batched, asynchronous call per log boundary (never one call per metric). `model_id`
-    (MLflow 3's logged model): the values also show on that model's page; `dataset` (an MLflow
-    dataset, e.g. shards_dataset's): the data they were measured on."""
+    """One batched, asynchronous call per log boundary (never one call per metric). The keys are
+    the files' (metrics/*.json, the telemetry): metric_names.route gives their MLflow names, and
+    turns constants and the headline intervals into tags. `model_id` (MLflow 3's logged model):
+    the values also show on that model's page; `dataset` (an MLflow dataset, e.g.
+    shards_dataset's): the data they were measured on."""
     if not enabled():
         return
     import mlflow
 
-    clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+    from pipeline.tracking.metric_names import route
+
+    clean, tags = route(metrics)
+    if tags:
+        set_tags(tags)
     if clean:
         mlflow.log_metrics(
             clean,
@@ -674,6 +680,15 @@ def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:
     mlflow.log_artifact(str(path), artifact_path=artifact_path, run_id=session().adding_to or None)
 
 
+def log_dict(values: dict, artifact_file: str) -> None:
+    """`values` as a JSON artifact of the run this process logs to."""
+    if not enabled():
+        return
+    import mlflow
+
+    mlflow.log_dict(values, artifact_file, run_id=session().adding_to or None)
+
+
 def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = None) -> None:
     """The dataset as an MLflow input of the active run: its schema, row count, source and
     content digest (the UI's Datasets column; runs on the same data share the digest)."""
@@ -691,18 +706,31 @@ def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = 
     mlflow.log_input(dataset, context=context, tags=tags)
 
 
-def shards_dataset(shard_dir: Path, manifest: dict, manifest_sha256: str):
-    """The embedding shards as an MLflow dataset (no data loaded): named after the source file
-    they were embedded from, digest = the first 16 hex digits of manifest.json's sha256 (the
-    manifest holds every shard's digest, so equal digests mean equal shards; the UI's Dataset
-    column shows it), source = the shard directory. None with tracking off."""
+def dataset_name(manifest: dict, preset: str, shard_dir: Path | str = "") -> str:
+    """`qa_pairs.csv · 600 pairs · smoke`: the source file, the pairs the shards hold, and the
+    preset of the run that used them, so a smoke run's data and a default run's differ in the
+    runs table's Dataset column at a glance (the digest beside it is 16 hex digits)."""
+    source = str((manifest.get("source") or {}).get("path") or shard_dir)
+    parts = [source.rstrip("/").rsplit("/", 1)[-1]]
+    rows = (manifest.get("stats") or {}).get("rows_used")
+    if isinstance(rows, int):
+        parts.append(f"{rows} pairs")
+    if preset:
+        parts.append(str(preset))
+    return " · ".join(parts)
+
+
+def shards_dataset(shard_dir: Path, manifest: dict, manifest_sha256: str, preset: str = ""):
+    """The embedding shards as an MLflow dataset (no data loaded): named by dataset_name, digest =
+    the first 16 hex digits of manifest.json's sha256 (the manifest holds every shard's digest, so
+    equal digests mean equal shards; the UI's Dataset column shows it), source = the shard
+    directory. None with tracking off."""
     if not enabled():
         return None
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.sources import LocalArtifactDatasetSource
 
-    source = str((manifest.get("source") or {}).get("path") or shard_dir)
-    name = f"{source.rstrip('/').rsplit('/', 1)[-1]} shards"
+    name = dataset_name(manifest, preset, shard_dir)
     return MetaDataset(
         LocalArtifactDatasetSource(str(Path(shard_dir).resolve())), name=name, digest=manifest_sha256[:16]
     )

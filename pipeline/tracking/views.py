@@ -1,17 +1,22 @@
 """The MLflow UI's saved view of the model experiment: the runs table with the columns models are
-compared by (test metrics with the paired difference from ridge, the stability verdict, what
-differs from the preset, the dataset and the logged model), best group top-1 first.
+compared by (test group top-1, then the headline test metrics and the paired difference from
+ridge each with its 95 % interval, the stability verdict, the preset, the dataset, the logged
+model and the overrides that make the run), best group top-1 first.
 
-MLflow 3.17's runs table shows no metric or param column until someone picks them (a run has
-200+ metrics: curves, system metrics, every eval CI), and no URL parameter picks columns. A view
-saved as the experiment tag `mlflow.sharedViewState.<key>` does: the link
-`#/experiments/<id>/runs?viewStateShareKey=evaluation` (what `./dev ui` prints) opens it.
+MLflow 3.17's runs table shows no metric or tag column until someone picks them (a run has about
+50 metrics: curves, diagnostics, eval), and no URL parameter picks columns. A view saved as the
+experiment tag `mlflow.sharedViewState.<key>` does: the link
+`#/experiments/<id>/runs?viewStateShareKey=evaluation` (what `./dev ui` prints) opens it. An
+interval is a tag (`eval.test.group_top1 = "0.883 [0.857, 0.907]"`, metric_names.INTERVAL_TAGS):
+one column reads as value and interval, where three metric columns would not.
 """
 
 from __future__ import annotations
 
 import json
 import time
+
+from pipeline.tracking.metric_names import HEADLINE_METRIC
 
 VIEW_KEY = "evaluation"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
@@ -21,14 +26,11 @@ ARMS_VIEW_KEY = "arms"
 ARMS_VIEW_TAG = f"mlflow.sharedViewState.{ARMS_VIEW_KEY}"
 ARM_TAG = "arm"
 
-# What a researcher ranks models by; every other metric is a column the Columns menu adds.
-METRICS = (
-    "eval/test/model/group_top1",
-    "eval/test/model/cosine",
-    "eval/test/model_vs_ridge/group_top1",
-    "eval/test/model_vs_ridge/cosine",
-)
-TAGS = ("stability.verdict",)
+# What a researcher ranks models by (the number, sortable); every other metric is a column the
+# Columns menu adds.
+METRICS = (HEADLINE_METRIC,)
+INTERVALS = ("eval.test.group_top1", "eval.test.cosine", "eval.test.vs_ridge.group_top1")
+TAGS = ("stability.verdict", "preset")
 ATTRIBUTES = ("Dataset", "Models")
 LAST_TAGS = ("run.overrides",)  # long: last, where it may run off the screen
 # The table draws only the columns in view (it virtualises them): at 200 px a metric, 8 metrics
@@ -37,13 +39,17 @@ LAST_TAGS = ("run.overrides",)  # long: last, where it may run off the screen
 # 1600 px window beside MLflow's sidebar (checked in the browser test's screenshot); a metric's
 # header is cut with "…" (hover shows the full key), a dataset's name too.
 WIDTHS = {
-    "run_name": 180,
+    "run_name": 140,
+    "created": 100,
     "arm_group": 320,
-    "metric": 130,
-    "verdict": 100,
+    "metric": 100,
+    "interval": 150,  # "0.883 [0.857, 0.907]", whole
+    "difference": 205,  # "+0.027 [+0.010, +0.045] p=0.008"
+    "stability.verdict": 85,
+    "preset": 65,
     "Dataset": 190,
     "Models": 100,
-    "overrides": 220,
+    "overrides": 260,
 }
 
 
@@ -52,21 +58,33 @@ def view_state(grouped: bool = False) -> dict:
     the runs grouped by their arm (tag `arm`, pipeline/core/arm.py), each group a row with the
     arm's name, its run count (the replicates) and the average of each column over them."""
     metrics = [f"metrics.`{k}`" for k in METRICS]
+    intervals = [f"tags.`{k}`" for k in INTERVALS]
     tags = [f"tags.`{k}`" for k in TAGS]
     attributes = [f"attributes.`{k}`" for k in ATTRIBUTES]
     last = [f"tags.`{k}`" for k in LAST_TAGS]
-    order = ["attributes.`Run Name`", "runDateAndNestInfo", *metrics, *tags, *attributes, *last, "duration"]
+    order = [
+        "attributes.`Run Name`",
+        "runDateAndNestInfo",
+        *metrics,
+        *intervals,
+        *tags,
+        *attributes,
+        *last,
+        "duration",
+    ]
     widths = {
         "attributes.`Run Name`": WIDTHS["run_name"],
+        "runDateAndNestInfo": WIDTHS["created"],
         **{c: WIDTHS["metric"] for c in metrics},
-        **{c: WIDTHS["verdict"] for c in tags},
+        **{f"tags.`{k}`": WIDTHS["difference" if ".vs_" in k else "interval"] for k in INTERVALS},
+        **{f"tags.`{k}`": WIDTHS[k] for k in TAGS},
         **{f"attributes.`{k}`": WIDTHS[k] for k in ATTRIBUTES},
         **{c: WIDTHS["overrides"] for c in last},
     }
     state = {
         "orderByKey": metrics[0],
         "orderByAsc": False,
-        "selectedColumns": [*attributes, *metrics, *tags, *last],
+        "selectedColumns": [*attributes, *metrics, *intervals, *tags, *last],
         "columnOrder": order,
         "columnWidths": widths,
     }

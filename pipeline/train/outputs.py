@@ -18,6 +18,7 @@ from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.data.shards import sha256_file
 from pipeline.model.model_file import save_model
 from pipeline.tracking import store as tracking
+from pipeline.tracking.run_note import update_note
 from pipeline.train.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured
 from pipeline.train.result import TrainResult
 from pipeline.train.telemetry import step_columns
@@ -36,7 +37,7 @@ def log_run_inputs(cfg, manifest: dict, embed_run: dict, processes: int) -> None
     tracking.log_params({**flatten(cfg), "train.processes": processes, "train.effective_batch": effective})
     shard_dir = repo_path(cfg.embed.out_dir)
     tracking.log_shards_input(
-        tracking.shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json")),
+        tracking.shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json"), str(cfg.run.preset)),
         manifest,
         str(embed_run.get("run_id", "")),
     )
@@ -90,6 +91,7 @@ def record_trained(run, result: TrainResult, cfg, model_dir: Path, settings: str
     # last telemetry row's (perf/samples_per_s of one window, not of the run), as DVC does.
     tracking.log_metrics(summary, step=int(summary["train/steps"]))
     _log_artifacts(tx)
+    update_note()
     tracking.write_run_file(
         "train",
         {
@@ -110,6 +112,7 @@ def record_divergence(run, result: TrainResult, settings: str, tx: OutputTransac
     metrics = {**result.summary, "train/diverged": 1}
     write_train_metrics(metrics, settings, tx)
     tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
+    update_note()
     tracking.write_run_file(
         "train",
         {

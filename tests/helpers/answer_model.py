@@ -26,7 +26,7 @@ import mlflow
 from omegaconf import OmegaConf
 from pipeline.data.shards import sha256_file
 from pipeline.serve.confidence import ConfidenceRule
-from pipeline.serve.log import log_answer_model, logged_model_record
+from pipeline.serve.log import log_answer_model, logged_model_record, model_name
 from pipeline.tracking import store as tracking
 
 RULE = %r
@@ -34,15 +34,21 @@ cfg = OmegaConf.load("params.yaml")
 uri = tracking.use_store()
 mlflow.set_experiment("energy-flow")
 with mlflow.start_run(run_name="train") as run:
+    name = model_name("smoke", "train", run.info.run_id)  # named as the evaluate stage names it
     info = log_answer_model(
-        "models/model.pt", cfg.embed.out_dir, int(cfg.train.batch_size), int(cfg.embed.batch_size),
-        ConfidenceRule(*RULE), {"calibrated_on": "none: a fixed rule for the tests"},
+        "models/model.pt",
+        cfg.embed.out_dir,
+        int(cfg.train.batch_size),
+        int(cfg.embed.batch_size),
+        ConfidenceRule(*RULE),
+        {"calibrated_on": "none: a fixed rule for the tests"},
+        name=name,
     )
 model_sha = sha256_file("models/model.pt")
 tracking.write_run_file("train", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id,
     "tracking_uri": uri, "model_sha256": model_sha, "model_id": info.model_id})
 tracking.write_run_file("evaluate", logged_model_record(info))  # as the evaluate stage records it
-print(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri, "model_uri": info.model_uri}))
+print(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri, "model_uri": info.model_uri, "name": name}))
 """
 
 
@@ -54,6 +60,8 @@ class AnswerProject:
     run_id: str
     batch_size: int  # train.batch_size
     embed_batch_size: int
+    model_uri: str  # models:/<model_id>, what runs/evaluate.json records
+    model_name: str  # the logged model's name (pipeline.serve.log.model_name)
 
     @property
     def model_path(self) -> Path:
@@ -65,7 +73,8 @@ class AnswerProject:
 
     @property
     def run_uri(self) -> str:
-        return f"runs:/{self.run_id}/model"
+        """runs:/<run_id>/<name>: MLflow finds the run's logged model by its name."""
+        return f"runs:/{self.run_id}/{self.model_name}"
 
 
 def _run(cmd: list[str], root: Path, env: dict) -> str:
@@ -97,5 +106,7 @@ def make_answer_project(dest: Path) -> AnswerProject:
         logged["run_id"],
         int(params.train.batch_size),
         int(params.embed.batch_size),
+        logged["model_uri"],
+        logged["name"],
     )
     return _MADE["project"]
