@@ -175,10 +175,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[En
         )
     _check_config_keys(path, payload["model_config"])
     dim = int(payload["dim"])
-    # The model the weights go into gives the shapes: building it on the meta device as well
-    # would import torch's compiler (about a second of CPU) for the meta tensors' random draws.
-    model = EnergyFlowModel.from_config(payload["model_config"], dim)
-    mismatch = tensor_mismatch(payload["state_dict"], {k: tuple(v.shape) for k, v in model.state_dict().items()})
+    mismatch = tensor_mismatch(payload["state_dict"], model_shapes(payload["model_config"], dim))
     if mismatch:
         raise PipelineError(
             f"{path}: its weights do not fit the model its own model_config builds "
@@ -192,7 +189,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[En
             f"{path}: parameter {bad} is not finite; expected finite weights (a model whose training "
             f"diverged is not saved, so this file was damaged or written elsewhere); {_RETRAIN}"
         )
-    model = model.to(device)
+    model = EnergyFlowModel.from_config(payload["model_config"], dim).to(device)
     model.load_state_dict(payload["state_dict"])
     model.eval()
     return model, payload
