@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT
 from pipeline.embed.teacher import weights_digest
 from pipeline.serve import teacher_digest
 from pipeline.serve.local_model import PACKAGE_DIR, open_local
@@ -90,7 +93,7 @@ def test_a_changed_teacher_is_refused_though_its_old_digest_is_cached(teacher, t
     from pipeline.serve import answering
 
     # The teacher's loading is not what is tested: its weights check is.
-    monkeypatch.setattr(answering, "load_teacher", lambda name: object())
+    monkeypatch.setattr(answering, "load_answering_teacher", lambda name: object())
     monkeypatch.setattr(answering, "resolve_teacher", lambda name: str(teacher))
     cache = tmp_path / "digest.json"
     recorded = weights_digest(teacher)
@@ -182,3 +185,29 @@ def test_anything_else_is_left_to_mlflow_saying_why(model_dir, spoil, why):
     spoil(model_dir)
     model, reason = open_local(model_dir)
     assert model is None and why in reason
+
+
+# Prints without flushing (a pipe buffers it), leaves a temporary directory and an atexit handler
+# to the end, as ./dev ask's run leaves them, then ends through exit_now.
+_EXIT = """
+import atexit, sys, tempfile
+from tools.ask import exit_now
+tmp = tempfile.TemporaryDirectory(prefix="ask-exit-")
+print(tmp.name)
+print("Q: Who wrote 1984?")
+atexit.register(lambda: print("atexit ran", file=sys.stderr))
+exit_now(int(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("rc", [0, 2, 130])
+def test_ask_ends_without_teardown_yet_with_its_output_status_and_clean_up(tmp_path, rc):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT, str(rc)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == rc, proc.stderr
+    name, answer = proc.stdout.splitlines()
+    assert answer == "Q: Who wrote 1984?" and "atexit ran" in proc.stderr
+    assert Path(name).parent == tmp_path and not Path(name).exists()  # removed at exit
+    assert list(tmp_path.iterdir()) == []

@@ -30,11 +30,12 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.core.errors import PipelineError
-from pipeline.embed.teacher import encode_texts, load_teacher, resolve_teacher
+from pipeline.embed.teacher import encode_texts, resolve_teacher
 from pipeline.evaluate.prediction import predict as model_predict
 from pipeline.model.model_file import load_model
 from pipeline.serve.bank import load_bank
 from pipeline.serve.confidence import ConfidenceRule
+from pipeline.serve.plain_teacher import load_answering_teacher
 from pipeline.serve.ranking import distinct_top, group_sizes, top_and_margin
 from pipeline.serve.request import ANSWERS, CONFIDENT, SCORES, TRUNCATED, Limits, questions_of, top_k
 from pipeline.serve.teacher_digest import teacher_weights_digest
@@ -79,8 +80,9 @@ class Answerer:
     @staticmethod
     def _load_teacher(name: str, weights_sha256: str | None, digest_cache: Path | None = None):
         """The teacher the shards were embedded with. One whose weights differ from the recorded
-        ones would embed questions into another space: refused."""
-        teacher = load_teacher(name)
+        ones would embed questions into another space: refused. A plain-layout teacher is run
+        without sentence-transformers (pipeline/serve/plain_teacher.py), with the same vectors."""
+        teacher = load_answering_teacher(name)
         if weights_sha256:
             found = teacher_weights_digest(Path(resolve_teacher(name)), digest_cache)
             if found != weights_sha256:
