@@ -160,3 +160,19 @@ def test_the_command_copies_verifies_and_names_the_store_it_cannot_use(source, d
     nobody = tmp_path / "no-team"
     assert cli.main(["copy-store", "--from", uri, "--dir", str(nobody), "--quiet"]) == 1
     assert f"no team stack runs in {nobody} to copy to" in capsys.readouterr().err
+
+
+def test_a_copy_of_a_copy_is_marked_anew(source, dest, tmp_path, empty_store):
+    """Runs moved on from one server to another: each copy names the run it was copied from, and
+    the mark of the first copy does not make a partial second copy look whole."""
+    uri, ids, _ = source
+    copy_store(uri, dest, ["energy-flow-embed"], progress=False)
+    third = tmp_path / "third"
+    third.mkdir()
+    shutil.copy(empty_store, third / "mlflow.db")
+    onward = f"sqlite:///{third / 'mlflow.db'}"
+    assert copy_store(dest, onward, ["energy-flow-embed"], progress=False).copied == 1
+    [middle] = copies(dest)[ids["embed"]]
+    [last] = copies(onward)[middle.info.run_id]
+    assert last.data.tags[COPY_COMPLETE] == "true"
+    assert store_differences(dest, onward, ["energy-flow-embed"]) == []

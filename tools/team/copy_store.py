@@ -29,6 +29,7 @@ from tools.team.store_ids import (
     COPY_COMPLETE,
     MLMODEL,
     MODEL_VERSIONS,
+    OURS,
     PARENT_RUN,
     RUN_NAME,
     id_swap,
@@ -39,6 +40,7 @@ from tools.team.store_ids import (
 BATCH_METRICS = 1000
 BATCH_PARAMS_TAGS = 100
 PAGE = 1000
+FINAL = ("READY", "FAILED")  # the statuses finalize_logged_model takes
 
 
 @dataclass
@@ -84,19 +86,20 @@ def sqlite_source_problem(uri: str) -> str | None:
 
 
 @contextlib.contextmanager
-def quiet_downloads() -> Iterator[None]:
-    """No progress bar of MLflow's per artifact download: one line per run and model would bury
-    the copy's own bar."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    before = os.environ.get(key)
-    os.environ[key] = "false"
+def quiet_mlflow() -> Iterator[None]:
+    """No progress bar of MLflow's per artifact download and no "View run ... at" line per ended
+    run: a line or two per run would bury the copy's own bar and summary."""
+    settings = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+    before = {key: os.environ.get(key) for key in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def client(uri: str):
@@ -221,7 +224,8 @@ class Copier:
     def copy_run(self, run, dest_experiment_id: str, models: list) -> str:
         from mlflow.entities import Param, RunTag
 
-        tags = {k: v for k, v in run.data.tags.items() if k not in (RUN_NAME, PARENT_RUN)}
+        # (OURS too: a run that is itself a copy, from another server, is marked anew)
+        tags = {k: v for k, v in run.data.tags.items() if k not in (RUN_NAME, PARENT_RUN, *OURS)}
         if PARENT_RUN in run.data.tags:
             parent = run.data.tags[PARENT_RUN]
             if parent not in self.run_map:
@@ -281,7 +285,7 @@ class Copier:
         import mlflow
         from mlflow.entities import Metric
 
-        tags = {k: v for k, v in model.tags.items() if k != MODEL_VERSIONS}
+        tags = {k: v for k, v in model.tags.items() if k != MODEL_VERSIONS and k not in OURS}
         new = self.dst.create_logged_model(
             dest_experiment_id,
             name=model.name,
@@ -335,7 +339,8 @@ class Copier:
             ]
             for batch in chunks(metrics, BATCH_METRICS):
                 self.dst.log_batch(target, metrics=batch)
-        self.dst.finalize_logged_model(new.model_id, model.status)
+        if str(model.status) in FINAL:  # a PENDING model (its logging never ended) stays PENDING
+            self.dst.finalize_logged_model(new.model_id, model.status)
         self.summary.models += 1
 
     def link_models(self, run, new_id: str) -> None:
@@ -410,7 +415,7 @@ def copy_store(
         plan.append((experiment, dest_id, runs, models_by_run(src, experiment.experiment_id)))
     total = sum(len(runs) for _, _, runs, _ in plan)
     bar = tqdm(total=total, unit="run", desc="copy-store", disable=not progress, mininterval=0.5)
-    with bar, quiet_downloads():
+    with bar, quiet_mlflow():
         for experiment, dest_id, runs, models in plan:
             for run in runs:
                 if run.info.run_id in copier.run_map:

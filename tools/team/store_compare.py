@@ -26,7 +26,7 @@ from tools.team.copy_store import (
     models_by_run,
     paged,
     parents_first,
-    quiet_downloads,
+    quiet_mlflow,
     source_experiments,
 )
 from tools.team.store_ids import COPIED_FROM, MLMODEL, MODEL_VERSIONS, OURS, PARENT_RUN, id_swap
@@ -64,7 +64,7 @@ def store_differences(
                 continue
             run_map[run.info.run_id] = made[0].info.run_id
             pairs.append((run, made[0], src_models, dst_models))
-    with tempfile.TemporaryDirectory(prefix="store-compare-") as tmp, quiet_downloads():
+    with tempfile.TemporaryDirectory(prefix="store-compare-") as tmp, quiet_mlflow():
         for run, copy, src_models, dst_models in pairs:
             found += run_differences(src, dst, run, copy, run_map, model_map, Path(tmp) if artifacts else None)
             mine = {m.model_id: m for m in dst_models.get(copy.info.run_id, [])}
@@ -109,7 +109,7 @@ def run_differences(src, dst, run, copy, run_map: dict, model_map: dict, scratch
     found += differ(where, "end time", info.end_time, twin.end_time)
     found += differ(where, "status", info.status, twin.status)
     found += differ(where, "params", run.data.params, copy.data.params)
-    tags = dict(run.data.tags)
+    tags = {k: v for k, v in run.data.tags.items() if k not in OURS}
     if PARENT_RUN in tags:
         tags[PARENT_RUN] = run_map.get(tags[PARENT_RUN], f"(no copy of {tags[PARENT_RUN]})")
     found += differ(where, "tags", tags, {k: v for k, v in copy.data.tags.items() if k not in OURS})
@@ -164,7 +164,7 @@ def model_differences(model, twin, run_map: dict, scratch: Path | None, source_u
     found += differ(where, "model type", model.model_type, twin.model_type)
     found += differ(where, "status", str(model.status), str(twin.status))
     found += differ(where, "params", model.params, twin.params)
-    tags = {k: v for k, v in model.tags.items() if k != MODEL_VERSIONS}
+    tags = {k: v for k, v in model.tags.items() if k != MODEL_VERSIONS and k not in OURS}
     found += differ(where, "tags", tags, {k: v for k, v in twin.tags.items() if k not in OURS})
     found += differ(where, "source run", run_map.get(model.source_run_id), twin.source_run_id)
 
