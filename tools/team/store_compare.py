@@ -161,7 +161,8 @@ def links(run, side: str, model_map: dict | None) -> list[tuple]:
 def model_differences(model, twin, run_map: dict, scratch: Path | None, source_uri: str, dest_uri: str) -> list[str]:
     where = f"logged model {model.model_id} ({model.name!r}) of run {model.source_run_id}"
     found = differ(where, "name", model.name, twin.name)
-    found += differ(where, "model type", model.model_type, twin.model_type)
+    # (no type and an empty one are one value to a server: its REST answer has no "none" for it)
+    found += differ(where, "model type", model.model_type or "", twin.model_type or "")
     found += differ(where, "status", str(model.status), str(twin.status))
     found += differ(where, "params", model.params, twin.params)
     tags = {k: v for k, v in model.tags.items() if k != MODEL_VERSIONS and k not in OURS}
