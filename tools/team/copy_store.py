@@ -234,6 +234,8 @@ class Copier:
                     "selected); copy the parent's experiment too"
                 )
             tags[PARENT_RUN] = self.run_map[parent]
+        # The mark first: whatever step fails after create_run, the run is known as a partial copy.
+        # mlflow.user too: create_run takes the run's user from it (the rest follows in batches).
         first = {COPIED_FROM: run.info.run_id, **{k: v for k, v in tags.items() if k == "mlflow.user"}}
         new = self.dst.create_run(
             dest_experiment_id, start_time=run.info.start_time, tags=first, run_name=run.info.run_name
