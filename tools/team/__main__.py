@@ -1,4 +1,4 @@
-"""`python -m tools.team up|down|status` (what `./dev team` runs): tools/team/cli.py."""
+"""`python -m tools.team up|down|status|copy-store` (what `./dev team` runs): tools/team/cli.py."""
 
 import sys
 

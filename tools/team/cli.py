@@ -9,6 +9,9 @@ server on it with proxied artifacts, and a DVC remote. docs/team.md explains it.
   left as it is.
 - `down` stops everything `up` started (no process is left) and keeps every byte of the data.
 - `status` says whether it runs and where (exit 0), or that it does not (exit 1).
+- `copy-store` copies the runs of a store (default: this checkout's mlflow.db) to the server
+  (default: the running stack's), skipping those copied before (tools/team/copy_store.py);
+  `--verify` then compares the copy field by field (tools/team/store_compare.py).
 """
 
 from __future__ import annotations
@@ -222,6 +225,45 @@ def status(args) -> int:
     return 0 if healthy else 1
 
 
+def copy_store_command(args) -> int:
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking.store import project_root
+    from tools.team.copy_store import copy_store
+    from tools.team.store_compare import store_differences
+
+    source = args.source or f"sqlite:///{project_root() / 'mlflow.db'}"
+    dest = args.dest
+    if dest is None:
+        layout = Layout(args.dir.expanduser().resolve())
+        state = running_state(layout)
+        if not state or not state.get("ready"):
+            raise PipelineError(
+                f"no team stack runs in {layout.root} to copy to: start it (`./dev team up`), or name the server "
+                "with --to http://HOST:PORT"
+            )
+        dest = tracking_uri({k: state[k] for k in ("mlflow_port", "postgres_port")})
+    print(f"[team] copying the runs of {source} to {dest}", file=sys.stderr)
+    try:
+        summary = copy_store(source, dest, args.experiment, progress=not args.quiet)
+    except MlflowException as e:  # before any run: a store that does not answer, or refuses
+        raise PipelineError(f"copying {source} to {dest}: {e.message}") from e
+    print(f"[team] {summary.line(source, dest)}", file=sys.stderr)
+    if args.verify:
+        t0 = time.monotonic()
+        found = store_differences(source, dest, args.experiment)
+        for line in found[:50]:
+            print(f"[team] differs: {line}", file=sys.stderr)
+        if found:
+            raise PipelineError(f"the copy differs from {source} in {len(found)} places (above, at most 50)")
+        print(
+            f"[team] verified: the copy of {len(summary.pairs)} runs compares equal to {source}, field by field and "
+            f"file by file ({time.monotonic() - t0:.1f} s)",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def wait_for(condition, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -238,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         ("up", "start the stack (or say it runs), set the DVC remote, print the tracking URI"),
         ("down", "stop everything `up` started; the data stays"),
         ("status", "whether it runs, and where"),
+        ("copy-store", "copy a store's runs (default: this checkout's mlflow.db) to the server"),
     ):
         sub = commands.add_parser(name, help=text, description=text)
         sub.add_argument(
@@ -248,11 +291,32 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--project", type=Path, default=REPO_ROOT, help="the DVC project to set the remote in")
             sub.add_argument("--no-dvc-remote", action="store_true", help="leave the DVC config alone")
             sub.add_argument("--start-timeout", type=float, default=UP_TIMEOUT, metavar="S")
+        if name == "copy-store":
+            sub.add_argument(
+                "--from",
+                dest="source",
+                metavar="URI",
+                help="the store to copy (default: sqlite:///<checkout>/mlflow.db)",
+            )
+            sub.add_argument(
+                "--to", dest="dest", metavar="URI", help="the store to copy to (default: the running stack)"
+            )
+            sub.add_argument(
+                "--experiment",
+                action="append",
+                metavar="NAME",
+                help="copy this experiment only (repeatable; default all)",
+            )
+            sub.add_argument(
+                "--verify", action="store_true", help="then compare the copy with the source, field by field"
+            )
+            sub.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     if getattr(args, "port", None) is not None and not 1 <= args.port <= 65535:
         parser.error(f"--port {args.port}: expected a port 1-65535")
     try:
-        return {"up": up, "down": down, "status": status}[args.command](args)
+        commands = {"up": up, "down": down, "status": status, "copy-store": copy_store_command}
+        return commands[args.command](args)
     except PipelineError as e:
         print(f"team {args.command}: {e}", file=sys.stderr)
         return 1
