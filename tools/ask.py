@@ -57,15 +57,15 @@ ANSWER_LOADER = "mlflow.pyfunc.loaders.code_model"
 
 
 def train_run() -> dict:
-    """runs/train.json of the last train run here, or an error saying what to do when there is none."""
+    """The train run of the model here: the one runs/train.json names (the last train stage
+    here), or, with no such file (a fresh clone that pulled the model with `dvc pull`: runs/ is
+    not in git), the run in the tracking store whose tag train.model_sha256 is the digest of the
+    model file in the workspace. An error saying what to do when there is none."""
     from pipeline.tracking import store as tracking
 
     path = tracking.run_file("train")
     if not path.is_file():
-        raise PipelineError(
-            f"no trained model yet ({path} does not exist: the train stage writes it): run ./dev repro first, "
-            "or pass --model URI"
-        )
+        return _train_run_of_pulled_model(path)
     info = tracking.read_run_file("train")
     if not info["run_id"]:  # written by a version that recorded untracked runs too
         raise PipelineError(
@@ -74,6 +74,41 @@ def train_run() -> dict:
             "--model URI"
         )
     return info
+
+
+def _train_run_of_pulled_model(missing: Path) -> dict:
+    """The run that trained the workspace's model file, found in the tracking store by its digest.
+    The model's bits are the link, not a pointer file: DVC outputs are the same bits for the same
+    inputs, so a run id written into one would make every retrain a change, and the tag is what
+    every train run carries (pipeline/train/outputs.py)."""
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.core.output_dirs import DVC_OUTPUTS
+    from pipeline.data.shards import sha256_file
+    from pipeline.tracking import store as tracking
+    from pipeline.tracking.redact import redact_text
+
+    model = tracking.project_root() / DVC_OUTPUTS["train.out_dir"] / "model.pt"
+    if not model.is_file():
+        raise PipelineError(
+            f"no trained model yet ({missing} and {model} do not exist: the train stage writes them): run ./dev "
+            "repro first, `dvc pull` a pushed one (with the team's MLFLOW_TRACKING_URI set), or pass --model URI"
+        )
+    digest = sha256_file(model)
+    shown = redact_text(tracking.tracking_uri())
+    try:
+        run_id = tracking.find_run_by_tag("train.model_sha256", digest)
+    except MlflowException as e:
+        raise PipelineError(
+            f"could not look up the run of {model} in the tracking store {shown}: {redact_text(str(e))}"
+        ) from None
+    if not run_id:
+        raise PipelineError(
+            f"{missing} does not exist and no run in the tracking store {shown} has tag train.model_sha256 = "
+            f"{digest[:12]}... (the digest of {model}): set MLFLOW_TRACKING_URI to the store the model was trained "
+            "against, run ./dev repro to train here, or pass --model URI"
+        )
+    return {"run_id": run_id, "model_sha256": digest}
 
 
 def default_model_uri() -> tuple[str, str]:
