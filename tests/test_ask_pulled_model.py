@@ -54,3 +54,16 @@ def test_a_model_no_run_made_names_the_digest_and_the_store(clone):
 def test_no_model_file_says_to_train_or_pull(clone):
     with pytest.raises(PipelineError, match=r"no trained model yet .*dvc pull"):
         train_run()
+
+
+def test_no_store_here_says_to_set_the_uri_and_makes_none(tmp_path, monkeypatch):
+    """A fresh clone without MLFLOW_TRACKING_URI: the default store (mlflow.db in the clone) does
+    not exist, and looking in it must not create an empty one."""
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    monkeypatch.setattr(tracking, "RUNS_DIR", tmp_path / "runs")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "model.pt").write_bytes(WEIGHTS)
+    with pytest.raises(PipelineError, match=r"no tracking store at sqlite:///.*MLFLOW_TRACKING_URI"):
+        train_run()
+    assert not (tmp_path / "mlflow.db").exists()
