@@ -2,11 +2,12 @@
 commits and `dvc push`es; a colleague's fresh `git clone` with the stack's remote and
 MLFLOW_TRACKING_URI gets the outputs with `dvc pull`, finds every stage up to date, and runs
 `./dev compare main workspace`, `./dev ask` and `dvc plots diff main` without training. The
-comparison needs nothing pulled at all (the item table is in git); a clone with no remote says so
-for the plots."""
+comparison needs nothing pulled at all (the item table is in git); the plots need the remote set,
+not pulled."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -30,8 +31,14 @@ def sh(*cmd: str, cwd: Path, env: dict, ok: bool = True) -> subprocess.Completed
     return done
 
 
-def compare(cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    return sh(sys.executable, "-m", "tools.compare", "main", "workspace", "--json", cwd=cwd, env=env)
+def compare(cwd: Path, env: dict) -> dict:
+    """`./dev compare main workspace --json`, checked: main's table from git, the working copy's."""
+    done = sh(sys.executable, "-m", "tools.compare", "main", "workspace", "--json", cwd=cwd, env=env)
+    result = json.loads(done.stdout)
+    assert [r["kind"] for r in result["a"]["runs"]] == ["git-revision"], result["a"]
+    assert [r["kind"] for r in result["b"]["runs"]] == ["workspace"], result["b"]
+    assert result["a"]["items"] == result["b"]["items"] > 0
+    return result
 
 
 def test_a_fresh_clone_pulls_the_pushed_run_and_compares_asks_and_plots_without_training(folder, tmp_path):  # noqa: F811
@@ -51,17 +58,29 @@ def test_a_fresh_clone_pulls_the_pushed_run_and_compares_asks_and_plots_without_
     sh("git", "clone", "-q", str(alice), str(carol), cwd=tmp_path, env=env)
     compare(carol, env)
     without_remote = time.monotonic() - started
+    # ... but the plots are in DVC's cache, which a clone with no remote has nothing of: DVC draws
+    # none and says so.
+    drawn = sh(*DVC, "plots", "diff", "main", "-o", str(tmp_path / "carol-plots"), cwd=carol, env=env)
+    assert "failed to load some plots" in drawn.stderr, drawn.stderr
+    # With the remote set, `dvc plots diff main` reads main's plots from it, nothing pulled, also
+    # from another branch.
+    dave = tmp_path / "dave"
+    sh("git", "clone", "-q", str(alice), str(dave), cwd=tmp_path, env=env)
+    up(folder, "--project", str(dave))
+    sh("git", "checkout", "-qb", "feature", cwd=dave, env=env)
+    sh(*DVC, "plots", "diff", "main", "-o", str(tmp_path / "dave-plots"), cwd=dave, env=env)
+    assert "Training loss" in (tmp_path / "dave-plots" / "index.html").read_text()
+    assert not (dave / "models" / "model.pt").exists()
 
     started = time.monotonic()
     bob = tmp_path / "bob"
     sh("git", "clone", "-q", str(alice), str(bob), cwd=tmp_path, env=env)
     up(folder, "--project", str(bob))  # the stack runs already: sets bob's remote only
     sh(*DVC, "pull", cwd=bob, env=env)
-    result = compare(bob, env)
+    compare(bob, env)
     with_remote = time.monotonic() - started
     print(f"fresh clone to a finished compare: {without_remote:.1f} s without the remote, "
           f"{with_remote:.1f} s with `dvc pull` from it")  # fmt: skip
-    assert '"b"' in result.stdout or "workspace" in result.stdout
 
     for out in ("data/shards", "models/model.pt", "telemetry/train_steps.csv", "reports/eval_samples.csv"):
         assert (bob / out).exists(), f"{out} was not pulled"
@@ -74,8 +93,12 @@ def test_a_fresh_clone_pulls_the_pushed_run_and_compares_asks_and_plots_without_
     for stage in ("embed", "train", "evaluate"):
         assert f"Stage '{stage}' didn't change, skipping" in repro, repro
 
-    asked = sh(sys.executable, "-m", "tools.ask", "What is the capital of France?", "-k", "2", cwd=bob, env=env)
-    assert "1." in asked.stdout or "capital" in asked.stdout.lower() or asked.stdout.strip(), asked.stdout
+    question = "What is the capital of France?"
+    asked = sh(sys.executable, "-m", "tools.ask", question, "-k", "2", cwd=bob, env=env)
+    lines = asked.stdout.splitlines()
+    first = lines.index(f"Q: {question}")
+    ranks = [line.split()[0] for line in lines[first + 1 : first + 4] if line.split()[0].endswith(".")]
+    assert ranks == ["1.", "2."], asked.stdout  # (a smoke model may say first that it is not confident)
 
     page = tmp_path / "bob-plots"
     sh(*DVC, "plots", "diff", "main", "-o", str(page), cwd=bob, env=env)
