@@ -55,7 +55,10 @@ def test_ask_prints_each_questions_answers_from_the_last_trained_model(project):
 def test_ask_without_a_trained_model_or_with_a_uri_that_holds_none_says_what_to_do(project, tmp_path):
     nothing = {**project.env, "ENERGY_FLOW_RUNS_DIR": str(tmp_path / "runs")}
     proc = ask(project, "Where is Kabul?", env=nothing)
-    assert proc.returncode == 2 and "no trained model yet" in proc.stderr and "run ./dev repro first" in proc.stderr
+    # No runs/train.json, so the run is looked up by the model file's digest (as on a fresh clone
+    # that pulled it), and this project's run carries no train.model_sha256 tag: no run to ask.
+    assert proc.returncode == 2 and "no run in the tracking store" in proc.stderr, proc.stderr
+    assert "train.model_sha256" in proc.stderr and "run ./dev repro" in proc.stderr
     proc = ask(project, "Where is Kabul?", "--model", str(tmp_path / "missing"))
     assert proc.returncode == 2 and f"no MLflow model at {tmp_path / 'missing'}" in proc.stderr, proc.stderr
 

@@ -57,15 +57,15 @@ ANSWER_LOADER = "mlflow.pyfunc.loaders.code_model"
 
 
 def train_run() -> dict:
-    """runs/train.json of the last train run here, or an error saying what to do when there is none."""
+    """The train run of the model here: the one runs/train.json names (the last train stage
+    here), or, with no such file (a fresh clone that pulled the model with `dvc pull`: runs/ is
+    not in git), the run in the tracking store whose tag train.model_sha256 is the digest of the
+    model file in the workspace. An error saying what to do when there is none."""
     from pipeline.tracking import store as tracking
 
     path = tracking.run_file("train")
     if not path.is_file():
-        raise PipelineError(
-            f"no trained model yet ({path} does not exist: the train stage writes it): run ./dev repro first, "
-            "or pass --model URI"
-        )
+        return _train_run_of_pulled_model(path)
     info = tracking.read_run_file("train")
     if not info["run_id"]:  # written by a version that recorded untracked runs too
         raise PipelineError(
@@ -76,6 +76,48 @@ def train_run() -> dict:
     return info
 
 
+def _train_run_of_pulled_model(missing: Path) -> dict:
+    """The run that trained the workspace's model file, found in the tracking store by its digest.
+    The model's bits are the link, not a pointer file: DVC outputs are the same bits for the same
+    inputs, so a run id written into one would make every retrain a change, and the tag is what
+    every train run carries (pipeline/train/outputs.py)."""
+    from pipeline.core.output_dirs import DVC_OUTPUTS
+    from pipeline.data.shards import sha256_file
+    from pipeline.tracking import store as tracking
+    from pipeline.tracking.redact import redact_text
+
+    model = tracking.project_root() / DVC_OUTPUTS["train.out_dir"] / "model.pt"
+    if not model.is_file():
+        raise PipelineError(
+            f"no trained model yet ({missing} and {model} do not exist: the train stage writes them): run ./dev "
+            "repro first, `dvc pull` a pushed one (with the team's MLFLOW_TRACKING_URI set), or pass --model URI"
+        )
+    digest = sha256_file(model)
+    uri = tracking.tracking_uri()
+    shown = redact_text(uri)
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        # A search would create an empty store here, and find nothing in it.
+        raise PipelineError(
+            f"{missing} does not exist and there is no tracking store at {shown} to find the run of {model} in: "
+            "set MLFLOW_TRACKING_URI to the store the model was trained against (the team's server), or pass "
+            "--model URI"
+        )
+    try:
+        run_id = tracking.find_run_by_tag("train.model_sha256", digest)
+    except Exception as e:  # noqa: BLE001 - an unreachable server or an unreadable store: one line
+        raise PipelineError(
+            f"could not look up the run of {model} in the tracking store {shown}: {type(e).__name__}: "
+            f"{redact_text(str(e))}"
+        ) from None
+    if not run_id:
+        raise PipelineError(
+            f"{missing} does not exist and no run in the tracking store {shown} has tag train.model_sha256 = "
+            f"{digest[:12]}... (the digest of {model}): set MLFLOW_TRACKING_URI to the store the model was trained "
+            "against, run ./dev repro to train here, or pass --model URI"
+        )
+    return {"run_id": run_id, "model_sha256": digest}
+
+
 def default_model_uri() -> tuple[str, str]:
     """(models:/<model_id>, tracking URI) of the answer model of the last train run here (the
     newest the run holds), checked in the store, or an error saying what to do when there is none.
@@ -84,6 +126,7 @@ def default_model_uri() -> tuple[str, str]:
     from pipeline.tracking import store as tracking
 
     info, path = train_run(), tracking.run_file("train")
+    named = f"which {path} names" if path.is_file() else "found by its model file's digest"
     uri = tracking.tracking_uri()
     recorded = info.get("tracking_uri")
     from mlflow.exceptions import MlflowException
@@ -94,13 +137,13 @@ def default_model_uri() -> tuple[str, str]:
     except MlflowException:
         elsewhere = f" ({path} says it was logged to {recorded}: set MLFLOW_TRACKING_URI to it)" if recorded else ""
         raise PipelineError(
-            f"run {info['run_id']}, which {path} names, is not in the tracking store {uri}{elsewhere}; "
+            f"run {info['run_id']}, {named}, is not in the tracking store {uri}{elsewhere}; "
             "run ./dev repro to train and log a model here, or pass --model URI"
         ) from None
     model_id = run_model_id(MlflowClient(uri), info["run_id"])
     if not model_id:
         raise PipelineError(
-            f"run {info['run_id']}, which {path} names, holds no logged answer model (the evaluate stage logs it): "
+            f"run {info['run_id']}, {named}, holds no logged answer model (the evaluate stage logs it): "
             "run ./dev repro, or pass --model URI"
         )
     return f"models:/{model_id}", uri
