@@ -23,10 +23,10 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
-from tests.helpers.team_postgres import TeamPostgres
 from tools.fault_matrix import clean_env
 from tools.servers import free_port, start_mlflow_server
 from tools.team.layout import prepare
+from tools.team.standalone import TeamPostgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # real servers and real pushes: 20-60 s each on 2 cores
 

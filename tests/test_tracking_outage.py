@@ -18,8 +18,8 @@ from mlflow.tracking import MlflowClient
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
-from tests.helpers.team_postgres import TeamPostgres
 from tools.servers import free_port, start_mlflow_server
+from tools.team.standalone import TeamPostgres
 
 pytestmark = [
     pytest.mark.slow,
