@@ -15,6 +15,13 @@ Arms (each a full training run on the same synthetic data and seed; `--arms` pic
   mlflow.log_metrics(..., synchronous=False) from the trainer's on_log, MLflow's queue batching
   a second of rows into one write (MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS=1); the run ends with
   mlflow.flush_async_logging() and end_run, so every value is stored inside the timed span.
+- server (not in the default `--arms`; `--arms off,stage,server`): the stage arm with the team
+  stack's MLflow server as the store instead of a SQLite file: PostgreSQL and `mlflow server` on
+  it with proxied artifacts, as `./dev team up` runs them (tools/team/standalone.py), started on
+  loopback in a temporary folder for the benchmark. Its CPU figures count this process only: the
+  server's and the database's work is theirs (on a team's machine, not the researcher's).
+  metrics_logged_per_s_server: the throughput figure below, into that server;
+  server_over_sqlite_per_step_cpu: the server arm's overhead_per_step_cpu over the stage arm's.
 
 Figures, for each tracked arm against off (goals: per step <= 1.03; fixed <= 2 % of the default
 run):
@@ -75,12 +82,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
 import resource
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import numpy as np
@@ -97,6 +107,7 @@ from pipeline.train.loop import train_model
 
 GOALS = {"overhead_per_step": 1.03, "fixed_fraction_of_default_run": 0.02}
 ARMS = ("off", "stage", "mlflow_async")
+SERVER_ARM = "server"  # the stage's path into the team server (main starts one when it is asked for)
 EXPERIMENT = "bench-tracking"
 PROBE_EVERY_S = 1.0  # probes inside a run: often enough to follow the load, rare enough to cost little
 SEGMENT_ROWS = 4  # rows a segment of the in-run A/B holds at least: its first span is left out, 3 count
@@ -349,6 +360,21 @@ def arm_run(
     }
 
 
+def server_arm(uri: str, segment_s: float, cfg, x, y, probe: Probe, name: str, skip: float) -> dict:
+    """The stage arm with MLFLOW_TRACKING_URI at the team server `uri` for the run (tracking_uri()
+    reads the variable on every call, MetricBuffer's client when it opens)."""
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    try:
+        out = arm_run("stage", cfg, x, y, probe, name, skip, segment_s=segment_s)
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = saved
+    return {**out, "arm": SERVER_ARM}
+
+
 def compare_arms(
     preset: str,
     arms: tuple[str, ...],
@@ -533,23 +559,31 @@ def compare_arms(
     return out
 
 
-def logging_throughput(rows: int, metrics_per_row: int = 35) -> dict:
-    """Rows pushed through MetricBuffer (flushing as the train stage does) and waited for; and
-    the same through MLflow's asynchronous queue, flushed and waited for."""
+def buffer_throughput(rows: int, keys: list[str], run_name: str) -> tuple[int, float]:
+    """Rows pushed through MetricBuffer (flushing as the train stage does) into the store
+    MLFLOW_TRACKING_URI names, and waited for: (values sent, seconds)."""
+    from pipeline.tracking import store as tracking
+
+    with tracking.mlflow_run(run_name, "smoke", experiment=EXPERIMENT) as run:
+        with MetricBuffer(run.info.run_id, flush_seconds=0.5) as warm:
+            warm({k: 0.0 for k in keys}, 0)  # the store's first write and the queue's threads
+        t0 = time.perf_counter()
+        with MetricBuffer(run.info.run_id, flush_seconds=0.5) as buf:
+            for step in range(1, rows + 1):
+                buf({k: step * 1e-3 for k in keys}, step)
+        return buf.sent, time.perf_counter() - t0
+
+
+def logging_throughput(rows: int, metrics_per_row: int = 35, server_uri: Optional[str] = None) -> dict:
+    """buffer_throughput into a SQLite store; the same through MLflow's asynchronous queue,
+    flushed and waited for; and, given `server_uri`, buffer_throughput into that server."""
     import mlflow
 
     from pipeline.tracking import store as tracking
 
     keys = [f"bench/metric_{i}" for i in range(metrics_per_row)]
     with temporary_store():
-        with tracking.mlflow_run("throughput", "smoke", experiment=EXPERIMENT) as run:
-            with MetricBuffer(run.info.run_id, flush_seconds=0.5) as warm:
-                warm({k: 0.0 for k in keys}, 0)  # the store's first write and the queue's threads
-            t0 = time.perf_counter()
-            with MetricBuffer(run.info.run_id, flush_seconds=0.5) as buf:
-                for step in range(1, rows + 1):
-                    buf({k: step * 1e-3 for k in keys}, step)
-            seconds = time.perf_counter() - t0
+        sent, seconds = buffer_throughput(rows, keys, "throughput")
         with tracking.mlflow_run("throughput-async", "smoke", experiment=EXPERIMENT):
             tracking.log_metrics({k: 0.0 for k in keys}, step=0)
             mlflow.flush_async_logging()
@@ -558,12 +592,17 @@ def logging_throughput(rows: int, metrics_per_row: int = 35) -> dict:
                 tracking.log_metrics({k: step * 1e-3 for k in keys}, step=step)
             mlflow.flush_async_logging()
             async_seconds = time.perf_counter() - t0
-    return {
-        "metrics_logged_per_s": buf.sent / seconds,
-        "throughput_metrics": buf.sent,
-        "throughput_seconds": seconds,
-        "metrics_logged_per_s_mlflow_async": rows * metrics_per_row / async_seconds,
-    }
+        out = {
+            "metrics_logged_per_s": sent / seconds,
+            "throughput_metrics": sent,
+            "throughput_seconds": seconds,
+            "metrics_logged_per_s_mlflow_async": rows * metrics_per_row / async_seconds,
+        }
+        if server_uri is not None:
+            os.environ["MLFLOW_TRACKING_URI"] = server_uri  # temporary_store puts the caller's back
+            sent, seconds = buffer_throughput(rows, keys, "throughput-server")
+            out["metrics_logged_per_s_server"] = sent / seconds
+    return out
 
 
 def main(argv=None) -> dict:
@@ -613,23 +652,38 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     probe = Probe(threads=workload_threads(config(args.preset, 1, *args.overrides)[0]))
     res: dict = {"device": "cpu", "torch": torch.__version__, "goals": GOALS}
-    res.update(logging_throughput(args.rows))
-    say(
-        f"throughput: {res['metrics_logged_per_s']:.0f} metrics/s (stage), "
-        f"{res['metrics_logged_per_s_mlflow_async']:.0f} (mlflow async)"
-    )
-    res.update(
-        compare_arms(
-            args.preset,
-            arms,
-            args.rounds,
-            steps,
-            *args.overrides,
-            skip=args.skip,
-            probe=probe,
-            segment_s=args.segment_s,
+    with contextlib.ExitStack() as servers:
+        server_uri, extra = None, {}
+        if SERVER_ARM in arms:
+            from tools.team.standalone import mlflow_on_postgres
+
+            folder = servers.enter_context(tempfile.TemporaryDirectory(prefix="bench-team-"))
+            server_uri = servers.enter_context(mlflow_on_postgres(Path(folder)))
+            extra = {SERVER_ARM: functools.partial(server_arm, server_uri, args.segment_s)}
+            say(f"team server (PostgreSQL) for the {SERVER_ARM} arm: {server_uri}")
+        res.update(logging_throughput(args.rows, server_uri=server_uri))
+        say(
+            f"throughput: {res['metrics_logged_per_s']:.0f} metrics/s (stage), "
+            f"{res['metrics_logged_per_s_mlflow_async']:.0f} (mlflow async)"
+            + (f", {res['metrics_logged_per_s_server']:.0f} (team server)" if server_uri else "")
         )
-    )
+        res.update(
+            compare_arms(
+                args.preset,
+                arms,
+                args.rounds,
+                steps,
+                *args.overrides,
+                skip=args.skip,
+                probe=probe,
+                extra_arms=extra,
+                segment_s=args.segment_s,
+            )
+        )
+    if SERVER_ARM in arms and "stage" in arms:
+        # The server against the SQLite file, both in this run: per step, the CPU the loop pays.
+        server, sqlite = res["overhead_per_step_cpu"][SERVER_ARM], res["overhead_per_step_cpu"]["stage"]
+        res["server_over_sqlite_per_step_cpu"] = server / sqlite if server and sqlite else None
     res["goals_met"] = {
         f"overhead_per_step/{a}": v <= GOALS["overhead_per_step"] for a, v in res["overhead_per_step"].items()
     }

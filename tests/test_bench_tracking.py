@@ -61,6 +61,21 @@ def test_quick_run_prints_one_json_line_with_the_figures():
     assert all(isinstance(v, bool) for v in res["goals_met"].values())
 
 
+@pytest.mark.slow  # a quick benchmark run with PostgreSQL and an MLflow server started for it (~90 s)
+def test_the_server_arm_logs_into_a_team_server_and_is_set_against_sqlite_in_the_same_run():
+    res = bench_json("bench.tracking", "--quick", "--arms", "off,stage,server")
+    assert res["arms"] == ["off", "stage", "server"]
+    for key in ("overhead_per_step", "overhead_per_step_cpu", "fixed_cost_s", "cpu_cost_s"):
+        assert set(res[key]) == {"stage", "server"}, key
+    per = res["per_arm"]["server"]
+    assert per["rows_per_run"] == 40 and 0 < per["rows_sent_per_run"] < 40
+    assert per["metrics_logged_per_run"] >= 20 * per["rows_sent_per_run"]
+    assert res["metrics_logged_per_s_server"] > 0 and res["metrics_logged_per_s"] > 0
+    assert res["arms_same_work"] is True
+    ratio = res["server_over_sqlite_per_step_cpu"]
+    assert ratio is None or ratio > 0
+
+
 def test_steady_step_time_leaves_out_the_probes():
     def slow_probe():  # stands in for a probe that takes 50 ms
         time.sleep(0.05)

@@ -1,7 +1,9 @@
 """The tracking server goes away mid-run, tested against a real `mlflow server` on
 loopback that is stopped and started again on the same port: training's metrics are kept (in
 memory and in the pending file) while it is away, stored when it is back, and what is still
-pending when the run ends is replayed by `python -m pipeline.tracking.replay`. Nothing is lost."""
+pending when the run ends is replayed by `python -m pipeline.tracking.replay`. Nothing is lost.
+Each case runs twice: the server on a SQLite file, and on the team stack's PostgreSQL (which
+stays up while the MLflow server goes away)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
 from tools.servers import free_port, start_mlflow_server
+from tools.team.standalone import TeamPostgres
 
 pytestmark = [
     pytest.mark.slow,
@@ -24,14 +27,26 @@ pytestmark = [
 ]  # real server starts and a real train stage, ~75 s: `./dev test -m slow` (CI runs it)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_uri(request, tmp_path, monkeypatch):
+    """The MLflow server's backend store, up for the whole test."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'store.db'}"
+        return
+    pg = TeamPostgres(tmp_path / "team")
+    monkeypatch.setenv("PGPASSFILE", str(pg.layout.pgpass))  # the server's libpq logs in with it
+    with pg.running():
+        yield pg.uri
+
+
 def rows(buffer, steps) -> None:
     for s in steps:
         buffer({"train/loss": 1.0 / s}, s)
 
 
-def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path, monkeypatch, caplog):
+def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path, monkeypatch, caplog, store_uri):
     caplog.set_level(logging.INFO, logger="pipeline.tracking.metric_buffer")
-    store, artifacts, port = f"sqlite:///{tmp_path / 'store.db'}", tmp_path / "artifacts", free_port()
+    store, artifacts, port = store_uri, tmp_path / "artifacts", free_port()
     url = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     monkeypatch.setattr(tracking, "pending_dir", lambda: tmp_path / "pending")
@@ -73,7 +88,7 @@ def test_metrics_survive_the_server_going_away_and_the_leftovers_replay(tmp_path
     assert sorted((m.step, m.value) for m in history) == [(s, 1.0 / s) for s in range(1, 21)]  # nothing lost, no copies
 
 
-def test_the_train_stage_trains_through_a_server_restart_and_its_run_is_whole(tmp_path_factory):
+def test_the_train_stage_trains_through_a_server_restart_and_its_run_is_whole(tmp_path_factory, store_uri):
     """The real train stage against a real server that is stopped at the first checkpoint and
     started again while training goes on: the stage ends FINISHED with every telemetry row."""
     import time
@@ -91,7 +106,7 @@ def test_the_train_stage_trains_through_a_server_restart_and_its_run_is_whole(tm
         timeout=300,
     )
     assert embed.returncode == 0, embed.stderr[-3000:]
-    store, artifacts, port = f"sqlite:///{root / 'server.db'}", root / "server-artifacts", free_port()
+    store, artifacts, port = store_uri, root / "server-artifacts", free_port()
     url = f"http://127.0.0.1:{port}"
     ckpt = root / "checkpoints/train/last.pt"
     with start_mlflow_server(store, artifacts, port=port):
