@@ -107,7 +107,7 @@ def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, s
     """The logged model of each experiment's run is its own trained model as a text-in, text-out
     pyfunc: its model file is the experiment's models/model.pt, its bank the one evaluate scored
     (the run's eval.bank_sha256), and asked the test questions it gives the evaluate stage's own
-    top-5 answers (reports/eval_items.parquet of that experiment). It loads where this repository
+    ranking (reports/eval_items.parquet of that experiment), one text per fact. It loads where this repository
     is not importable (the pipeline package travels with it) and holds no pickle."""
     import hashlib
 
@@ -123,6 +123,7 @@ def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, s
     splits = [open_split(root / "data/shards", s) for s in ("train", "val", "test")]
     bank = build_bank(splits)
     text_of = dict(zip(bank.ids, bank.texts))
+    group_of = dict(zip(bank.ids, bank.groups))  # each text's fact, as the answer model groups them
     questions = [str(q) for q in splits[2].input_texts]
     for name in ("smoke-a", "smoke-b"):
         run = runs[name]
@@ -141,7 +142,16 @@ def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, s
         items = pd.read_parquet(items_path)
         assert items["input"].tolist() == questions, name
         got = mlflow.pyfunc.load_model(uri).predict(pd.DataFrame({"question": questions}), params={"k": 5})
-        assert got["answers"].tolist() == [[text_of[i] for i in top5] for top5 in items["top5"]], name
+        # Its answers are evaluate's ranking with one text per fact: the first text of each fact
+        # among evaluate's top 5 (in that order) leads the model's 5 distinct facts.
+        for answers, top5 in zip(got["answers"].tolist(), items["top5"]):
+            firsts, seen = [], set()
+            for i in top5:
+                if group_of[i] not in seen:
+                    seen.add(group_of[i])
+                    firsts.append(text_of[i])
+            assert list(answers[: len(firsts)]) == firsts, name
+            assert len({bank.groups[bank.index[a]] for a in answers}) == len(answers) == 5, name
     # It loads where this repository is not importable, with no pickle.
     elsewhere = subprocess.run(
         [

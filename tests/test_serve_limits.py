@@ -184,7 +184,7 @@ def test_progress_shows_on_a_terminal_when_there_is_more_than_one_batch():
 
 
 def test_ask_says_which_question_the_teacher_read_only_in_part():
-    text = render(["short?", "long?"], [["a"], ["b"]], [[0.9], [0.8]], [False, True], 256)
+    text = render(["short?", "long?"], [["a"], ["b"]], [[0.9], [0.8]], [False, True], 256, confident=[True, True])
     assert text.splitlines() == [
         "Q: short?",
         "  1. 0.900  a",

@@ -34,7 +34,7 @@ from pipeline.embed.teacher import encode_texts, resolve_teacher
 from pipeline.evaluate.prediction import predict as model_predict
 from pipeline.model.model_file import load_model
 from pipeline.serve.bank import load_bank
-from pipeline.serve.confidence import ConfidenceRule
+from pipeline.serve.confidence import ARTIFACT, read_rule
 from pipeline.serve.plain_teacher import load_answering_teacher
 from pipeline.serve.ranking import distinct_top, group_sizes, top_and_margin
 from pipeline.serve.request import ANSWERS, CONFIDENT, SCORES, TRUNCATED, Limits, questions_of, top_k
@@ -66,7 +66,7 @@ class Answerer:
         self.groups = int(self.group_ids.max()) + 1 if len(self.group_ids) else 0
         self.max_members = group_sizes(self.group_ids)
         try:
-            self.confidence = ConfidenceRule.from_config(config)  # None: logged before answers had one
+            self.confidence = read_rule(artifacts.get(ARTIFACT))  # None: logged before answers had one
         except PipelineError as e:
             raise PipelineError(f"{artifacts['model']}: {e}") from None
         if not self.model.dim == bank.dim == int(config["dim"]):

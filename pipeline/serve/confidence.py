@@ -11,21 +11,28 @@ Two signals of the k distinct facts (pipeline/serve/ranking.py) decide it:
 Confident means both hold. A rule with no margin threshold (None) is one whose calibration
 reached no threshold with the target precision: never confident.
 
-The rule travels in the model's config as a plain mapping (CONFIG_KEY), so JSON and YAML hold it;
-a model logged before answers carried a confidence has none, and its answers say confidence
-unknown (None) rather than guess."""
+The rule travels with the model as an artifact of its own (RULE_FILE, JSON), and in its metadata
+under CONFIG_KEY with the calibration's figures; not in its model_config, which MLflow also logs
+as run params: a calibrated figure differs in every run, and would then lead the compare page's
+parallel-coordinates plot (it draws the first differing params, in name order). A model logged
+before answers carried a confidence has none, and its answers say confidence unknown (None)
+rather than guess."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from pipeline.core.errors import PipelineError
 
-CONFIG_KEY = "confidence"
+CONFIG_KEY = "confidence"  # the key in the model's metadata
+ARTIFACT = "confidence"  # the artifact's name in the model
+RULE_FILE = "confidence.json"
 
 
 @dataclass(frozen=True)
@@ -73,3 +80,20 @@ class ConfidenceRule:
         if not math.isfinite(floor) or (threshold is not None and not math.isfinite(threshold)):
             raise PipelineError(f"the model config's {CONFIG_KEY!r} is {raw!r}; expected finite numbers")
         return cls(floor, threshold, target)
+
+
+def write_rule(rule: ConfidenceRule, path: Path) -> Path:
+    """`rule` as the JSON file the model carries (the ARTIFACT)."""
+    path.write_text(json.dumps(rule.to_config(), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_rule(path: str | Path | None) -> ConfidenceRule | None:
+    """The rule in the model's ARTIFACT file, or None for a model logged without one (`path` None)."""
+    if path is None:
+        return None
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise PipelineError(f"{path}: cannot be read as the model's confidence rule ({e}); expected JSON") from None
+    return ConfidenceRule.from_config({CONFIG_KEY: raw})

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 
+from pipeline.serve.confidence import ARTIFACT
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/, what the model logs as its code
 ANSWER_LOADER = "mlflow.pyfunc.loaders.code_model"
 CONFIG_KEYS = ("train_batch_size", "embed_batch_size", "embed_dtype", "teacher", "dim", "bank_sha256")
@@ -87,6 +89,9 @@ def open_local(path: Path) -> tuple[LocalModel | None, str]:
     artifacts = {name: _artifact(path, pyfunc, name) for name in ("model", "bank")}
     if None in artifacts.values():
         return None, "its model or bank file is missing"
+    rule = _artifact(path, pyfunc, ARTIFACT)  # none in a model logged before answers had a confidence
+    if rule is not None:
+        artifacts[ARTIFACT] = rule
     code = path / "code" / PACKAGE_DIR.name
     if not code.is_dir() or code_digest(code) != code_digest(PACKAGE_DIR):
         return None, "its code is not this checkout's"

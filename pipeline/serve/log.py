@@ -27,7 +27,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.data.shards import load_manifest, sha256_file
 from pipeline.embed.teacher import BUNDLED
 from pipeline.serve.bank import bank_from_shards, save_bank
-from pipeline.serve.confidence import CONFIG_KEY, ConfidenceRule
+from pipeline.serve.confidence import ARTIFACT, CONFIG_KEY, RULE_FILE, ConfidenceRule, write_rule
 from pipeline.serve.request import signature
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,6 @@ def _model_parts(
         "teacher_weights_sha256": teacher.get("weights_sha256"),
         "dim": int(manifest["dim"]),
         "bank_sha256": bank.sha256,
-        **({CONFIG_KEY: confidence.to_config()} if confidence is not None else {}),
     }
     metadata = {
         "bank_sha256": bank.sha256,
@@ -137,9 +136,12 @@ def _model_parts(
         **({CONFIG_KEY: {**confidence.to_config(), **(calibration or {})}} if confidence is not None else {}),
     }
     with tempfile.TemporaryDirectory(prefix="answer-bank-") as tmp:
+        artifacts = {"model": str(model_path), "bank": str(save_bank(bank, Path(tmp) / BANK_FILE))}
+        if confidence is not None:
+            artifacts[ARTIFACT] = str(write_rule(confidence, Path(tmp) / RULE_FILE))
         yield {
             "python_model": str(ANSWERER),
-            "artifacts": {"model": str(model_path), "bank": str(save_bank(bank, Path(tmp) / BANK_FILE))},
+            "artifacts": artifacts,
             "code_paths": [str(PACKAGE_DIR)],
             "signature": signature(),
             "model_config": config,
