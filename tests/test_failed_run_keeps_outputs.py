@@ -142,6 +142,7 @@ def test_two_embeds_into_one_directory_the_second_is_refused_naming_the_first(tm
     import time
 
     root = project_copy(tmp_path)
+    before = sorted(p.name for p in (root / "data").iterdir())
     env = {**clean_env(), "ENERGY_FLOW_RUNS_DIR": str(root / "runs")}
     cmd = [sys.executable, "-m", "stages.embed", "preset=smoke", "run.tracking=disabled"]
     first = subprocess.Popen(cmd, cwd=root, env=env, stderr=subprocess.PIPE, text=True)
@@ -157,5 +158,6 @@ def test_two_embeds_into_one_directory_the_second_is_refused_naming_the_first(tm
     assert last.startswith(f"[embed] error: data/shards is being written by pid {first.pid} (python -m stages.embed")
     assert last.endswith("wait for it or stop it")
     assert (root / "data" / "shards" / "manifest.json").is_file()
-    assert sorted(p.name for p in (root / "data").iterdir()) == [".gitignore", "raw", "shards"]  # no lock or staging
+    # The shards and nothing else: no lock, no staging directory.
+    assert sorted(p.name for p in (root / "data").iterdir()) == sorted({*before, "shards"})
     assert sorted(p.name for p in (root / "data" / "raw").iterdir()) == ["qa_pairs.csv"]
