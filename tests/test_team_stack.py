@@ -178,7 +178,7 @@ def test_the_smoke_stages_log_to_the_stack_through_the_uri_alone(folder, tmp_pat
     experiments = [e.experiment_id for e in client.search_experiments()]
     [train] = client.search_runs(experiments, "tags.stage = 'train'")
     assert train.info.status == "FINISHED"
-    assert client.get_metric_history(train.info.run_id, "train/loss"), "no training curve in the store"
+    assert client.get_metric_history(train.info.run_id, "curves/loss"), "no training curve in the store"
     stored = Layout(folder.resolve()).artifacts / train.info.experiment_id / train.info.run_id / "artifacts"
     assert [a.path for a in client.list_artifacts(train.info.run_id)], "no artifact listed"
     assert stored.is_dir() and any(p.is_file() for p in stored.rglob("*")), "no artifact in the folder's store"
