@@ -6,15 +6,13 @@ tests/test_copy_store.py."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 from mlflow import MlflowClient
 
-from pipeline.core.paths import REPO_ROOT
 from tests.helpers.small_store import make_small_store
+from tests.helpers.team import team
 from tests.test_team_stack import folder, up  # noqa: F401 (folder: the fixture that stops the stack)
 from tools.servers import free_port
 from tools.team.layout import Layout
@@ -25,16 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]  # a real stack: about 
 
 
 def copy_store(source: str, folder) -> subprocess.CompletedProcess:  # noqa: F811
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    return subprocess.run(
-        [sys.executable, "-m", "tools.team", "copy-store", "--from", source, "--dir", str(folder), "--verify"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
+    return team("copy-store", "--from", source, "--verify", folder=folder)
 
 
 def test_a_store_copied_to_the_stack_compares_equal_and_a_second_copy_adds_nothing(folder, tmp_path):  # noqa: F811

@@ -11,7 +11,6 @@ import csv
 import hashlib
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from pipeline.core.paths import REPO_ROOT
+from tests.helpers.team import team
 from tests.test_team_faults import remote_objects
 from tools.fault_matrix import clean_env, project_copy
 from tools.servers import free_port
@@ -28,19 +27,6 @@ from tools.team.layout import Layout
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # two smoke experiments side by side: ~4 min on 2 cores
 
 RESEARCHERS = {"alice": "0.003", "bob": "0.001"}  # the experiment's name and its train.lr
-
-
-def team(*args: str, folder: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    return subprocess.run(
-        [sys.executable, "-m", "tools.team", *args, "--dir", str(folder)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 @pytest.fixture

@@ -21,24 +21,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.core.paths import REPO_ROOT
+from tests.helpers.team import team
 from tools.fault_matrix import clean_env, project_copy
 from tools.servers import free_port
 from tools.team.layout import Layout, password
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]  # real servers: 30-70 s each on 2 cores
-
-
-def team(*args: str, folder: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    return subprocess.run(
-        [sys.executable, "-m", "tools.team", *args, "--dir", str(folder)],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 @pytest.fixture

@@ -488,3 +488,31 @@ def test_without_a_run_file_the_run_is_found_by_the_outputs_digest(tmp_path, mon
     assert tracking.read_run_file("embed", manifest, "manifest_sha256", required=False) == {}
     with pytest.raises(PipelineError, match=r"runs/embed.json"):
         tracking.read_run_file("embed", manifest, "manifest_sha256")
+
+
+def test_a_dataset_another_run_inserted_at_the_same_moment_is_linked_on_a_second_try(monkeypatch):
+    """Two runs logging the same shards at once against one server: the store's look-up-then-insert
+    lets both miss, and the later insert breaks the dataset key. The input is logged once more (it
+    then finds the dataset); any other refusal is raised as it is."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    calls = []
+
+    def log_input(dataset, context, tags):
+        calls.append(context)
+        if len(calls) == 1:
+            raise MlflowException(
+                '(psycopg2.errors.UniqueViolation) duplicate key value violates unique constraint "dataset_pk"'
+            )
+
+    monkeypatch.setattr(mlflow, "log_input", log_input)
+    tracking._log_input(type("D", (), {"name": "shards"})(), "training", {})
+    assert calls == ["training", "training"]
+
+    def refuse(dataset, context, tags):
+        raise MlflowException("RESOURCE_DOES_NOT_EXIST: run not found")
+
+    monkeypatch.setattr(mlflow, "log_input", refuse)
+    with pytest.raises(MlflowException, match="run not found"):
+        tracking._log_input(type("D", (), {"name": "shards"})(), "training", {})

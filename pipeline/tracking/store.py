@@ -703,7 +703,7 @@ def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = 
         # interpreted in multiple ways: LocalArtifactDatasetSource, LocalArtifactDatasetSource".
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
         dataset = mlflow.data.from_pandas(df, source=source, name=name, digest=digest)
-    mlflow.log_input(dataset, context=context, tags=tags)
+    _log_input(dataset, context, tags)
 
 
 def dataset_name(manifest: dict, preset: str, shard_dir: Path | str = "") -> str:
@@ -741,7 +741,6 @@ def log_shards_input(dataset, manifest: dict, embed_run_id: str, context: str = 
     tags: embed.run_id, the source file and its digest, the teacher, rows per split)."""
     if not enabled() or dataset is None:
         return
-    import mlflow
 
     src = manifest.get("source") or {}
     tags = {
@@ -753,4 +752,26 @@ def log_shards_input(dataset, manifest: dict, embed_run_id: str, context: str = 
     for split, info in (manifest.get("splits") or {}).items():
         if isinstance(info, dict) and "count" in info:
             tags[f"rows.{split}"] = str(info["count"])
-    mlflow.log_input(dataset, context=context, tags=tags)
+    _log_input(dataset, context, tags)
+
+
+# How a store reports a dataset (experiment, name, digest) inserted twice: PostgreSQL's primary key,
+# SQLite's unique constraint.
+_DATASET_RACE = ("dataset_pk", "UNIQUE constraint failed: datasets")
+
+
+def _log_input(dataset, context: str, tags: dict | None) -> None:
+    """mlflow.log_input, tried once more when another run created the same dataset first. The
+    store looks the dataset up, then inserts it: two runs logging the same data at the same moment
+    (two `dvc exp run` against one server) both find none, and the later insert breaks the key.
+    The second try finds the dataset and only links it to this run."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.log_input(dataset, context=context, tags=tags)
+    except MlflowException as e:
+        if not any(sign in str(e) for sign in _DATASET_RACE):
+            raise
+        log.info("another run logged the dataset %r at the same moment; linking it to this run", dataset.name)
+        mlflow.log_input(dataset, context=context, tags=tags)
