@@ -100,6 +100,7 @@ from bench import clock, results
 from bench.probe import Probe, machine, normaliser
 from bench.workloads import config, synthetic, temporary_store
 from pipeline.core.config import flatten
+from pipeline.core.environment import temporary_env
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking.metric_buffer import MetricBuffer
 from pipeline.tracking.metric_names import route
@@ -363,15 +364,8 @@ def arm_run(
 def server_arm(uri: str, segment_s: float, cfg, x, y, probe: Probe, name: str, skip: float) -> dict:
     """The stage arm with MLFLOW_TRACKING_URI at the team server `uri` for the run (tracking_uri()
     reads the variable on every call, MetricBuffer's client when it opens)."""
-    saved = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    try:
+    with temporary_env({"MLFLOW_TRACKING_URI": uri}):
         out = arm_run("stage", cfg, x, y, probe, name, skip, segment_s=segment_s)
-    finally:
-        if saved is None:
-            os.environ.pop("MLFLOW_TRACKING_URI", None)
-        else:
-            os.environ["MLFLOW_TRACKING_URI"] = saved
     return {**out, "arm": SERVER_ARM}
 
 

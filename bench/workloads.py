@@ -4,7 +4,6 @@ a given number of steps on the stage's thread count, and a throwaway MLflow stor
 from __future__ import annotations
 
 import contextlib
-import os
 import tempfile
 from typing import Iterator
 
@@ -13,6 +12,7 @@ import numpy as np
 from bench.clock import stage_threads
 from bench.model import DIM
 from pipeline.core.config import load_config
+from pipeline.core.environment import temporary_env
 
 BASE = ["train.device=cpu", "train.checkpoint_every=0"]
 
@@ -41,16 +41,8 @@ def config(preset: str, steps: int, *overrides: str):
 def temporary_store() -> Iterator[str]:
     """MLFLOW_TRACKING_URI pointed at a fresh SQLite file for the duration (tracking_uri() reads
     the variable on every call), so the benchmark never writes to the project's mlflow.db."""
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "GIT_OPTIONAL_LOCKS")}
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
+        uri = f"sqlite:///{tmp}/mlflow.db"
         # mlflow_run tags the run with `git status`: without optional locks it leaves .git alone.
-        os.environ["GIT_OPTIONAL_LOCKS"] = "0"
-        try:
-            yield os.environ["MLFLOW_TRACKING_URI"]
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        with temporary_env({"MLFLOW_TRACKING_URI": uri, "GIT_OPTIONAL_LOCKS": "0"}):
+            yield uri

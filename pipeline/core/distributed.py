@@ -30,6 +30,7 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from pipeline.core import lifetime, numerics
+from pipeline.core.environment import temporary_env
 
 log = logging.getLogger(__name__)
 
@@ -204,16 +205,8 @@ def _rank_env(tmp) -> Iterator[None]:
     """The environment torchrun passes on to the ranks (it copies this process's): the launcher's
     pid, for the parent-death signal, and TMPDIR, so that what the ranks leave in their temp
     directory goes with the launch's."""
-    saved = {k: os.environ.get(k) for k in (lifetime.PARENT_ENV, "TMPDIR")}
-    os.environ.update({lifetime.PARENT_ENV: str(os.getpid()), "TMPDIR": str(tmp)})
-    try:
+    with temporary_env({lifetime.PARENT_ENV: str(os.getpid()), "TMPDIR": str(tmp)}):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _launch(nproc: int, module: str, args: Sequence[str], stage: str, tmp) -> int:

@@ -9,9 +9,10 @@ MLFLOW_* variables are MLflow's and are checked with the tracking store
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from pipeline.core.errors import ConfigError
 
@@ -68,3 +69,25 @@ def check_environment(environ: Mapping[str, str] | None = None) -> None:
 def _shown(value: str, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 10]}...' ({len(value)} characters)"
+
+
+@contextlib.contextmanager
+def temporary_env(values: Mapping[str, str | None]) -> Iterator[None]:
+    """`values` in os.environ for the block (None: unset), each variable's previous value (or its
+    absence) back after. Not unittest.mock.patch.dict: it restores by emptying os.environ and
+    filling it again, and this process's threads (MLflow's logging queue, the system-metrics
+    sampler) would meet an empty environment in between; this touches only the named variables."""
+    saved = {k: os.environ.get(k) for k in values}
+
+    def put(pairs: Mapping[str, str | None]) -> None:
+        for k, v in pairs.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    put(values)
+    try:
+        yield
+    finally:
+        put(saved)

@@ -1,12 +1,14 @@
 """One writer at a time per output: an advisory lock that names its holder.
 
 Two stages writing one output at once would interleave, and the later would silently win. Before
-any work a stage takes, for each output it writes, a lock: `fcntl.flock` on a hidden file beside
-the output (`.<name>.lock`), holding the writer's pid, host, command and start time. A second
-writer fails at once with a message naming the first. The lock file is removed when the writer
-lets go; a writer killed with SIGKILL leaves it, but the kernel has released its flock, so the
-next writer takes it over (and removes it in turn). A lock file is never put inside an output
-(DVC hashes those) nor anywhere but beside one of our outputs (never beside the dataset).
+any work a stage takes, for each output it writes, a lock: filelock's FileLock (flock) on a hidden
+file beside the output (`.<name>.lock`), holding the writer's pid, host, command and start time. A
+second writer fails at once with a message naming the first. filelock leaves the file on release;
+we remove it while still holding it (filelock's acquire sees an unlinked file and takes the one at
+the path instead), so a writer that ended leaves none. One killed with SIGKILL leaves it, but the
+kernel has released its flock, so the next writer takes it over (and removes it in turn). A lock
+file is never put inside an output (DVC hashes those) nor anywhere but beside one of our outputs
+(never beside the dataset).
 
 The stage that starts ranks under torchrun holds the locks for all of them: it sets HELD_ENV, and
 a rank that finds it set takes none (its own attempt would fail against its launcher's lock)."""
@@ -14,7 +16,6 @@ a rank that finds it set takes none (its own attempt would fail against its laun
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import socket
@@ -22,6 +23,9 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from filelock import FileLock, Timeout
+
+from pipeline.core.environment import temporary_env
 from pipeline.core.errors import PipelineError
 
 HELD_ENV = "ENERGY_FLOW_OUTPUTS_LOCKED_BY"
@@ -58,9 +62,9 @@ def _holder() -> dict:
     }
 
 
-def _describe(dest: Path, shown: str, fd: int) -> str:
+def _describe(dest: Path, shown: str) -> str:
     try:
-        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        holder = json.loads(lock_path(dest).read_text("utf-8"))
         pid, host, command, started = holder["pid"], holder["host"], holder["command"], holder["started"]
     except (OSError, ValueError, KeyError, TypeError):  # the holder is between taking the lock and writing it
         lock = lock_path(dest)
@@ -69,38 +73,27 @@ def _describe(dest: Path, shown: str, fd: int) -> str:
     return f"{shown} is being written by pid {pid}{where} ({command}, started {started}); wait for it or stop it"
 
 
-def _acquire(dest: Path, shown: str) -> int:
-    """The fd of `dest`'s lock file, locked by this process; OutputBusy if another holds it."""
-    path = lock_path(dest)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            message = _describe(dest, shown, fd)
-            os.close(fd)
-            raise OutputBusy(message) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        # The previous holder removes the file as it lets go: a lock on a file no longer at `path`
-        # excludes nobody, so take the one that is there now.
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(_holder()).encode("utf-8"), 0)
-            return fd
-        os.close(fd)
+def _write_holder(fd: int) -> None:
+    """filelock's on_acquired: this process, in place of the last holder's record."""
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(_holder()).encode("utf-8"), 0)
 
 
-def _release(dest: Path, fd: int) -> None:
+def _acquire(dest: Path, shown: str) -> FileLock:
+    """`dest`'s lock, held by this process; OutputBusy if another holds it. (One try: a holder
+    letting go in that very instant also reads as busy.)"""
+    lock = FileLock(lock_path(dest), blocking=False, on_acquired=_write_holder)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise OutputBusy(_describe(dest, shown)) from None
+    return lock
+
+
+def _release(dest: Path, lock: FileLock) -> None:
     with contextlib.suppress(OSError):
         os.unlink(lock_path(dest))  # while still held: a waiter that opened it retries on the new file
-    os.close(fd)
+    lock.release()
 
 
 @contextlib.contextmanager
@@ -110,14 +103,14 @@ def writing(outputs: Iterable[tuple[Path, str]]) -> Iterator[None]:
     if _launcher_holds():
         yield
         return
-    held: list[tuple[Path, int]] = []
+    held: list[tuple[Path, FileLock]] = []
     try:
         for dest, shown in sorted({(Path(os.path.abspath(d)), s) for d, s in outputs}):
             held.append((dest, _acquire(dest, shown)))
         yield
     finally:
-        for dest, fd in reversed(held):
-            _release(dest, fd)
+        for dest, lock in reversed(held):
+            _release(dest, lock)
 
 
 def _launcher_holds() -> bool:
@@ -161,12 +154,5 @@ def stage_outputs(cfg, stage: str) -> list[tuple[Path, str]]:
 @contextlib.contextmanager
 def held_for_ranks() -> Iterator[None]:
     """While this process starts ranks under torchrun: they inherit HELD_ENV and take no lock."""
-    previous = os.environ.get(HELD_ENV)
-    os.environ[HELD_ENV] = str(os.getpid())
-    try:
+    with temporary_env({HELD_ENV: str(os.getpid())}):
         yield
-    finally:
-        if previous is None:
-            os.environ.pop(HELD_ENV, None)
-        else:
-            os.environ[HELD_ENV] = previous

@@ -49,15 +49,16 @@ differ, and that should be the training loss, not the CPU use.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import math
-import os
 import threading
 import time
 from pathlib import Path
 
 from pipeline.core.atomic import atomic_path
+from pipeline.core.environment import temporary_env
 from pipeline.tracking import store
 from pipeline.tracking.metric_names import SYSTEM, mlflow_key
 from pipeline.tracking.redact import redact_text
@@ -75,7 +76,9 @@ ENV_WHILE_OPEN = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
     "MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS": None,
 }
-# MLflow's queue logs each refused batch at ERROR; the buffer says it once per outage instead.
+# MLflow's queue logs each refused batch at ERROR; the buffer says it once per outage instead. The
+# record is an f-string with no field of its own (MLflow 3.17): its text is the only way to tell it
+# from the queue's other errors, which still show.
 _QUEUE_LOGGER = "mlflow.utils.async_logging.async_logging_queue"
 
 
@@ -109,7 +112,7 @@ class MetricBuffer:
         self.outage: dict | None = None  # the last sync's pending status, while the store is away
         self.sent = 0  # metric values taken so far (each once, however often it is sent again)
         self.pending_file = store.pending_dir() / f"{run_id}.jsonl"
-        self._saved_env: dict[str, str | None] = {}
+        self._env = contextlib.ExitStack()  # ENV_WHILE_OPEN, undone at close
         self._filter = _DropRefusedBatches()
         self._stop_sampling = threading.Event()
         self._sampler: threading.Thread | None = None
@@ -121,8 +124,7 @@ class MetricBuffer:
 
         mlflow.set_tracking_uri(store.tracking_uri())
         self.client = MlflowClient(store.tracking_uri())
-        self._saved_env = {k: os.environ.get(k) for k in ENV_WHILE_OPEN}
-        _set_env(ENV_WHILE_OPEN)
+        self._env.enter_context(temporary_env(ENV_WHILE_OPEN))
         logging.getLogger(_QUEUE_LOGGER).addFilter(self._filter)
 
     def _start_sampler(self) -> None:
@@ -261,25 +263,19 @@ class MetricBuffer:
             log.warning("could not store the last telemetry rows in MLflow: %s", e)
         finally:
             logging.getLogger(_QUEUE_LOGGER).removeFilter(self._filter)
-            _set_env(self._saved_env)
-
-
-def _set_env(values: dict[str, str | None]) -> None:
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+            self._env.close()
 
 
 def sample_system_metrics(run_id: str, uri: str, interval: float, stop: threading.Event) -> None:
     """MLflow's system-metrics collectors (CPU, memory, disk, network; NVIDIA GPUs through
     pynvml, AMD through pyrsmi, when present), sampled now, every `interval` seconds and once more
     when `stop` is set, and logged under their metric_names keys (`machine/cpu_percent`, ...; the
-    rest is left out). Driven here rather than by MLflow's own sampler thread, which publishes only
-    after a full interval and drops the last partial one (a smoke run trains for well under a
-    second and would get no sample at all), and which names every value `system/...`: the run
-    page would list those first."""
+    rest is left out). Not MLflow's public switch (start_run(log_system_metrics=True) with
+    set_system_metrics_sampling_interval): its sampler thread starts with the run, before the first
+    row; it publishes only after a full interval and drops the last partial one (a smoke run trains
+    for well under a second and would get no sample at all); and it names every value `system/...`
+    (the run page would list those first). So the monitor's public methods (collect, aggregate,
+    clear) are driven here and the values logged under our keys."""
     from mlflow.entities import Metric
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
     from mlflow.tracking import MlflowClient

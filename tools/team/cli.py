@@ -17,7 +17,6 @@ server on it with proxied artifacts, and a DVC remote. docs/team.md explains it.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import signal
@@ -27,6 +26,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
@@ -46,15 +47,11 @@ def running_state(layout: Layout) -> dict | None:
     stale file from a killed one does not count)."""
     if not layout.lock.exists():
         return None
-    fd = os.open(layout.lock, os.O_RDWR)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        with FileLock(layout.lock, blocking=False):
+            return None  # free: no supervisor (the lock taken just now is let go at once)
+    except Timeout:
         pass  # held: a supervisor lives
-    else:
-        return None
-    finally:
-        os.close(fd)  # (closing also releases a lock taken just now)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the supervisor writes it right after taking the lock
         try:

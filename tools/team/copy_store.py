@@ -15,7 +15,6 @@ skips it, so nothing is copied twice. A copy that an interruption left without i
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import tempfile
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from pipeline.core.environment import temporary_env
 from pipeline.core.errors import PipelineError
 from tools.team.store_ids import (
     COPIED_FROM,
@@ -90,16 +90,8 @@ def quiet_mlflow() -> Iterator[None]:
     """No progress bar of MLflow's per artifact download and no "View run ... at" line per ended
     run: a line or two per run would bury the copy's own bar and summary."""
     settings = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
-    before = {key: os.environ.get(key) for key in settings}
-    os.environ.update(settings)
-    try:
+    with temporary_env(settings):
         yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def client(uri: str):

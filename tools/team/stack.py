@@ -12,12 +12,13 @@ A server that dies on its own ends the stack too, with a line in DIR/logs/stack.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import sys
 import time
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, Terminated
@@ -41,16 +42,15 @@ def backend_store_uri(port: int) -> str:
     return f"postgresql+psycopg2://{DATABASE}@127.0.0.1:{port}/{DATABASE}"
 
 
-def take_lock(layout: Layout) -> int | None:
+def take_lock(layout: Layout) -> FileLock | None:
     """The folder's lock, held until this process ends (the descriptor is not inherited by the
     servers: Python opens it close-on-exec); None if another process holds it."""
-    fd = os.open(layout.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    lock = FileLock(layout.lock, mode=0o600, blocking=False)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        lock.acquire()
+    except Timeout:
         return None
-    return fd
+    return lock
 
 
 def run(layout: Layout, settings: dict) -> int:

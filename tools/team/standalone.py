@@ -6,10 +6,10 @@ run logging to that server go on; and an MLflow server on it, as the stack runs 
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Iterator
 
+from pipeline.core.environment import temporary_env
 from tools.servers import start_mlflow_server
 from tools.team import postgres
 from tools.team.layout import password, prepare, write_pgpass
@@ -39,13 +39,6 @@ def mlflow_on_postgres(folder: Path) -> Iterator[str]:
     them, for the block; yields the server's URL. PGPASSFILE is set for the block: the server's
     libpq logs in with it (mlflow_server_env copies this process's environment)."""
     pg = TeamPostgres(folder)
-    saved = os.environ.get("PGPASSFILE")
-    os.environ["PGPASSFILE"] = str(pg.layout.pgpass)
-    try:
+    with temporary_env({"PGPASSFILE": str(pg.layout.pgpass)}):
         with pg.running(), start_mlflow_server(pg.uri, pg.layout.artifacts) as url:
             yield url
-    finally:
-        if saved is None:
-            os.environ.pop("PGPASSFILE", None)
-        else:
-            os.environ["PGPASSFILE"] = saved
