@@ -39,21 +39,21 @@ from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.train.loop import train_model
 
 DIM = 384  # the bundled teacher's embedding size
-DEVICE = torch.device("cpu")  # set by --device; nothing here requires a GPU
+CPU = torch.device("cpu")  # each measure's default device; --device picks another: nothing here requires a GPU
 
 
-def sync() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize(DEVICE)
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def randn(*shape) -> torch.Tensor:
-    return torch.randn(*shape, device=DEVICE)
+def randn(device: torch.device, *shape) -> torch.Tensor:
+    return torch.randn(*shape, device=device)
 
 
-def build(model_cfg, **override) -> EnergyFlowModel:
+def build(model_cfg, device: torch.device, **override) -> EnergyFlowModel:
     torch.manual_seed(0)
-    return EnergyFlowModel.from_config({**model_cfg, **override}, DIM).to(DEVICE)
+    return EnergyFlowModel.from_config({**model_cfg, **override}, DIM).to(device)
 
 
 def train_step(model, x, y, forward=None):
@@ -64,43 +64,38 @@ def train_step(model, x, y, forward=None):
     return out
 
 
-def timed(fn, reps: int) -> float:
-    """Seconds per call of `fn` (the median of `reps` after a warm-up): this process's CPU seconds
-    on a CPU (bench/clock.py), wall seconds on a GPU (the host waits while the GPU works)."""
-    span = clock.cpu_per_call(fn, reps, sync)
-    return span.wall if DEVICE.type == "cuda" else span.cpu
+def seconds(span: clock.Span, device: torch.device) -> float:
+    """This process's CPU seconds on a CPU (bench/clock.py), wall seconds on a GPU (the host waits
+    while the GPU works)."""
+    return span.wall if device.type == "cuda" else span.cpu
 
 
-def seconds(span: clock.Span) -> float:
-    return span.wall if DEVICE.type == "cuda" else span.cpu
-
-
-def matmul_peak_flops(n: int = 2048, reps: int = 10) -> float:
+def matmul_peak_flops(device: torch.device, n: int = 2048, reps: int = 10) -> float:
     """One burst of `reps` large matmuls, the fastest taken: the peak as this benchmark measured
     it before bench/probe.py (kept for comparison: one burst is one moment of a shared machine)."""
-    a, b = randn(n, n), randn(n, n)
+    a, b = randn(device, n, n), randn(device, n, n)
     a @ b
     best = float("inf")
     for _ in range(reps):
-        sync()
+        sync(device)
         t0 = time.perf_counter()
         a @ b
-        sync()
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
 
 
-def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None) -> dict:
+def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None, device: torch.device = CPU) -> dict:
     """speedup_vs_reference_probe_normalised: each arm's time over the median of 3 probes taken
     just before it (bench/probe.py), so a busy moment during one arm only does not decide."""
     from bench.reference_model import reference_forward  # run from the repo root: python -m bench.model
 
-    probe = probe or Probe(DEVICE)
-    model = build(cfg.model)
+    probe, done = probe or Probe(device), lambda: sync(device)
+    model = build(cfg.model, device)
     B = cfg.train.batch_size
-    x, y = randn(B, DIM), randn(B, DIM)
+    x, y = randn(device, B, DIM), randn(device, B, DIM)
     vec_probe = float(np.median(probe.take(3)))
-    vec = clock.cpu_per_call(lambda: train_step(model, x, y), 5, sync)
+    vec = clock.cpu_per_call(lambda: train_step(model, x, y), 5, done)
     vec_s = vec.wall
     vec_out = model(x)
     # The sub-batch must give each sample the full batch's flows, or it does different work.
@@ -109,7 +104,7 @@ def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None) -> dic
     xs, ys = x[:sub_batch], y[:sub_batch]
     ref_probe = float(np.median(probe.take(3)))
     ref_span, ref = clock.measure(
-        lambda: train_step(model, xs, ys, forward=lambda v: reference_forward(model, v)), sync
+        lambda: train_step(model, xs, ys, forward=lambda v: reference_forward(model, v)), done
     )
     ref_s = ref_span.wall
     model.max_active_flows = cap
@@ -117,7 +112,7 @@ def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None) -> dic
     scale = vec_out.flow_steps / ref_flow_steps  # to the full batch's flow steps
     ref_full_s = ref_s * scale
     return {
-        "speedup_vs_reference": seconds(ref_span) * scale / seconds(vec),
+        "speedup_vs_reference": seconds(ref_span, device) * scale / seconds(vec, device),
         "speedup_vs_reference_wall": ref_full_s / vec_s,
         "speedup_vs_reference_probe_normalised": (ref_full_s / ref_probe) / (vec_s / vec_probe),
         "vectorised_step_s": vec_s,
@@ -129,7 +124,9 @@ def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None) -> dic
     }
 
 
-def mfu(cfg, rounds: int = 8, probes_per_round: int = 4, probe: Probe | None = None) -> dict:
+def mfu(
+    cfg, rounds: int = 8, probes_per_round: int = 4, probe: Probe | None = None, device: torch.device = CPU
+) -> dict:
     """FLOPs of one training step over its time, against the machine's matmul peak as the best of
     many probes (bench/probe.py) taken between the steps: `rounds` times, `probes_per_round`
     probes then one timed step. The step's time is its best too (like the peak, the fastest is
@@ -138,20 +135,20 @@ def mfu(cfg, rounds: int = 8, probes_per_round: int = 4, probe: Probe | None = N
     mfu_median_paired: each step against the median of the probes of its own round, the median
     over rounds (both at the same moments); mfu_vs_burst_peak: against one burst of 2048x2048
     matmuls before the steps, the figure this benchmark gave before the probes."""
-    model = build(cfg.model)
+    model = build(cfg.model, device)
     B = cfg.train.batch_size
-    x, y = randn(B, DIM), randn(B, DIM)
+    x, y = randn(device, B, DIM), randn(device, B, DIM)
     counter = FlopCounterMode(display=False)
     with counter:
         out = train_step(model, x, y)
     flops = counter.get_total_flops()
-    probe = probe or Probe(DEVICE)
-    burst = matmul_peak_flops()
+    probe = probe or Probe(device)
+    burst = matmul_peak_flops(device)
     steps, steps_cpu, paired = [], [], []
     # (the counted step above was the warm-up: a bench-preset step on one thread is long)
     for _ in range(rounds):
         round_probes = probe.take(probes_per_round)
-        span, _ = clock.measure(lambda: train_step(model, x, y), sync)
+        span, _ = clock.measure(lambda: train_step(model, x, y), lambda: sync(device))
         steps.append(span.wall)
         steps_cpu.append(span.cpu)
         paired.append((flops / steps[-1]) / (probe.flops / float(np.median(round_probes))))
@@ -176,7 +173,7 @@ def mfu(cfg, rounds: int = 8, probes_per_round: int = 4, probe: Probe | None = N
     }
 
 
-def adaptive(cfg, steps: int) -> dict:
+def adaptive(cfg, steps: int, device: torch.device = CPU) -> dict:
     """Train briefly on a learnable synthetic task so flows have learned to move, then compare."""
     rng = np.random.default_rng(0)
     n = cfg.train.batch_size * 8
@@ -185,16 +182,16 @@ def adaptive(cfg, steps: int) -> dict:
     epochs = max(1, steps // 8)
     from omegaconf import OmegaConf
 
-    tcfg = OmegaConf.merge(cfg, {"train": {"epochs": epochs, "log_every": 4, "device": str(DEVICE)}})
+    tcfg = OmegaConf.merge(cfg, {"train": {"epochs": epochs, "log_every": 4, "device": str(device)}})
     res = train_model(tcfg, x, y, progress=False)
     model = res.model
     xb, yb = (
-        torch.from_numpy(x[: cfg.train.batch_size]).to(DEVICE),
-        torch.from_numpy(y[: cfg.train.batch_size]).to(DEVICE),
+        torch.from_numpy(x[: cfg.train.batch_size]).to(device),
+        torch.from_numpy(y[: cfg.train.batch_size]).to(device),
     )
     with torch.no_grad():
         used = [
-            model(torch.from_numpy(x[i : i + cfg.train.batch_size]).to(DEVICE)).steps_used
+            model(torch.from_numpy(x[i : i + cfg.train.batch_size]).to(device)).steps_used
             for i in range(0, n, cfg.train.batch_size)
         ]
 
@@ -203,8 +200,8 @@ def adaptive(cfg, steps: int) -> dict:
         return train_step(model, xb, yb)
 
     # Interleaved pairs, the median of their ratios: off and on see the same machine noise.
-    pair = clock.interleaved_ratio(lambda: step(False), lambda: step(True), 6, sync)
-    off_on = pair["ratio"] if DEVICE.type != "cuda" else pair["a_wall_s"] / pair["b_wall_s"]
+    pair = clock.interleaved_ratio(lambda: step(False), lambda: step(True), 6, lambda: sync(device))
+    off_on = pair["ratio"] if device.type != "cuda" else pair["a_wall_s"] / pair["b_wall_s"]
     with torch.no_grad():
         off_steps = model(xb).steps_used
     model.adaptive_stop = True
@@ -221,12 +218,12 @@ def adaptive(cfg, steps: int) -> dict:
     }
 
 
-def activation_bytes(cfg) -> dict:
+def activation_bytes(cfg, device: torch.device = CPU) -> dict:
     out = {}
     B = cfg.train.batch_size
-    x, y = randn(B, DIM), randn(B, DIM)
+    x, y = randn(device, B, DIM), randn(device, B, DIM)
     for ckpt in (False, True):
-        model = build(cfg.model, checkpoint_steps=ckpt)
+        model = build(cfg.model, device, checkpoint_steps=ckpt)
         seen: dict[tuple, int] = {}
 
         def pack(t):
@@ -306,30 +303,29 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.quick:
         args.skip_seed, args.train_steps, args.mfu_rounds = True, 16, 2
-    global DEVICE
-    DEVICE = torch.device(
+    device = torch.device(
         "cuda"
         if args.device == "auto" and torch.cuda.is_available()
         else "cpu"
         if args.device == "auto"
         else args.device
     )
-    if DEVICE.type == "cpu":
+    if device.type == "cpu":
         clock.pin_threads(args.threads)
     t0 = time.perf_counter()
     default, bench = load_config(["preset=default"]), load_config(["preset=bench"])
     res = {
-        "device": torch.cuda.get_device_name(DEVICE)
-        if DEVICE.type == "cuda"
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)",
         "torch": torch.__version__,
     }
-    probe = Probe(DEVICE)
+    probe = Probe(device)
     steps = [
-        ("reference", lambda: speedup_vs_reference(default, args.reference_samples, probe)),
-        ("mfu", lambda: mfu(bench, args.mfu_rounds, probe=probe)),
-        ("adaptive", lambda: adaptive(default, args.train_steps)),
-        ("activations", lambda: activation_bytes(default)),
+        ("reference", lambda: speedup_vs_reference(default, args.reference_samples, probe, device)),
+        ("mfu", lambda: mfu(bench, args.mfu_rounds, probe=probe, device=device)),
+        ("adaptive", lambda: adaptive(default, args.train_steps, device)),
+        ("activations", lambda: activation_bytes(default, device)),
     ]
     if not args.skip_seed:
         steps.append(("seed", seed_preset))
@@ -338,8 +334,8 @@ def main(argv=None) -> dict:
         res.update(fn())
         print(f"[bench.model] {name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
     res.update(machine(probe))
-    if DEVICE.type == "cuda":
-        res["gpu_model"] = torch.cuda.get_device_name(DEVICE)
+    if device.type == "cuda":
+        res["gpu_model"] = torch.cuda.get_device_name(device)
     res["bench_seconds"] = time.perf_counter() - t0
     res.update(headline(res))
     return results.finish("model", res, args.save, argv)

@@ -1,6 +1,6 @@
-"""Importing the project changes nothing in the process: no environment variable, no umask, no
-signal handler, no excepthook. Only a stage run as `python -m stages.<name>` sets up its process
-(stages/startup.py), and it does so before its imports."""
+"""Importing the project (its stages, library, tools/ and bench/) changes nothing in the process: no
+environment variable, no umask, no signal handler, no excepthook. Only a stage run as `python -m
+stages.<name>` sets up its process (stages/startup.py), and it does so before its imports."""
 
 import json
 import os
@@ -22,6 +22,10 @@ before = (dict(os.environ), os.umask(0o022), signal.getsignal(signal.SIGINT), sy
 os.umask(before[1])
 import stages, stages.embed, stages.train, stages.evaluate, stages.report, stages.startup
 import pipeline.core.atomic, pipeline.tracking.store, pipeline.train.loop, pipeline.report.build
+import importlib, pkgutil, tools, bench
+for pkg in (tools, bench):  # every module of the commands and benchmarks (a __main__ would run one)
+    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
+        m.name.endswith("__main__") or importlib.import_module(m.name)
 umask = os.umask(0o022)
 after = (dict(os.environ), umask, signal.getsignal(signal.SIGINT), sys.excepthook)
 print(json.dumps({"env": sorted(set(after[0].items()) ^ set(before[0].items())),

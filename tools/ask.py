@@ -45,14 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-# Before MLflow and transformers are imported: their download and weight-loading progress bars
-# would bury the answers.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled teacher loads from its package
+from pipeline.core.errors import PipelineError
 
-from pipeline.core.errors import PipelineError  # noqa: E402
-
+# Defaults main() sets before MLflow and transformers are imported (not at import: importing changes
+# nothing): their download and weight-loading progress bars would bury the answers, and the
+# bundled teacher loads from its package.
+QUIET_ENV = dict(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false", HF_HUB_DISABLE_PROGRESS_BARS="1", HF_HUB_OFFLINE="1")
 ANSWER_LOADER = "mlflow.pyfunc.loaders.code_model"
 
 
@@ -431,6 +429,8 @@ def user_error(e: Exception) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for k, v in QUIET_ENV.items():
+        os.environ.setdefault(k, v)
     ap = _parser()
     args = ap.parse_args(argv)
     if args.k < 1:

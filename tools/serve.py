@@ -28,6 +28,7 @@ import sys
 
 from pipeline.core.errors import PipelineError
 from pipeline.serve.request import BODY_VAR, CHARS_VAR, ROWS_VAR
+from tools.ask import QUIET_ENV
 
 DEFAULT_PORT = 5001  # docs/serving.md's examples use it
 LIMIT_FLAGS = {"max_body_bytes": BODY_VAR, "max_rows": ROWS_VAR, "max_question_chars": CHARS_VAR}
@@ -94,9 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, flag)
         if value is not None and value < 1:
             _parser().error(f"--{flag.replace('_', '-')} {value}: expected an integer >= 1")
-    # Before MLflow and transformers are imported (serve imports them).
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled teacher loads from its package
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    for k, v in QUIET_ENV.items():  # before MLflow and transformers are imported (serve imports them)
+        os.environ.setdefault(k, v)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         from mlflow.exceptions import MlflowException
