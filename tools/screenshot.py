@@ -21,6 +21,7 @@ from typing import Iterator
 
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from pipeline.core.atomic import atomic_path
 from pipeline.core.errors import PipelineError
@@ -73,7 +74,7 @@ def chromium_page(width: int, height: int, timeout: float) -> Iterator[Page]:
         try:
             browser = playwright.chromium.launch(executable_path=executable, timeout=timeout * 1000)
         except PlaywrightError as e:
-            raise _launch_error(e.message, executable, timeout) from None
+            raise _launch_error(e, executable, timeout) from None
         try:
             page = browser.new_page(viewport={"width": width, "height": height}, device_scale_factor=1)
             page.set_default_timeout(timeout * 1000)
@@ -82,15 +83,18 @@ def chromium_page(width: int, height: int, timeout: float) -> Iterator[Page]:
             browser.close()
 
 
-def _launch_error(message: str, executable: str, timeout: float) -> PipelineError:
+def _launch_error(e: PlaywrightError, executable: str, timeout: float) -> PipelineError:
     """What went wrong when Playwright could not start Chromium, in a few lines: how it ended and
-    the last of its output. Playwright's own message repeats the ~60-flag command line twice."""
+    the last of its output. Playwright's own message repeats the ~60-flag command line twice. The
+    browser's exit and output are read from that message: Playwright's Error has no field for them
+    (only message, name, stack)."""
+    message = e.message
     ended = _EXIT.search(message)
     if ended and ended.group(1) != "null":
         what = f"exited with status {ended.group(1)} before Playwright could drive it"
     elif ended:
         what = f"was killed by signal {ended.group(2)} before Playwright could drive it"
-    elif "Timeout" in message.splitlines()[0]:
+    elif isinstance(e, PlaywrightTimeout):
         what = f"did not start within {timeout:g} s"
     else:
         what = f"could not be started ({message.splitlines()[0]})"

@@ -24,6 +24,8 @@ import json
 from pipeline.serve.request import BODY_VAR, ROWS_VAR
 
 TIMEOUT_VAR = "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT"
+# Matched by text: what reaches this middleware is MLflow's HTTP answer, a JSON body whose only
+# fields are error_code (shared by every kind of bad input) and the message.
 ECHO_START, ECHO_END = "Failed to predict data '", "'. \nError: "  # MLflow's prefix to a model's refusal
 INPUT_ECHO = "\nInput: "  # what MLflow appends to "not valid JSON": the whole body
 
