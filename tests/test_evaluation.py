@@ -6,16 +6,15 @@ import torch
 
 from pipeline.evaluate.bridge import TextBridge, nearest
 from pipeline.evaluate.retrieval import (
-    METRICS,
     build_bank,
     evaluate_split,
-    item_metrics,
     predictions,
     ridge_fit,
     ridge_predict,
     score_items,
 )
-from pipeline.evaluate.stats import mean_ci, paired_difference, resample_means, verdict
+from pipeline.stats.bootstrap import mean_ci, paired_difference, resample_means, verdict
+from pipeline.stats.metrics import METRICS, item_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -157,7 +156,7 @@ def test_paired_difference_sees_a_small_consistent_gain_that_unpaired_intervals_
 
 
 def test_resampling_is_seeded_and_chunked_without_changing_the_draws(monkeypatch):
-    from pipeline.evaluate import stats as eval_stats
+    from pipeline.stats import bootstrap as eval_stats
 
     x = np.random.default_rng(2).random((300, 2))
     whole = resample_means(x, 1000, seed=3)

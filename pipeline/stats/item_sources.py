@@ -24,7 +24,7 @@ A side of a comparison is one name or a set of replicates (runs of one arm, pipe
                     in a shell);
 - `arm:KEY`         every evaluated model run in the MLflow store whose arm (tag `arm`) has the
                     digest that starts with KEY, or the name KEY (`arm:default`, `arm:8cb0c8f0`).
-Each table's metadata (pipeline/evaluate/item_tables.py) says its preset, arm, seed and data.
+Each table's metadata (item_tables.py) says its preset, arm, seed and data.
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ import pandas as pd
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
+from pipeline.stats.item_tables import read_items
+from pipeline.stats.metrics import METRICS, SCORE_COLUMNS, item_metrics
 
 ITEMS_PATH = "reports/eval_items.parquet"  # in the repository (a DVC output of evaluate)
 MLFLOW_ARTIFACT = "evaluate/eval_items.parquet"  # in the model's MLflow run
 WORKSPACE = "workspace"
-SCORE_COLUMNS = ("rank", "group_rank", "cosine", "mse")  # per predictor; baselines as <name>_<column>
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -64,7 +65,7 @@ class Source:
     description: str  # where the table came from, in words
     table: pd.DataFrame
     predictor: str = "model"
-    meta: object = None  # pipeline.evaluate.item_tables.TableMeta; None: a table that does not say
+    meta: object = None  # item_tables.TableMeta; None: a table that does not say
 
     @property
     def seed(self) -> int | None:
@@ -122,8 +123,6 @@ def load(name: str, root: Path = REPO_ROOT) -> Source:
 
 def read_table(source, name: str):
     """(table, metadata) of an item-table file, its bytes or a stream; CompareError if unreadable."""
-    from pipeline.evaluate.item_tables import read_items
-
     try:
         return read_items(source.getvalue() if isinstance(source, io.BytesIO) else source)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix, said in one line
@@ -293,8 +292,6 @@ def predictor_table(source: Source, predictor: str = "model") -> pd.DataFrame:
 
 
 def _per_item(t: pd.DataFrame) -> dict[str, np.ndarray]:
-    from pipeline.evaluate.retrieval import item_metrics
-
     return item_metrics({c: t[c].to_numpy() for c in SCORE_COLUMNS})
 
 
@@ -308,10 +305,14 @@ def shared_ids(tables: list[pd.DataFrame]) -> list[str]:
 
 def runs_values(tables: list[pd.DataFrame], ids: list[str]) -> dict[str, np.ndarray]:
     """metric -> (runs, items): each predictor table's per-item values over `ids`, in that order."""
-    from pipeline.evaluate.retrieval import METRICS
-
     per_run = [_per_item(t.set_index("id").loc[ids].reset_index()) for t in tables]
     return {m: np.stack([r[m] for r in per_run]) for m in METRICS}
+
+
+def shared_values(groups: list[list[pd.DataFrame]]) -> tuple[list[str], list[dict[str, np.ndarray]]]:
+    """The item ids every table of every group holds, and each group's runs_values over them."""
+    ids = shared_ids([t for g in groups for t in g])
+    return ids, [runs_values(g, ids) for g in groups]
 
 
 # --------------------------------------------------------------------------- sets of runs
