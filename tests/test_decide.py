@@ -32,8 +32,8 @@ def test_a_change_runs_matched_seeds_and_looks_from_the_first_pair_with_a_refere
     assert not plan.same_arm and plan.a_seeds == plan.b_seeds == [0, 1, 2, 3, 4]
     assert plan.a_sets == ["preset=smoke"] and plan.b_sets == ["preset=smoke", "model.residual=linear"]
     # The smoke preset has a committed seed-variance reference: the first look after one pair.
-    assert plan.first_look == 1 and list(plan.levels) == [1, 2, 3, 4, 5]
-    assert sum(1 - v for v in plan.levels.values()) == pytest.approx(0.05)
+    assert plan.looks.first_look == 1 and list(plan.looks.levels) == [1, 2, 3, 4, 5]
+    assert sum(1 - v for v in plan.looks.levels.values()) == pytest.approx(0.05)
 
 
 @pytest.mark.unit
@@ -48,7 +48,7 @@ def test_a_seed_only_change_is_an_aa_comparison_on_other_seeds():
 def test_without_a_reference_the_first_look_waits_for_two_seeds(monkeypatch):
     monkeypatch.setattr(sequential, "load_references", lambda: [])
     plan = sequential.make_plan(args(preset="default", sets=["train.lr=0.001"], max_seeds=4))
-    assert plan.first_look == 2 and list(plan.levels) == [2, 3, 4]
+    assert plan.looks.first_look == 2 and list(plan.looks.levels) == [2, 3, 4]
     with pytest.raises(PipelineError, match="needs 2 seeds per arm"):
         sequential.make_plan(args(preset="default", sets=["train.lr=0.001"], max_seeds=1))
 

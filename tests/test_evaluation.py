@@ -13,7 +13,7 @@ from pipeline.evaluate.retrieval import (
     ridge_predict,
     score_items,
 )
-from pipeline.stats.bootstrap import mean_ci, paired_difference, resample_means, verdict
+from pipeline.stats.bootstrap import Estimate, intervals, p_value, resample_means, verdict
 from pipeline.stats.metrics import METRICS, item_metrics
 
 pytestmark = pytest.mark.unit
@@ -130,6 +130,19 @@ def test_val_gets_means_without_intervals():
 
 
 # ---------------------------------------------------------------- the paired bootstrap
+
+
+def mean_ci(values, resamples: int, seed: int) -> Estimate:
+    low, high = intervals(resample_means(values, resamples, seed)[:, 0])
+    return Estimate(float(np.mean(values)), float(low), float(high))
+
+
+def paired_difference(a, b, resamples: int, seed: int) -> Estimate:
+    """mean(a) - mean(b) over the same items: resampled as the evaluate stage does its differences."""
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    means = resample_means(diff, resamples, seed)[:, 0]
+    low, high = intervals(means)
+    return Estimate(float(diff.mean()), float(low), float(high), p_value(diff, means))
 
 
 def test_bootstrap_interval_covers_the_mean_and_narrows_with_more_items():

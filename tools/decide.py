@@ -6,10 +6,10 @@
 
 A is the preset as conf/ composes it (with --baseline-set overrides, if any); B is A with the -S
 changes. Each round queues one seed of each arm through DVC's experiment queue (`dvc exp run
---queue`, `dvc queue start -j N`; tools/replicates.py), the same seed for both (`run.seed` = first
-seed + round), waits for them, and looks at the difference in --metric with an interval that
-covers the test items and the training seeds (pipeline/evaluate/decision.py). It stops at the
-first clear answer:
+--queue`, `dvc queue start -j N`; pipeline/stats/replicates.py), the same seed for both
+(`run.seed` = first seed + round), waits for them, and looks at the difference in --metric with an
+interval that covers the test items and the training seeds (pipeline/stats/decision.py). It stops
+at the first clear answer:
 
 - better / worse: the interval excludes 0;
 - equivalent: the interval lies inside +-margin (default: the metric's, decision.MARGINS);

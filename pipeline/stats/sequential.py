@@ -39,14 +39,6 @@ class Plan:
     same_arm: bool
     looks: SequentialPlan
 
-    @property
-    def first_look(self) -> int:
-        return self.looks.first_look
-
-    @property
-    def levels(self) -> dict[int, float]:
-        return self.looks.levels
-
 
 @dataclass
 class State:
@@ -160,8 +152,8 @@ def run(args) -> dict:
     )
     say(
         f"deciding on {args.metric} (margin +-{args.margin:g}), up to {args.max_seeds} seed pairs, first look after "
-        f"round {plan.first_look}; each look's level: "
-        + ", ".join(f"round {k} {v * 100:.2f} %" for k, v in plan.levels.items())
+        f"round {plan.looks.first_look}; each look's level: "
+        + ", ".join(f"round {k} {v * 100:.2f} %" for k, v in plan.looks.levels.items())
     )
     state = State()
     outcome = None
@@ -206,8 +198,8 @@ def run(args) -> dict:
             "sequential": "alpha spent over the planned looks, alpha * ln(1 + (e - 1) t) by fraction t "
             "(decision.alpha_spending)",
             "alpha": round(1 - CONFIDENCE, 6),
-            "first_look": plan.first_look,
-            "levels": {str(k): round(v, 6) for k, v in plan.levels.items()},
+            "first_look": plan.looks.first_look,
+            "levels": {str(k): round(v, 6) for k, v in plan.looks.levels.items()},
             "resamples": args.resamples,
             "seed": args.seed,
         },

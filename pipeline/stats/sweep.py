@@ -25,7 +25,6 @@ fewer than two arms left there is nothing to rank (exit 2).
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -35,9 +34,10 @@ from pipeline.stats.item_sources import (
     MLFLOW_ARTIFACT,
     CompareError,
     Source,
+    mlflow_table,
     predictor_table,
     read_client,
-    read_table,
+    search_runs,
     shared_values,
 )
 from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS, round6
@@ -111,15 +111,11 @@ def find(sweep: str) -> Found:
     client, shown = read_client()
     if client is None:
         raise CompareError(f"no MLflow store at {shown} to look for the sweep {sweep!r} in (no run was tracked there)")
-    try:
-        ids = [e.experiment_id for e in client.search_experiments()]
-        runs = _search(client, ids, f"tags.`{tag}` LIKE '%' and tags.stage = 'train'")
-    except Exception as e:  # noqa: BLE001 - an unreachable server or a store MLflow cannot read: one line
-        raise CompareError(
-            f"could not search the MLflow store {shown}: {type(e).__name__}: {tracking.redact_text(str(e))}"
-        ) from None
+    runs = search_runs(client, shown, f"tags.`{tag}` LIKE '%' and tags.stage = 'train'")
     if not runs:
-        others = sorted({r.data.tags.get(tracking.SWEEP_TAG, "") for r in _search(client, ids, "tags.sweep LIKE '%'")})
+        others = sorted(
+            {r.data.tags.get(tracking.SWEEP_TAG, "") for r in search_runs(client, shown, "tags.sweep LIKE '%'")}
+        )
         known = f"sweeps there: {', '.join(o for o in others if o)}" if any(others) else "no run there is in a sweep"
         raise CompareError(
             f"no model run (tags.stage = 'train') in the MLflow store {shown} carries the tag {tag} ({known}). "
@@ -138,19 +134,18 @@ def find(sweep: str) -> Found:
             tags=dict(r.data.tags),
         )
         names[run.experiment] = names.get(run.experiment, 0) + 1
-        with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
-            try:
-                local = client.download_artifacts(run.run_id, MLFLOW_ARTIFACT, tmp)
-            except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
+        try:
+            found_table = mlflow_table(client, run.run_id)
+        except CompareError as e:
+            run.missing = str(e)
+        else:
+            if found_table is None:
                 run.missing = (
                     f"no artifact {MLFLOW_ARTIFACT} (run {run.status}: not evaluated; a diverged, failed or "
                     "still running experiment has none)"
                 )
             else:
-                try:
-                    run.table, run.meta = read_table(local, run.run_id)
-                except CompareError as e:
-                    run.missing = str(e)
+                run.table, run.meta = found_table
         found.runs.append(run)
     for name, count in sorted(names.items()):
         if count > 1:
@@ -159,16 +154,6 @@ def find(sweep: str) -> Found:
                 "names?): each is ranked, told apart by its run id"
             )
     return found
-
-
-def _search(client, experiment_ids: list[str], filter_string: str) -> list:
-    out, token = [], None
-    while True:
-        page = client.search_runs(experiment_ids, filter_string, max_results=1000, page_token=token)
-        out.extend(page)
-        token = page.token
-        if not token:
-            return out
 
 
 # --------------------------------------------------------------------------- ranking
