@@ -160,23 +160,10 @@ class Decision:
     covers_seeds: bool = True
 
     def as_dict(self) -> dict:
-        return {
-            "metric": self.metric,
-            "higher_is_better": self.higher_is_better,
-            "a": round6(self.a),
-            "b": round6(self.b),
-            "difference": round6(self.difference),
-            "ci_low": round6(self.low),
-            "ci_high": round6(self.high),
-            "level": self.level,
-            "p_value": round6(self.p_value),
-            "prob_b_better": round6(self.prob_b_better),
-            "outcome": self.outcome,
-            "margin": self.margin,
-            "why": self.why,
-            "seeds_needed": self.seeds_needed,
-            "covers_seeds": self.covers_seeds,
-        }
+        """The fields in their order, low and high as ci_low and ci_high, the estimates to 6 decimals."""
+        estimates = {"a", "b", "difference", "low", "high", "p_value", "prob_b_better"}
+        names = {"low": "ci_low", "high": "ci_high"}
+        return {names.get(k, k): round6(v) if k in estimates else v for k, v in vars(self).items()}
 
 
 def _arm_mean(x: ArmRuns, metric: str) -> np.ndarray:

@@ -208,6 +208,7 @@ def _from_dvc(name: str, root: Path, tried: list[str]) -> Source | None:
     from dvc.repo import Repo
     from dvc.repo.experiments.utils import AmbiguousExpRefInfo, resolve_name
     from scmrepo.exceptions import SCMError
+    from scmrepo.noscm import NoSCM
 
     try:
         repo = Repo(str(root))
@@ -216,7 +217,7 @@ def _from_dvc(name: str, root: Path, tried: list[str]) -> Source | None:
         return None
     with repo:
         scm = repo.scm
-        if not hasattr(scm, "resolve_rev") or type(scm).__name__ == "NoSCM":
+        if isinstance(scm, NoSCM):
             tried.append(f"not a git revision or DVC experiment ({root} is not a git repository)")
             return None
         try:
@@ -241,13 +242,13 @@ def _from_dvc(name: str, root: Path, tried: list[str]) -> Source | None:
 def _read_at_rev(root: Path, sha: str, what: str):
     """The item table at a commit: from DVC's cache when it is a DVC output there (or from git)."""
     import dvc.api
-    from dvc.exceptions import DvcException
+    from dvc.exceptions import DvcException, OutputNotFoundError, PathMissingError
 
     try:
         with dvc.api.open(ITEMS_PATH, repo=str(root), rev=sha, mode="rb") as f:
             raw = f.read()
     except (FileNotFoundError, DvcException) as e:
-        missing = isinstance(e, FileNotFoundError) or type(e).__name__ in ("PathMissingError", "OutputNotFoundError")
+        missing = isinstance(e, (FileNotFoundError, PathMissingError, OutputNotFoundError))
         why = (
             f"{ITEMS_PATH} is not there (neither in git nor a DVC output: the evaluate stage of that commit "
             "predates the item table, or it never ran)"

@@ -89,12 +89,6 @@ class Found:
     warnings: list[str] = field(default_factory=list)
 
 
-def member_tag(sweep: str) -> str:
-    from pipeline.tracking.store import SWEEP_MEMBER_PREFIX
-
-    return f"{SWEEP_MEMBER_PREFIX}{sweep}"
-
-
 # --------------------------------------------------------------------------- finding the runs
 
 
@@ -107,7 +101,7 @@ def find(sweep: str) -> Found:
         raise CompareError(
             f"--sweep {sweep!r}: not a sweep name (letters, digits, '.', '_' and '-', as run.sweep takes)"
         )
-    tag = member_tag(sweep)
+    tag = f"{tracking.SWEEP_MEMBER_PREFIX}{sweep}"
     client, shown = read_client()
     if client is None:
         raise CompareError(f"no MLflow store at {shown} to look for the sweep {sweep!r} in (no run was tracked there)")
