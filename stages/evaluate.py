@@ -36,11 +36,8 @@ from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, check_readable_inside,
 from pipeline.core.preflight import Need, check_memory
 from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.evaluate import abstention
-from pipeline.evaluate.item_tables import TableMeta, write_items
 from pipeline.evaluate.retrieval import (
     BASELINES,
-    LOWER_IS_BETTER,
-    METRICS,
     build_bank,
     evaluate_split,
     predict,
@@ -48,10 +45,12 @@ from pipeline.evaluate.retrieval import (
     ridge_fit,
     sample_table,
 )
-from pipeline.evaluate.seed_variance import find_reference
-from pipeline.evaluate.stats import resample_bytes, verdict
 from pipeline.model.model_file import check_input_dim, load_model
 from pipeline.serve.log import log_answer_model, logged_model_record, model_name
+from pipeline.stats.bootstrap import resample_bytes, verdict
+from pipeline.stats.item_tables import TableMeta, write_items
+from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS
+from pipeline.stats.seed_variance import find_reference
 from pipeline.tracking import store as tracking
 from pipeline.tracking.run_note import update_note
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import smoke_reference
+from tools import reference as smoke_reference
 from tools.fault_matrix import project_copy
 
 EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # name -> train.lr
@@ -77,7 +77,7 @@ class SmokeExperiments:
     root: Path
     env: dict
     workspace_log: str  # output of the workspace `dvc exp run` (smoke-a)
-    smoke_a: dict  # smoke-a's loss, eval metrics and shard digests (tests/smoke_reference.py), read
+    smoke_a: dict  # smoke-a's loss, eval metrics and shard digests (tools/reference.py), read
     # before any test changes the workspace
 
 

@@ -10,16 +10,15 @@ import pytest
 from pipeline.data.shards import SplitShard
 from pipeline.evaluate.retrieval import (
     BASELINES,
-    METRICS,
     build_bank,
     evaluate_split,
-    item_metrics,
     nearest_predict,
     predictions,
     ridge_fit,
     score_items,
 )
-from pipeline.evaluate.seed_variance import SeedVar
+from pipeline.stats.metrics import METRICS, item_metrics
+from pipeline.stats.seed_variance import SeedVar
 
 pytestmark = pytest.mark.unit
 

@@ -1,6 +1,6 @@
 """The bootstrap's resamples and seed have one home, the evaluate config (evaluate.bootstrap_resamples,
 evaluate.bootstrap_seed): `./dev compare`, its --sweep and `./dev decide` take them from there
-unless told otherwise (tools/bootstrap_options.py), so a comparison draws the very resamples of the
+unless told otherwise (tools/options.py), so a comparison draws the very resamples of the
 test items that the evaluate stage drew; a config they cannot read is their usual one-line error."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import pytest
 
 from pipeline.core import config
 from pipeline.core.errors import ConfigError
-from pipeline.evaluate.retrieval import METRICS, build_bank, evaluate_split
+from pipeline.evaluate.retrieval import build_bank, evaluate_split
+from pipeline.stats.metrics import METRICS
 from tools import compare as cmp
 from tools import decide
-from tools.bootstrap_options import fill_bootstrap_defaults
+from tools.options import fill_bootstrap_defaults
 
 pytestmark = pytest.mark.unit
 

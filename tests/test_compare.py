@@ -15,12 +15,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.evaluate import seed_variance
-from pipeline.evaluate.item_tables import TableMeta, write_items
-from pipeline.evaluate.retrieval import METRICS
+from pipeline.stats import seed_variance
+from pipeline.stats.compare import compare
+from pipeline.stats.item_sources import ITEMS_PATH, CompareError, Side, Source, load, load_side
+from pipeline.stats.item_tables import TableMeta, write_items
+from pipeline.stats.metrics import METRICS
 from pipeline.tracking.metric_names import mlflow_key
 from tools import compare as cmp
-from tools.item_sources import Side, Source, load_side
 
 pytestmark = pytest.mark.e2e
 
@@ -154,7 +155,7 @@ def test_single_runs_with_the_presets_reference_are_covered(tmp_path, capsys, re
         df = base.copy()
         df["cosine"] = base["cosine"] + rng.normal(0, 0.003) + rng.normal(0, 0.01, len(df))
         per.append(df)
-    from tools.item_sources import predictor_table, runs_values
+    from pipeline.stats.item_sources import predictor_table, runs_values
 
     tables = [predictor_table(Source(f"s{i}", f"s{i}", "file", "", t)) for i, t in enumerate(per)]
     values = runs_values(tables, list(base["id"]))
@@ -320,7 +321,7 @@ def test_a_git_revision_and_the_workspace_of_a_repository(tmp_path, capsys):
 
     git("init", "-q")
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=repo, env=env, check=True, capture_output=True)
-    items = repo / cmp.ITEMS_PATH
+    items = repo / ITEMS_PATH
     table(200, 0.3, seed=13).to_parquet(items, index=False)
     git("add", "-A")
     git("commit", "-qm", "first")
@@ -328,18 +329,18 @@ def test_a_git_revision_and_the_workspace_of_a_repository(tmp_path, capsys):
     git("commit", "-qam", "second")
     git("tag", "v2")
     table(200, 0.5, seed=15).to_parquet(items, index=False)  # uncommitted
-    old, new = cmp.load("HEAD~1", root=repo), cmp.load("v2", root=repo)
+    old, new = load("HEAD~1", root=repo), load("v2", root=repo)
     assert old.kind == new.kind == "git-revision" and "(commit " in new.description
     assert (new.table["group_rank"] == 1).mean() > 0.7 > (old.table["group_rank"] == 1).mean()
-    ws = cmp.load("workspace", root=repo)
+    ws = load("workspace", root=repo)
     assert ws.kind == "workspace" and ws.table.equals(pd.read_parquet(items))
-    result = cmp.compare(Side("HEAD~1", [old]), Side("v2", [new]), RESAMPLES, SEED)
+    result = compare(Side("HEAD~1", [old]), Side("v2", [new]), RESAMPLES, SEED)
     assert result["metrics"]["group_top1"]["difference"] > 0.4 and not result["luck"]["covers_seeds"]
     # Several revisions as one side (replicates), resolved as names are.
     both = load_side("HEAD~1,v2", root=repo)
     assert [s.kind for s in both.sources] == ["git-revision", "git-revision"]
-    with pytest.raises(cmp.CompareError, match="names no item table: .*not a git revision of .*not a DVC experiment"):
-        cmp.load("nope", root=repo)
+    with pytest.raises(CompareError, match="names no item table: .*not a git revision of .*not a DVC experiment"):
+        load("nope", root=repo)
 
 
 # --------------------------------------------------------------------------- as a user would
@@ -408,7 +409,7 @@ def test_the_committed_default_run_is_comparable_from_git_on_a_fresh_clone():
     works where DVC's cache holds nothing: the table is read from the commit, with its metadata."""
     from pipeline.core.paths import REPO_ROOT
 
-    committed = cmp.load("HEAD", root=REPO_ROOT)
+    committed = load("HEAD", root=REPO_ROOT)
     assert committed.kind == "git-revision" and len(committed.table) > 0
     meta = committed.meta
     assert meta is not None and meta.preset == "default" and meta.seed == 0 and meta.arm_name == "default"

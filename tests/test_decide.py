@@ -1,4 +1,5 @@
-"""`./dev decide` (tools/decide.py): seed pairs through DVC's queue until the answer is clear.
+"""`./dev decide` (tools/decide.py, pipeline/stats/sequential.py): seed pairs through DVC's queue
+until the answer is clear.
 
 Unit: the plan (which seeds, which looks at which levels, the A/A case), the argument checks, and
 the page a decision writes. E2E (slow): on the smoke preset in a scratch copy of the project, a
@@ -15,6 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from pipeline.core.errors import PipelineError
+from pipeline.stats import sequential
 from tools import decide
 
 
@@ -25,29 +28,29 @@ def args(**kw) -> SimpleNamespace:
 
 @pytest.mark.unit
 def test_a_change_runs_matched_seeds_and_looks_from_the_first_pair_with_a_reference():
-    plan = decide.make_plan(args(sets=["model.residual=linear"]))
+    plan = sequential.make_plan(args(sets=["model.residual=linear"]))
     assert not plan.same_arm and plan.a_seeds == plan.b_seeds == [0, 1, 2, 3, 4]
     assert plan.a_sets == ["preset=smoke"] and plan.b_sets == ["preset=smoke", "model.residual=linear"]
     # The smoke preset has a committed seed-variance reference: the first look after one pair.
-    assert plan.first_look == 1 and list(plan.levels) == [1, 2, 3, 4, 5]
-    assert sum(1 - v for v in plan.levels.values()) == pytest.approx(0.05)
+    assert plan.looks.first_look == 1 and list(plan.looks.levels) == [1, 2, 3, 4, 5]
+    assert sum(1 - v for v in plan.looks.levels.values()) == pytest.approx(0.05)
 
 
 @pytest.mark.unit
 def test_a_seed_only_change_is_an_aa_comparison_on_other_seeds():
-    plan = decide.make_plan(args(sets=["train.log_every=4"]))  # logging only: the same arm
+    plan = sequential.make_plan(args(sets=["train.log_every=4"]))  # logging only: the same arm
     assert plan.same_arm and plan.b_seeds == [1000, 1001, 1002, 1003, 1004] and plan.a_seeds[0] == 0
-    plan = decide.make_plan(args(sets=["run.seed=77"]))
+    plan = sequential.make_plan(args(sets=["run.seed=77"]))
     assert plan.same_arm and plan.b_seeds[0] == 77 and plan.b_sets == ["preset=smoke"]
 
 
 @pytest.mark.unit
 def test_without_a_reference_the_first_look_waits_for_two_seeds(monkeypatch):
-    monkeypatch.setattr(decide, "load_references", lambda: [])
-    plan = decide.make_plan(args(preset="default", sets=["train.lr=0.001"], max_seeds=4))
-    assert plan.first_look == 2 and list(plan.levels) == [2, 3, 4]
-    with pytest.raises(decide.PipelineError, match="needs 2 seeds per arm"):
-        decide.make_plan(args(preset="default", sets=["train.lr=0.001"], max_seeds=1))
+    monkeypatch.setattr(sequential, "load_references", lambda: [])
+    plan = sequential.make_plan(args(preset="default", sets=["train.lr=0.001"], max_seeds=4))
+    assert plan.looks.first_look == 2 and list(plan.looks.levels) == [2, 3, 4]
+    with pytest.raises(PipelineError, match="needs 2 seeds per arm"):
+        sequential.make_plan(args(preset="default", sets=["train.lr=0.001"], max_seeds=1))
 
 
 @pytest.mark.unit
@@ -155,7 +158,7 @@ def test_the_page_shows_the_outcome_the_looks_the_curves_and_the_flips(tmp_path)
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_decide_on_the_smoke_preset_equivalent_for_a_seed_only_change_better_for_a_real_one(tmp_path_factory):
-    from tests import smoke_reference
+    from tools import reference as smoke_reference
     from tools.fault_matrix import project_copy
 
     root = project_copy(tmp_path_factory.mktemp("decide"))

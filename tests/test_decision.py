@@ -1,8 +1,8 @@
-"""Intervals that cover the test items and the training seeds (pipeline/evaluate/decision.py,
+"""Intervals that cover the test items and the training seeds (pipeline/stats/decision.py,
 seed_variance.py): the seed spread from replicates, its reference, the outcomes, the sequential
 plan, and the false-positive rate of A/A comparisons in simulation, where the truth is known.
 
-The simulated runs follow the layout the method assumes (pipeline/evaluate/seed_variance.py): per item a difficulty
+The simulated runs follow the layout the method assumes (pipeline/stats/seed_variance.py): per item a difficulty
 shared by every run, per run a shift of the whole run, per run and item the flips, with sizes of
 the order measured on the default preset (tests/test_replicates.py checks the same on real runs)."""
 
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.evaluate.decision import (
+from pipeline.stats.decision import (
     ArmRuns,
     SequentialPlan,
     alpha_spending,
@@ -24,8 +24,8 @@ from pipeline.evaluate.decision import (
     look,
     luck_for,
 )
-from pipeline.evaluate.retrieval import METRICS
-from pipeline.evaluate.seed_variance import Reference, SeedVar, components, measure, pool
+from pipeline.stats.metrics import METRICS
+from pipeline.stats.seed_variance import Reference, SeedVar, components, measure, pool
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +81,7 @@ def test_pooling_weighs_by_degrees_of_freedom_and_needs_one_estimate():
 
 
 def test_the_reference_round_trips_through_its_file_format(tmp_path):
-    from pipeline.evaluate.seed_variance import find_reference, load_references, write_reference
+    from pipeline.stats.seed_variance import find_reference, load_references, write_reference
 
     rng = np.random.default_rng(1)
     ref = reference_of(runs(rng, 6, rng.normal(0, 0.05, (1, 80))))

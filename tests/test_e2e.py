@@ -103,8 +103,8 @@ def test_metrics_are_finite_and_named_split_slash_metric(project):
 def test_the_smoke_run_matches_the_committed_reference(smoke_experiments):
     """Loss at every logged step, eval point metrics and shard digests of smoke-a against
     tests/smoke_reference.json, at tolerances that pass thread-count noise and fail a real
-    numerics change (tests/smoke_reference.py has the measurements)."""
-    from tests import smoke_reference
+    numerics change (tools/reference.py has the measurements)."""
+    from tools import reference as smoke_reference
 
     problems, notes = smoke_reference.compare(smoke_reference.load(), smoke_experiments.smoke_a)
     assert not problems, "\n".join(problems + notes + [smoke_reference.REFRESH_HINT])

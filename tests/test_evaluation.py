@@ -6,16 +6,15 @@ import torch
 
 from pipeline.evaluate.bridge import TextBridge, nearest
 from pipeline.evaluate.retrieval import (
-    METRICS,
     build_bank,
     evaluate_split,
-    item_metrics,
     predictions,
     ridge_fit,
     ridge_predict,
     score_items,
 )
-from pipeline.evaluate.stats import mean_ci, paired_difference, resample_means, verdict
+from pipeline.stats.bootstrap import Estimate, intervals, p_value, resample_means, verdict
+from pipeline.stats.metrics import METRICS, item_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -133,6 +132,19 @@ def test_val_gets_means_without_intervals():
 # ---------------------------------------------------------------- the paired bootstrap
 
 
+def mean_ci(values, resamples: int, seed: int) -> Estimate:
+    low, high = intervals(resample_means(values, resamples, seed)[:, 0])
+    return Estimate(float(np.mean(values)), float(low), float(high))
+
+
+def paired_difference(a, b, resamples: int, seed: int) -> Estimate:
+    """mean(a) - mean(b) over the same items: resampled as the evaluate stage does its differences."""
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    means = resample_means(diff, resamples, seed)[:, 0]
+    low, high = intervals(means)
+    return Estimate(float(diff.mean()), float(low), float(high), p_value(diff, means))
+
+
 def test_bootstrap_interval_covers_the_mean_and_narrows_with_more_items():
     rng = np.random.default_rng(0)
     small, large = rng.random(100) < 0.7, rng.random(10_000) < 0.7
@@ -157,7 +169,7 @@ def test_paired_difference_sees_a_small_consistent_gain_that_unpaired_intervals_
 
 
 def test_resampling_is_seeded_and_chunked_without_changing_the_draws(monkeypatch):
-    from pipeline.evaluate import stats as eval_stats
+    from pipeline.stats import bootstrap as eval_stats
 
     x = np.random.default_rng(2).random((300, 2))
     whole = resample_means(x, 1000, seed=3)

@@ -11,7 +11,7 @@ from pipeline.core import preflight, resources
 from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError, ResourceError
 from pipeline.embed.memory import teacher_need
-from pipeline.evaluate import stats
+from pipeline.stats import bootstrap
 from pipeline.train import plan
 from stages import embed as embed_stage
 from stages import evaluate as evaluate_stage
@@ -109,8 +109,8 @@ def test_evaluate_bootstrap_needs_are_refused(tmp_path, monkeypatch):
 
 def test_bootstrap_bytes_follow_the_arrays():
     # 1e9 resamples x 49 columns x 8 bytes is the means alone: 365 GiB
-    assert stats.resample_bytes(10**9, 599, 49) >= 2 * 49 * 8 * 10**9
-    assert stats.resample_bytes(2000, 599, 49) < 64 * 2**20
+    assert bootstrap.resample_bytes(10**9, 599, 49) >= 2 * 49 * 8 * 10**9
+    assert bootstrap.resample_bytes(2000, 599, 49) < 64 * 2**20
 
 
 def test_embed_need_from_the_teacher_files(monkeypatch):

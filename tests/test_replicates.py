@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.evaluate.decision import ArmRuns, SequentialPlan, compare_metric, look, luck_for
-from pipeline.evaluate.item_tables import read_items
-from pipeline.evaluate.seed_variance import measure
-from tools.item_sources import Source, predictor_table, runs_values, shared_ids
+from pipeline.stats.decision import ArmRuns, SequentialPlan, compare_metric, look, luck_for
+from pipeline.stats.item_sources import Source, predictor_table, runs_values, shared_ids
+from pipeline.stats.item_tables import read_items
+from pipeline.stats.seed_variance import measure
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The smoke reference's comparison (tests/smoke_reference.py): what passes as noise and what
+"""The smoke reference's comparison (tools/reference.py): what passes as noise and what
 fails as a change, on the committed reference itself. The reference against a real smoke run is
 checked in tests/test_e2e.py."""
 
@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests import smoke_reference as ref
+from tools import reference as ref
 
 pytestmark = pytest.mark.unit
 
@@ -123,7 +123,7 @@ def test_vector_sums_move_by_noise_only_a_little(tmp_path):
 
 def test_the_refresh_command_explains_itself():
     out = subprocess.run(
-        [sys.executable, "-m", "tests.smoke_reference", "--help"],
+        [sys.executable, "-m", "tools.reference", "--help"],
         capture_output=True,
         text=True,
         check=True,

@@ -1,6 +1,6 @@
 """Sweeps: `dvc exp run --queue -S run.sweep=NAME -S 'train.lr=a,b' ...` queues one experiment per
 combination, every MLflow run of them carries the sweep's tags (pipeline/tracking/store.py:
-sweep_tags), and `./dev compare --sweep NAME` (tools/sweep.py) ranks the arms (runs that differ
+sweep_tags), and `./dev compare --sweep NAME` (pipeline/stats/sweep.py) ranks the arms (runs that differ
 only in the seed are replicates of one) against the top one, with intervals that cover the seeds.
 
 Unit: the ranking on synthetic item tables. Integration: the tags on real runs of a local store,
@@ -21,10 +21,10 @@ import pytest
 
 from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError
-from pipeline.evaluate.item_tables import TableMeta
+from pipeline.stats import sweep
+from pipeline.stats.item_sources import CompareError
+from pipeline.stats.item_tables import TableMeta
 from tools import compare as cmp
-from tools import sweep
-from tools.compare import CompareError
 
 RESAMPLES = 1000  # the least the command takes; enough for these checks, and quick
 SEED = 20261123  # the bootstrap seed the ranking checks were written with
@@ -194,7 +194,7 @@ def test_swept_params_are_the_ones_that_differ_a_missing_one_included():
 def test_the_table_shows_the_top_arm_first_with_its_params_seeds_and_intervals():
     runs = [*replicates("a", "0.001", 0.3, n=500), *replicates("b", "0.01", 0.6, n=500)]
     result = sweep.rank(found(*runs), resamples=RESAMPLES, seed=SEED)
-    text = sweep.render(result)
+    text = cmp.render_sweep(result)
     lines = text.splitlines()
     assert lines[0].startswith(
         "Sweep s: 2 arms (6 model runs) tagged sweep.s in sqlite:///x/mlflow.db, ranked by group_top1"
@@ -289,7 +289,7 @@ def test_a_sweeps_runs_are_tagged_found_and_ranked_and_a_reused_run_joins_a_late
     assert result["skipped"][0]["experiment"] == "lr-3"
     assert "lr-3 (run " in out.err and "no artifact evaluate/eval_items.parquet" in out.err
     assert cmp.main(["--sweep", "lr", "--resamples", "1000"]) == 0
-    assert sweep.render(result) == capsys.readouterr().out.rstrip("\n")
+    assert cmp.render_sweep(result) == capsys.readouterr().out.rstrip("\n")
     # A later sweep whose combination DVC restores from its cache: only the report stage adds to
     # the earlier run. It joins the new sweep (sweep.lr2) and stays in the one that made it.
     tracking.set_sweep("lr2")
@@ -352,8 +352,8 @@ def test_parallel_stages_create_one_fresh_store_together(tmp_path):
 def test_a_queued_smoke_sweep_runs_every_combination_side_by_side_and_ranks_them(tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
-    from tests import smoke_reference
     from tests.conftest import dvc, sh, wait_for_queue
+    from tools import reference as smoke_reference
     from tools.fault_matrix import project_copy
 
     root = project_copy(tmp_path_factory.mktemp("sweep"))

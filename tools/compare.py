@@ -3,10 +3,10 @@ intervals that cover the luck of the test items and of the training seeds.
 
     ./dev compare A B [--margin METRIC=VALUE ...] [--show N] [--json]
     ./dev compare A --baseline ridge      # A's model(s) against a baseline scored beside them
-    ./dev compare --sweep NAME [--metric group_top1] [--json]   # rank a sweep's arms (tools/sweep.py)
+    ./dev compare --sweep NAME [--metric group_top1] [--json]   # rank a sweep's arms (pipeline/stats/sweep.py)
     python -m tools.compare A B           # the same, with the environment already active
 
-A and B each name one run or a set of replicates of one arm (tools/item_sources.py): a run id, a
+A and B each name one run or a set of replicates of one arm (pipeline/stats/item_sources.py): a run id, a
 DVC experiment, a git revision (`main`), `workspace`, an item-table file; several of these joined
 by commas; a glob of DVC experiment names (`'rep-8cb0c8f0-s*'`); or `arm:KEY`, every evaluated run
 of an arm in the MLflow store. Runs of one arm differ only in their seed (pipeline/core/arm.py).
@@ -14,7 +14,7 @@ of an arm in the MLflow store. Runs of one arm differ only in their seed (pipeli
 For each metric (cosine, mse, top1, top5, group_top1, group_top5, mrr), over the items both sides
 hold (matched by id), it prints A's and B's means, the difference B - A with its 95 % interval,
 the probability that B beats A (the share of the interval's draws where it does), and one of four
-outcomes (pipeline/evaluate/decision.py):
+outcomes (pipeline/stats/decision.py):
 
 - better / worse: the interval excludes 0;
 - equivalent: the interval lies inside +-margin (defaults per metric: decision.MARGINS; set
@@ -48,171 +48,13 @@ import json
 import math
 import sys
 
-import numpy as np
-
 from pipeline.core.errors import PipelineError
-from pipeline.evaluate.decision import CONFIDENCE, MARGINS, ArmRuns, compare_arms, format_metric
-from pipeline.evaluate.retrieval import METRICS
-from tools.bootstrap_options import MIN_RESAMPLES, add_bootstrap_options, fill_bootstrap_defaults
-from tools.item_sources import (
-    ITEMS_PATH,
-    CompareError,
-    Side,
-    Source,
-    load,
-    load_side,
-    predictor_table,
-    runs_values,
-    shared_ids,
-)
-
-__all__ = ["ITEMS_PATH", "CompareError", "Source", "load", "compare", "main"]
-
-DEFAULT_SHOW = 10
-FLIP_METRIC = "group_top1"
-
-
-# --------------------------------------------------------------------------- comparing
-
-
-def arm_runs(side: Side, ids: list[str], tables: list) -> ArmRuns:
-    return ArmRuns(
-        side.label,
-        [s.seed for s in side.sources],
-        runs_values(tables, ids),
-        deterministic=side.predictor != "model",
-    )
-
-
-def references_for(*sides: Side) -> list:
-    """The committed seed-variance references that match a trained side's preset and data."""
-    from pipeline.evaluate.seed_variance import matching_references
-
-    return matching_references(m for side in sides if side.predictor == "model" for m in side.metas)
-
-
-def compare(
-    a: Side,
-    b: Side,
-    resamples: int,
-    seed: int,
-    show: int = DEFAULT_SHOW,
-    margins: dict[str, float] | None = None,
-    level: float = CONFIDENCE,
-    references: list | None = None,
-) -> dict:
-    """Everything the command prints, as one JSON-able dict."""
-    a.check("A")
-    b.check("B")
-    tables_a = [predictor_table(s, a.predictor) for s in a.sources]
-    tables_b = [predictor_table(s, b.predictor) for s in b.sources]
-    ids = shared_ids(tables_a + tables_b)
-    warnings_ = [*a.warnings, *b.warnings]
-    if not ids:
-        raise CompareError(
-            f"{a.label} and {b.label} share no item id: they were evaluated on different test splits (dataset, "
-            "split salt or fractions), so there is nothing to pair"
-        )
-    sizes = {len(t) for t in tables_a + tables_b}
-    if sizes != {len(ids)}:
-        warnings_.append(
-            f"{a.label} holds {len(tables_a[0])} items and {b.label} {len(tables_b[0])}, of which {len(ids)} are "
-            f"shared (different test splits?): the comparison is over the {len(ids)} shared items only"
-        )
-    arm_a, arm_b = arm_runs(a, ids, tables_a), arm_runs(b, ids, tables_b)
-    refs = references_for(a, b) if references is None else references
-    decisions, luck = compare_arms(arm_a, arm_b, refs, level, margins, METRICS, resamples=resamples, seed=seed)
-    same_arm = a.predictor == b.predictor == "model" and a.arm_digest is not None and a.arm_digest == b.arm_digest
-    if same_arm:
-        warnings_.append(
-            f"A and B are runs of one arm ({a.arm_name} [{a.arm_digest}]), differing only in their seeds: any "
-            "difference between them is luck"
-        )
-    metrics = {}
-    for m, d in decisions.items():
-        metrics[m] = {**d.as_dict(), "verdict": verdict_line(d, a.label, b.label, luck.covers_seeds)}
-    return {
-        "a": describe(a, len(tables_a[0])),
-        "b": describe(b, len(tables_b[0])),
-        "same_arm": same_arm,
-        "shared_items": len(ids),
-        "luck": {
-            "covers_seeds": luck.covers_seeds,
-            "covers": luck.describe(),
-            "sources": luck.sources,
-            "references": [r.shown_path for r in refs],
-        },
-        "level": level,
-        "resamples": resamples,
-        "seed": seed,
-        "difference": "b - a",
-        "warnings": warnings_,
-        "metrics": metrics,
-        "flipped": flipped(arm_a, arm_b, ids, tables_a[0], show),
-    }
-
-
-def flipped(a: ArmRuns, b: ArmRuns, ids: list[str], texts, show: int) -> dict:
-    """Items whose group top-1 flipped: hit by most of A's runs and missed by most of B's, and the
-    other way (one run a side: hit by one, missed by the other)."""
-    hit_a = a.values[FLIP_METRIC].mean(axis=0)
-    hit_b = b.values[FLIP_METRIC].mean(axis=0)
-    by_id = texts.set_index("id")
-    out: dict = {"metric": FLIP_METRIC}
-    for key, mask in (("a_only", (hit_a > 0.5) & (hit_b < 0.5)), ("b_only", (hit_a < 0.5) & (hit_b > 0.5))):
-        where = np.flatnonzero(mask)
-        out[key] = int(len(where))
-        out[f"{key}_items"] = [
-            {
-                "id": ids[i],
-                "input": str(by_id.at[ids[i], "input"]),
-                "target": str(by_id.at[ids[i], "target"]),
-                "a_hit_rate": _r(hit_a[i]),
-                "b_hit_rate": _r(hit_b[i]),
-            }
-            for i in where[: max(show, 0)]
-        ]
-    return out
-
-
-def describe(side: Side, items: int) -> dict:
-    return {
-        "name": side.spec,
-        "label": side.label,
-        "predictor": side.predictor,
-        "arm": {"digest": side.arm_digest, "name": side.arm_name} if side.arm_digest else None,
-        "preset": side.preset,
-        "data": side.data,
-        "runs": [{"label": s.label, "kind": s.kind, "source": s.description, "seed": s.seed} for s in side.sources],
-        "items": items,
-    }
-
-
-def _r(x) -> float:
-    return round(float(x), 6)
-
-
-def verdict_line(d, name_a: str, name_b: str, covered: bool = True) -> str:
-    """The decision in words: "B is better than A on cosine: +0.012 [+0.004, +0.020], P(B better)
-    0.99", "... equivalent ...", or "inconclusive on ...: <why>; <what would settle it>"."""
-    m = d.metric
-    what = m if d.higher_is_better else f"{m} (lower is better)"
-    numbers = (
-        f"{format_metric(d.difference, m, True)} [{format_metric(d.low, m, True)}, {format_metric(d.high, m, True)}], "
-        f"P({name_b} better) {d.prob_b_better:.2f}"
-    )
-    if d.outcome in ("better", "worse"):
-        return f"{name_b} is {d.outcome} than {name_a} on {what}: {numbers}"
-    if d.outcome == "equivalent":
-        return f"{name_b} and {name_a} are equivalent on {what} (within +-{d.margin:g}): {numbers}"
-    if not covered:
-        return f"inconclusive on {what}: {numbers} (training luck not covered)"
-    more = (
-        f"about {d.seeds_needed} seeds per arm would likely settle it (./dev decide)"
-        if d.seeds_needed
-        else "more seeds will not settle it: the test items alone leave it open (more test items, or a wider margin)"
-    )
-    return f"inconclusive on {what}: {numbers}; {d.why}: {more}"
+from pipeline.stats import sweep
+from pipeline.stats.compare import DEFAULT_SHOW, compare
+from pipeline.stats.decision import MARGINS
+from pipeline.stats.item_sources import Side, load_side
+from pipeline.stats.metrics import METRICS, format_interval, format_metric
+from tools.options import MIN_RESAMPLES, add_bootstrap_options, fill_bootstrap_defaults
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -231,7 +73,7 @@ def _side_line(key: str, s: dict) -> str:
     return f"{key} = {s['label']}{arm}: {len(runs)} runs (seeds {seeds}): " + ", ".join(r["label"] for r in runs) + base
 
 
-def render(result: dict, show: int = DEFAULT_SHOW) -> str:
+def render(result: dict) -> str:
     a, b = result["a"], result["b"]
     level = f"{result['level'] * 100:g} %"
     lines = [
@@ -244,7 +86,7 @@ def render(result: dict, show: int = DEFAULT_SHOW) -> str:
     head = f"{'metric':<12} {'A':>9} {'B':>9} {'B - A':>10}   {level + ' interval':<24} {'P(B>A)':>7}  outcome"
     lines += [head, "-" * len(head)]
     for m, r in result["metrics"].items():
-        ci = f"[{format_metric(r['ci_low'], m, True)}, {format_metric(r['ci_high'], m, True)}]"
+        ci = format_interval(r["ci_low"], r["ci_high"], m, True)
         outcome = r["outcome"]
         if outcome == "inconclusive" and r["seeds_needed"]:
             outcome += f" (~{r['seeds_needed']} seeds per arm)"
@@ -282,6 +124,72 @@ def render(result: dict, show: int = DEFAULT_SHOW) -> str:
             lines.append(f"    {it['id']}  (hit rate A {it['a_hit_rate']:.2f}, B {it['b_hit_rate']:.2f})")
             lines.append(f"      input:  {_short(it['input'])}")
             lines.append(f"      target: {_short(it['target'])}")
+    return "\n".join(lines)
+
+
+def render_sweep(result: dict) -> str:
+    m = result["metric"]
+    direction = "higher is better" if result["higher_is_better"] else "lower is better"
+    nruns = sum(len(a["seeds"]) for a in result["arms"])
+    lines = [
+        f"Sweep {result['sweep']}: {len(result['arms'])} arms ({nruns} model runs) tagged {result['tag']} in "
+        f"{result['store']}, ranked by {m} ({direction}) over {result['items']} shared test items.",
+        f"mean: over the arm's seeds, with its 95 % interval; vs top: the arm's mean minus the top arm's, with its "
+        f"interval and P(better than the top arm). The intervals cover: {result['covers']}.",
+        "",
+    ]
+    head = [
+        "rank",
+        "arm",
+        "seeds",
+        *result["swept_params"],
+        m,
+        "95 % interval",
+        "vs top",
+        "95 % interval",
+        "P",
+        "outcome",
+    ]
+    body = []
+    for row in result["arms"]:
+        mean = row["mean"]
+        if row["top"]:
+            versus = ["top", "", "", "best" if row.get("best") else "top, not separated"]
+        else:
+            d = row["difference_from_top"]
+            versus = [
+                format_metric(d["difference"], m, True),
+                format_interval(d["ci_low"], d["ci_high"], m, True),
+                f"{d['prob_b_better']:.2f}",
+                d["outcome"],
+            ]
+        body.append(
+            [
+                str(row["rank"]),
+                row["arm"]["name"],
+                ",".join(str(s) for s in row["seeds"]),
+                *(row["params"][p] for p in result["swept_params"]),
+                format_metric(mean["value"], m),
+                format_interval(mean["ci_low"], mean["ci_high"], m),
+                *versus,
+            ]
+        )
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    first = 3 + len(result["swept_params"])
+    numeric = {0, first, first + 2, first + 4}
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    lines += [line(head).rstrip(), "-" * len(line(head).rstrip())]
+    lines += [line(r).rstrip() for r in body]
+    if result["best"]:
+        lines.append(f"Best: {result['best']}, worse than it on {m}: every other arm (its interval excludes 0).")
+    else:
+        lines.append(
+            f"No best arm: the top arm is not separated from {', '.join(result['not_separated_from_top'])} on {m} "
+            "(an interval that holds 0): run more seeds of those arms before choosing."
+        )
     return "\n".join(lines)
 
 
@@ -359,50 +267,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep is not None:
         if args.a is not None or args.baseline is not None:
             ap.error("--sweep NAME ranks the sweep's own runs: give no A, B or --baseline with it")
-        return _main_sweep(args, margins)
-    if args.metric is not None:
+    elif args.metric is not None:
         ap.error("--metric goes with --sweep (a comparison of A and B shows every metric)")
-    if args.a is None or (args.b is None) == (args.baseline is None):
+    elif args.a is None or (args.b is None) == (args.baseline is None):
         ap.error("give two sides (A B), one with --baseline NAME, or --sweep NAME")
     try:
         fill_bootstrap_defaults(args)
-        a = load_side(args.a)
-        if args.baseline:
-            b = a
-            a = Side(a.spec, a.sources, args.baseline)
+        if args.sweep is not None:
+            found = sweep.find(args.sweep)
+            metric = args.metric or sweep.DEFAULT_METRIC
+            result = sweep.rank(found, metric, resamples=args.resamples, seed=args.seed, margins=margins)
         else:
-            b = load_side(args.b)
-        if a.label == b.label:
-            a.name, b.name = f"{a.label} (A)", f"{b.label} (B)"
-        result = compare(a, b, args.resamples, args.seed, args.show, margins)
+            result = compare(*_sides(args), args.resamples, args.seed, args.show, margins)
     except PipelineError as e:
         print(f"compare: {e}", file=sys.stderr)
         return 2
     for w in result["warnings"]:
         print(f"compare: warning: {w}", file=sys.stderr)
-    print(json.dumps(result, indent=2, allow_nan=False) if args.json else render(result, args.show))
+    text = render_sweep(result) if args.sweep is not None else render(result)
+    print(json.dumps(result, indent=2, allow_nan=False) if args.json else text)
     return 0
 
 
-def _main_sweep(args, margins: dict[str, float]) -> int:
-    from tools import sweep
-
-    try:
-        fill_bootstrap_defaults(args)
-        result = sweep.rank(
-            sweep.find(args.sweep),
-            args.metric or sweep.DEFAULT_METRIC,
-            resamples=args.resamples,
-            seed=args.seed,
-            margins=margins,
-        )
-    except PipelineError as e:
-        print(f"compare: {e}", file=sys.stderr)
-        return 2
-    for w in result["warnings"]:
-        print(f"compare: warning: {w}", file=sys.stderr)
-    print(json.dumps(result, indent=2, allow_nan=False) if args.json else sweep.render(result))
-    return 0
+def _sides(args) -> tuple[Side, Side]:
+    a = load_side(args.a)
+    if args.baseline:
+        b = a
+        a = Side(a.spec, a.sources, args.baseline)
+    else:
+        b = load_side(args.b)
+    if a.label == b.label:
+        a.name, b.name = f"{a.label} (A)", f"{b.label} (B)"
+    return a, b
 
 
 if __name__ == "__main__":

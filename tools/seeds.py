@@ -3,12 +3,12 @@
     ./dev seeds [--preset default] [-S KEY=VALUE ...] [--seeds 8] [--first-seed 0] [-j 1]
                 [--write | --no-write] [--tables DIR] [--json]
 
-Queues one DVC experiment per seed (`rep-<arm>-s<seed>`, tools/replicates.py: through `dvc exp
-run --queue` and `dvc queue start -j N`; an experiment of that name already made from this commit
-is read back, not trained again), waits with a progress bar, then prints per headline metric the
+Queues one DVC experiment per seed (`rep-<arm>-s<seed>`, pipeline/stats/replicates.py: through
+`dvc exp run --queue` and `dvc queue start -j N`; an experiment of that name already made from this
+commit is read back, not trained again), waits with a progress bar, then prints per headline metric the
 seeds' mean, the SD of the run means, and its split into the seed's own shift (what a comparison
 of single runs must add to the items' luck) and the items that flip between seeds
-(pipeline/evaluate/seed_variance.py).
+(pipeline/stats/seed_variance.py).
 
 For a preset run as it is (no -S), the result is the preset's seed-variance reference,
 reference/seed_variance/<preset>.json (written unless --no-write; commit it): `./dev compare`,
@@ -20,44 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
-from pipeline.evaluate.retrieval import METRICS
-from pipeline.evaluate.seed_variance import MIN_REFERENCE_SEEDS, measure, reference_path, write_reference
-from pipeline.tracking.store import GIT_COMMIT, GIT_DIRTY, git_provenance
-from tools.item_sources import predictor_table, runs_values, shared_ids
-from tools.replicates import add_overrides, plan, run_replicates
-
-HEADLINE = ("group_top1", "mrr", "cosine", "mse")
-
-
-def measure_arm(results, preset: str, command: str):
-    metas = [r.meta for r in results]
-    if any(m is None for m in metas):
-        raise PipelineError("an item table carries no metadata (made by an older version): re-run it")
-    arms = {m.arm_digest for m in metas}
-    datas = {m.data for m in metas}
-    if len(arms) > 1 or len(datas) > 1:
-        raise PipelineError(f"the replicates are not one arm on one dataset: arms {sorted(arms)}, data {sorted(datas)}")
-    tables = [predictor_table(r.source()) for r in results]
-    ids = shared_ids(tables)
-    values = runs_values(tables, ids)
-    git, _ = git_provenance()  # the commit and dirty flag a tracked run records
-    measured = {
-        "command": command,
-        "commit": git[GIT_COMMIT],
-        "dirty": git[GIT_DIRTY] == "true",
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-        "machine": _machine(),
-        "experiments": [r.replicate.name for r in results],
-    }
-    arm = {"digest": metas[0].arm_digest, "name": metas[0].arm_name}
-    return measure(preset, metas[0].data, arm, [m.seed for m in metas], values, measured)
+from pipeline.stats.item_tables import write_items
+from pipeline.stats.metrics import METRICS
+from pipeline.stats.replicates import measure_arm, plan, run_replicates
+from pipeline.stats.seed_variance import MIN_REFERENCE_SEEDS, reference_path, write_reference
+from tools.options import add_overrides
 
 
 def render(ref) -> str:
@@ -77,12 +49,6 @@ def render(ref) -> str:
             f"{v.interaction**0.5:>12.{digits}f}   " + " ".join(f"{x:.{digits}f}" for x in per)
         )
     return "\n".join(lines)
-
-
-def _machine() -> str:
-    from pipeline.core.numerics import cpu_model
-
-    return f"{cpu_model()}, {os.cpu_count()} cores"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -131,8 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.tables:
         args.tables.mkdir(parents=True, exist_ok=True)
         for r in results:
-            from pipeline.evaluate.item_tables import write_items
-
             write_items(r.items, args.tables / f"seed-{r.replicate.seed}.parquet", r.meta)
     if write:
         path = reference_path(args.preset)

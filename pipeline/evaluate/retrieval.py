@@ -33,14 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.evaluate.prediction import predict  # noqa: F401 - part of this module's interface
-from pipeline.evaluate.seed_variance import with_seed_luck
-from pipeline.evaluate.stats import Estimate, intervals, p_value, resample_means
+from pipeline.stats.bootstrap import Estimate, intervals, p_value, resample_means
+from pipeline.stats.metrics import METRICS, item_metrics
+from pipeline.stats.seed_variance import with_seed_luck
 
 PREDICTORS = ("model", "identity", "ridge", "nearest")
 BASELINES = PREDICTORS[1:]
-# Per-item metrics, each averaged over items; all but mse are better when higher.
-METRICS = ("cosine", "mse", "top1", "top5", "group_top1", "group_top5", "mrr")
-LOWER_IS_BETTER = frozenset({"mse"})
 TOP_K = 5  # bank ids kept per item in the item table
 _SCORE_CELLS = 8_000_000  # items x bank scores held at once: 32 MB of float32
 
@@ -124,20 +122,6 @@ def score_items(pred: np.ndarray, shard, bank: Bank) -> dict[str, np.ndarray]:
     return out
 
 
-def item_metrics(scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The per-item values whose means are the headline metrics."""
-    rank, group_rank = scores["rank"], scores["group_rank"]
-    return {
-        "cosine": scores["cosine"],
-        "mse": scores["mse"],
-        "top1": (rank <= 1).astype(np.float64),
-        "top5": (rank <= 5).astype(np.float64),
-        "group_top1": (group_rank <= 1).astype(np.float64),
-        "group_top5": (group_rank <= 5).astype(np.float64),
-        "mrr": 1.0 / group_rank,
-    }
-
-
 def metric_key(split: str, who: str, metric: str, part: str = "") -> str:
     """eval/<split>/<predictor or model_vs_<baseline>>/<metric>[/ci95_low|ci95_high|p_value]:
     keys train never writes (it logs val/cosine while training), so each has one writer."""
@@ -159,7 +143,7 @@ def summarise(
 
     seed_luck (metric -> seed_variance.SeedVar, from the preset's committed reference): the
     model's intervals (its mean, and its differences from the baselines) then cover the training
-    seed's luck too, added to the item draws as pipeline/evaluate/decision.py does; the baselines have none. The
+    seed's luck too, added to the item draws as pipeline/stats/decision.py does; the baselines have none. The
     flat metrics say which: eval/<split>/ci_covers_seeds is 1 or 0."""
     if not with_ci:
         flat = {

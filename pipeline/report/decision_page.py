@@ -14,8 +14,8 @@ import numpy as np
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from matplotlib.figure import Figure
 
-from pipeline.evaluate.decision import format_metric
 from pipeline.report.plots import DPI, new_figure
+from pipeline.stats.metrics import format_metric
 
 TEMPLATES = Path(__file__).parent / "templates"
 OUTCOME_COLOURS = {"better": "#2e7d32", "worse": "#c62828", "equivalent": "#1565c0", "inconclusive": "#b26a00"}

@@ -329,7 +329,7 @@ class EvaluateConfig:
             "an integer",
             "fewer make the 95 % interval's ends noisy; more change nothing at 6 decimals",
         ),
-        doc="paired bootstrap resamples over test items for every 95 % CI (pipeline/evaluate/stats.py)",
+        doc="paired bootstrap resamples over test items for every 95 % CI (pipeline/stats/bootstrap.py)",
     )
     bootstrap_seed: int = param(SEED, doc="seed of the bootstrap: the same CIs on every run and machine")
     # The answer model's confidence rule, calibrated on val (pipeline/evaluate/abstention.py).

@@ -24,7 +24,7 @@ A side of a comparison is one name or a set of replicates (runs of one arm, pipe
                     in a shell);
 - `arm:KEY`         every evaluated model run in the MLflow store whose arm (tag `arm`) has the
                     digest that starts with KEY, or the name KEY (`arm:default`, `arm:8cb0c8f0`).
-Each table's metadata (pipeline/evaluate/item_tables.py) says its preset, arm, seed and data.
+Each table's metadata (item_tables.py) says its preset, arm, seed and data.
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ import pandas as pd
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
+from pipeline.stats.item_tables import read_items
+from pipeline.stats.metrics import METRICS, SCORE_COLUMNS, item_metrics
 
 ITEMS_PATH = "reports/eval_items.parquet"  # in the repository (a DVC output of evaluate)
 MLFLOW_ARTIFACT = "evaluate/eval_items.parquet"  # in the model's MLflow run
 WORKSPACE = "workspace"
-SCORE_COLUMNS = ("rank", "group_rank", "cosine", "mse")  # per predictor; baselines as <name>_<column>
 _RUN_ID = re.compile(r"[0-9a-f]{32}")
 
 
@@ -64,7 +65,7 @@ class Source:
     description: str  # where the table came from, in words
     table: pd.DataFrame
     predictor: str = "model"
-    meta: object = None  # pipeline.evaluate.item_tables.TableMeta; None: a table that does not say
+    meta: object = None  # item_tables.TableMeta; None: a table that does not say
 
     @property
     def seed(self) -> int | None:
@@ -75,21 +76,13 @@ class Source:
         return None if self.meta is None else self.meta.arm_digest
 
 
-@dataclass
-class _Tried:
-    reasons: list[str] = field(default_factory=list)
-
-    def add(self, what: str) -> None:
-        self.reasons.append(what)
-
-
 # --------------------------------------------------------------------------- finding a table
 
 
 def load(name: str, root: Path = REPO_ROOT) -> Source:
     """The item table `name` stands for (see the module doc for the order), or CompareError."""
     root = Path(root)
-    tried = _Tried()
+    tried: list[str] = []
     if name == WORKSPACE:
         path = root / ITEMS_PATH
         if not path.is_file():
@@ -99,31 +92,29 @@ def load(name: str, root: Path = REPO_ROOT) -> Source:
             )
         table, meta = read_table(path, name)
         return Source(name, name, "workspace", f"the working copy's {ITEMS_PATH}", table, meta=meta)
-    tried.add(f"not `{WORKSPACE}`")
+    tried.append(f"not `{WORKSPACE}`")
 
     path = Path(name)
     if path.is_file():
         table, meta = read_table(path, name)
         return Source(name, name, "file", f"file {path}", table, meta=meta)
-    tried.add("not an existing file" + (" (a directory)" if path.is_dir() else ""))
+    tried.append("not an existing file" + (" (a directory)" if path.is_dir() else ""))
 
     if _RUN_ID.fullmatch(name):
         found = _from_mlflow(name, tried)
         if found is not None:
             return found
     else:
-        tried.add("not an MLflow run id (32 hex characters)")
+        tried.append("not an MLflow run id (32 hex characters)")
 
     found = _from_dvc(name, root, tried)
     if found is not None:
         return found
-    raise CompareError(f"{name!r} names no item table: " + "; ".join(tried.reasons))
+    raise CompareError(f"{name!r} names no item table: " + "; ".join(tried))
 
 
 def read_table(source, name: str):
     """(table, metadata) of an item-table file, its bytes or a stream; CompareError if unreadable."""
-    from pipeline.evaluate.item_tables import read_items
-
     try:
         return read_items(source.getvalue() if isinstance(source, io.BytesIO) else source)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix, said in one line
@@ -147,34 +138,32 @@ def read_client():
     return MlflowClient(tracking_uri=uri), shown
 
 
-def _from_mlflow(run_id: str, tried: _Tried) -> Source | None:
+def _from_mlflow(run_id: str, tried: list[str]) -> Source | None:
     from pipeline.tracking import store as tracking
 
     client, shown = read_client()
     if client is None:
-        tried.add(f"no MLflow store at {shown} to look up run {run_id} in")
+        tried.append(f"no MLflow store at {shown} to look up run {run_id} in")
         return None
     from mlflow.exceptions import MlflowException  # (after read_client has quieted MLflow's logging)
 
     try:
         run = client.get_run(run_id)
     except MlflowException:
-        tried.add(f"not a run in the MLflow store {shown}")
+        tried.append(f"not a run in the MLflow store {shown}")
         return None
     except Exception as e:  # noqa: BLE001 - an unreachable server: say which and go on to git
-        tried.add(f"not looked up in the MLflow store {shown} ({type(e).__name__}: {tracking.redact_text(str(e))})")
+        tried.append(f"not looked up in the MLflow store {shown} ({type(e).__name__}: {tracking.redact_text(str(e))})")
         return None
     run_name = run.info.run_name or ""
-    with tempfile.TemporaryDirectory(prefix="compare-") as tmp:
-        try:
-            local = client.download_artifacts(run_id, MLFLOW_ARTIFACT, tmp)
-        except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
-            raise CompareError(
-                f"MLflow run {run_id} ({run_name or 'unnamed'}) has no artifact {MLFLOW_ARTIFACT}: "
-                "it is logged to the model's run by the evaluate stage (an embed run, or a run "
-                "evaluated before the item table existed, has none)"
-            ) from None
-        table, meta = read_table(local, run_id)
+    found = mlflow_table(client, run_id)
+    if found is None:
+        raise CompareError(
+            f"MLflow run {run_id} ({run_name or 'unnamed'}) has no artifact {MLFLOW_ARTIFACT}: "
+            "it is logged to the model's run by the evaluate stage (an embed run, or a run "
+            "evaluated before the item table existed, has none)"
+        )
+    table, meta = found
     label = f"{run_name} (run {run_id[:8]})" if run_name else f"run {run_id[:8]}"
     return Source(
         run_id,
@@ -186,26 +175,55 @@ def _from_mlflow(run_id: str, tried: _Tried) -> Source | None:
     )
 
 
-def _from_dvc(name: str, root: Path, tried: _Tried) -> Source | None:
+def mlflow_table(client, run_id: str):
+    """(table, metadata) of a run's item-table artifact; None when the run has none."""
+    with tempfile.TemporaryDirectory(prefix="items-") as tmp:
+        try:
+            local = client.download_artifacts(run_id, MLFLOW_ARTIFACT, tmp)
+        except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
+            return None
+        return read_table(local, run_id)
+
+
+def search_runs(client, shown: str, *filters: str) -> list:
+    """The runs of every experiment of the store that match one of `filters` (each run once, every
+    page); CompareError when the store cannot be searched."""
+    from mlflow.utils import get_results_from_paginated_fn
+
+    from pipeline.tracking.redact import redact_text
+
+    try:
+        ids = [e.experiment_id for e in client.search_experiments()]
+        pages = (lambda n, token, f=f: client.search_runs(ids, f, max_results=n, page_token=token) for f in filters)
+        runs = {r.info.run_id: r for search in pages for r in get_results_from_paginated_fn(search, 1000)}
+    except Exception as e:  # noqa: BLE001 - an unreachable server or a store MLflow cannot read: one line
+        raise CompareError(
+            f"could not search the MLflow store {shown}: {type(e).__name__}: {redact_text(str(e))}"
+        ) from None
+    return list(runs.values())
+
+
+def _from_dvc(name: str, root: Path, tried: list[str]) -> Source | None:
     from dvc.exceptions import NotDvcRepoError
     from dvc.repo import Repo
     from dvc.repo.experiments.utils import AmbiguousExpRefInfo, resolve_name
     from scmrepo.exceptions import SCMError
+    from scmrepo.noscm import NoSCM
 
     try:
         repo = Repo(str(root))
     except NotDvcRepoError:
-        tried.add(f"not a git revision or DVC experiment ({root} is not a DVC repository)")
+        tried.append(f"not a git revision or DVC experiment ({root} is not a DVC repository)")
         return None
     with repo:
         scm = repo.scm
-        if not hasattr(scm, "resolve_rev") or type(scm).__name__ == "NoSCM":
-            tried.add(f"not a git revision or DVC experiment ({root} is not a git repository)")
+        if isinstance(scm, NoSCM):
+            tried.append(f"not a git revision or DVC experiment ({root} is not a git repository)")
             return None
         try:
             sha, kind, what = scm.resolve_rev(name), "git-revision", f"git revision {name}"
         except SCMError:
-            tried.add(f"not a git revision of {root}")
+            tried.append(f"not a git revision of {root}")
             try:
                 ref = resolve_name(scm, name).get(name)
             except AmbiguousExpRefInfo:
@@ -214,7 +232,7 @@ def _from_dvc(name: str, root: Path, tried: _Tried) -> Source | None:
                     "commits); name one by its commit (dvc exp show --sha)"
                 ) from None
             if ref is None:
-                tried.add("not a DVC experiment there (dvc exp show lists them)")
+                tried.append("not a DVC experiment there (dvc exp show lists them)")
                 return None
             sha, kind, what = scm.get_ref(str(ref)), "dvc-experiment", f"DVC experiment {name}"
     table, meta = _read_at_rev(root, sha, f"{what} (commit {sha[:8]})")
@@ -224,13 +242,13 @@ def _from_dvc(name: str, root: Path, tried: _Tried) -> Source | None:
 def _read_at_rev(root: Path, sha: str, what: str):
     """The item table at a commit: from DVC's cache when it is a DVC output there (or from git)."""
     import dvc.api
-    from dvc.exceptions import DvcException
+    from dvc.exceptions import DvcException, OutputNotFoundError, PathMissingError
 
     try:
         with dvc.api.open(ITEMS_PATH, repo=str(root), rev=sha, mode="rb") as f:
             raw = f.read()
     except (FileNotFoundError, DvcException) as e:
-        missing = isinstance(e, FileNotFoundError) or type(e).__name__ in ("PathMissingError", "OutputNotFoundError")
+        missing = isinstance(e, (FileNotFoundError, PathMissingError, OutputNotFoundError))
         why = (
             f"{ITEMS_PATH} is not there (neither in git nor a DVC output: the evaluate stage of that commit "
             "predates the item table, or it never ran)"
@@ -293,8 +311,6 @@ def predictor_table(source: Source, predictor: str = "model") -> pd.DataFrame:
 
 
 def _per_item(t: pd.DataFrame) -> dict[str, np.ndarray]:
-    from pipeline.evaluate.retrieval import item_metrics
-
     return item_metrics({c: t[c].to_numpy() for c in SCORE_COLUMNS})
 
 
@@ -308,10 +324,14 @@ def shared_ids(tables: list[pd.DataFrame]) -> list[str]:
 
 def runs_values(tables: list[pd.DataFrame], ids: list[str]) -> dict[str, np.ndarray]:
     """metric -> (runs, items): each predictor table's per-item values over `ids`, in that order."""
-    from pipeline.evaluate.retrieval import METRICS
-
     per_run = [_per_item(t.set_index("id").loc[ids].reset_index()) for t in tables]
     return {m: np.stack([r[m] for r in per_run]) for m in METRICS}
+
+
+def shared_values(groups: list[list[pd.DataFrame]]) -> tuple[list[str], list[dict[str, np.ndarray]]]:
+    """The item ids every table of every group holds, and each group's runs_values over them."""
+    ids = shared_ids([t for g in groups for t in g])
+    return ids, [runs_values(g, ids) for g in groups]
 
 
 # --------------------------------------------------------------------------- sets of runs
@@ -447,14 +467,11 @@ def _arm_side(spec: str, key: str) -> Side:
     if client is None:
         raise CompareError(f"{spec}: no MLflow store at {shown} to look for the arm in")
     safe = key.replace("'", "''")
+    filters = (f"tags.`arm.digest` LIKE '{safe}%'", f"tags.arm LIKE '{safe} [%'")
     try:
-        ids = [e.experiment_id for e in client.search_experiments()]
-        runs = {}
-        for f in (f"tags.`arm.digest` LIKE '{safe}%'", f"tags.arm LIKE '{safe} [%'"):
-            for r in client.search_runs(ids, f"{f} and tags.stage = 'train'", max_results=1000):
-                runs[r.info.run_id] = r
-    except Exception as e:  # noqa: BLE001 - an unreachable server or a store MLflow cannot read: one line
-        raise CompareError(f"{spec}: could not search the MLflow store {shown}: {type(e).__name__}: {e}") from None
+        runs = search_runs(client, shown, *(f"{f} and tags.stage = 'train'" for f in filters))
+    except CompareError as e:
+        raise CompareError(f"{spec}: {e}") from None
     if not runs:
         raise CompareError(
             f"{spec}: no model run in the MLflow store {shown} has an arm whose digest starts with {key!r} or "
@@ -462,7 +479,7 @@ def _arm_side(spec: str, key: str) -> Side:
         )
     side = Side(spec, [])
     latest: dict[str, object] = {}  # one run per seed: a seed trained twice is one model, the latest counts
-    for run in sorted(runs.values(), key=lambda r: r.info.start_time or 0):
+    for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         latest[run.data.params.get("run.seed", run.info.run_id)] = run
     if len(latest) < len(runs):
         side.warnings.append(
@@ -470,7 +487,7 @@ def _arm_side(spec: str, key: str) -> Side:
         )
     for seed, run in sorted(latest.items(), key=lambda kv: str(kv[0]).zfill(12)):
         try:
-            found = _from_mlflow(run.info.run_id, _Tried())
+            found = _from_mlflow(run.info.run_id, [])
         except CompareError as e:
             side.warnings.append(f"{spec}: run {run.info.run_id[:8]} (seed {seed}) left out: {e}")
             continue

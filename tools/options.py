@@ -1,8 +1,9 @@
-"""--resamples and --seed of the tools that compare evaluated models (`./dev compare`, its
---sweep, `./dev decide`): by default the evaluate config's own (evaluate.bootstrap_resamples and
-evaluate.bootstrap_seed, as params.yaml holds them), so that a tool draws the same resamples of
-the test items as the evaluate stage did. The config is read only when a value was not given, so
-a command that names both never needs it.
+"""Options the statistics tools share. --resamples and --seed of the tools that compare evaluated
+models (`./dev compare`, its --sweep, `./dev decide`): by default the evaluate config's own
+(evaluate.bootstrap_resamples and evaluate.bootstrap_seed, as params.yaml holds them), so that a
+tool draws the same resamples of the test items as the evaluate stage did. The config is read only
+when a value was not given, so a command that names both never needs it. -S KEY=VALUE: Hydra
+overrides of an arm (`./dev seeds`, `./dev decide`).
 """
 
 from __future__ import annotations
@@ -44,3 +45,8 @@ def fill_bootstrap_defaults(args: argparse.Namespace) -> None:
         args.resamples = int(evaluate.bootstrap_resamples)
     if args.seed is None:
         args.seed = int(evaluate.bootstrap_seed)
+
+
+def add_overrides(ap: argparse.ArgumentParser, *flags: str, dest: str, help: str) -> None:
+    """A repeatable KEY=VALUE option of Hydra overrides (as `dvc exp run -S` takes them)."""
+    ap.add_argument(*flags, dest=dest, action="append", default=[], metavar="KEY=VALUE", help=help)

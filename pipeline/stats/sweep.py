@@ -12,7 +12,7 @@ its replicates. For the ranking metric, over the test items all runs share:
 
 - each arm's mean, with an interval that covers the test items and the training seeds (the seed
   spread pooled from every arm with several seeds, and the preset's committed seed-variance
-  reference when the runs' preset and data match it; pipeline/evaluate/decision.py);
+  reference when the runs' preset and data match it; decision.py);
 - each arm's difference from the top arm (arm - top), with its interval, the probability that the
   arm beats the top one, and the outcome (worse / equivalent / inconclusive);
 - "best" only for a top arm that every other arm is worse than; otherwise the top arm is named
@@ -25,22 +25,23 @@ fewer than two arms left there is nothing to rank (exit 2).
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 
 import pandas as pd
 
-from pipeline.evaluate.decision import CONFIDENCE, ArmRuns, arm_interval, compare_metric, format_metric, luck_for
-from tools.item_sources import (
+from pipeline.stats.decision import CONFIDENCE, MARGINS, ArmRuns, arm_interval, compare_metric, luck_for
+from pipeline.stats.item_sources import (
     MLFLOW_ARTIFACT,
     CompareError,
     Source,
+    mlflow_table,
     predictor_table,
     read_client,
-    read_table,
-    runs_values,
-    shared_ids,
+    search_runs,
+    shared_values,
 )
+from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS, round6
+from pipeline.stats.seed_variance import matching_references
 
 DEFAULT_METRIC = "group_top1"  # the headline retrieval metric (metrics/eval.json)
 # Params that are not what a sweep varies between arms: labels (dvc.yaml's header: a run DVC
@@ -88,12 +89,6 @@ class Found:
     warnings: list[str] = field(default_factory=list)
 
 
-def member_tag(sweep: str) -> str:
-    from pipeline.tracking.store import SWEEP_MEMBER_PREFIX
-
-    return f"{SWEEP_MEMBER_PREFIX}{sweep}"
-
-
 # --------------------------------------------------------------------------- finding the runs
 
 
@@ -106,19 +101,15 @@ def find(sweep: str) -> Found:
         raise CompareError(
             f"--sweep {sweep!r}: not a sweep name (letters, digits, '.', '_' and '-', as run.sweep takes)"
         )
-    tag = member_tag(sweep)
+    tag = f"{tracking.SWEEP_MEMBER_PREFIX}{sweep}"
     client, shown = read_client()
     if client is None:
         raise CompareError(f"no MLflow store at {shown} to look for the sweep {sweep!r} in (no run was tracked there)")
-    try:
-        ids = [e.experiment_id for e in client.search_experiments()]
-        runs = _search(client, ids, f"tags.`{tag}` LIKE '%' and tags.stage = 'train'")
-    except Exception as e:  # noqa: BLE001 - an unreachable server or a store MLflow cannot read: one line
-        raise CompareError(
-            f"could not search the MLflow store {shown}: {type(e).__name__}: {tracking.redact_text(str(e))}"
-        ) from None
+    runs = search_runs(client, shown, f"tags.`{tag}` LIKE '%' and tags.stage = 'train'")
     if not runs:
-        others = sorted({r.data.tags.get(tracking.SWEEP_TAG, "") for r in _search(client, ids, "tags.sweep LIKE '%'")})
+        others = sorted(
+            {r.data.tags.get(tracking.SWEEP_TAG, "") for r in search_runs(client, shown, "tags.sweep LIKE '%'")}
+        )
         known = f"sweeps there: {', '.join(o for o in others if o)}" if any(others) else "no run there is in a sweep"
         raise CompareError(
             f"no model run (tags.stage = 'train') in the MLflow store {shown} carries the tag {tag} ({known}). "
@@ -137,19 +128,18 @@ def find(sweep: str) -> Found:
             tags=dict(r.data.tags),
         )
         names[run.experiment] = names.get(run.experiment, 0) + 1
-        with tempfile.TemporaryDirectory(prefix="sweep-") as tmp:
-            try:
-                local = client.download_artifacts(run.run_id, MLFLOW_ARTIFACT, tmp)
-            except Exception:  # noqa: BLE001 - MLflow raises several kinds for a missing artifact
+        try:
+            found_table = mlflow_table(client, run.run_id)
+        except CompareError as e:
+            run.missing = str(e)
+        else:
+            if found_table is None:
                 run.missing = (
                     f"no artifact {MLFLOW_ARTIFACT} (run {run.status}: not evaluated; a diverged, failed or "
                     "still running experiment has none)"
                 )
             else:
-                try:
-                    run.table, run.meta = read_table(local, run.run_id)
-                except CompareError as e:
-                    run.missing = str(e)
+                run.table, run.meta = found_table
         found.runs.append(run)
     for name, count in sorted(names.items()):
         if count > 1:
@@ -158,16 +148,6 @@ def find(sweep: str) -> Found:
                 "names?): each is ranked, told apart by its run id"
             )
     return found
-
-
-def _search(client, experiment_ids: list[str], filter_string: str) -> list:
-    out, token = [], None
-    while True:
-        page = client.search_runs(experiment_ids, filter_string, max_results=1000, page_token=token)
-        out.extend(page)
-        token = page.token
-        if not token:
-            return out
 
 
 # --------------------------------------------------------------------------- ranking
@@ -203,10 +183,6 @@ def rank(
     margins: dict[str, float] | None = None,
 ) -> dict:
     """The ranking as one JSON-able dict (the arms best first; see the module doc)."""
-    from pipeline.evaluate.decision import MARGINS
-    from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
-    from pipeline.evaluate.seed_variance import matching_references
-
     if metric not in METRICS:
         raise CompareError(f"--metric {metric!r}: expected one of {', '.join(METRICS)}")
     warnings_ = list(found.warnings)
@@ -231,7 +207,7 @@ def rank(
             + (" (" + "; ".join(f"{s['experiment']}: {s['reason']}" for s in skipped) + ")" if skipped else "")
         )
     table_of = {r.run_id: t for r, t in zip(usable, tables)}
-    ids = shared_ids([table_of[r.run_id] for a in arms for r in a.runs])
+    ids, arm_values = shared_values([[table_of[r.run_id] for r in a.runs] for a in arms])
     if not ids:
         raise CompareError(
             f"the sweep {found.sweep!r}'s runs share no test item id: they were evaluated on different test splits "
@@ -243,9 +219,7 @@ def rank(
             f"the runs hold {min(sizes)} to {max(sizes)} test items, of which {len(ids)} are shared by all "
             f"(different test splits?): the ranking is over the {len(ids)} shared items only"
         )
-    values = [
-        ArmRuns(a.name, [r.seed for r in a.runs], runs_values([table_of[r.run_id] for r in a.runs], ids)) for a in arms
-    ]
+    values = [ArmRuns(a.name, [r.seed for r in a.runs], v) for a, v in zip(arms, arm_values)]
     # One seed spread for the whole sweep: every arm's replicates and the matching references.
     luck = luck_for(*values, references=matching_references(run.meta for run in usable))
     var = luck.seed.get(metric)
@@ -268,7 +242,7 @@ def rank(
             "experiments": [r.experiment for r in arm.runs],
             "run_ids": [r.run_id for r in arm.runs],
             "params": {p: arm.runs[0].params.get(p, MISSING) for p in swept},
-            "mean": {"value": _r(mean), "ci_low": _r(low), "ci_high": _r(high)},
+            "mean": {"value": round6(mean), "ci_low": round6(low), "ci_high": round6(high)},
             "top": j == top,
         }
         if j != top:
@@ -311,73 +285,3 @@ def swept_params(runs: list[SweepRun]) -> list[str]:
 
 def _label(run: SweepRun) -> str:
     return f"{run.experiment} (run {run.run_id[:8]})"
-
-
-def _r(x) -> float:
-    return round(float(x), 6)
-
-
-def render(result: dict) -> str:
-    m = result["metric"]
-    direction = "higher is better" if result["higher_is_better"] else "lower is better"
-    nruns = sum(len(a["seeds"]) for a in result["arms"])
-    lines = [
-        f"Sweep {result['sweep']}: {len(result['arms'])} arms ({nruns} model runs) tagged {result['tag']} in "
-        f"{result['store']}, ranked by {m} ({direction}) over {result['items']} shared test items.",
-        f"mean: over the arm's seeds, with its 95 % interval; vs top: the arm's mean minus the top arm's, with its "
-        f"interval and P(better than the top arm). The intervals cover: {result['covers']}.",
-        "",
-    ]
-    head = [
-        "rank",
-        "arm",
-        "seeds",
-        *result["swept_params"],
-        m,
-        "95 % interval",
-        "vs top",
-        "95 % interval",
-        "P",
-        "outcome",
-    ]
-    body = []
-    for row in result["arms"]:
-        mean = row["mean"]
-        if row["top"]:
-            versus = ["top", "", "", "best" if row.get("best") else "top, not separated"]
-        else:
-            d = row["difference_from_top"]
-            versus = [
-                format_metric(d["difference"], m, True),
-                f"[{format_metric(d['ci_low'], m, True)}, {format_metric(d['ci_high'], m, True)}]",
-                f"{d['prob_b_better']:.2f}",
-                d["outcome"],
-            ]
-        body.append(
-            [
-                str(row["rank"]),
-                row["arm"]["name"],
-                ",".join(str(s) for s in row["seeds"]),
-                *(row["params"][p] for p in result["swept_params"]),
-                format_metric(mean["value"], m),
-                f"[{format_metric(mean['ci_low'], m)}, {format_metric(mean['ci_high'], m)}]",
-                *versus,
-            ]
-        )
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    first = 3 + len(result["swept_params"])
-    numeric = {0, first, first + 2, first + 4}
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    lines += [line(head).rstrip(), "-" * len(line(head).rstrip())]
-    lines += [line(r).rstrip() for r in body]
-    if result["best"]:
-        lines.append(f"Best: {result['best']}, worse than it on {m}: every other arm (its interval excludes 0).")
-    else:
-        lines.append(
-            f"No best arm: the top arm is not separated from {', '.join(result['not_separated_from_top'])} on {m} "
-            "(an interval that holds 0): run more seeds of those arms before choosing."
-        )
-    return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 Scores of runs of one arm (pipeline/core/arm.py) on the same test items form a runs x items table
 x[s, i]. Read it as a two-way layout, x[s, i] = mu + a_i + u_s + e_si:
-- a_i, the item: how hard it is. The paired bootstrap over items covers its luck (stats.py);
+- a_i, the item: how hard it is. The paired bootstrap over items covers its luck (bootstrap.py);
 - u_s, the run: the seed's shift of the whole run (initialisation, batch order), the same on
   every item. Its variance is what a bootstrap over items can never see: two runs of one config
   differ by it on every test set;
@@ -37,6 +37,7 @@ from scipy import stats as sps
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
+from pipeline.stats.metrics import round6
 
 REFERENCE_DIR = REPO_ROOT / "reference" / "seed_variance"
 REFERENCE_FORMAT = 1
@@ -167,7 +168,7 @@ class Reference:
             "seeds": self.seeds,
             "items": self.items,
             "metrics": {
-                m: {**v.as_dict(), "mean": _r(float(np.mean(self.per_seed[m]))), "per_seed": self.per_seed[m]}
+                m: {**v.as_dict(), "mean": round6(float(np.mean(self.per_seed[m]))), "per_seed": self.per_seed[m]}
                 for m, v in self.metrics.items()
             },
             "measured": self.measured,
@@ -202,7 +203,7 @@ def measure(
         [int(s) for s in seeds],
         items,
         {m: components(x) for m, x in values.items()},
-        {m: [_r(v) for v in np.asarray(x).mean(axis=1)] for m, x in values.items()},
+        {m: [round6(v) for v in np.asarray(x).mean(axis=1)] for m, x in values.items()},
         dict(measured),
     )
 
@@ -247,10 +248,6 @@ def matching_references(metas: Iterable) -> list[Reference]:
             if ref is not None:
                 found[(m.preset, m.data)] = ref
     return list(found.values())
-
-
-def _r(x: float) -> float:
-    return round(float(x), 6)
 
 
 def _sig(x: float) -> float:

@@ -83,32 +83,12 @@ def intervals(means: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lows, highs
 
 
-def _interval(samples: np.ndarray) -> tuple[float, float]:
-    low, high = intervals(samples)
-    return float(low), float(high)
-
-
-def mean_ci(values: np.ndarray, resamples: int, seed: int) -> Estimate:
-    values = np.asarray(values, dtype=np.float64)
-    means = resample_means(values, resamples, seed)[:, 0]
-    return Estimate(float(values.mean()), *_interval(means))
-
-
-def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> Estimate:
-    """mean(a) - mean(b) over the same items, its 95 % CI and its p-value (`p_value`)."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"paired values need the same items: shapes {a.shape} and {b.shape}")
-    diff = a - b
-    means = resample_means(diff, resamples, seed)[:, 0]
-    return Estimate(float(diff.mean()), *_interval(means), p_value(diff, means))
-
-
-def p_value(diff: np.ndarray, resampled_means: np.ndarray) -> float:
+def p_value(diff: np.ndarray | None, resampled_means: np.ndarray) -> float:
     """Two-sided bootstrap p-value of "the mean difference is 0": twice the share of resampled
     means on the far side of 0, with the usual +1 so that it is never 0. Identical outcomes on
-    every item give 1 (no evidence either way)."""
-    if not np.any(diff):
+    every item give 1 (no evidence either way); diff None: the draws alone say (when they hold
+    luck other than the items')."""
+    if diff is not None and not np.any(diff):
         return 1.0
     below, above = int((resampled_means <= 0).sum()), int((resampled_means >= 0).sum())
     return min(1.0, 2 * (min(below, above) + 1) / (len(resampled_means) + 1))

@@ -40,7 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
-REFERENCE = Path(__file__).with_name("smoke_reference.json")
+from pipeline.core.paths import REPO_ROOT
+
+REFERENCE = REPO_ROOT / "tests" / "smoke_reference.json"
 LOSS_RTOL = 1e-5
 METRIC_ATOL = 1e-4
 VECTOR_RTOL = 1e-5
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="./dev reference",
         description="Run the smoke experiment in a copy of the project and compare it with the committed "
-        f"reference ({REFERENCE.relative_to(REFERENCE.parents[1])}): loss at every logged step "
+        f"reference ({REFERENCE.relative_to(REPO_ROOT)}): loss at every logged step "
         f"(relative {LOSS_RTOL:g}), eval point metrics ({METRIC_ATOL:g}), shard files (sha256; "
         f"vector files' sums at {VECTOR_RTOL:g}). Exit 1 when they differ.",
     )

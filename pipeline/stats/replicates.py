@@ -20,13 +20,14 @@ through this module:
 
 from __future__ import annotations
 
-import argparse
 import io
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -35,8 +36,10 @@ import pandas as pd
 from pipeline.core.arm import arm_digest
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
+from pipeline.stats.item_sources import ITEMS_PATH, Source, predictor_table, shared_values
+from pipeline.stats.item_tables import read_items
+from pipeline.stats.seed_variance import Reference, measure
 
-ITEMS = "reports/eval_items.parquet"
 STEPS = "telemetry/train_steps.csv"
 POLL_S = 2.0
 WORKER_GRACE_S = 15.0  # a worker may take this long to start and pick a task
@@ -63,14 +66,12 @@ class Replicate:
 class Result:
     replicate: Replicate
     items: pd.DataFrame
-    meta: object  # pipeline.evaluate.item_tables.TableMeta, or None for a table without it
+    meta: object  # item_tables.TableMeta, or None for a table without it
     steps: pd.DataFrame | None  # the training curve (telemetry/train_steps.csv), if it was kept
     rev: str  # the experiment's commit
 
     def source(self):
-        """The item table as tools.item_sources reads any other (for predictor_table and the rest)."""
-        from tools.item_sources import Source
-
+        """The item table as item_sources reads any other (for predictor_table and the rest)."""
         name = self.replicate.name
         return Source(
             name, name, "dvc-experiment", f"DVC experiment {name} (commit {self.rev[:8]})", self.items, meta=self.meta
@@ -145,15 +146,13 @@ def read_at_rev(root: Path, rev: str, path: str) -> bytes | None:
 def collect(root: Path, rep: Replicate, rev: str | None = None, baseline: str | None = None) -> Result:
     """What the experiment of `rep` (made from `baseline`, default HEAD) made: its item table (with
     metadata) and training curve."""
-    from pipeline.evaluate.item_tables import read_items
-
     rev = rev or experiment_rev(root, rep.name, baseline)
     if rev is None:
         raise ReplicateError(f"{rep.name}: no such DVC experiment made from this commit (dvc exp show lists them)")
-    raw = read_at_rev(root, rev, ITEMS)
+    raw = read_at_rev(root, rev, ITEMS_PATH)
     if raw is None:
         raise ReplicateError(
-            f"{rep.name} (commit {rev[:8]}): no {ITEMS}: the experiment did not reach the evaluate stage "
+            f"{rep.name} (commit {rev[:8]}): no {ITEMS_PATH}: the experiment did not reach the evaluate stage "
             f"(dvc queue logs {rep.name} shows why)"
         )
     items, meta = read_items(raw)
@@ -313,6 +312,28 @@ def run_replicates(reps: Sequence[Replicate], jobs: int, root: Path = REPO_ROOT,
     return [done[r.name] for r in reps]
 
 
-def add_overrides(ap: argparse.ArgumentParser, *flags: str, dest: str, help: str) -> None:
-    """A repeatable KEY=VALUE option of Hydra overrides (as `dvc exp run -S` takes them)."""
-    ap.add_argument(*flags, dest=dest, action="append", default=[], metavar="KEY=VALUE", help=help)
+def measure_arm(results: Sequence[Result], preset: str, command: str) -> Reference:
+    """The seed-variance reference of one arm's replicates (`./dev seeds`), with where and how it
+    was measured."""
+    from pipeline.core.numerics import cpu_model
+    from pipeline.tracking.store import GIT_COMMIT, GIT_DIRTY, git_provenance
+
+    metas = [r.meta for r in results]
+    if any(m is None for m in metas):
+        raise PipelineError("an item table carries no metadata (made by an older version): re-run it")
+    arms = {m.arm_digest for m in metas}
+    datas = {m.data for m in metas}
+    if len(arms) > 1 or len(datas) > 1:
+        raise PipelineError(f"the replicates are not one arm on one dataset: arms {sorted(arms)}, data {sorted(datas)}")
+    _, (values,) = shared_values([[predictor_table(r.source()) for r in results]])
+    git, _ = git_provenance()  # the commit and dirty flag a tracked run records
+    measured = {
+        "command": command,
+        "commit": git[GIT_COMMIT],
+        "dirty": git[GIT_DIRTY] == "true",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "experiments": [r.replicate.name for r in results],
+    }
+    arm = {"digest": metas[0].arm_digest, "name": metas[0].arm_name}
+    return measure(preset, metas[0].data, arm, [m.seed for m in metas], values, measured)

@@ -6,9 +6,9 @@ items, or a baseline (identity, ridge, nearest: the same for every seed). For on
 - the difference is B's mean minus A's mean, each the mean over its runs of the run's mean over
   the items both arms share;
 - its interval covers the test items' luck and the training seeds' luck, in two levels:
-  * items: the paired bootstrap over items (stats.resample_means) of the per-item difference of
+  * items: the paired bootstrap over items (bootstrap.resample_means) of the per-item difference of
     the two arms' run-averaged values: paired by item, it also carries the items that flip
-    between seeds (pipeline/evaluate/seed_variance.py);
+    between seeds (pipeline/stats/seed_variance.py);
   * seeds: each arm's mean is off by the mean of its runs' luck, variance run_var / runs
     (seed_variance.SeedVar: the variance of a run's mean, pooled from the arms' own replicates
     and the committed reference when it matches). Not bootstrapped: a bootstrap over 1 to 5 seeds
@@ -17,7 +17,7 @@ items, or a baseline (identity, ridge, nearest: the same for every seed). For on
     to that standard deviation; the t quantiles are stratified and shuffled by a fixed seed, so
     the result is deterministic. The run-mean variance holds the items that flip between seeds,
     which the item bootstrap holds too: the item draws are shrunk by that part so that it counts
-    once (pipeline/evaluate/seed_variance.py).
+    once (pipeline/stats/seed_variance.py).
   Seeds are treated as independent between arms, even where both arms ran the same seeds: a
   shared seed (same initial weights, same batch order) could only make two arms' luck alike
   (correlation >= 0), which makes this interval wider than it need be, never narrower.
@@ -47,9 +47,9 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import stats as sps
 
-from pipeline.evaluate.retrieval import LOWER_IS_BETTER, METRICS
-from pipeline.evaluate.seed_variance import SeedVar, components, pool, with_seed_luck
-from pipeline.evaluate.stats import resample_means
+from pipeline.stats.bootstrap import p_value, resample_means
+from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS, round6
+from pipeline.stats.seed_variance import SeedVar, components, pool, with_seed_luck
 
 CONFIDENCE = 0.95
 # The default equivalence margin of each metric, in its own units: a difference smaller than this
@@ -160,23 +160,10 @@ class Decision:
     covers_seeds: bool = True
 
     def as_dict(self) -> dict:
-        return {
-            "metric": self.metric,
-            "higher_is_better": self.higher_is_better,
-            "a": _r(self.a),
-            "b": _r(self.b),
-            "difference": _r(self.difference),
-            "ci_low": _r(self.low),
-            "ci_high": _r(self.high),
-            "level": self.level,
-            "p_value": _r(self.p_value),
-            "prob_b_better": _r(self.prob_b_better),
-            "outcome": self.outcome,
-            "margin": self.margin,
-            "why": self.why,
-            "seeds_needed": self.seeds_needed,
-            "covers_seeds": self.covers_seeds,
-        }
+        """The fields in their order, low and high as ci_low and ci_high, the estimates to 6 decimals."""
+        estimates = {"a", "b", "difference", "low", "high", "p_value", "prob_b_better"}
+        names = {"low": "ci_low", "high": "ci_high"}
+        return {names.get(k, k): round6(v) if k in estimates else v for k, v in vars(self).items()}
 
 
 def _arm_mean(x: ArmRuns, metric: str) -> np.ndarray:
@@ -215,9 +202,7 @@ def compare_metric(
     sample = draws(d, var, (a, b), resamples, seed)
     low, high = interval(sample, level)
     diff = float(d.mean())
-    below, above = int((sample <= 0).sum()), int((sample >= 0).sum())
-    # No difference on any item and no seed luck drawn: no draw can move, and the p-value is 1.
-    p = 1.0 if not np.any(d) and var is None else min(1.0, 2 * (min(below, above) + 1) / (resamples + 1))
+    p = p_value(None if var is not None else d, sample)  # seed luck drawn: draws move even where no item does
     better_share = float(((sample > 0) if higher else (sample < 0)).mean() + 0.5 * (sample == 0).mean())
     out = Decision(
         metric,
@@ -408,16 +393,6 @@ def look(
     return compare_metric(a, b, metric, luck, level, margin, resamples=resamples, seed=seed)
 
 
-def format_metric(x: float, metric: str, sign: bool = False) -> str:
-    """A metric's value as tables and pages show it: 6 decimals for mse, 3 for the others."""
-    digits = 6 if metric == "mse" else 3
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
-
 def _pct(level: float) -> str:
     text = f"{level * 100:.2f}".rstrip("0").rstrip(".")
     return f"{text} %"
-
-
-def _r(x: float) -> float:
-    return round(float(x), 6) if math.isfinite(x) else x
