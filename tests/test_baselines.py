@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.answer.bank import build_bank
 from pipeline.data.shards import SplitShard
 from pipeline.evaluate.retrieval import (
     BASELINES,
     METRICS,
-    build_bank,
     evaluate_split,
     item_metrics,
     nearest_predict,

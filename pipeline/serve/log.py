@@ -23,11 +23,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Iterator
 
+from pipeline.answer.bank import bank_from_shards, save_bank
+from pipeline.answer.confidence import ARTIFACT, CONFIG_KEY, RULE_FILE, ConfidenceRule, write_rule
 from pipeline.core.errors import PipelineError
 from pipeline.data.shards import load_manifest, sha256_file
 from pipeline.embed.teacher import BUNDLED
-from pipeline.serve.bank import bank_from_shards, save_bank
-from pipeline.serve.confidence import ARTIFACT, CONFIG_KEY, RULE_FILE, ConfidenceRule, write_rule
 from pipeline.serve.request import signature
 
 log = logging.getLogger(__name__)
