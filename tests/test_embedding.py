@@ -121,7 +121,7 @@ def test_a_teacher_that_cannot_load_names_the_parameter(tmp_path):
 
 
 def test_texts_longer_than_the_window_are_counted(teacher):
-    from pipeline.embed.teacher import count_truncated
+    from pipeline.embed.teacher import truncated
 
     long_text = "word " * (teacher.max_seq_length + 10)
-    assert count_truncated(teacher, ["short", long_text, "also short", long_text + "!"]) == 2
+    assert truncated(teacher, ["short", long_text, "also short", long_text + "!"]).tolist() == [0, 1, 0, 1]

@@ -34,12 +34,11 @@ from pipeline.answer.confidence import ARTIFACT, read_rule
 from pipeline.answer.prediction import predict as model_predict
 from pipeline.answer.ranking import distinct_top, group_sizes, top_and_margin
 from pipeline.core.errors import PipelineError
-from pipeline.embed.teacher import encode_texts, resolve_teacher
+from pipeline.embed.teacher import encode_texts, resolve_teacher, truncated
 from pipeline.model.model_file import load_model
 from pipeline.serve.plain_teacher import load_answering_teacher
 from pipeline.serve.request import ANSWERS, CONFIDENT, SCORES, TRUNCATED, Limits, questions_of, top_k
 from pipeline.serve.teacher_digest import teacher_weights_digest
-from pipeline.serve.window import truncated, window
 
 
 class Answerer:
@@ -95,7 +94,7 @@ class Answerer:
 
     def answer(self, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         k = top_k(params, self.groups)
-        questions = questions_of(model_input, self.limits, window(self.teacher))
+        questions = questions_of(model_input, self.limits, int(self.teacher.max_seq_length))
         if not questions:
             return pd.DataFrame(
                 {ANSWERS: [], SCORES: [], CONFIDENT: pd.Series([], dtype=bool), TRUNCATED: pd.Series([], dtype=bool)}
