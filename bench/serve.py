@@ -113,8 +113,8 @@ def parts(answerer, questions: list[str]) -> dict[str, float]:
     """One batch's parts, timed apart: what predict does, step by step."""
     import torch.nn.functional as F
 
+    from pipeline.answer.prediction import predict
     from pipeline.embed.teacher import encode_texts
-    from pipeline.evaluate.prediction import predict
 
     teacher, embed_bs = answerer.teacher, answerer.embed_batch_size
     encode, x = clock.measure(lambda: encode_texts(teacher, questions, embed_bs, progress=False))

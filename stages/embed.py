@@ -31,7 +31,7 @@ from pipeline.data.shards import dataset_digest, sha256_file
 from pipeline.embed.embedding import prepare_pairs
 from pipeline.embed.memory import teacher_need
 from pipeline.embed.ranks import STRICT_GEMM, embed_splits, pin_rank_threads
-from pipeline.embed.teacher import count_truncated, load_teacher, teacher_identity
+from pipeline.embed.teacher import load_teacher, teacher_identity, truncated
 from pipeline.tracking import store as tracking
 
 from ._cli import run_stage
@@ -65,7 +65,7 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
         source_sha = dataset_digest(prepared.files)
         distinct = list(dict.fromkeys([*df.input_text, *df.target_text]))
         n_distinct = len(distinct)
-        n_truncated = count_truncated(teacher, distinct)
+        n_truncated = int(truncated(teacher, distinct).sum())
         if n_truncated:
             log.warning(
                 "%d distinct texts are longer than the teacher's window of %d tokens: each is embedded "

@@ -28,6 +28,8 @@ import sys
 
 import pandas as pd
 
+from pipeline.answer.bank import build_bank
+from pipeline.answer.prediction import predict
 from pipeline.core import resources
 from pipeline.core.arm import arm_of, data_digest
 from pipeline.core.atomic import atomic_path, write_json
@@ -38,9 +40,7 @@ from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.evaluate import abstention
 from pipeline.evaluate.retrieval import (
     BASELINES,
-    build_bank,
     evaluate_split,
-    predict,
     predictions,
     ridge_fit,
     sample_table,

@@ -1,6 +1,6 @@
 """Answers that know their limits: the confidence rule's calibration on synthetic scores
 (pipeline/evaluate/abstention.py), the k distinct facts against a plain reference
-(pipeline/serve/ranking.py), banks with and without groups (pipeline/serve/bank.py), how ./dev ask
+(pipeline/answer/ranking.py), banks with and without groups (pipeline/answer/bank.py), how ./dev ask
 says an answer is not confident (tools/ask.py), the committed out-of-bank questions, and the
 figures the default run measured (metrics/eval.json)."""
 
@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.answer.bank import AnswerBank, bank_digest, load_bank, save_bank
+from pipeline.answer.confidence import ConfidenceRule
+from pipeline.answer.ranking import distinct_top, group_sizes, top_and_margin
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.evaluate.abstention import (
@@ -26,9 +29,6 @@ from pipeline.evaluate.abstention import (
     read_questions,
     score_floor,
 )
-from pipeline.serve.bank import AnswerBank, bank_digest, load_bank, save_bank
-from pipeline.serve.confidence import ConfidenceRule
-from pipeline.serve.ranking import distinct_top, group_sizes, top_and_margin
 from tools.ask import UNKNOWN, render
 
 pytestmark = pytest.mark.unit

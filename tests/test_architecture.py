@@ -1,6 +1,6 @@
 """The project's import graph, read from the source (every import, at module level or inside a
-function): no circles, the library below what uses it, no test code and no private names across
-modules."""
+function): no circles between modules nor between packages, the library below what uses it (no
+package of pipeline/ imports stages/, tools/ or tests/), and no private names across modules."""
 
 import ast
 from pathlib import Path
@@ -59,17 +59,16 @@ def project_edges() -> dict[str, list[tuple[str, list[str]]]]:
     return edges
 
 
-def test_no_import_circles():
-    known = modules()
-    graph = {name: {m for m, _ in deps if m in known and m != name} for name, deps in project_edges().items()}
-    # A package's __init__ importing its own modules is how packages work; a circle through it is not.
-    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's), each sorted: every
+    node of one reaches every other, so each is at least one circle."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in graph[v]:
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -84,12 +83,83 @@ def test_no_import_circles():
                 if w == v:
                     break
             if len(component) > 1:
-                circles.append(sorted(component))
+                found.append(sorted(component))
 
     for v in sorted(graph):
         if v not in index:
             visit(v)
-    assert not circles, f"import circles: {circles}"
+    return found
+
+
+def test_no_import_circles():
+    known = modules()
+    graph = {name: {m for m, _ in deps if m in known and m != name} for name, deps in project_edges().items()}
+    # A package's __init__ importing its own modules is how packages work; a circle through it is not.
+    assert not circles(graph), f"import circles: {circles(graph)}"
+
+
+def package_of(module: str) -> str:
+    """pipeline.<package> for a module of the library (pipeline.x for a module file x.py directly
+    in pipeline/), else the top-level name (stages, tools, bench, tests)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "pipeline" else parts[0]
+
+
+def package_edges(edges: dict[str, list[tuple[str, list[str]]]]) -> dict[tuple[str, str], list[str]]:
+    """(package, package it imports) -> the module imports that make the edge."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for name, deps in edges.items():
+        for m, _ in deps:
+            a, b = package_of(name), package_of(m)
+            if a != b and "pipeline" not in (a, b):  # the bare `pipeline` package holds nothing
+                out.setdefault((a, b), []).append(f"{name} imports {m}")
+    return out
+
+
+def package_loops(edges: dict[str, list[tuple[str, list[str]]]]) -> list[str]:
+    """Each loop between packages, as a circle of packages with the imports that close it."""
+    by_edge = package_edges(edges)
+    graph: dict[str, set[str]] = {}
+    for a, b in by_edge:
+        graph.setdefault(a, set()).add(b)
+    loops = []
+    for component in circles(graph):
+        # The shortest way back from the component's first package to itself (breadth first).
+        start, came_from, todo = component[0], {}, [component[0]]
+        while start not in came_from:
+            v = todo.pop(0)
+            for w in sorted(graph[v] & set(component)):
+                if w not in came_from:
+                    came_from[w] = v
+                    todo.append(w)
+        path = [start]
+        while len(path) == 1 or path[-1] != start:
+            path.append(came_from[path[-1]])
+        path.reverse()
+        steps = [f"{a} -> {b} ({by_edge[(a, b)][0]})" for a, b in zip(path, path[1:])]
+        loops.append(f"{' -> '.join(path)} (all of {component} reach each other): " + "; ".join(steps))
+    return loops
+
+
+def test_no_loop_between_packages():
+    """A package of pipeline/ (and stages, tools, bench) may use another, or be used by it, not
+    both, even through others: each can then be read, tested and changed with only what is
+    below it (docs/architecture.md, "Packages and what each is for")."""
+    loops = package_loops(project_edges())
+    assert not loops, "loops between packages:\n" + "\n".join(loops)
+
+
+def test_the_package_check_names_a_loop():
+    edges = {
+        "pipeline.a.x": [("pipeline.b.y", ["f"]), ("pipeline.core.z", [])],
+        "pipeline.b.y": [("pipeline.c", [])],
+        "pipeline.c": [("pipeline.a.w", ["g"])],
+        "pipeline.core.z": [("pipeline", [])],
+    }
+    (loop,) = package_loops(edges)
+    assert loop.startswith("pipeline.a -> pipeline.b -> pipeline.c -> pipeline.a ")
+    assert "pipeline.c -> pipeline.a (pipeline.c imports pipeline.a.w)" in loop
+    assert package_loops({"pipeline.a.x": [("pipeline.b.y", [])], "pipeline.b.y": [("pipeline.core", [])]}) == []
 
 
 def test_each_layer_imports_only_what_is_below_it_and_no_test_code():

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.answer.bank import build_bank
 from pipeline.data.shards import SplitShard
 from pipeline.evaluate.retrieval import (
     BASELINES,
-    build_bank,
     evaluate_split,
     nearest_predict,
     predictions,

@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pipeline.answer.bank import build_bank
 from pipeline.core import config
 from pipeline.core.errors import ConfigError
-from pipeline.evaluate.retrieval import build_bank, evaluate_split
+from pipeline.evaluate.retrieval import evaluate_split
 from pipeline.stats.metrics import METRICS
 from tools import compare as cmp
 from tools import decide

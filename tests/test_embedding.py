@@ -120,17 +120,8 @@ def test_a_teacher_that_cannot_load_names_the_parameter(tmp_path):
         load_teacher(str(tmp_path / "no-such-model"))
 
 
-def test_text_bridge_encodes_like_the_teacher(teacher):
-    from pipeline.evaluate.bridge import TextBridge
-
-    texts = ["Helium has the symbol He.", "What is the symbol of helium?"]
-    np.testing.assert_allclose(
-        TextBridge(teacher).encode_text(texts).numpy(), encode_texts(teacher, texts, 8, progress=False), atol=1e-5
-    )
-
-
 def test_texts_longer_than_the_window_are_counted(teacher):
-    from pipeline.embed.teacher import count_truncated
+    from pipeline.embed.teacher import truncated
 
     long_text = "word " * (teacher.max_seq_length + 10)
-    assert count_truncated(teacher, ["short", long_text, "also short", long_text + "!"]) == 2
+    assert truncated(teacher, ["short", long_text, "also short", long_text + "!"]).tolist() == [0, 1, 0, 1]

@@ -2,11 +2,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
-from pipeline.evaluate.bridge import TextBridge, nearest
+from pipeline.answer.bank import build_bank
 from pipeline.evaluate.retrieval import (
-    build_bank,
     evaluate_split,
     predictions,
     ridge_fit,
@@ -188,14 +186,6 @@ def test_ridge_recovers_a_linear_map():
     y = x @ w_true + 3.0  # with a bias
     w = ridge_fit(x, y, alpha=1e-6)
     np.testing.assert_allclose(ridge_predict(w, x), y, atol=1e-3)
-
-
-def test_decode_surface_batch_returns_nearest_texts_for_the_whole_batch():
-    bank = torch.eye(3)
-    texts = ["zero", "one", "two"]
-    pred = torch.tensor([[0.1, 0.9, 0.0], [0.0, 0.2, 0.8]])
-    assert TextBridge.decode_surface_batch(pred, bank, texts, k=2) == [["one", "zero"], ["two", "one"]]
-    assert nearest(pred, bank, 10).shape == (2, 3)  # k capped at the bank size
 
 
 def test_ridge_fit_in_row_blocks_equals_the_direct_solution(monkeypatch):

@@ -114,8 +114,8 @@ def test_each_run_logs_the_answer_model_it_was_evaluated_as(smoke_experiments, s
     import mlflow.pyfunc
     import pandas as pd
 
+    from pipeline.answer.bank import build_bank
     from pipeline.data.shards import open_split
-    from pipeline.evaluate.retrieval import build_bank
 
     client, _, runs = store
     root = smoke_experiments.root

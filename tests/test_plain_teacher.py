@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from pipeline.core.paths import REPO_ROOT
-from pipeline.embed.teacher import count_truncated, encode_texts, load_teacher, resolve_teacher
+from pipeline.embed.teacher import encode_texts, load_teacher, resolve_teacher, truncated
 from pipeline.serve.plain_teacher import PlainTeacher, load_answering_teacher, plain_layout
-from pipeline.serve.window import truncated, window
 
 pytestmark = pytest.mark.unit
 
@@ -80,12 +79,11 @@ def test_the_plain_teacher_gives_the_vectors_sentence_transformers_gives(teacher
 
 def test_the_plain_teacher_reads_the_same_window_of_each_text(teachers):
     st, plain = teachers
-    assert window(plain) == window(st) == 256
+    assert plain.max_seq_length == st.max_seq_length == 256
     assert plain.get_sentence_embedding_dimension() == 384
     np.testing.assert_array_equal(truncated(plain, TEXTS), truncated(st, TEXTS))
     # The 300 words; the unbroken run of 3000 characters is one unknown token.
     assert truncated(plain, TEXTS).sum() == 1
-    assert count_truncated(plain, TEXTS) == count_truncated(st, TEXTS) == 1
     assert len(plain.encode([])) == 0
 
 

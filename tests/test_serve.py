@@ -18,11 +18,11 @@ import torch.nn.functional as F
 import yaml
 from mlflow.exceptions import MlflowException
 
+from pipeline.answer.bank import AnswerBank, bank_digest, bank_from_shards, build_bank, load_bank, save_bank
+from pipeline.answer.prediction import predict
 from pipeline.core.errors import PipelineError
 from pipeline.data.shards import open_split
-from pipeline.evaluate.retrieval import build_bank, predict
 from pipeline.model.model_file import load_model
-from pipeline.serve.bank import AnswerBank, bank_digest, bank_from_shards, load_bank, save_bank
 from tests.helpers.answer_model import AnswerProject
 from tests.test_abstention import reference_distinct
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.answer.bank import bank_from_shards
 from pipeline.core.paths import REPO_ROOT
-from pipeline.serve.bank import bank_from_shards
 from tests.helpers.answer_model import AnswerProject
 
 pytestmark = pytest.mark.integration

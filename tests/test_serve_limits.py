@@ -196,11 +196,10 @@ def test_ask_says_which_question_the_teacher_read_only_in_part():
 
 
 def test_truncated_flags_exactly_the_questions_longer_than_the_teachers_window():
-    from pipeline.embed.teacher import load_teacher
-    from pipeline.serve.window import truncated, window
+    from pipeline.embed.teacher import load_teacher, truncated
 
     teacher = load_teacher("bundled")
-    w = window(teacher)
+    w = teacher.max_seq_length
     ids = lambda text: len(teacher.tokenizer(text)["input_ids"])  # noqa: E731 (special tokens included)
     fits = " ".join(["word"] * (w - 2))
     over = fits + " word"

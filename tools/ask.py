@@ -366,7 +366,7 @@ def answer_all(args, predict, meta: dict, limits, tally: Tally, ctrl_c: CtrlC) -
     batch at a time, printing each batch's answers as it is done."""
     import pandas as pd
 
-    from pipeline.serve.confidence import ConfidenceRule
+    from pipeline.answer.confidence import ConfidenceRule
 
     window = (meta.get("teacher_identity") or {}).get("max_seq_length")
     rule = ConfidenceRule.from_config(meta)  # the metadata records the rule as the config does

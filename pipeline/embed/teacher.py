@@ -92,16 +92,18 @@ def weights_digest(model_dir: Path) -> str | None:
     return h.hexdigest()
 
 
-def count_truncated(model, texts: list[str]) -> int:
-    """How many texts exceed the teacher's window (max_seq_length tokens, special tokens
-    included) and are therefore embedded from their beginning only. Tokenising alone is far
-    cheaper than the embedding itself."""
-    limit = int(model.max_seq_length)
-    n = 0
+def truncated(model, texts: list[str]) -> np.ndarray:
+    """bool (len(texts),): True where the text has more tokens than the teacher's window
+    (max_seq_length, special tokens included), so that it is embedded from its beginning only:
+    the embed stage counts them, the answer model flags each such question. The tokenizer alone,
+    far cheaper than the embedding, cut one token past the window: that token is all it takes to
+    know (and the tokenizer then has nothing to warn about)."""
+    w, out = int(model.max_seq_length), np.zeros(len(texts), dtype=bool)
     for start in range(0, len(texts), 4096):
-        ids = model.tokenizer(texts[start : start + 4096], add_special_tokens=True, truncation=False)["input_ids"]
-        n += sum(len(i) > limit for i in ids)
-    return n
+        chunk = list(texts[start : start + 4096])
+        ids = model.tokenizer(chunk, add_special_tokens=True, truncation=True, max_length=w + 1)["input_ids"]
+        out[start : start + len(ids)] = [len(i) > w for i in ids]
+    return out
 
 
 def encode_chunks(texts: list[str], batch_size: int) -> list[np.ndarray]:

@@ -1,5 +1,5 @@
 """Calibrating when the answer model may answer, on the validation split, and measuring the rule
-on held-out questions (pipeline/serve/confidence.py says what the rule is).
+on held-out questions (pipeline/answer/confidence.py says what the rule is).
 
 calibrate(top, margin, right, target, keep):
 - score floor: the lowest best-fact cosine among the `keep` share of val's rightly answered
@@ -28,8 +28,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.serve.confidence import ConfidenceRule
-from pipeline.serve.ranking import distinct_top, group_sizes, top_and_margin
+from pipeline.answer.bank import group_numbers
+from pipeline.answer.confidence import ConfidenceRule
+from pipeline.answer.prediction import predict
+from pipeline.answer.ranking import distinct_top, group_sizes, top_and_margin
 
 SCORE_BLOCK = 4096  # questions scored against the bank at once
 
@@ -179,10 +181,10 @@ def measure(
     """Calibrate the rule on val and measure it on test and on the out-of-bank questions'
     embeddings `out_of_bank` (float32, as the served model embeds a question; None: none given),
     each predicted as the served model predicts one question (SERVED_BATCH). `bank`: the
-    evaluate stage's (pipeline.evaluate.retrieval.Bank); `shards`: val and test."""
-    from pipeline.evaluate.retrieval import predict, score_items
+    evaluate stage's (pipeline.answer.bank.Bank); `shards`: val and test."""
+    from pipeline.evaluate.retrieval import score_items
 
-    group_ids = np.unique(np.asarray(bank.groups, dtype=object).astype(str), return_inverse=True)[1]
+    group_ids = group_numbers(bank.groups)
     measured = {}
     for split in ("val", "test"):
         with _one_thread():

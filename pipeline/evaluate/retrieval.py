@@ -24,15 +24,12 @@ by gradient descent and none with any training luck (the same numbers for every 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
-
 import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from pipeline.evaluate.prediction import predict  # noqa: F401 - part of this module's interface
+from pipeline.answer.bank import Bank
 from pipeline.stats.bootstrap import Estimate, intervals, p_value, resample_means
 from pipeline.stats.metrics import METRICS, item_metrics
 from pipeline.stats.seed_variance import with_seed_luck
@@ -41,52 +38,6 @@ PREDICTORS = ("model", "identity", "ridge", "nearest")
 BASELINES = PREDICTORS[1:]
 TOP_K = 5  # bank ids kept per item in the item table
 _SCORE_CELLS = 8_000_000  # items x bank scores held at once: 32 MB of float32
-
-
-@dataclass
-class Bank:
-    """Every distinct target text of the dataset, with the groups it answers."""
-
-    texts: list[str]
-    ids: list[str]  # the id of the first row (train, then val, then test) with that text
-    vectors: torch.Tensor  # (size, dim), unit length
-    index: dict[str, int]  # text -> bank position
-    group_members: dict[str, np.ndarray]  # group -> bank positions of its texts
-    # The group of each text's first row: the one group the answer model gives it, so that its
-    # top answers are distinct facts (a text in several groups is rare: one answer to two facts).
-    groups: list[str]
-
-    @property
-    def size(self) -> int:
-        return len(self.texts)
-
-
-def build_bank(shards: Sequence) -> Bank:
-    """The retrieval bank over the given splits (pass all of them: train, val, test)."""
-    index: dict[str, int] = {}
-    ids, rows, first_groups = [], [], []
-    members: dict[str, set[int]] = {}
-    for shard in shards:
-        firsts = []
-        for i, (text, group) in enumerate(zip(shard.target_texts, shard.groups)):
-            j = index.get(text)
-            if j is None:
-                j = index[text] = len(ids)
-                ids.append(str(shard.ids[i]))
-                first_groups.append(str(group))
-                firsts.append(i)
-            members.setdefault(str(group), set()).add(j)
-        if firsts:
-            rows.append(np.asarray(shard.targets[np.asarray(firsts, dtype=np.int64)], dtype=np.float32))
-    vectors = F.normalize(torch.from_numpy(np.concatenate(rows)), dim=1)
-    return Bank(
-        list(index),
-        ids,
-        vectors,
-        index,
-        {g: np.fromiter(sorted(m), dtype=np.int64, count=len(m)) for g, m in members.items()},
-        first_groups,
-    )
 
 
 def score_items(pred: np.ndarray, shard, bank: Bank) -> dict[str, np.ndarray]:

@@ -7,9 +7,9 @@ this checkout's, which spares it importing MLflow and opening the tracking store
 
 answer: a DataFrame with a `question` column -> a DataFrame with, per row, `answers` (the k
 nearest distinct facts of the bank, each as its best-scoring text, best first: one fact in other
-words is one answer, pipeline/serve/ranking.py), `scores` (their cosines to the model's
+words is one answer, pipeline/answer/ranking.py), `scores` (their cosines to the model's
 prediction), `confident` (whether the top answer passes the confidence rule calibrated on the
-validation split, pipeline/serve/confidence.py; None for a model logged without one) and
+validation split, pipeline/answer/confidence.py; None for a model logged without one) and
 `truncated` (the teacher read only the question's first max_seq_length tokens). A request over
 the limits (pipeline.serve.request.Limits, read from the environment at load time) is refused
 before anything is embedded. A question goes the way a row goes through the pipeline: embedded
@@ -29,17 +29,16 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from pipeline.answer.bank import load_bank
+from pipeline.answer.confidence import ARTIFACT, read_rule
+from pipeline.answer.prediction import predict as model_predict
+from pipeline.answer.ranking import distinct_top, group_sizes, top_and_margin
 from pipeline.core.errors import PipelineError
-from pipeline.embed.teacher import encode_texts, resolve_teacher
-from pipeline.evaluate.prediction import predict as model_predict
+from pipeline.embed.teacher import encode_texts, resolve_teacher, truncated
 from pipeline.model.model_file import load_model
-from pipeline.serve.bank import load_bank
-from pipeline.serve.confidence import ARTIFACT, read_rule
 from pipeline.serve.plain_teacher import load_answering_teacher
-from pipeline.serve.ranking import distinct_top, group_sizes, top_and_margin
 from pipeline.serve.request import ANSWERS, CONFIDENT, SCORES, TRUNCATED, Limits, questions_of, top_k
 from pipeline.serve.teacher_digest import teacher_weights_digest
-from pipeline.serve.window import truncated, window
 
 
 class Answerer:
@@ -95,7 +94,7 @@ class Answerer:
 
     def answer(self, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         k = top_k(params, self.groups)
-        questions = questions_of(model_input, self.limits, window(self.teacher))
+        questions = questions_of(model_input, self.limits, int(self.teacher.max_seq_length))
         if not questions:
             return pd.DataFrame(
                 {ANSWERS: [], SCORES: [], CONFIDENT: pd.Series([], dtype=bool), TRUNCATED: pd.Series([], dtype=bool)}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.serve.confidence import ARTIFACT
+from pipeline.answer.confidence import ARTIFACT
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # pipeline/, what the model logs as its code
 ANSWER_LOADER = "mlflow.pyfunc.loaders.code_model"

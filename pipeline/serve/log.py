@@ -23,11 +23,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Iterator
 
+from pipeline.answer.bank import bank_from_shards, save_bank
+from pipeline.answer.confidence import ARTIFACT, CONFIG_KEY, RULE_FILE, ConfidenceRule, write_rule
 from pipeline.core.errors import PipelineError
 from pipeline.data.shards import load_manifest, sha256_file
 from pipeline.embed.teacher import BUNDLED
-from pipeline.serve.bank import bank_from_shards, save_bank
-from pipeline.serve.confidence import ARTIFACT, CONFIG_KEY, RULE_FILE, ConfidenceRule, write_rule
 from pipeline.serve.request import signature
 
 log = logging.getLogger(__name__)
@@ -84,15 +84,6 @@ def model_name(preset: str, run_name: str, run_id: str) -> str:
 
 
 @contextlib.contextmanager
-def _no_input_example_warning() -> Iterator[None]:
-    """MLflow warns that no input example was given: one would load the teacher at log time (an
-    example is run through the model), and the explicit signature already says what it takes."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*An input example was not provided")
-        yield
-
-
-@contextlib.contextmanager
 def _model_parts(
     model_path: str | os.PathLike,
     shard_dir: str | os.PathLike,
@@ -104,7 +95,9 @@ def _model_parts(
     """The keyword arguments of mlflow.pyfunc.log_model / save_model, with the bank written to a
     temporary file (MLflow copies it into the model) that is removed afterwards. `confidence`:
     the rule the evaluate stage calibrated (None: the model's answers say confidence unknown);
-    `calibration`: what it measured, for the model's metadata."""
+    `calibration`: what it measured, for the model's metadata. Within the block MLflow's warning
+    that no input example was given is silenced: one would load the teacher at log time (an
+    example is run through the model), and the explicit signature already says what it takes."""
     model_path, shard_dir = Path(model_path), Path(shard_dir)
     if not model_path.is_file():
         raise PipelineError(f"{model_path} not found: expected the trained model file (models/model.pt)")
@@ -135,7 +128,8 @@ def _model_parts(
         "embedding_dim": int(manifest["dim"]),
         **({CONFIG_KEY: {**confidence.to_config(), **(calibration or {})}} if confidence is not None else {}),
     }
-    with tempfile.TemporaryDirectory(prefix="answer-bank-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="answer-bank-") as tmp, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*An input example was not provided")
         artifacts = {"model": str(model_path), "bank": str(save_bank(bank, Path(tmp) / BANK_FILE))}
         if confidence is not None:
             artifacts[ARTIFACT] = str(write_rule(confidence, Path(tmp) / RULE_FILE))
@@ -184,10 +178,7 @@ def log_answer_model(
             "none: call it inside mlflow.start_run() or pipeline.tracking.store.adding_to_run()"
         )
     t0 = time.perf_counter()
-    with (
-        _model_parts(model_path, shard_dir, batch_size, embed_batch_size, confidence, calibration) as parts,
-        _no_input_example_warning(),
-    ):
+    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size, confidence, calibration) as parts:
         # What mlflow.pyfunc.log_model does, with the run named: it logs to the active run only.
         info = Model.log(
             artifact_path=None,
@@ -239,9 +230,6 @@ def save_answer_model(
     exist or be empty): `mlflow.pyfunc.load_model(path)` and `mlflow models serve -m path` take it."""
     import mlflow
 
-    with (
-        _model_parts(model_path, shard_dir, batch_size, embed_batch_size, confidence, calibration) as parts,
-        _no_input_example_warning(),
-    ):
+    with _model_parts(model_path, shard_dir, batch_size, embed_batch_size, confidence, calibration) as parts:
         mlflow.pyfunc.save_model(str(path), **parts)
     return Path(path)

@@ -9,7 +9,7 @@ sentence-transformers' encode, so the vectors are the same (tests/test_plain_tea
 the two). Any other directory, or a name that is not a local directory, is loaded by
 sentence-transformers as the embed stage loads it (pipeline/embed/teacher.py).
 
-PlainTeacher has what pipeline/embed/teacher.py and pipeline/serve/window.py use of a
+PlainTeacher has what pipeline/embed/teacher.py uses of a
 SentenceTransformer (encode, max_seq_length, tokenizer, the embedding dimension), so encode_texts
 embeds a question the way the embed stage embedded the training texts."""
 

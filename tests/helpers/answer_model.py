@@ -25,7 +25,7 @@ import json, sys
 import mlflow
 from omegaconf import OmegaConf
 from pipeline.data.shards import sha256_file
-from pipeline.serve.confidence import ConfidenceRule
+from pipeline.answer.confidence import ConfidenceRule
 from pipeline.serve.log import log_answer_model, logged_model_record, model_name
 from pipeline.tracking import store as tracking
 

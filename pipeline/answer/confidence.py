@@ -2,7 +2,7 @@
 stage (pipeline/evaluate/abstention.py) and stored with the logged model, so that every answer
 says whether its top answer can be trusted.
 
-Two signals of the k distinct facts (pipeline/serve/ranking.py) decide it:
+Two signals of the k distinct facts (pipeline/answer/ranking.py) decide it:
 - the score floor on the best fact's cosine: a question whose best fact scores under it is unlike
   the questions the bank answers (a question about something the bank does not hold gets the
   nearest texts of some other topic, at a low cosine);

@@ -1,6 +1,7 @@
-"""The answer bank: every distinct target text of the dataset with its teacher vector, exactly the
-bank the evaluate stage scores retrieval against (pipeline.evaluate.retrieval.build_bank over the
-train, val and test splits), saved to one `.npz` with no pickle in it.
+"""The answer bank: every distinct target text of the dataset with its teacher vector. build_bank
+makes it from the splits (Bank: what the evaluate stage scores retrieval against); the answer
+model carries the same bank (AnswerBank, bank_from_shards over train, val and test) saved to one
+`.npz` with no pickle in it.
 
 The file holds plain arrays: `vectors`, float32 (size, dim), unit length as build_bank makes
 them; `texts`, the UTF-8 bytes of a JSON list of the texts (uint8); and `groups`, the same for
@@ -20,8 +21,11 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from pipeline.core.errors import PipelineError
 
@@ -48,9 +52,58 @@ class AnswerBank:
 
     def group_ids(self) -> np.ndarray:
         """int64 (size,): each text's group as a number, 0 .. groups - 1."""
-        if self.groups is None:
-            return np.arange(self.size, dtype=np.int64)
-        return np.unique(np.asarray(self.groups, dtype=object).astype(str), return_inverse=True)[1].astype(np.int64)
+        return np.arange(self.size, dtype=np.int64) if self.groups is None else group_numbers(self.groups)
+
+
+def group_numbers(groups: Sequence[str]) -> np.ndarray:
+    """int64: each text's group as a number, 0 .. groups - 1 (groups in sorted order)."""
+    return np.unique(np.asarray(groups, dtype=object).astype(str), return_inverse=True)[1].astype(np.int64)
+
+
+@dataclass
+class Bank:
+    """Every distinct target text of the dataset, with the groups it answers."""
+
+    texts: list[str]
+    ids: list[str]  # the id of the first row (train, then val, then test) with that text
+    vectors: torch.Tensor  # (size, dim), unit length
+    index: dict[str, int]  # text -> bank position
+    group_members: dict[str, np.ndarray]  # group -> bank positions of its texts
+    # The group of each text's first row: the one group the answer model gives it, so that its
+    # top answers are distinct facts (a text in several groups is rare: one answer to two facts).
+    groups: list[str]
+
+    @property
+    def size(self) -> int:
+        return len(self.texts)
+
+
+def build_bank(shards: Sequence) -> Bank:
+    """The retrieval bank over the given splits (pass all of them: train, val, test)."""
+    index: dict[str, int] = {}
+    ids, rows, first_groups = [], [], []
+    members: dict[str, set[int]] = {}
+    for shard in shards:
+        firsts = []
+        for i, (text, group) in enumerate(zip(shard.target_texts, shard.groups)):
+            j = index.get(text)
+            if j is None:
+                j = index[text] = len(ids)
+                ids.append(str(shard.ids[i]))
+                first_groups.append(str(group))
+                firsts.append(i)
+            members.setdefault(str(group), set()).add(j)
+        if firsts:
+            rows.append(np.asarray(shard.targets[np.asarray(firsts, dtype=np.int64)], dtype=np.float32))
+    vectors = F.normalize(torch.from_numpy(np.concatenate(rows)), dim=1)
+    return Bank(
+        list(index),
+        ids,
+        vectors,
+        index,
+        {g: np.fromiter(sorted(m), dtype=np.int64, count=len(m)) for g, m in members.items()},
+        first_groups,
+    )
 
 
 def _texts_bytes(texts: list[str]) -> bytes:
@@ -76,7 +129,6 @@ def bank_digest(vectors: np.ndarray, texts: list[str], groups: list[str] | None 
 def bank_from_shards(shard_dir: str | os.PathLike) -> AnswerBank:
     """The evaluate stage's bank, from the shards it was built from (their checksums verified)."""
     from pipeline.data.shards import open_split
-    from pipeline.evaluate.retrieval import build_bank
 
     bank = build_bank([open_split(shard_dir, split) for split in SPLITS])
     vectors = bank.vectors.numpy().astype(np.float32, copy=False)
@@ -111,7 +163,7 @@ def load_bank(path: str | os.PathLike, expected_sha256: str) -> AnswerBank:
     except (OSError, ValueError, KeyError) as e:
         raise PipelineError(
             f"{path}: not a readable answer bank ({e}); expected the .npz of `vectors` (float32), "
-            "`texts` and `groups` (UTF-8 JSON) that pipeline.serve.bank.save_bank writes"
+            "`texts` and `groups` (UTF-8 JSON) that pipeline.answer.bank.save_bank writes"
         ) from None
     texts = _json_list(path, "texts", raw)
     groups = None if raw_groups is None else _json_list(path, "groups", raw_groups)
