@@ -15,8 +15,9 @@ What is left out of the arm, so that it names the same arm wherever and however 
   is learned), the limits a dataset is read within (a file they let in is read the same way
   whatever they are), the evaluate stage's sampling,
   bootstrap and answer-confidence calibration, the report's thresholds.
-A key not named here is part of the arm: a new parameter splits arms until it is listed, rather
-than silently merging runs that differ in it.
+Each key's role is declared once, at its declaration in pipeline/core/config/schema.py; a key
+declared with none is part of the arm: a new parameter splits arms until it is declared otherwise,
+rather than silently merging runs that differ in it.
 
 The data is part of the arm by content, not by path: `data_digest` of the shards' manifest (each
 split's texts and the teacher), so the same config on an edited dataset is another arm.
@@ -24,54 +25,21 @@ split's texts and the teacher), so the same config on an edited dataset is anoth
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from pipeline.core.config.param import Role, keys_with
+from pipeline.core.config.schema import Config
+
 SEED_KEY = "run.seed"
-# Not part of the arm (see the module doc for why each kind is left out).
-NOT_ARM_KEYS = frozenset(
-    {
-        SEED_KEY,
-        "run.preset",
-        "run.experiment",
-        "run.sweep",
-        "run.tracking",
-        "run.allow_external_paths",
-        "embed.out_dir",
-        "embed.cache_dir",
-        "embed.nproc",
-        "embed.batch_size",
-        "embed.device",
-        "embed.rows_per_shard",
-        "embed.max_input_mb",
-        "embed.max_line_kb",
-        "embed.max_input_columns",
-        "embed.max_input_rows",
-        "train.out_dir",
-        "train.checkpoint_dir",
-        "train.checkpoint_every",
-        "train.resume",
-        "train.memory_check",
-        "train.log_every",
-        "train.system_metrics_every_s",
-        "train.prefetch",
-        "train.threads",
-        "train.device",
-        "train.deterministic",
-        "train.flow_loop",
-        "train.cuda_graph",
-        "train.detect_anomaly_steps",
-        "evaluate.samples",
-        "evaluate.bootstrap_resamples",
-        "evaluate.bootstrap_seed",
-        "evaluate.answer_precision",
-        "evaluate.answer_floor_keep",
-        "evaluate.out_of_bank_questions",
-    }
-)
-NOT_ARM_SECTIONS = ("report.",)  # the report judges a run; it does not make it
+_OUT = Role.LABEL | Role.OPERATIONAL  # the roles the schema declares out of the arm (config/param.py: Role)
+NOT_ARM_KEYS = keys_with(_OUT, Config) | {SEED_KEY}
+# A whole section out of the arm (the report judges a run; it does not make it), so that a key of it
+# the schema does not declare (an older run's MLflow params) is out too.
+NOT_ARM_SECTIONS = tuple(f"{f.name}." for f in dataclasses.fields(Config) if f.metadata["role"] & _OUT)
 DIGEST_CHARS = 10
 
 

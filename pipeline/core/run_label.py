@@ -16,11 +16,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.core.config import flatten, load_config
+from pipeline.core.config import Config, flatten, load_config
+from pipeline.core.config.param import Role, keys_with
 from pipeline.core.errors import ConfigError
 
 # Keys that label a run rather than make it (which store, which sweep): never part of its name.
-LABEL_KEYS = frozenset({"run.preset", "run.experiment", "run.sweep", "run.tracking"})
+LABEL_KEYS = keys_with(Role.LABEL, Config)
 # MLflow keeps 250 characters of a name; the runs table shows about 40. The full list of
 # differences is the tag `run.overrides` (store.overrides_tag), so the name may be cut.
 MAX_NAME = 80

