@@ -5,19 +5,13 @@ replicates, and the spread of their metrics is the luck of the training run. Com
 is what a researcher means by "did my change help"; comparing two runs of one arm measures luck.
 
 What is left out of the arm, so that it names the same arm wherever and however the run was made:
-- the seed itself;
-- labels (the preset's name, the MLflow experiment, the sweep, the tracking mode): a preset's
-  values are in the other keys, so `preset=default` and the same values reached by overrides are
-  one arm;
-- how and where a run is carried out when that does not change what it computes: paths, the
-  embed stage's processes and batch size, checkpoint and logging cadence, threads and device,
-  the flow loop's form and CUDA graph capture (the numerics differ in the last bits, not in what
-  is learned), the limits a dataset is read within (a file they let in is read the same way
-  whatever they are), the evaluate stage's sampling,
-  bootstrap and answer-confidence calibration, the report's thresholds.
-Each key's role is declared once, at its declaration in pipeline/core/config/schema.py; a key
-declared with none is part of the arm: a new parameter splits arms until it is declared otherwise,
-rather than silently merging runs that differ in it.
+the seed itself, and each key the schema (pipeline/core/config/schema.py) declares a LABEL (a
+preset's values are in the other keys, so `preset=default` and the same values reached by
+overrides are one arm) or OPERATIONAL (how and where a run is carried out, not what it computes:
+the flow loop's form and CUDA graphs change the last bits of the numerics, not what is learned; a
+file the input limits let in is read the same whatever they are; the report judges a run). A key
+declared with no role is part of the arm: a new parameter splits arms until it is declared
+otherwise, rather than silently merging runs that differ in it.
 
 The data is part of the arm by content, not by path: `data_digest` of the shards' manifest (each
 split's texts and the teacher), so the same config on an edited dataset is another arm.
@@ -35,10 +29,9 @@ from pipeline.core.config.param import Role, keys_with
 from pipeline.core.config.schema import Config
 
 SEED_KEY = "run.seed"
-_OUT = Role.LABEL | Role.OPERATIONAL  # the roles the schema declares out of the arm (config/param.py: Role)
+_OUT = Role.LABEL | Role.OPERATIONAL
 NOT_ARM_KEYS = keys_with(_OUT, Config) | {SEED_KEY}
-# A whole section out of the arm (the report judges a run; it does not make it), so that a key of it
-# the schema does not declare (an older run's MLflow params) is out too.
+# A section declared out (report) leaves out a key of it the schema no longer declares (an older run's) too.
 NOT_ARM_SECTIONS = tuple(f"{f.name}." for f in dataclasses.fields(Config) if f.metadata["role"] & _OUT)
 DIGEST_CHARS = 10
 

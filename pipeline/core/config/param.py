@@ -115,10 +115,27 @@ class Role(enum.Flag):
 LABEL, OPERATIONAL, RESUME_NEUTRAL = Role.LABEL, Role.OPERATIONAL, Role.RESUME_NEUTRAL
 
 
-def param(range: Range | None = None, doc: str = "", role: Role = Role.ARM, stages: tuple[str, ...] = ()) -> Any:
-    """A schema field with no default (conf/config.yaml holds it): its allowed values, meaning, role
-    and the dvc.yaml stages that list it besides its section's."""
-    return dataclasses.field(default=MISSING, metadata={"range": range, "doc": doc, "role": role, "stages": stages})
+@dataclass(frozen=True)
+class Rule:
+    """A range that depends on other keys (0 < min_forward <= model.max_forward), checked once every
+    value is in its own range: `holds(cfg)`, and `expected(cfg)` says so with the other values."""
+
+    expected: Callable[[DictConfig], str]
+    holds: Callable[[DictConfig], bool]
+
+    def check(self, cfg: DictConfig, key: str) -> None:
+        if not self.holds(cfg):
+            raise refuse(key, OmegaConf.select(cfg, key), self.expected(cfg))
+
+
+def param(
+    range: Range | None = None, doc: str = "", rule: Rule | None = None, role: Role = Role.ARM, stages: tuple = ()
+) -> Any:
+    """A schema field with no default (conf/config.yaml holds it): its allowed values (`range`, and
+    a `rule` that depends on other keys), meaning, role and the dvc.yaml stages that list it
+    besides its section's."""
+    metadata = {"range": range, "doc": doc, "rule": rule, "role": role, "stages": stages}
+    return dataclasses.field(default=MISSING, metadata=metadata)
 
 
 def section(kind: type, role: Role = Role.ARM, stages: tuple[str, ...] = ()) -> Any:
@@ -134,6 +151,7 @@ class Parameter:
     type: Any
     range: Range | None
     doc: str
+    rule: Rule | None = None
     role: Role = Role.ARM
     stages: frozenset[str] = frozenset()
 
@@ -170,7 +188,7 @@ def parameters(
         if dataclasses.is_dataclass(kind):
             yield from parameters(kind, f"{key}.", *own)
         else:
-            yield Parameter(key, kind, f.metadata.get("range"), f.metadata.get("doc", ""), *own)
+            yield Parameter(key, kind, f.metadata.get("range"), f.metadata.get("doc", ""), f.metadata.get("rule"), *own)
 
 
 def keys_with(role: Role, schema: type) -> frozenset[str]:
@@ -210,3 +228,10 @@ def check_ranges(cfg: DictConfig, schema: type) -> None:
             raise refuse(p.key, value, combined(wrong, p.range))
         if p.range is not None and not p.range.allows(value):
             raise refuse(p.key, value, p.range.expected)
+
+
+def check_rules(cfg: DictConfig, schema: type) -> None:
+    """Each rule between keys, in declaration order, once every value is in its own range."""
+    for p in parameters(schema):
+        if p.rule is not None:
+            p.rule.check(cfg, p.key)

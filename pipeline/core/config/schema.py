@@ -1,15 +1,19 @@
 """The typed schema: one dataclass tree, each field its type, range and one-line meaning.
 
 Defaults are not here: conf/config.yaml holds every value (DVC composes params.yaml from it in its
-own process, which never imports this code). A range that depends on another parameter is a rule
-in pipeline/core/config/rules.py. `python -m stages.<name> --help` shows all four together.
+own process, which never imports this code). A range that depends on another parameter is the
+field's `rule`. Each field also declares its role (part of the arm unless said otherwise: config/
+param.py's Role) and the dvc.yaml stages that list it. `python -m stages.<name> --help` shows the
+default, type, range and meaning together.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
+
+from omegaconf import DictConfig
 
 from pipeline.core.config.choices import (
     CudaGraph,
@@ -37,11 +41,13 @@ from pipeline.core.config.param import (
     RESUME_NEUTRAL,
     SEED,
     Range,
+    Rule,
     above,
     at_least,
     finite_above,
     matching,
     param,
+    refuse,
     section,
     within,
 )
@@ -59,6 +65,38 @@ MIN_BOOTSTRAP_RESAMPLES = 1000  # fewer make a 95 % interval's ends noisy (the s
 # More move a 95 % interval's ends by less than the 6 decimals they are written with: never
 # meaningful. What a count below this costs in memory is the evaluate stage's preflight check.
 MAX_BOOTSTRAP_RESAMPLES = 10_000_000
+
+
+SPLIT_NAMES = ("train", "val", "test")
+
+
+class SplitFractions:
+    """embed.splits: a fraction per split name, train, val and test among them, summing to 1."""
+
+    @staticmethod
+    def expected(cfg: DictConfig) -> str:
+        return "fractions for train, val and test, each > 0, summing to 1"
+
+    @staticmethod
+    def check(cfg: DictConfig, key: str) -> None:
+        splits = cfg.embed.splits
+        if not isinstance(splits, DictConfig):
+            raise refuse(key, splits, "a mapping of split names to fractions")
+        fractions: dict[str, Any] = dict(splits)
+        if not set(fractions) >= set(SPLIT_NAMES):
+            raise refuse(key, fractions, "fractions for train, val and test")
+        for name, frac in fractions.items():
+            if not (isinstance(frac, (int, float)) and 0 <= frac <= 1):
+                raise refuse(f"{key}.{name}", frac, "a fraction in [0, 1]")
+        if not abs(sum(fractions.values()) - 1) < 1e-6:
+            raise refuse(key, fractions, "fractions summing to 1")
+        for name in SPLIT_NAMES:
+            if not fractions[name] > 0:
+                raise refuse(
+                    f"{key}.{name}",
+                    fractions[name],
+                    "> 0: train learns from train, is guided by val, and evaluate scores test",
+                )
 
 
 def _is_delimiter(v: str) -> bool:
@@ -136,7 +174,9 @@ class EmbedConfig:
         Range("text of at most 256 characters", lambda v: len(v) <= 256),
         doc="salt of the split hash: another salt, another split",
     )
-    splits: dict = param(doc="share of the rows in each split (train learns, val guides, evaluate scores test)")
+    splits: dict = param(
+        doc="share of the rows in each split (train learns, val guides, evaluate scores test)", rule=SplitFractions()
+    )
     max_rows: int = param(at_least(0, why="0 = all rows"), doc="a deterministic, content-hashed subset")
     # What a dataset read may hold (pipeline/data/input_limits.py): each is checked before the memory
     # it bounds is spent, and its refusal names the key that raises it.
@@ -190,8 +230,14 @@ class ModelConfig:
     neuron_hidden: int = param(POSITIVE_INT, doc="width of the neuron MLP, and so of the carrier's input")
     carrier_layers: int = param(POSITIVE_INT, doc="stacked GRU cells in the carrier")
     carrier_hidden: int = param(POSITIVE_INT, doc="units of each GRU cell")
-    # > 0 guarantees every flow arrives within ceil(D / min_forward) steps; <= max_forward is a rule.
-    min_forward: float = param(doc="least forward (z) move per step")
+    # > 0 guarantees every flow arrives within ceil(D / min_forward) steps.
+    min_forward: float = param(
+        doc="least forward (z) move per step",
+        rule=Rule(
+            lambda c: f"0 < min_forward <= model.max_forward ({c.model.max_forward})",
+            lambda c: 0 < c.model.min_forward <= c.model.max_forward,
+        ),
+    )
     max_forward: float = param(
         above(0), doc="largest forward move per step; sets the earliest arrival, ceil(D / max_forward)"
     )
@@ -280,7 +326,13 @@ class TrainConfig:
         doc="good losses the spike test's mean and std are taken over",
     )
     skip_spikes: bool = param(doc="skip the update on a loss spike (else flag it only)")
-    grad_warning: float = param(doc="pre-clip global grad norm above which a step is in the warning zone")
+    grad_warning: float = param(
+        doc="pre-clip global grad norm above which a step is in the warning zone",
+        rule=Rule(
+            lambda c: f"0 < grad_warning < train.grad_critical ({c.train.grad_critical})",
+            lambda c: 0 < c.train.grad_warning < c.train.grad_critical,
+        ),
+    )
     grad_critical: float = param(doc="pre-clip global grad norm above which a step is critical (non-finite: exploded)")
     detect_anomaly_steps: int = param(
         at_least(0),
@@ -292,7 +344,18 @@ class TrainConfig:
         doc="steps per telemetry row (and per host read of the device accumulators)",
         role=OPERATIONAL | RESUME_NEUTRAL,
     )
-    checkpoint_every: int = param(doc="steps between resumable checkpoints; 0 = off", role=OPERATIONAL | RESUME_NEUTRAL)
+    # A checkpoint must close a telemetry row, so a resumed run's telemetry continues where it was.
+    checkpoint_every: int = param(
+        doc="steps between resumable checkpoints; 0 = off",
+        rule=Rule(
+            lambda c: (
+                f"0 (off) or a multiple of train.log_every ({c.train.log_every}), so a checkpoint closes a "
+                "telemetry row"
+            ),
+            lambda c: c.train.checkpoint_every >= 0 and c.train.checkpoint_every % c.train.log_every == 0,
+        ),
+        role=OPERATIONAL | RESUME_NEUTRAL,
+    )
     # Not a DVC output: DVC would delete it before a re-run, and resuming needs it.
     checkpoint_dir: str = param(PATH, doc="where resumable checkpoints are kept", role=OPERATIONAL | RESUME_NEUTRAL)
     resume: bool = param(
@@ -346,6 +409,10 @@ class FaultConfig:
         finite_above(0, "a finite number"),
         doc="loss_spike: loss multiplier; lr_spike, lr_jump: LR multiplier; sync_bound: host reads "
         "added per micro-batch",
+        rule=Rule(
+            lambda c: "a whole number of host reads per micro-batch with fault=sync_bound (e.g. 40)",
+            lambda c: c.fault.kind != FaultKind.sync_bound or c.fault.factor == int(c.fault.factor),
+        ),
     )
     leak_mb: float = param(
         Range("MB kept per step, in [0, 1024]", within(0, 1024).allows),
@@ -413,7 +480,13 @@ class ReportConfig:
         above(0),
         doc="steady-state median step time / early median above which the check fails",
     )
-    grad_healthy_min: float = param(doc='grad norm below which a step is "low" (warning and critical are train.grad_*)')
+    grad_healthy_min: float = param(
+        doc='grad norm below which a step is "low" (warning and critical are train.grad_*)',
+        rule=Rule(
+            lambda c: f"0 < grad_healthy_min < train.grad_warning ({c.train.grad_warning})",
+            lambda c: 0 < c.report.grad_healthy_min < c.train.grad_warning,
+        ),
+    )
     grad_max_critical_fraction: float = param(FRACTION, doc="share of critical steps above which the check fails")
     nonfinite_warn_fraction: float = param(
         FRACTION,
@@ -444,7 +517,16 @@ class ReportConfig:
         within(0, 1, "[]", "a fraction", "the GPU's busy share below which the check warns"),
         doc="CUDA runs: median share of a step the GPU spends running kernels, below which the check warns",
     )
-    device_busy_fail: float = param(doc="CUDA runs: the GPU's busy share below which the check fails")
+    device_busy_fail: float = param(
+        doc="CUDA runs: the GPU's busy share below which the check fails",
+        rule=Rule(
+            lambda c: (
+                f"a fraction in [0, report.device_busy_warn ({c.report.device_busy_warn})] (the GPU's busy "
+                "share below which the check fails)"
+            ),
+            lambda c: 0 <= c.report.device_busy_fail <= c.report.device_busy_warn,
+        ),
+    )
     device_max_syncs: int = param(
         at_least(0, "an integer", "host reads per training step"),
         doc="host reads per training step above which a step is sync-bound",
