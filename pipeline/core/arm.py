@@ -65,13 +65,10 @@ class Arm:
         return f"{self.name} [{self.digest}]"
 
 
-def arm_config(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened config's keys that make the arm."""
-    return {k: v for k, v in flat.items() if in_arm(k)}
-
-
 def arm_digest(flat: Mapping[str, Any], data: str) -> str:
-    payload = json.dumps({"config": arm_config(flat), "data": data}, sort_keys=True, default=str)
+    """The flattened config's keys that make the arm, with the data's digest."""
+    config = {k: v for k, v in flat.items() if in_arm(k)}
+    payload = json.dumps({"config": config, "data": data}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:DIGEST_CHARS]
 
 

@@ -28,7 +28,7 @@ from pipeline.core.config.choices import DataFormat, EmptyText, FaultKind, Preci
 from pipeline.core.config.compose import compose_raw
 from pipeline.core.config.defaults import CONF_DIR, PARAMS_FILE, default_values
 from pipeline.core.config.describe import describe
-from pipeline.core.config.messages import choice_message, choices_of, unknown_key_message
+from pipeline.core.config.messages import choice_message, unknown_key_message
 from pipeline.core.config.param import check_ranges, check_rules, parameters, refuse
 from pipeline.core.config.schema import (
     MIN_BOOTSTRAP_RESAMPLES,
@@ -84,10 +84,9 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         key = getattr(e, "full_key", None) or _unresolvable(raw) or "?"
         if isinstance(e, ConfigKeyError) and key != "?":
             raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
-        choices = choices_of(key)
-        if choices is not None:
-            raise ConfigError(choice_message(key, getattr(e, "value", None), choices)) from None
         declared = next((p for p in parameters(Config) if p.key == key), None)
+        if declared is not None and declared.choices is not None:
+            raise ConfigError(choice_message(key, getattr(e, "value", None), declared.choices)) from None
         if declared is not None and hasattr(e, "value") and not isinstance(e, InterpolationResolutionError):
             # a value of the wrong type: what the key takes
             raise refuse(key, e.value, declared.expected) from None

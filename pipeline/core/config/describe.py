@@ -30,8 +30,8 @@ def describe(sections: str) -> str:
 
 
 def _kind(p: Parameter, defaults: DictConfig) -> str:
-    if isinstance(p.type, type) and issubclass(p.type, Enum):
-        return "one of " + ", ".join(c.name for c in p.type)
+    if p.choices is not None:
+        return "one of " + ", ".join(c.name for c in p.choices)
     ranges = ([p.range.expected] if p.range else []) + ([p.rule.expected(defaults)] if p.rule else [])
     return "; ".join([p.type_name, *ranges])
 

@@ -162,6 +162,11 @@ class Parameter:
         return args[0] if args else self.type
 
     @property
+    def choices(self) -> type[enum.Enum] | None:
+        """The Enum of a choice (train.precision), else None."""
+        return self.type if isinstance(self.type, type) and issubclass(self.type, enum.Enum) else None
+
+    @property
     def expected(self) -> str:
         """What a value must be: its type in words, then its range ("an integer; >= 0")."""
         words = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "a mapping"}
