@@ -23,7 +23,6 @@ from pipeline.core.config import (
 )
 from pipeline.core.config.param import parameters
 from pipeline.core.errors import ConfigError
-from pipeline.core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -148,19 +147,6 @@ def test_unknown_key_in_params_file_is_named(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(ConfigError, match=r"model\.lattice_widht"):
         load_config([], params_file=tmp_path / "params.yaml")
-
-
-def test_dvc_yaml_params_exist_in_params_yaml():
-    dvc = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())
-    params = yaml.safe_load(PARAMS_FILE.read_text())
-    flat = (
-        set(flatten(OmegaConf.create(params)))
-        | set(params)
-        | {k.rsplit(".", 1)[0] for k in flatten(OmegaConf.create(params))}
-    )
-    for name, stage in dvc["stages"].items():
-        for key in stage.get("params", []):
-            assert key in flat, f"stage {name} lists param {key} that params.yaml lacks"
 
 
 @pytest.mark.parametrize(
@@ -289,7 +275,9 @@ OVERRIDE_VALUES = [
 
 
 @pytest.mark.parametrize(
-    "examples", [pytest.param(150, id="default"), pytest.param(1500, id="many", marks=pytest.mark.slow)]
+    "examples",
+    # The slow run's 1500 examples as four tests, so that parallel workers share them.
+    [pytest.param(150, id="default")] + [pytest.param(375, id=f"many-{i}", marks=pytest.mark.slow) for i in range(4)],
 )
 def test_any_override_loads_or_is_one_config_error(examples):
     """Whatever a command line holds, load_config returns a config or raises ConfigError: never a
@@ -300,7 +288,7 @@ def test_any_override_loads_or_is_one_config_error(examples):
     @settings(
         max_examples=examples,
         deadline=None,
-        derandomize=examples < 1000,
+        derandomize=examples == 150,
         database=None,
         suppress_health_check=list(HealthCheck),
     )

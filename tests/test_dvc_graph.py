@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.core.config import Config
+from pipeline.core.config.param import parameters
 from pipeline.core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.unit
@@ -60,6 +62,25 @@ def covered(path: Path, deps: list[str]) -> bool:
     if rel.name == "__init__.py" and "import" not in path.read_text():
         return True  # a docstring-only package marker changes nothing
     return any(rel == Path(d) or Path(d) in rel.parents for d in deps)
+
+
+@pytest.mark.parametrize("stage", sorted(DVC["stages"]))
+def test_stage_lists_the_params_the_schema_declares_for_it(stage):
+    """The schema declares, per key, the stages that depend on it (`stages=` of param() and
+    section() in pipeline/core/config/schema.py): the stage's `params:` names exactly those keys, a
+    section whole where it depends on every key of the section, so a key edit re-runs exactly them."""
+    declared = list(parameters(Config))
+    assert {s for p in declared for s in p.stages} <= set(DVC["stages"]), "the schema names a stage dvc.yaml lacks"
+    reads = {p.key for p in declared if stage in p.stages}
+    whole = {p.key.split(".")[0] for p in declared} - {p.key.split(".")[0] for p in declared if p.key not in reads}
+    expected = whole | {k for k in reads if k.split(".")[0] not in whole}
+    listed = set(DVC["stages"][stage].get("params", []))
+    assert not listed - expected, (
+        f"stage {stage}: dvc.yaml lists {sorted(listed - expected)}, the schema declares no such stage"
+    )
+    assert not expected - listed, (
+        f"stage {stage}: dvc.yaml lacks {sorted(expected - listed)}, which the schema declares it reads"
+    )
 
 
 @pytest.mark.parametrize("stage", sorted(DVC["stages"]))

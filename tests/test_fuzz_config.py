@@ -11,7 +11,8 @@
   variable or passes; the store check and the MLflow check return a line naming it, or None.
 
 The default (unit) tier runs a fixed, derandomized set of examples; `-m slow` runs ten times as many
-(FUZZ_CONFIG_EXAMPLES sets that number for a longer local run) and every listed value on every key.
+(FUZZ_CONFIG_EXAMPLES sets that number for a longer local run) and every listed value on every key,
+split into one test per key or per share of the keys so that parallel workers share them.
 """
 
 from __future__ import annotations
@@ -73,8 +74,9 @@ VALUES = [
     "${oc.env:NO_SUCH_VARIABLE_HERE}",
     *NOT_UTF8,
 ]
-EXAMPLES = 60  # a load composes with Hydra: ~0.2 s each on 2 shared cores
+EXAMPLES = 60  # a load composes with Hydra: ~0.1 s each on 2 shared cores
 SLOW_EXAMPLES = int(os.environ.get("FUZZ_CONFIG_EXAMPLES", "0")) or 10 * EXAMPLES
+SHARDS = 4  # the slow runs' examples split over as many tests, each drawing from every SHARDS-th key
 COMMON = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
 values = st.one_of(st.sampled_from(VALUES), st.text(max_size=12), st.integers().map(str), st.floats().map(repr))
@@ -105,18 +107,22 @@ def test_any_value_for_any_key_loads_valid_or_is_refused_naming_the_key(key, val
 
 
 @pytest.mark.slow
-@settings(max_examples=SLOW_EXAMPLES, derandomize=False, **COMMON)
-@given(key=st.sampled_from(KEYS), value=values)
-def test_any_value_for_any_key_loads_valid_or_is_refused_naming_the_key_many(key, value):
-    check_override(key, value)
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_any_value_for_any_key_loads_valid_or_is_refused_naming_the_key_many(shard):
+    @settings(max_examples=SLOW_EXAMPLES // SHARDS, derandomize=False, **COMMON)
+    @given(key=st.sampled_from(KEYS[shard::SHARDS]), value=values)
+    def check(key, value):
+        check_override(key, value)
+
+    check()
 
 
 @pytest.mark.slow
-def test_every_key_is_tried_with_every_listed_value():
+@pytest.mark.parametrize("key", KEYS)
+def test_every_key_is_tried_with_every_listed_value(key):
     """The listed values, each on each key: the classes the random draws may miss."""
-    for key in KEYS:
-        for value in VALUES[:22] + NOT_UTF8[:1]:
-            check_override(key, value)
+    for value in VALUES[:22] + NOT_UTF8[:1]:
+        check_override(key, value)
 
 
 # ---------------------------------------------------------------------------- environment variables

@@ -5,18 +5,13 @@ replicates, and the spread of their metrics is the luck of the training run. Com
 is what a researcher means by "did my change help"; comparing two runs of one arm measures luck.
 
 What is left out of the arm, so that it names the same arm wherever and however the run was made:
-- the seed itself;
-- labels (the preset's name, the MLflow experiment, the sweep, the tracking mode): a preset's
-  values are in the other keys, so `preset=default` and the same values reached by overrides are
-  one arm;
-- how and where a run is carried out when that does not change what it computes: paths, the
-  embed stage's processes and batch size, checkpoint and logging cadence, threads and device,
-  the flow loop's form and CUDA graph capture (the numerics differ in the last bits, not in what
-  is learned), the limits a dataset is read within (a file they let in is read the same way
-  whatever they are), the evaluate stage's sampling,
-  bootstrap and answer-confidence calibration, the report's thresholds.
-A key not named here is part of the arm: a new parameter splits arms until it is listed, rather
-than silently merging runs that differ in it.
+the seed itself, and each key the schema (pipeline/core/config/schema.py) declares a LABEL (a
+preset's values are in the other keys, so `preset=default` and the same values reached by
+overrides are one arm) or OPERATIONAL (how and where a run is carried out, not what it computes:
+the flow loop's form and CUDA graphs change the last bits of the numerics, not what is learned; a
+file the input limits let in is read the same whatever they are; the report judges a run). A key
+declared with no role is part of the arm: a new parameter splits arms until it is declared
+otherwise, rather than silently merging runs that differ in it.
 
 The data is part of the arm by content, not by path: `data_digest` of the shards' manifest (each
 split's texts and the teacher), so the same config on an edited dataset is another arm.
@@ -24,54 +19,20 @@ split's texts and the teacher), so the same config on an edited dataset is anoth
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from pipeline.core.config.param import Role, keys_with
+from pipeline.core.config.schema import Config
+
 SEED_KEY = "run.seed"
-# Not part of the arm (see the module doc for why each kind is left out).
-NOT_ARM_KEYS = frozenset(
-    {
-        SEED_KEY,
-        "run.preset",
-        "run.experiment",
-        "run.sweep",
-        "run.tracking",
-        "run.allow_external_paths",
-        "embed.out_dir",
-        "embed.cache_dir",
-        "embed.nproc",
-        "embed.batch_size",
-        "embed.device",
-        "embed.rows_per_shard",
-        "embed.max_input_mb",
-        "embed.max_line_kb",
-        "embed.max_input_columns",
-        "embed.max_input_rows",
-        "train.out_dir",
-        "train.checkpoint_dir",
-        "train.checkpoint_every",
-        "train.resume",
-        "train.memory_check",
-        "train.log_every",
-        "train.system_metrics_every_s",
-        "train.prefetch",
-        "train.threads",
-        "train.device",
-        "train.deterministic",
-        "train.flow_loop",
-        "train.cuda_graph",
-        "train.detect_anomaly_steps",
-        "evaluate.samples",
-        "evaluate.bootstrap_resamples",
-        "evaluate.bootstrap_seed",
-        "evaluate.answer_precision",
-        "evaluate.answer_floor_keep",
-        "evaluate.out_of_bank_questions",
-    }
-)
-NOT_ARM_SECTIONS = ("report.",)  # the report judges a run; it does not make it
+_OUT = Role.LABEL | Role.OPERATIONAL
+NOT_ARM_KEYS = keys_with(_OUT, Config) | {SEED_KEY}
+# A section declared out (report) leaves out a key of it the schema no longer declares (an older run's) too.
+NOT_ARM_SECTIONS = tuple(f"{f.name}." for f in dataclasses.fields(Config) if f.metadata["role"] & _OUT)
 DIGEST_CHARS = 10
 
 
@@ -104,13 +65,10 @@ class Arm:
         return f"{self.name} [{self.digest}]"
 
 
-def arm_config(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened config's keys that make the arm."""
-    return {k: v for k, v in flat.items() if in_arm(k)}
-
-
 def arm_digest(flat: Mapping[str, Any], data: str) -> str:
-    payload = json.dumps({"config": arm_config(flat), "data": data}, sort_keys=True, default=str)
+    """The flattened config's keys that make the arm, with the data's digest."""
+    config = {k: v for k, v in flat.items() if in_arm(k)}
+    payload = json.dumps({"config": config, "data": data}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:DIGEST_CHARS]
 
 

@@ -16,11 +16,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.core.config import flatten, load_config
+from pipeline.core.config import Config, flatten, load_config
+from pipeline.core.config.param import Role, keys_with
 from pipeline.core.errors import ConfigError
 
 # Keys that label a run rather than make it (which store, which sweep): never part of its name.
-LABEL_KEYS = frozenset({"run.preset", "run.experiment", "run.sweep", "run.tracking"})
+LABEL_KEYS = keys_with(Role.LABEL, Config)
 # MLflow keeps 250 characters of a name; the runs table shows about 40. The full list of
 # differences is the tag `run.overrides` (store.overrides_tag), so the name may be cut.
 MAX_NAME = 80
@@ -30,8 +31,7 @@ MAX_VALUE = 32
 def differences(cfg: DictConfig) -> dict[str, Any]:
     """`key -> value` for every key of `cfg` that differs from its preset (and fault) as conf/
     composes it, in the config's order ({} when the preset cannot be composed: a params.yaml of one's own)."""
-    groups = (f"preset={cfg.run.preset}", *([f"fault={_fault(cfg)}"] if _fault(cfg) != "none" else []))
-    reference = _reference(groups)
+    reference = _reference(tuple(_groups(cfg)))
     if reference is None:
         return {}
     mine = flatten(cfg)
@@ -48,8 +48,10 @@ def _reference(groups: tuple[str, ...]) -> dict[str, Any] | None:
         return None
 
 
-def _fault(cfg: DictConfig) -> str:
-    return str(OmegaConf.select(cfg, "fault.kind", default="none"))
+def _groups(cfg: DictConfig) -> list[str]:
+    """`preset=<name>`, then `fault=<kind>` for a deliberate fault (conf/fault/)."""
+    fault = str(OmegaConf.select(cfg, "fault.kind", default="none"))
+    return [f"preset={cfg.run.preset}", *([f"fault={fault}"] if fault != "none" else [])]
 
 
 def _show(value: Any) -> str:
@@ -91,8 +93,7 @@ def hydra_overrides(cfg: DictConfig, diff: dict[str, Any] | None = None) -> str:
     `fault=<kind>` for a deliberate fault, then `key=value` for each difference from the two, keys
     in full (`preset=smoke fault=nan_loss train.epochs=3`)."""
     diff = differences(cfg) if diff is None else diff
-    fault = [f"fault={_fault(cfg)}"] if _fault(cfg) != "none" else []
-    return " ".join([f"preset={cfg.run.preset}", *fault, *(f"{k}={_hydra_value(v)}" for k, v in diff.items())])
+    return " ".join([*_groups(cfg), *(f"{k}={_hydra_value(v)}" for k, v in diff.items())])
 
 
 def run_label(cfg: DictConfig, diff: dict[str, Any] | None = None) -> str:
@@ -100,6 +101,5 @@ def run_label(cfg: DictConfig, diff: dict[str, Any] | None = None) -> str:
     each difference from the two, cut to MAX_NAME characters."""
     diff = differences(cfg) if diff is None else diff
     names = short_keys(list(diff), list(flatten(cfg)))
-    fault = [f"fault={_fault(cfg)}"] if _fault(cfg) != "none" else []
-    label = " ".join([str(cfg.run.preset), *fault, *(f"{names[k]}={_show(v)}" for k, v in diff.items())])
+    label = " ".join([str(cfg.run.preset), *_groups(cfg)[1:], *(f"{names[k]}={_show(v)}" for k, v in diff.items())])
     return label if len(label) <= MAX_NAME else label[: MAX_NAME - 1] + "…"

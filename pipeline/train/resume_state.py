@@ -26,6 +26,8 @@ import torch
 from omegaconf import OmegaConf
 
 from pipeline.core.atomic import atomic_path
+from pipeline.core.config import Config
+from pipeline.core.config.param import Role, keys_with
 from pipeline.core.errors import PipelineError
 from pipeline.core.output_dirs import CHECKPOINTS
 from pipeline.core.paths import check_readable_inside
@@ -34,19 +36,9 @@ from pipeline.model.model_file import first_nonfinite_tensor, read_tensor_file, 
 log = logging.getLogger(__name__)
 
 STATE_FILE = CHECKPOINTS.files[0]  # last.pt, in train.checkpoint_dir
-# Settings that change what is logged or where, never the weights: a run resumed with a new
-# value of these is still the same run.
-_NEUTRAL_TRAIN_KEYS = (
-    "log_every",
-    "checkpoint_every",
-    "checkpoint_dir",
-    "resume",
-    "threads",
-    "out_dir",
-    "detect_anomaly_steps",
-    "system_metrics_every_s",
-    "nproc",
-)
+# Settings that change what is logged or where, never the weights (declared in the schema): a run
+# resumed with a new value of these is still the same run.
+_NEUTRAL_TRAIN_KEYS = {k.removeprefix("train.") for k in keys_with(Role.RESUME_NEUTRAL, Config)}
 
 
 def fingerprint(cfg, data_digest: str, processes: int = 1) -> str:

@@ -1,8 +1,8 @@
 """Configuration: each parameter's facts in one place, loaded and checked before a stage works.
 
 - default value: conf/config.yaml (Hydra's primary config; DVC composes params.yaml from it);
-- type, range and one-line meaning: the field's declaration in pipeline/core/config/schema.py
-  (`param(range, doc)`); a range that depends on another value: pipeline/core/config/rules.py;
+- type, range, one-line meaning, a range that depends on other values (`rule`), role and the
+  stages that list it: the field's declaration in pipeline/core/config/schema.py (`param(...)`);
 - choices: the StrEnums of pipeline/core/config/choices.py.
 `python -m stages.<name> --help` prints all four for the parameters the stage reads (describe.py).
 
@@ -24,79 +24,44 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException
 
-from pipeline.core.config.choices import (
-    CudaGraph,
-    DataFormat,
-    EmptyText,
-    FaultKind,
-    FlowLoop,
-    Precision,
-    Residual,
-    ScalerRecovery,
-    ShardDtype,
-    SplitKey,
-    Tracking,
-)
+from pipeline.core.config.choices import DataFormat, EmptyText, FaultKind, Precision, ShardDtype, SplitKey, Tracking
 from pipeline.core.config.compose import compose_raw
-from pipeline.core.config.defaults import CONF_DIR, CONFIG_GROUPS, PARAMS_FILE, default_values
+from pipeline.core.config.defaults import CONF_DIR, PARAMS_FILE, default_values
 from pipeline.core.config.describe import describe
-from pipeline.core.config.messages import choice_message, choices_of, unknown_key_message
-from pipeline.core.config.param import check_ranges, parameters, refuse
-from pipeline.core.config.rules import check_rules
+from pipeline.core.config.messages import choice_message, unknown_key_message
+from pipeline.core.config.param import check_ranges, check_rules, parameters, refuse
 from pipeline.core.config.schema import (
     MIN_BOOTSTRAP_RESAMPLES,
     MIN_SPIKE_WINDOW,
     SWEEP_NAME,
     Config,
-    EmbedConfig,
-    EvaluateConfig,
-    FaultConfig,
-    GradScalerConfig,
-    ModelConfig,
     ReportConfig,
-    RunConfig,
     TrainConfig,
 )
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import outside_message, outside_project
 
+# What the rest of the project imports from here.
 __all__ = [
-    "CONFIG_GROUPS",
     "CONF_DIR",
     "MIN_BOOTSTRAP_RESAMPLES",
     "MIN_SPIKE_WINDOW",
     "PARAMS_FILE",
-    "PATH_KEYS",
     "SWEEP_NAME",
     "Config",
-    "CudaGraph",
     "DataFormat",
-    "EmbedConfig",
     "EmptyText",
-    "EvaluateConfig",
-    "FaultConfig",
     "FaultKind",
-    "FlowLoop",
-    "GradScalerConfig",
-    "ModelConfig",
     "Precision",
     "ReportConfig",
-    "Residual",
-    "RunConfig",
-    "ScalerRecovery",
     "ShardDtype",
     "SplitKey",
     "TrainConfig",
     "Tracking",
-    "choice_message",
     "compose_raw",
     "default_values",
     "describe",
-    "flatten",
-    "teacher_path",
-    "load_config",
     "unknown_key_message",
-    "validate",
 ]
 
 
@@ -119,17 +84,16 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         key = getattr(e, "full_key", None) or _unresolvable(raw) or "?"
         if isinstance(e, ConfigKeyError) and key != "?":
             raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
-        choices = choices_of(key)
-        if choices is not None:
-            raise ConfigError(choice_message(key, getattr(e, "value", None), choices)) from None
         declared = next((p for p in parameters(Config) if p.key == key), None)
+        if declared is not None and declared.choices is not None:
+            raise ConfigError(choice_message(key, getattr(e, "value", None), declared.choices)) from None
         if declared is not None and hasattr(e, "value") and not isinstance(e, InterpolationResolutionError):
             # a value of the wrong type: what the key takes
             raise refuse(key, e.value, declared.expected) from None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
     check_ranges(cfg, Config)
-    check_rules(cfg)
+    check_rules(cfg, Config)
     _check_paths(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg

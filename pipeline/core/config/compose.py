@@ -5,7 +5,6 @@ write instead, told apart by Hydra's and OmegaConf's exception types."""
 from __future__ import annotations
 
 import difflib
-import re
 from pathlib import Path
 from typing import Sequence
 
@@ -52,8 +51,10 @@ def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) 
         # Hydra's "Could not override 'embed.foo'. To append to your config use +embed.foo=1" sends
         # the user to a second error (the schema has no such key): say which keys there are.
         if isinstance(e.__cause__, (ConfigAttributeError, ConfigKeyError)):
-            named = re.search(r"override '([^']+)'", str(e))  # the whole key: full_key may be its section
-            key = named.group(1) if named else e.__cause__.full_key
+            # The override's whole key: full_key is the first part the config lacks (embed.foo of embed.foo.bar).
+            missing = e.__cause__.full_key
+            keys = [o.split("=", 1)[0] for o in overrides if not o.startswith(("+", "~"))]
+            key = next((k for k in keys if k == missing or k.startswith(f"{missing}.")), missing)
             if not use_conf and OmegaConf.select(default_values(), key) is not None:
                 raise ConfigError(_absent_key_message(params_file, key)) from None
             raise ConfigError(unknown_key_message(key)) from None

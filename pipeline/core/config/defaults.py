@@ -24,13 +24,13 @@ def default_values() -> DictConfig:
     if not PRIMARY.is_file():
         raise ConfigError(f"{PRIMARY} not found: run from a checkout of the project")
     stat = PRIMARY.stat()
-    return OmegaConf.merge(OmegaConf.structured(Config), copy.deepcopy(_primary(stat.st_mtime_ns, stat.st_size)))
+    return copy.deepcopy(_typed(stat.st_mtime_ns, stat.st_size))
 
 
 @functools.lru_cache(maxsize=4)
-def _primary(mtime_ns: int, size: int) -> dict:
-    """conf/config.yaml as parsed, once per version of the file: parsing it was most of a load's
-    time, and every load and every refusal message asks for the defaults."""
+def _typed(mtime_ns: int, size: int) -> DictConfig:
+    """conf/config.yaml parsed and typed by the schema, once per version of the file: parsing and
+    typing it was most of a load's time, and every load and every refusal message asks for it."""
     values = OmegaConf.to_container(OmegaConf.load(PRIMARY))
     values.pop("defaults", None)  # Hydra's list of config groups, not a parameter
-    return values
+    return OmegaConf.merge(OmegaConf.structured(Config), values)

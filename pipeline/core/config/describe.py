@@ -11,7 +11,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core.config.defaults import default_values
 from pipeline.core.config.param import Parameter, parameters
-from pipeline.core.config.rules import rules_for
 from pipeline.core.config.schema import Config
 
 
@@ -31,9 +30,9 @@ def describe(sections: str) -> str:
 
 
 def _kind(p: Parameter, defaults: DictConfig) -> str:
-    if isinstance(p.type, type) and issubclass(p.type, Enum):
-        return "one of " + ", ".join(c.name for c in p.type)
-    ranges = ([p.range.expected] if p.range else []) + [r.expected(defaults) for r in rules_for(p.key)]
+    if p.choices is not None:
+        return "one of " + ", ".join(c.name for c in p.choices)
+    ranges = ([p.range.expected] if p.range else []) + ([p.rule.expected(defaults)] if p.rule else [])
     return "; ".join([p.type_name, *ranges])
 
 

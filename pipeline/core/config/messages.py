@@ -10,14 +10,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core.config.defaults import default_values
-from pipeline.core.config.param import parameters
-from pipeline.core.config.schema import Config
-
-
-def choices_of(key: str) -> type[Enum] | None:
-    """The Enum of the schema's field `key`, or None when it is not a choice."""
-    kind = next((p.type for p in parameters(Config) if p.key == key), None)
-    return kind if isinstance(kind, type) and issubclass(kind, Enum) else None
 
 
 def choice_message(key: str, value: Any, choices: type[Enum]) -> str:

@@ -1,10 +1,13 @@
-"""How a parameter is declared: `param(range, doc)` puts its range and one-line meaning in the
-schema's field, next to its type; its default is conf/config.yaml's. `parameters()` reads every
-declaration back, for the one validator (`check_ranges`) and for `--help`."""
+"""How a parameter is declared: `param(range, doc, role, stages)` puts its range, one-line meaning,
+role and the DVC stages that depend on it in the schema's field, next to its type; its default is
+conf/config.yaml's. `parameters()` reads every declaration back, for the one validator
+(`check_ranges`), `--help`, the arm (pipeline/core/arm.py), the run's name (run_label.py), the
+resume fingerprint (pipeline/train/resume_state.py) and the test of dvc.yaml's `params:` lists."""
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import re
 import typing
@@ -93,9 +96,51 @@ def _type_rule(kind: Any, value: Any) -> str | None:
     return None
 
 
-def param(range: Range | None = None, doc: str = "") -> Any:
-    """A schema field with no default (conf/config.yaml holds it): its allowed values and meaning."""
-    return dataclasses.field(default=MISSING, metadata={"range": range, "doc": doc})
+class Role(enum.Flag):
+    """What a key is to a run besides its value. A key with no role makes the run: it is part of
+    the arm (pipeline/core/arm.py), so a new key splits arms until it is declared otherwise,
+    rather than silently pooling runs that differ in it as replicates."""
+
+    ARM = 0
+    # Names a run, makes nothing (run.preset, run.experiment, run.sweep, run.tracking): never in a
+    # run's name (run_label.py) nor its arm.
+    LABEL = enum.auto()
+    # How or where a run is carried out, not what it computes (paths, processes, batch sizes of
+    # the teacher, cadences, threads, device, input limits, the flow loop's form...): out of the arm.
+    OPERATIONAL = enum.auto()
+    # A train key a resumed run may change: left out of the checkpoint's fingerprint.
+    RESUME_NEUTRAL = enum.auto()
+
+
+LABEL, OPERATIONAL, RESUME_NEUTRAL = Role.LABEL, Role.OPERATIONAL, Role.RESUME_NEUTRAL
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A range that depends on other keys (0 < min_forward <= model.max_forward), checked once every
+    value is in its own range: `holds(cfg)`, and `expected(cfg)` says so with the other values."""
+
+    expected: Callable[[DictConfig], str]
+    holds: Callable[[DictConfig], bool]
+
+    def check(self, cfg: DictConfig, key: str) -> None:
+        if not self.holds(cfg):
+            raise refuse(key, OmegaConf.select(cfg, key), self.expected(cfg))
+
+
+def param(
+    range: Range | None = None, doc: str = "", rule: Rule | None = None, role: Role = Role.ARM, stages: tuple = ()
+) -> Any:
+    """A schema field with no default (conf/config.yaml holds it): its allowed values (`range`, and
+    a `rule` that depends on other keys), meaning, role and the dvc.yaml stages that list it
+    besides its section's."""
+    metadata = {"range": range, "doc": doc, "rule": rule, "role": role, "stages": stages}
+    return dataclasses.field(default=MISSING, metadata=metadata)
+
+
+def section(kind: type, role: Role = Role.ARM, stages: tuple[str, ...] = ()) -> Any:
+    """A section of the schema: `role` and `stages` hold for each of its keys (a key adds its own)."""
+    return dataclasses.field(default_factory=kind, metadata={"role": role, "stages": stages})
 
 
 @dataclass(frozen=True)
@@ -106,12 +151,20 @@ class Parameter:
     type: Any
     range: Range | None
     doc: str
+    rule: Rule | None = None
+    role: Role = Role.ARM
+    stages: frozenset[str] = frozenset()
 
     @property
     def base_type(self) -> Any:
         """str for Optional[str]: the type a value has when it is not null."""
         args = [a for a in typing.get_args(self.type) if a is not type(None)]
         return args[0] if args else self.type
+
+    @property
+    def choices(self) -> type[enum.Enum] | None:
+        """The Enum of a choice (train.precision), else None."""
+        return self.type if isinstance(self.type, type) and issubclass(self.type, enum.Enum) else None
 
     @property
     def expected(self) -> str:
@@ -128,15 +181,24 @@ class Parameter:
         return f"{name} or null" if args else name
 
 
-def parameters(schema: type, prefix: str = "") -> Iterator[Parameter]:
-    """Every leaf parameter of the dataclass tree `schema`, in declaration order."""
+def parameters(
+    schema: type, prefix: str = "", role: Role = Role.ARM, stages: frozenset = frozenset()
+) -> Iterator[Parameter]:
+    """Every leaf parameter of the dataclass tree `schema`, in declaration order, each with its
+    sections' roles and stages added to its own."""
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
         kind, key = hints[f.name], f"{prefix}{f.name}"
+        own = (role | f.metadata.get("role", Role.ARM), stages | set(f.metadata.get("stages", ())))
         if dataclasses.is_dataclass(kind):
-            yield from parameters(kind, f"{key}.")
+            yield from parameters(kind, f"{key}.", *own)
         else:
-            yield Parameter(key, kind, f.metadata.get("range"), f.metadata.get("doc", ""))
+            yield Parameter(key, kind, f.metadata.get("range"), f.metadata.get("doc", ""), f.metadata.get("rule"), *own)
+
+
+def keys_with(role: Role, schema: type) -> frozenset[str]:
+    """The keys of `schema` declared with (any of) `role`."""
+    return frozenset(p.key for p in parameters(schema) if p.role & role)
 
 
 def combined(kind: str, range: Range | None) -> str:
@@ -171,3 +233,10 @@ def check_ranges(cfg: DictConfig, schema: type) -> None:
             raise refuse(p.key, value, combined(wrong, p.range))
         if p.range is not None and not p.range.allows(value):
             raise refuse(p.key, value, p.range.expected)
+
+
+def check_rules(cfg: DictConfig, schema: type) -> None:
+    """Each rule between keys, in declaration order, once every value is in its own range."""
+    for p in parameters(schema):
+        if p.rule is not None:
+            p.rule.check(cfg, p.key)

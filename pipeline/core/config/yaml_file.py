@@ -30,9 +30,9 @@ def load_checked(path: Path) -> dict:
     """`path` parsed with yaml.safe_load into {section: mapping}, or one ConfigError that names it."""
     import yaml
 
-    text = _read(path)
+    loader = yaml.SafeLoader(_read(path))
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = loader.get_single_node()  # parsed once: counted, then built (what yaml.safe_load does)
         values = _expanded_size(root, {})
         if values > MAX_VALUES:
             raise ConfigError(
@@ -40,7 +40,7 @@ def load_checked(path: Path) -> dict:
                 f"a config holds a few hundred: expected the sections {SECTIONS} written out, as in conf/config.yaml "
                 f"(`git diff {path.name}` shows what changed)"
             )
-        doc = yaml.safe_load(text)
+        doc = None if root is None else loader.construct_document(root)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -51,6 +51,8 @@ def load_checked(path: Path) -> dict:
         ) from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a config; expected the sections {SECTIONS}") from None
+    finally:
+        loader.dispose()
     if doc is None or doc == {}:
         raise ConfigError(
             f"{path} is empty; expected the sections {SECTIONS} as conf/ composes them: restore it with "
