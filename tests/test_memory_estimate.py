@@ -346,7 +346,6 @@ from stages import startup
 startup.begin()  # as a stage process starts
 import stages.train  # noqa: F401 - the stage's imports: the baseline the check sees in the stage
 from pipeline.train import memory_estimate
-from pipeline.tracking import store as tracking
 from pipeline.core.config import load_config
 from pipeline.train.loop import train_model
 steps, overrides = int(sys.argv[1]), sys.argv[2:]
@@ -354,8 +353,7 @@ cfg = load_config(overrides + ["train.device=cpu", "train.epochs=1", "train.chec
 n, dim = cfg.train.batch_size * steps, {dim}
 rng = np.random.default_rng(0)
 x, y = rng.standard_normal((n, dim), dtype=np.float32), rng.standard_normal((n, dim), dtype=np.float32)
-tracking.configure("disabled")  # train_model alone tracks nothing: no MLflow part in the estimate
-check = memory_estimate.check(cfg, dim)
+check = memory_estimate.check(cfg, dim, tracked=False)  # train_model alone tracks nothing: no MLflow part
 result = train_model(cfg, x, y, progress=False)
 e = check.estimate
 hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))

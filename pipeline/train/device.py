@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
 from typing import Optional
 
+import numpy as np
 import torch
 
 from pipeline.core.errors import PipelineError
+from pipeline.model import energy_flow_loss
+
+log = logging.getLogger(__name__)
 
 
 def select_device(name: str) -> torch.device:
@@ -46,3 +53,34 @@ def precision_candidates(name: str, device: torch.device) -> list[Optional[torch
     if name == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return [None, torch.bfloat16]
     return [select_precision(name, device)]
+
+
+def fastest_precision(tr, candidates: list[Optional[torch.dtype]]) -> Optional[torch.dtype]:
+    """train.precision=auto on CUDA: time forward + backward of the first batch in each candidate
+    precision, as the run `tr` will execute it (graphs captured where they apply), and keep the
+    faster (its times in tr.precision_ms). The gradients are dropped: no update is made, nothing
+    of the run moves."""
+    with contextlib.closing(tr.loader.batches(0)) as first:  # closing stops a prefetch thread
+        x, y = (b.to(tr.device) for b in next(first))
+    times = {}
+    for dtype in candidates:
+        name = "fp32" if dtype is None else "bf16"
+        spent = []
+        for i in range(5):  # the first two warm up (and capture)
+            torch.cuda.synchronize(tr.device)
+            t0 = time.perf_counter()
+            with tr.autocast(dtype):
+                out = tr.runner(x, dtype)
+            energy_flow_loss(out.pred.float(), y, **tr.loss_weights).backward()
+            torch.cuda.synchronize(tr.device)
+            spent.append(time.perf_counter() - t0)
+            tr.opt.zero_grad(set_to_none=True)
+        times[name] = 1000 * float(np.median(spent[2:]))
+    tr.precision_ms = times
+    best = min(times, key=times.get)
+    log.info(
+        "train.precision=auto: %s (forward + backward of one batch: %s)",
+        best,
+        ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()),
+    )
+    return None if best == "fp32" else torch.bfloat16

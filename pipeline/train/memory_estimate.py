@@ -76,7 +76,6 @@ from pipeline.core import resources
 from pipeline.core.distributed import Dist, device_for
 from pipeline.core.errors import ResourceError
 from pipeline.model import EnergyFlowModel
-from pipeline.tracking import store as tracking
 from pipeline.train.device import select_device, select_precision
 from pipeline.train.telemetry import rss_mb
 
@@ -383,10 +382,15 @@ def available_memory(device: torch.device, processes: int = 1) -> Available:
 
 
 def estimate(
-    cfg, dim: int, place: Dist = Dist(), device: Optional[torch.device] = None, resume_path: Optional[Path] = None
+    cfg,
+    dim: int,
+    place: Dist = Dist(),
+    device: Optional[torch.device] = None,
+    resume_path: Optional[Path] = None,
+    tracked: bool = True,
 ) -> MemoryEstimate:
     """The memory of one training process of `cfg` on `dim`-d embeddings (nothing is built but a
-    probe of one flow step).
+    probe of one flow step). `tracked`: the process logs to MLflow (rank 0 counts TRACKING_MB).
 
     Flow steps, expected and worst: forward runs every flow until it arrives (z >= depth) or
     dies, each step moving it forward between min_forward and max_forward, so no step holds more
@@ -463,7 +467,7 @@ def estimate(
         ddp_mb=_mb(param_bytes) if place.world_size > 1 else 0.0,
         resume_mb=_mb(resume),
         data_mb=_mb(data),
-        tracking_mb=TRACKING_MB if place.is_main and tracking.enabled() else 0.0,
+        tracking_mb=TRACKING_MB if place.is_main and tracked else 0.0,
         # Model + AdamW moments; step counters, schedule, RNG states and telemetry rows are KBs.
         checkpoint_mb=_mb((1 + ADAMW_STATES) * param_bytes),
         flows=n_flows,
@@ -559,14 +563,19 @@ def _what_to_change(e: MemoryEstimate) -> str:
 
 
 def check(
-    cfg, dim: int, place: Dist = Dist(), checkpoint_path: Optional[Path] = None, available: Optional[Available] = None
+    cfg,
+    dim: int,
+    place: Dist = Dist(),
+    checkpoint_path: Optional[Path] = None,
+    available: Optional[Available] = None,
+    tracked: bool = True,
 ) -> MemoryCheck:
     """Estimate, compare with what is available, and raise ResourceError when it cannot fit
     (unless train.memory_check=false). `checkpoint_path`: the resumable checkpoint's file (its
     size if it exists is a resume's; its disk must hold one more). `available`: what to compare
     with (default: this machine's, `available_memory`)."""
     device = select_device(device_for(cfg.train.device, place))
-    e = estimate(cfg, dim, place, device, resume_path=checkpoint_path)
+    e = estimate(cfg, dim, place, device, resume_path=checkpoint_path, tracked=tracked)
     a = available or available_memory(device, e.processes)
     problems = []
     n = e.processes

@@ -1,4 +1,5 @@
-"""What a person watching the run sees: the step bar (tqdm) and one line per epoch."""
+"""What a person watching the run sees: the step bar (tqdm) and one line per epoch; a part of the
+loop (pipeline/train/parts.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,33 @@ import math
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from pipeline.train.parts import TrainPart
+
 log = logging.getLogger(__name__)
 
 
-class Progress:
+class Progress(TrainPart):
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.bar = None
+
+    def running(self, tr):
+        return self.redirect_logs()
+
+    def on_start(self, tr) -> None:
+        self.start(tr.total_steps, tr.step)
+
+    def after_step(self, tr, s) -> None:
+        self.bar.update(1)
+
+    def on_log(self, tr, row: dict) -> None:
+        self.show_loss(row["train/loss"])
+
+    def on_epoch_end(self, tr) -> None:
+        log_epoch(tr.result.rows, tr.epoch, tr.t.epochs, tr.step, tr.result.summary if tr.val else None)
+
+    def on_end(self, tr, reason: str) -> None:
+        self.bar.close()
 
     def redirect_logs(self):
         """While the bar is up, log lines (epoch summaries, skipped steps) go through tqdm.write,
@@ -28,15 +49,9 @@ class Progress:
             total=total, initial=initial, desc="train", unit="step", disable=not self.enabled, mininterval=1.0
         )
 
-    def step(self) -> None:
-        self.bar.update(1)
-
     def show_loss(self, loss: float) -> None:
         if math.isfinite(loss):
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-
-    def close(self) -> None:
-        self.bar.close()
 
 
 def log_epoch(rows: list[dict], epoch: int, epochs: int, step: int, val: dict | None) -> None:

@@ -4,16 +4,19 @@ Raised at once (as stages/_cli.py does everywhere else), the signal can land ins
 step, with some parameters updated and others not: a checkpoint written then would not be a
 state any run passes through. Held, the trainer finishes the step (one step: short next to a
 human's patience, even on the largest preset), writes a checkpoint there and then stops with the same exception. A
-second signal while one is held stops at once: someone wants out now.
+second signal while one is held stops at once: someone wants out now. `StopSignals` is that
+part of the loop (pipeline/train/parts.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 
 from pipeline.core.errors import Terminated
+from pipeline.train.parts import Step, TrainPart
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -57,3 +60,29 @@ class DeferredStop:
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise Terminated(signum)
+
+
+class StopSignals(TrainPart):
+    """Holds SIGTERM and Ctrl-C while the run runs; at the end of the step one arrived in, the run
+    ends (its open window logged, a checkpoint written: Checkpointing.on_end) and stops."""
+
+    def __init__(self):
+        self.held = DeferredStop()
+
+    @contextlib.contextmanager
+    def running(self, tr) -> Iterator[None]:
+        with self.held:
+            try:
+                yield
+            except RuntimeError:
+                # The ranks get a stop signal together but each sees it at the end of its own step:
+                # a rank that stopped a step ahead leaves this one's collective without its peer
+                # (gloo: "Connection closed by peer"). That is the stop this rank was asked for too.
+                if self.held.requested and tr.place.enabled:
+                    self.held.raise_()
+                raise
+
+    def on_step_end(self, tr, s: Step) -> None:
+        if self.held.requested:
+            tr.end("stop")
+            self.held.raise_()
