@@ -25,6 +25,7 @@ if __name__ == "__main__":  # run as a stage: before the imports below (stages/s
 
     startup.begin()
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -95,23 +96,14 @@ def train_only(cfg, place) -> None:
     """A rank other than 0: train in step with the others, write and log nothing."""
     inputs = prepare(cfg, place, tracked=False)  # only rank 0 tracks
     ckpt = Checkpointing(inputs.ckpt_path, inputs.fingerprint, 0, resume_from=inputs.state)
-    try:
-        train_model(
-            cfg,
-            inputs.train.inputs,
-            inputs.train.targets,
-            inputs.val.inputs,
-            inputs.val.targets,
-            checkpointing=ckpt,
-            progress=False,
-            place=place,
-        )
-    except TrainingDiverged:
-        pass  # every rank stops at the same step (the skips are agreed); rank 0 reports it
+    # Every rank stops at the same step (the skips are agreed); rank 0 reports a divergence.
+    with contextlib.suppress(TrainingDiverged):
+        train_model(cfg, *inputs.arrays(), checkpointing=ckpt, progress=False, place=place)
 
 
 def train_and_record(cfg, place) -> dict:
-    memory, manifest, train, val, ckpt_path, fp, state = prepare(cfg, place, tracking.enabled())
+    inputs = prepare(cfg, place, tracking.enabled())
+    memory, manifest, _, _, ckpt_path, fp, state = inputs
     memory.log()
     model_dir = repo_path(cfg.train.out_dir)
     settings = settings_digest(cfg, manifest_digest(manifest))
@@ -153,23 +145,14 @@ def train_and_record(cfg, place) -> dict:
                 before_save=to_mlflow.sync,
             )
             try:
-                result = train_model(
-                    cfg,
-                    train.inputs,
-                    train.targets,
-                    val.inputs,
-                    val.targets,
-                    checkpointing=ckpt,
-                    on_log=to_mlflow,
-                    place=place,
-                )
+                result = train_model(cfg, *inputs.arrays(), checkpointing=ckpt, on_log=to_mlflow, place=place)
             except TrainingDiverged as e:
                 diverged = e
         if diverged is not None:  # recorded once the buffer has closed (MLflow's own retries are back)
-            record_divergence(run, diverged.result, settings, tx)
+            record(run, diverged.result, cfg, model_dir, settings, tx, diverged=True)
             tx.commit()  # the evidence the report reads; the previous model stays (none was made)
             raise diverged  # inside the run: it ends FAILED
-        record_trained(run, result, cfg, model_dir, settings, tx)
+        record(run, result, cfg, model_dir, settings, tx)
         # With the model in place the checkpoint has done its job (a forced re-run must train
         # anew); until then it is what a re-run resumes from.
         tx.remove(ckpt_path)
@@ -227,53 +210,33 @@ def log_run_inputs(cfg, manifest: dict, embed_run: dict, processes: int) -> None
     )
 
 
-def record_trained(run, result, cfg, model_dir: Path, settings: str, tx) -> str:
+def record(run, result, cfg, model_dir: Path, settings: str, tx, diverged: bool = False) -> None:
     """A finished run: its telemetry, the model file, metrics, artifacts and run file, staged in
-    `tx` (model_dir was claimed when the stage started). Returns the model file's sha256."""
+    `tx` (model_dir was claimed when the stage started). A `diverged` run will not reach evaluate
+    or report: its telemetry, its partial metrics (train/diverged = 1) and its run file, no model,
+    for the report stage that runs next."""
     write_telemetry(result, tx)
-    model_sha = write_model(result, cfg, model_dir, tx)
-    tracking.set_tags({"train.model_sha256": model_sha})
-    summary = result.summary
-    write_train_metrics(summary, settings, tx)
+    # The model's digest tags the run: it is how ./dev ask finds the run of a model file.
+    model_sha = "" if diverged else write_model(result, cfg, model_dir, tx)
+    if model_sha:
+        tracking.set_tags({"train.model_sha256": model_sha})
+    metrics = {**result.summary, "train/diverged": 1} if diverged else result.summary
+    write_train_metrics(metrics, settings, tx)
     # At the last step, so MLflow's table shows these run totals (the latest value), not the
     # last telemetry row's (perf/samples_per_s of one window, not of the run), as DVC does.
-    tracking.log_metrics(summary, step=int(summary["train/steps"]))
-    for path in ARTIFACTS:
+    tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
+    for path in () if diverged else ARTIFACTS:
         tracking.log_artifact_file(tx.path(path), "train")
     update_note()
+    uri = tracking.tracking_uri() if tracking.enabled() or not diverged else ""
+    info = {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri}
     tracking.write_run_file(
-        "train",
-        {
-            "run_id": run.info.run_id,
-            "experiment_id": run.info.experiment_id,
-            "tracking_uri": tracking.tracking_uri(),
-            "model_sha256": model_sha,
-        },
-        tx,
+        "train", {**info, "model_sha256": model_sha, **({"diverged": True} if diverged else {})}, tx
     )
-    return model_sha
-
-
-def record_divergence(run, result, settings: str, tx) -> None:
-    """The run blew up and will not reach evaluate or report: write its telemetry, its partial
-    metrics (train/diverged = 1) and its run file, for the report stage that runs next."""
-    write_telemetry(result, tx)
-    metrics = {**result.summary, "train/diverged": 1}
-    write_train_metrics(metrics, settings, tx)
-    tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
-    update_note()
-    tracking.write_run_file(
-        "train",
-        {
-            "run_id": run.info.run_id,
-            "experiment_id": run.info.experiment_id,
-            "tracking_uri": tracking.tracking_uri() if tracking.enabled() else "",
-            "model_sha256": "",
-            "diverged": True,
-        },
-        tx,
-    )
-    log.error("training diverged at step %d: no model is written; the stability report follows", metrics["train/steps"])
+    if diverged:
+        log.error(
+            "training diverged at step %d: no model is written; the stability report follows", metrics["train/steps"]
+        )
 
 
 def report_divergence(args: list[str]) -> int:

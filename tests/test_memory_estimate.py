@@ -25,7 +25,7 @@ from pipeline.core.distributed import Dist
 from pipeline.core.errors import PipelineError, ResourceError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.train import inputs, memory_estimate
+from pipeline.train import activations, inputs, memory_estimate
 from stages import train
 from tests.helpers.shards import fake_shards
 
@@ -329,9 +329,9 @@ def test_probe_on_meta_matches_cpu(monkeypatch):
     same bytes in fp32, checkpointed or not."""
     for overrides in (["preset=default"], ["preset=default", "model.checkpoint_steps=true"], ["preset=seed"]):
         model_cfg = load_config(overrides).model
-        cpu = memory_estimate.flow_step_bytes(model_cfg, DIM)
-        monkeypatch.setattr(memory_estimate, "_PROBE_MAX_BYTES", 0)
-        meta = memory_estimate.flow_step_bytes(model_cfg, DIM)
+        cpu = activations.flow_step_bytes(model_cfg, DIM)
+        monkeypatch.setattr(activations, "_PROBE_MAX_BYTES", 0)
+        meta = activations.flow_step_bytes(model_cfg, DIM)
         monkeypatch.undo()
         assert cpu[2] == "cpu" and meta[2] == "meta" and cpu[:2] == meta[:2], (overrides, cpu, meta)
 

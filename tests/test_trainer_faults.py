@@ -13,7 +13,8 @@ from pipeline.core.config import CONF_DIR, load_config
 from pipeline.core.errors import ConfigError, PipelineError
 from pipeline.train import faults, validation
 from pipeline.train.faults import FaultInjector
-from pipeline.train.loop import Trainer, lr_lambda
+from pipeline.train.loop import Trainer
+from pipeline.train.optimizer import lr_lambda
 from pipeline.train.result import TrainingDiverged
 from tests.helpers.synthetic import linear_task
 

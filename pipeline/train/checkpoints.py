@@ -30,9 +30,6 @@ class Checkpointing(TrainPart):
     resume_from: Optional[dict] = None  # a state from train_state.load_state
     before_save: Optional[Callable[[], None]] = None  # e.g. flush buffered metrics: a resumed run keeps them
 
-    def due(self, step: int) -> bool:
-        return bool(self.every) and step % self.every == 0
-
     def save(self, state: Callable[[], dict[str, Any]]) -> None:
         """Write `state()`, taken after before_save has run."""
         if self.before_save:
@@ -40,7 +37,7 @@ class Checkpointing(TrainPart):
         save_state(self.path, state())
 
     def on_step_end(self, tr, s: Step) -> None:
-        if s.log_step and self.due(s.step) and tr.place.is_main:
+        if s.log_step and self.every and s.step % self.every == 0 and tr.place.is_main:
             self.save(lambda: trainer_state(tr))
 
     def on_end(self, tr, reason: str) -> None:

@@ -1,4 +1,5 @@
-"""Where the run trains and in which number format: the device and the autocast dtype."""
+"""Where the run trains and in which number format: the device, the autocast dtype, and the model
+on its device with what runs its forward pass."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Optional
 import numpy as np
 import torch
 
+from pipeline.core.distributed import Dist, device_for
 from pipeline.core.errors import PipelineError
-from pipeline.model import energy_flow_loss
+from pipeline.model import EnergyFlowModel, energy_flow_loss
+from pipeline.train.cuda_graph import FlowRunner, why_eager
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,22 @@ def precision_candidates(name: str, device: torch.device) -> list[Optional[torch
     return [select_precision(name, device)]
 
 
+def device_and_precision(t, place: Dist, report: bool) -> tuple[torch.device, Optional[torch.dtype]]:
+    """train.device for this rank (a CUDA rank: cuda:LOCAL_RANK) and train.precision's autocast
+    dtype there; `report`: say when the precision is a slow one here."""
+    device = select_device(device_for(t.device, place))
+    if (slow := slow_precision_warning(t.precision, device)) and report:
+        log.warning(slow)
+    return device, select_precision(t.precision, device)
+
+
+def choose_precision(tr) -> None:
+    """train.precision=auto on CUDA, at a run's first step: the faster candidate (fastest_precision)."""
+    candidates = precision_candidates(tr.t.precision, tr.device)
+    if len(candidates) > 1 and tr.step == 0:
+        tr.amp_dtype = fastest_precision(tr, candidates)
+
+
 def fastest_precision(tr, candidates: list[Optional[torch.dtype]]) -> Optional[torch.dtype]:
     """train.precision=auto on CUDA: time forward + backward of the first batch in each candidate
     precision, as the run `tr` will execute it (graphs captured where they apply), and keep the
@@ -69,7 +88,7 @@ def fastest_precision(tr, candidates: list[Optional[torch.dtype]]) -> Optional[t
         for i in range(5):  # the first two warm up (and capture)
             torch.cuda.synchronize(tr.device)
             t0 = time.perf_counter()
-            with tr.autocast(dtype):
+            with autocast(tr, dtype):
                 out = tr.runner(x, dtype)
             energy_flow_loss(out.pred.float(), y, **tr.loss_weights).backward()
             torch.cuda.synchronize(tr.device)
@@ -84,3 +103,33 @@ def fastest_precision(tr, candidates: list[Optional[torch.dtype]]) -> Optional[t
         ", ".join(f"{k} {v:.2f} ms" for k, v in times.items()),
     )
     return None if best == "fp32" else torch.bfloat16
+
+
+def build_model(
+    cfg, dim: int, device: torch.device, place: Dist
+) -> tuple[EnergyFlowModel, torch.nn.Module, FlowRunner]:
+    """The model on `device`, what its forward pass (and backward's gradient all-reduce) goes
+    through, DDP with several processes (health, checkpoints and evaluation use the model itself),
+    and the runner that calls it (CUDA graphs where they apply). All parameters take part in every
+    forward (checked: no gradient is None at batch 1, 4 or 16), so no unused-parameter search; the
+    model has no buffers, so DDP has none to broadcast."""
+    t = cfg.train
+    model = EnergyFlowModel.from_config(cfg.model, dim).to(device)
+    model.train()
+    model.flow_loop = str(t.flow_loop)
+    forward = model
+    if place.enabled:
+        forward = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    anomaly = t.detect_anomaly_steps > 0
+    eager = why_eager(model, device, processes=place.world_size, grad_accum=t.grad_accum, anomaly=anomaly)
+    return model, forward, FlowRunner(model, forward, device, str(t.cuda_graph), eager)
+
+
+def autocast(tr, dtype="run"):
+    """The run's autocast (`dtype`: another one, as fastest_precision times)."""
+    dtype = tr.amp_dtype if dtype == "run" else dtype
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(tr.device.type, dtype=dtype, cache_enabled=tr.runner.autocast_cache())

@@ -77,8 +77,10 @@ class FaultInjector(TrainPart):
         return self.on_loss(tr.step, loss)
 
     def after_backward(self, tr) -> None:
-        """Before unscale_, so the scaler sees an injected inf."""
-        self.on_grads(tr.step)
+        """Before unscale_ and the health measure, so the scaler sees an injected inf."""
+        if self.kind == "inf_grad" and self.hits(tr.step) and self._target.grad is not None:
+            with torch.no_grad():
+                self._target.grad.view(-1)[0] = float("inf")
 
     def before_update(self, tr) -> None:
         """The LR spike (or jump, the same multiplier held longer) of this update, undone after it
@@ -174,9 +176,3 @@ class FaultInjector(TrainPart):
             self._leak_pos = 0
         self._leak_block[self._leak_pos : self._leak_pos + n] = 1.0
         self._leak_pos += n
-
-    def on_grads(self, step: int) -> None:
-        """Applied after backward, before the gradients are measured."""
-        if self.kind == "inf_grad" and self.hits(step) and self._target.grad is not None:
-            with torch.no_grad():
-                self._target.grad.view(-1)[0] = float("inf")

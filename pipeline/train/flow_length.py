@@ -41,7 +41,10 @@ class FlowLength(TrainPart):
         return {"flow_steps_seen": self.seen, "fixed_steps": self.model.fixed_steps}
 
     def load_state_dict(self, counters: dict) -> None:
-        self.restore(counters.get("flow_steps_seen", 0), counters.get("fixed_steps"))
+        """A checkpoint's counts: a resumed run goes on with the length it had reached."""
+        self.seen = counters.get("flow_steps_seen", 0)
+        if self.masked and counters.get("fixed_steps"):
+            self.model.fixed_steps = counters["fixed_steps"]
 
     def fit(self, step: int, used: int, overrun: bool) -> None:
         """After a masked step that needed `used` flow steps: flow_cap while the first batches show
@@ -63,12 +66,6 @@ class FlowLength(TrainPart):
                 self.seen,
             )
             self.model.fixed_steps = fixed
-
-    def restore(self, seen: int, fixed_steps) -> None:
-        """A checkpoint's counts: a resumed run goes on with the length it had reached."""
-        self.seen = seen
-        if self.masked and fixed_steps:
-            self.model.fixed_steps = fixed_steps
 
 
 def add_masked_counters(total: Optional[torch.Tensor], out: FlowOutput) -> torch.Tensor:

@@ -25,6 +25,10 @@ class TrainInputs(NamedTuple):
     fingerprint: str
     state: Optional[dict]  # the checkpoint to resume from (None: start afresh)
 
+    def arrays(self) -> tuple:
+        """train_model's arrays: train inputs and targets, val inputs and targets."""
+        return self.train.inputs, self.train.targets, self.val.inputs, self.val.targets
+
 
 def prepare(cfg, place: Dist, tracked: bool) -> TrainInputs:
     """Before any of the model, optimizer or checkpoint is built or loaded, the memory check

@@ -29,13 +29,9 @@ class LossScaler:
     floor, then (with several ranks) the agreed state."""
 
     def __init__(
-        self,
-        device_type: str,
-        scaler_cfg,
-        agree: Optional[Callable[[torch.Tensor, str], torch.Tensor]] = None,
+        self, device_type: str, scaler_cfg, agree: Optional[Callable[[torch.Tensor, str], torch.Tensor]] = None
     ):
         prototype = scaler_cfg.recovery == "prototype"
-        self.device_type = device_type
         self.init_scale, self.init_growth = float(scaler_cfg.init_scale), 0
         self.growth_factor = float(scaler_cfg.growth_factor)
         self.backoff_factor = PROTOTYPE_BACKOFF if prototype else float(scaler_cfg.backoff_factor)
@@ -43,9 +39,8 @@ class LossScaler:
         self.recovery_floor = PROTOTYPE_FLOOR if prototype else None
         # Distributed training: an all-reduce over the ranks (Dist.all_reduce); None with one process.
         self.agree_ranks = agree
-        self.scale_t: Optional[torch.Tensor] = None  # made at the first scale(), on the loss's device
-        self.growth_t: Optional[torch.Tensor] = None
-        self.found_inf: Optional[torch.Tensor] = None  # unscale_'s finding, used by the next update
+        # Made at the first scale(), on the loss's device; found_inf: unscale_'s, for end_step.
+        self.scale_t = self.growth_t = self.found_inf = None
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         if self.scale_t is None:

@@ -3,24 +3,10 @@
 The loop (pipeline/train/loop.py) calls each hook on every part of `Trainer.parts`, in the list's
 order, at one point of the run; a part overrides the hooks it needs and inherits the rest, which
 do nothing. A new part is a new module with a TrainPart and a place in that list; a part that is
-not configured is not in the list (no fault: no FaultInjector), so it costs a step nothing.
-
-`tr` is the Trainer: its model, optimizer, scaler, health, place, step, result, the other parts.
-The hooks, in the order a step calls them:
-
-    running(tr)             a context around the whole run (log redirection, held signals)
-    on_start(tr)            before this process's first step (a resumed run's too)
-    before_backward(tr, l)  each micro-batch's loss, before backward: returns the loss to use
-    after_backward(tr)      the step's gradients, before they are unscaled and measured
-    before_update(tr)       around the optimizer step of a step that is applied
-    after_update(tr)
-    after_step(tr, s)       the step's decision is known (s: a Step): counts, the bar, events
-    on_log(tr, row)         a telemetry row, before it goes to the run's on_log callback
-    on_step_end(tr, s)      the step's row is out: checkpoints, the next window, stop signals
-    on_epoch_end(tr)        validation, the epoch's line
-    on_end(tr, reason)      "done", "diverged" or "stop"
-    state_dict()            the part's counters, kept in a checkpoint's "counters"
-    load_state_dict(c)      ... and given back on resume
+not configured is not in the list (no fault: no FaultInjector), so it costs a step nothing. `tr`
+is the Trainer (its model, optimizer, scaler, health, step, result, the other parts). The hooks,
+in the order a run calls them, and which parts use them: docs/architecture.md ("Training: a loop
+and its parts"). state_dict / load_state_dict: the part's counters in a checkpoint's "counters".
 """
 
 from __future__ import annotations
@@ -53,38 +39,28 @@ class TrainPart:
     def running(self, tr) -> ContextManager:
         return contextlib.nullcontext()
 
-    def on_start(self, tr) -> None:
-        pass
+    def on_start(self, tr) -> None: ...
 
     def before_backward(self, tr, loss):
         return loss
 
-    def after_backward(self, tr) -> None:
-        pass
+    def after_backward(self, tr) -> None: ...
 
-    def before_update(self, tr) -> None:
-        pass
+    def before_update(self, tr) -> None: ...
 
-    def after_update(self, tr) -> None:
-        pass
+    def after_update(self, tr) -> None: ...
 
-    def after_step(self, tr, s: Step) -> None:
-        pass
+    def after_step(self, tr, s: Step) -> None: ...
 
-    def on_log(self, tr, row: dict) -> None:
-        pass
+    def on_log(self, tr, row: dict) -> None: ...
 
-    def on_step_end(self, tr, s: Step) -> None:
-        pass
+    def on_step_end(self, tr, s: Step) -> None: ...
 
-    def on_epoch_end(self, tr) -> None:
-        pass
+    def on_epoch_end(self, tr) -> None: ...
 
-    def on_end(self, tr, reason: str) -> None:
-        pass
+    def on_end(self, tr, reason: str) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
         return {}
 
-    def load_state_dict(self, counters: dict[str, Any]) -> None:
-        pass
+    def load_state_dict(self, counters: dict[str, Any]) -> None: ...

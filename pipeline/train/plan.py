@@ -24,8 +24,10 @@ import dataclasses
 import time
 
 from pipeline.core.distributed import Dist, device_for
+from pipeline.core.errors import PipelineError
 from pipeline.core.paths import repo_path
 from pipeline.core.preflight import DAY_S, warn_duration
+from pipeline.data.loader import BatchLoader
 from pipeline.data.shards import load_manifest
 from pipeline.train import memory_estimate
 from pipeline.train.device import select_device
@@ -56,6 +58,33 @@ def planned_steps(cfg, manifest: dict, processes: int) -> tuple[int, int]:
     rows = int(manifest["splits"].get("train", {}).get("count", 0))
     per_epoch = (rows // (t.batch_size * processes)) // t.grad_accum
     return per_epoch, int(t.epochs) * per_epoch
+
+
+def batch_loader(cfg, inputs, targets, device, place: Dist) -> tuple[BatchLoader, int]:
+    """The trainer's loader of this rank's batches, and its optimizer steps per epoch (an error
+    when not one fits)."""
+    t = cfg.train
+    loader = BatchLoader(
+        inputs,
+        targets,
+        t.batch_size,
+        shuffle=True,
+        seed=cfg.run.seed,
+        drop_last=len(inputs) > t.batch_size,
+        pin_memory=device.type == "cuda",
+        prefetch=t.prefetch,
+        rank=place.rank,
+        world_size=place.world_size,
+    )
+    per_epoch = len(loader) // t.grad_accum
+    if per_epoch == 0:
+        procs = f" * {place.world_size} processes" if place.enabled else ""
+        raise PipelineError(
+            f"the train split has {len(inputs)} rows: fewer than train.batch_size * train.grad_accum"
+            f"{procs} = {t.batch_size * t.grad_accum * place.world_size}, so not one optimizer step fits; "
+            "lower one of them"
+        )
+    return loader, per_epoch
 
 
 def costs(cfg, processes: int, tracked: bool = True) -> None:

@@ -20,38 +20,29 @@ class Progress(TrainPart):
         self.bar = None
 
     def running(self, tr):
-        return self.redirect_logs()
+        """While the bar is up, log lines (epoch summaries, skipped steps) go through tqdm.write,
+        so they print above it instead of after it on the bar's own line."""
+        return logging_redirect_tqdm() if self.enabled else contextlib.nullcontext()
 
     def on_start(self, tr) -> None:
-        self.start(tr.total_steps, tr.step)
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(
+            total=tr.total_steps, initial=tr.step, desc="train", unit="step", disable=not self.enabled, mininterval=1.0
+        )
 
     def after_step(self, tr, s) -> None:
         self.bar.update(1)
 
     def on_log(self, tr, row: dict) -> None:
-        self.show_loss(row["train/loss"])
+        if math.isfinite(row["train/loss"]):
+            self.bar.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
 
     def on_epoch_end(self, tr) -> None:
         log_epoch(tr.result.rows, tr.epoch, tr.t.epochs, tr.step, tr.result.summary if tr.val else None)
 
     def on_end(self, tr, reason: str) -> None:
         self.bar.close()
-
-    def redirect_logs(self):
-        """While the bar is up, log lines (epoch summaries, skipped steps) go through tqdm.write,
-        so they print above it instead of after it on the bar's own line."""
-        return logging_redirect_tqdm() if self.enabled else contextlib.nullcontext()
-
-    def start(self, total: int, initial: int) -> None:
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(
-            total=total, initial=initial, desc="train", unit="step", disable=not self.enabled, mininterval=1.0
-        )
-
-    def show_loss(self, loss: float) -> None:
-        if math.isfinite(loss):
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
 
 
 def log_epoch(rows: list[dict], epoch: int, epochs: int, step: int, val: dict | None) -> None:

@@ -11,6 +11,7 @@ any checkpoint written, so a row times training steps only.
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import torch
 
@@ -43,11 +44,15 @@ class TelemetryWindow(TrainPart):
         self.samples += s.samples
         self.flow_steps += s.flow_steps
         self.steps_used += s.steps_used
-        self.count(s.code, s.skip)
+        if s.code & OVERRUN:  # the loop's length, not a skip for the run's health
+            self.overruns += 1
+        elif s.skip:
+            self.skipped += 1
         if s.lr is not None:
             self.lr = max(self.lr, s.lr)
         if s.untimed_s is not None:
-            self.add_untimed(s.untimed_s)
+            self.untimed_s += s.untimed_s
+            self.untimed_steps += 1
         self.steps += 1
 
     def on_step_end(self, tr, s: Step) -> None:
@@ -55,16 +60,19 @@ class TelemetryWindow(TrainPart):
             self.open()
             tr.health.new_window()
 
-    def count(self, code: int, skipped: bool) -> None:
-        """A step's decision: an overrun, or a skip for the run's health (step_health's code)."""
-        if code & OVERRUN:
-            self.overruns += 1
-        elif skipped:
-            self.skipped += 1
-
-    def add_untimed(self, seconds: float) -> None:
-        self.untimed_s += seconds
-        self.untimed_steps += 1
+    def log_row(self, tr, values: Optional[list[float]]) -> None:
+        """Close the window into a telemetry row for the parts' on_log and the run's on_log;
+        `values` is this step's read (None: the run is ending mid-window, one extra read, once)."""
+        if values is None:
+            zero = torch.zeros((), device=self.device)
+            scale = tr.scaler.scale_tensor() if tr.scaler else None
+            values = tr.health.step_readout(zero, zero, zero, scale, True)
+        row = self.close(tr, values)
+        tr.result.rows.append(row)
+        tr.call("on_log", row)
+        if tr.on_log:
+            tr.on_log(row, tr.step)
+        reset_peak(self.device)
 
     def close(self, tr, values: list[float]) -> dict:
         """The window's telemetry row; `values` is a step_readout with the window's accumulators.
