@@ -21,7 +21,7 @@ steps_used is FlowOutput.steps_used; flow_steps the flows moved summed over step
 done). Prints one JSON object as its last line, with the CPU model and the probes' spread.
 
 The fixed arm keeps max_steps steps of activations for every flow of the seed preset
-(pipeline/train/memory_estimate.flow_step_bytes a flow step: peak_rss_gb says what it took) and
+(pipeline/train/activations.flow_step_bytes a flow step: peak_rss_gb says what it took) and
 moves finished flows again and again: it is by far the slowest and largest arm, so the default
 run is a few batches of one preset. `--save` also writes bench/results/adaptive_stop.json.
 `--train-steps N` first trains the model N AdamW steps on a learnable synthetic task; 0 (the

@@ -82,7 +82,8 @@ from bench.workloads import config, synthetic
 from pipeline.core.paths import REPO_ROOT
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.train.loop import Trainer, loss_weights, lr_lambda, train_model
+from pipeline.train.loop import Trainer, train_model
+from pipeline.train.optimizer import loss_weights, lr_lambda
 from pipeline.train.step_counters import count_host, optimizer_host_tensors
 
 GOALS = {

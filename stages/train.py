@@ -25,6 +25,7 @@ if __name__ == "__main__":  # run as a stage: before the imports below (stages/s
 
     startup.begin()
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -34,17 +35,21 @@ from pathlib import Path
 from typing import Optional
 
 from pipeline.core import distributed, lifetime
+from pipeline.core.arm import arm_of
+from pipeline.core.config import flatten
 from pipeline.core.output_dirs import CHECKPOINTS, MODEL, claim
 from pipeline.core.output_transaction import outputs
 from pipeline.core.paths import repo_path
+from pipeline.data.shards import sha256_file
 from pipeline.tracking import store as tracking
 from pipeline.tracking.metric_buffer import MetricBuffer
+from pipeline.tracking.run_note import update_note
 from pipeline.train import plan
 from pipeline.train.checkpoints import Checkpointing
 from pipeline.train.device import select_device
-from pipeline.train.inputs import embed_run_of, prepare, run_tags
+from pipeline.train.inputs import prepare
 from pipeline.train.loop import train_model
-from pipeline.train.outputs import destinations, log_run_inputs, record_divergence, record_trained
+from pipeline.train.outputs import ARTIFACTS, destinations, write_model, write_telemetry, write_train_metrics
 from pipeline.train.perf_files import manifest_digest, settings_digest
 from pipeline.train.result import TrainingDiverged
 
@@ -89,25 +94,16 @@ def run(cfg) -> TrainOutcome:
 
 def train_only(cfg, place) -> None:
     """A rank other than 0: train in step with the others, write and log nothing."""
-    inputs = prepare(cfg, place)
+    inputs = prepare(cfg, place, tracked=False)  # only rank 0 tracks
     ckpt = Checkpointing(inputs.ckpt_path, inputs.fingerprint, 0, resume_from=inputs.state)
-    try:
-        train_model(
-            cfg,
-            inputs.train.inputs,
-            inputs.train.targets,
-            inputs.val.inputs,
-            inputs.val.targets,
-            checkpointing=ckpt,
-            progress=False,
-            place=place,
-        )
-    except TrainingDiverged:
-        pass  # every rank stops at the same step (the skips are agreed); rank 0 reports it
+    # Every rank stops at the same step (the skips are agreed); rank 0 reports a divergence.
+    with contextlib.suppress(TrainingDiverged):
+        train_model(cfg, *inputs.arrays(), checkpointing=ckpt, progress=False, place=place)
 
 
 def train_and_record(cfg, place) -> dict:
-    memory, manifest, train, val, ckpt_path, fp, state = prepare(cfg, place)
+    inputs = prepare(cfg, place, tracking.enabled())
+    memory, manifest, _, _, ckpt_path, fp, state = inputs
     memory.log()
     model_dir = repo_path(cfg.train.out_dir)
     settings = settings_digest(cfg, manifest_digest(manifest))
@@ -128,7 +124,7 @@ def train_and_record(cfg, place) -> dict:
             tags={**run_tags(cfg, manifest, embed_run, fp, place), **tracking.overrides_tag(cfg)},
             stage="train",
         ) as run,
-        outputs("train", destinations(model_dir)) as tx,
+        outputs("train", [*destinations(model_dir), tracking.run_file("train")]) as tx,
     ):
         if resume_run is None:
             log_run_inputs(cfg, manifest, embed_run, place.world_size)
@@ -149,23 +145,14 @@ def train_and_record(cfg, place) -> dict:
                 before_save=to_mlflow.sync,
             )
             try:
-                result = train_model(
-                    cfg,
-                    train.inputs,
-                    train.targets,
-                    val.inputs,
-                    val.targets,
-                    checkpointing=ckpt,
-                    on_log=to_mlflow,
-                    place=place,
-                )
+                result = train_model(cfg, *inputs.arrays(), checkpointing=ckpt, on_log=to_mlflow, place=place)
             except TrainingDiverged as e:
                 diverged = e
         if diverged is not None:  # recorded once the buffer has closed (MLflow's own retries are back)
-            record_divergence(run, diverged.result, settings, tx)
+            record(run, diverged.result, cfg, model_dir, settings, tx, diverged=True)
             tx.commit()  # the evidence the report reads; the previous model stays (none was made)
             raise diverged  # inside the run: it ends FAILED
-        record_trained(run, result, cfg, model_dir, settings, tx)
+        record(run, result, cfg, model_dir, settings, tx)
         # With the model in place the checkpoint has done its job (a forced re-run must train
         # anew); until then it is what a re-run resumes from.
         tx.remove(ckpt_path)
@@ -181,6 +168,75 @@ def train_and_record(cfg, place) -> dict:
         run.info.run_id,
     )
     return summary
+
+
+def embed_run_of(cfg) -> dict:
+    """The run file of the embed run that made the shards ({} when tracking is off or it has none)."""
+    if not tracking.enabled():
+        return {}
+    return tracking.read_run_file(
+        "embed", repo_path(cfg.embed.out_dir) / "manifest.json", "manifest_sha256", required=False
+    )
+
+
+def run_tags(cfg, manifest: dict, embed_run: dict, fp: str, place) -> dict[str, str]:
+    """The train run's MLflow tags: what it trained on, how, and where."""
+    arm = arm_of(cfg, manifest)
+    return {
+        "stage": "train",
+        # Runs of one arm differ only in run.seed: the runs table groups replicates by this tag.
+        "arm": arm.tag,
+        "arm.digest": arm.digest,
+        "embed.run_id": str(embed_run.get("run_id", "")),
+        "dataset.sha256": str(manifest.get("source", {}).get("sha256", ""))[:16],
+        "teacher": str(manifest["teacher"]["name"]),
+        "train.fingerprint": fp,
+        "train.processes": str(place.world_size),
+        "distributed.backend": place.backend or "none",
+        **tracking.device_tags(select_device(cfg.train.device)),
+    }
+
+
+def log_run_inputs(cfg, manifest: dict, embed_run: dict, processes: int) -> None:
+    """A new MLflow run's params (the whole config, the processes and the effective batch) and the
+    data it trains on, linked to the embed run that made it (the UI's Dataset column)."""
+    effective = cfg.train.batch_size * cfg.train.grad_accum * processes
+    tracking.log_params({**flatten(cfg), "train.processes": processes, "train.effective_batch": effective})
+    shard_dir = repo_path(cfg.embed.out_dir)
+    tracking.log_shards_input(
+        tracking.shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json"), str(cfg.run.preset)),
+        manifest,
+        str(embed_run.get("run_id", "")),
+    )
+
+
+def record(run, result, cfg, model_dir: Path, settings: str, tx, diverged: bool = False) -> None:
+    """A finished run: its telemetry, the model file, metrics, artifacts and run file, staged in
+    `tx` (model_dir was claimed when the stage started). A `diverged` run will not reach evaluate
+    or report: its telemetry, its partial metrics (train/diverged = 1) and its run file, no model,
+    for the report stage that runs next."""
+    write_telemetry(result, tx)
+    # The model's digest tags the run: it is how ./dev ask finds the run of a model file.
+    model_sha = "" if diverged else write_model(result, cfg, model_dir, tx)
+    if model_sha:
+        tracking.set_tags({"train.model_sha256": model_sha})
+    metrics = {**result.summary, "train/diverged": 1} if diverged else result.summary
+    write_train_metrics(metrics, settings, tx)
+    # At the last step, so MLflow's table shows these run totals (the latest value), not the
+    # last telemetry row's (perf/samples_per_s of one window, not of the run), as DVC does.
+    tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
+    for path in () if diverged else ARTIFACTS:
+        tracking.log_artifact_file(tx.path(path), "train")
+    update_note()
+    uri = tracking.tracking_uri() if tracking.enabled() or not diverged else ""
+    info = {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri}
+    tracking.write_run_file(
+        "train", {**info, "model_sha256": model_sha, **({"diverged": True} if diverged else {})}, tx
+    )
+    if diverged:
+        log.error(
+            "training diverged at step %d: no model is written; the stability report follows", metrics["train/steps"]
+        )
 
 
 def report_divergence(args: list[str]) -> int:
@@ -211,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         if outcome.diverged is not None:
             raise outcome.diverged  # the stage fails with its message
 
-    code = run_stage("train", __doc__, SECTIONS, run_keeping_outcome, args, nproc_key="train.nproc", costs=plan.costs)
+    def costs(cfg, processes: int) -> None:  # tracking is configured by now: rank 0's MLflow client counts
+        plan.costs(cfg, processes, tracked=tracking.enabled())
+
+    code = run_stage("train", __doc__, SECTIONS, run_keeping_outcome, args, nproc_key="train.nproc", costs=costs)
     if outcome.diverged is not None:
         report_divergence(args)  # its verdict is its own output; the stage fails either way
     return code

@@ -11,7 +11,7 @@ import torch
 from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
 from pipeline.train.cuda_graph import FlowRunner, why_eager
-from pipeline.train.device import precision_candidates
+from pipeline.train.device import fastest_precision, precision_candidates
 from pipeline.train.loop import Trainer, train_model
 from pipeline.train.telemetry import sample_due
 
@@ -114,7 +114,7 @@ def test_precision_auto_keeps_the_faster_and_changes_nothing(monkeypatch):
     x, y = data(64)
     trainer = Trainer(cfg(), x, y, progress=False)
     before = [p.detach().clone() for p in trainer.model.parameters()]
-    chosen = trainer._fastest_precision([None, torch.bfloat16])
+    chosen = fastest_precision(trainer, [None, torch.bfloat16])
     assert set(trainer.precision_ms) == {"fp32", "bf16"}
     fastest = min(trainer.precision_ms, key=trainer.precision_ms.get)
     assert chosen == (None if fastest == "fp32" else torch.bfloat16)

@@ -25,7 +25,7 @@ from pipeline.core.distributed import Dist
 from pipeline.core.errors import PipelineError, ResourceError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.model import EnergyFlowModel, energy_flow_loss
-from pipeline.train import inputs, memory_estimate
+from pipeline.train import activations, inputs, memory_estimate
 from stages import train
 from tests.helpers.shards import fake_shards
 
@@ -329,9 +329,9 @@ def test_probe_on_meta_matches_cpu(monkeypatch):
     same bytes in fp32, checkpointed or not."""
     for overrides in (["preset=default"], ["preset=default", "model.checkpoint_steps=true"], ["preset=seed"]):
         model_cfg = load_config(overrides).model
-        cpu = memory_estimate.flow_step_bytes(model_cfg, DIM)
-        monkeypatch.setattr(memory_estimate, "_PROBE_MAX_BYTES", 0)
-        meta = memory_estimate.flow_step_bytes(model_cfg, DIM)
+        cpu = activations.flow_step_bytes(model_cfg, DIM)
+        monkeypatch.setattr(activations, "_PROBE_MAX_BYTES", 0)
+        meta = activations.flow_step_bytes(model_cfg, DIM)
         monkeypatch.undo()
         assert cpu[2] == "cpu" and meta[2] == "meta" and cpu[:2] == meta[:2], (overrides, cpu, meta)
 
@@ -346,7 +346,6 @@ from stages import startup
 startup.begin()  # as a stage process starts
 import stages.train  # noqa: F401 - the stage's imports: the baseline the check sees in the stage
 from pipeline.train import memory_estimate
-from pipeline.tracking import store as tracking
 from pipeline.core.config import load_config
 from pipeline.train.loop import train_model
 steps, overrides = int(sys.argv[1]), sys.argv[2:]
@@ -354,8 +353,7 @@ cfg = load_config(overrides + ["train.device=cpu", "train.epochs=1", "train.chec
 n, dim = cfg.train.batch_size * steps, {dim}
 rng = np.random.default_rng(0)
 x, y = rng.standard_normal((n, dim), dtype=np.float32), rng.standard_normal((n, dim), dtype=np.float32)
-tracking.configure("disabled")  # train_model alone tracks nothing: no MLflow part in the estimate
-check = memory_estimate.check(cfg, dim)
+check = memory_estimate.check(cfg, dim, tracked=False)  # train_model alone tracks nothing: no MLflow part
 result = train_model(cfg, x, y, progress=False)
 e = check.estimate
 hwm_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))

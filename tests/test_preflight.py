@@ -176,7 +176,7 @@ def test_duration_watch_warns_once_from_the_measured_pace(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         for step in range(1, 40):
             now[0] = float(step)  # one second a step
-            watch.after_step(step)
+            watch.tick(step)
     assert caplog.text.count("will take") == 1 and "train will take about 2.3 days" in caplog.text
     assert "measured over 20 steps" in caplog.text
     caplog.clear()
@@ -184,5 +184,5 @@ def test_duration_watch_warns_once_from_the_measured_pace(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING):
         for step in range(1, 40):
             now[0] = float(step)
-            quiet.after_step(step)
+            quiet.tick(step)
     assert "will take" not in caplog.text

@@ -11,10 +11,10 @@ from torch.overrides import TorchFunctionMode
 
 from pipeline.core.config import CONF_DIR, load_config
 from pipeline.core.errors import ConfigError, PipelineError
-from pipeline.train import faults
-from pipeline.train import loop as training
+from pipeline.train import faults, validation
 from pipeline.train.faults import FaultInjector
-from pipeline.train.loop import Trainer, lr_lambda
+from pipeline.train.loop import Trainer
+from pipeline.train.optimizer import lr_lambda
 from pipeline.train.result import TrainingDiverged
 from tests.helpers.synthetic import linear_task
 
@@ -68,7 +68,7 @@ def test_skipped_step_leaves_weights_and_optimizer_untouched():
     clean, faulty = trainer("train.epochs=1"), trainer("train.epochs=1", "fault=nan_loss", f"fault.step={K}")
     # Stop both after step K: the faulty one must hold exactly the weights of step K - 1.
     for t in (clean, faulty):
-        t._start()
+        t.start()
         t.loader.set_epoch(0)
         batches = t.loader.batches()
         for _ in range(K - 1 if t is clean else K):
@@ -343,13 +343,13 @@ def test_too_few_rows_for_one_step_is_a_clear_error():
 
 def test_validation_time_is_not_counted_as_step_time(monkeypatch):
     # The default run showed a step-time spike at every epoch boundary: the val pass.
-    real = training.evaluate_loss
+    real = validation.evaluate_loss
 
     def slow_validation(*args, **kwargs):
         time.sleep(0.5)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(training, "evaluate_loss", slow_validation)
+    monkeypatch.setattr(validation, "evaluate_loss", slow_validation)
     res = trainer("train.epochs=3").run()
     assert res.summary.get("val/loss") is not None  # validation ran, three times
     assert max(r["perf/step_ms"] for r in res.rows) < 250  # a 500 ms pause would show as >= 250

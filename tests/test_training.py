@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from pipeline.core.config import load_config
-from pipeline.train.loop import loss_weights, lr_lambda, train_model
+from pipeline.train.loop import train_model
+from pipeline.train.optimizer import loss_weights, lr_lambda
 from pipeline.train.result import TrainingDiverged
 from pipeline.train.telemetry import step_columns
 from pipeline.train.validation import evaluate_loss

@@ -78,7 +78,7 @@ def _train_run_of_pulled_model(missing: Path) -> dict:
     """The run that trained the workspace's model file, found in the tracking store by its digest.
     The model's bits are the link, not a pointer file: DVC outputs are the same bits for the same
     inputs, so a run id written into one would make every retrain a change, and the tag is what
-    every train run carries (pipeline/train/outputs.py)."""
+    every train run carries (stages/train.py)."""
     from pipeline.core.output_dirs import DVC_OUTPUTS
     from pipeline.data.shards import sha256_file
     from pipeline.tracking import store as tracking

@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from pipeline.train.parts import Step, TrainPart
+from pipeline.train.result import TrainingDiverged
 from pipeline.train.step_health import NONFINITE, OVERRUN, SPIKE, decode_kind
 
 log = logging.getLogger(__name__)
@@ -31,13 +33,26 @@ def skips(code: int, skip_spikes: bool) -> bool:
     return bool(code & NONFINITE) or bool(code & SPIKE and skip_spikes) or bool(code & OVERRUN)
 
 
-class StepEvents:
-    """The event list and the run's counts of skipped, flagged and overrun steps."""
+class StepEvents(TrainPart):
+    """The event list and the run's counts of skipped, flagged and overrun steps; the part of the
+    loop that ends a run after `limit` skipped steps in a row (TrainingDiverged)."""
 
-    def __init__(self, report: bool):
+    def __init__(self, report: bool, limit: int = 0, events: Optional[list[dict]] = None):
         self.report = report  # this process prints the warnings (rank 0: the ranks decide together)
-        self.events: list[dict] = []
+        self.limit = limit  # train.max_consecutive_skips
+        self.events: list[dict] = [] if events is None else events  # the result's list: filled in place
         self.consecutive_skips = self.skipped_total = self.spikes_total = self.overruns_total = 0
+
+    def after_step(self, tr, s: Step) -> None:
+        self.count(s.code, s.skip)
+        if s.code & (NONFINITE | SPIKE):
+            # get_scale() reads the device: only for a non-finite step, which is rare
+            scale = tr.scaler.get_scale() if tr.scaler and s.code & NONFINITE else None
+            self.record(s.step, s.code, s.values[1], s.values[2], s.skip, tr.health.nonfinite_modules(s.code), scale)
+        if s.code & OVERRUN:
+            self.overrun(s.step, tr.model.fixed_steps)
+        if self.consecutive_skips >= self.limit:
+            raise TrainingDiverged(self.divergence(s.step, self.limit), tr.result)
 
     def count(self, code: int, skipped: bool) -> None:
         """The step's decision, as soon as it is known."""
@@ -122,8 +137,8 @@ class StepEvents:
             "overruns_total": self.overruns_total,
         }
 
-    def load_state_dict(self, counters: dict, events: list[dict]) -> None:
+    def load_state_dict(self, counters: dict) -> None:
+        """The counts; the events themselves are the result's, restored with it."""
         self.consecutive_skips, self.skipped_total = counters["consecutive_skips"], counters["skipped_total"]
         self.spikes_total = counters["spikes_total"]
         self.overruns_total = counters.get("overruns_total", 0)
-        self.events[:] = events

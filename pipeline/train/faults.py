@@ -3,21 +3,22 @@
 Each fault hits optimizer steps [step, step + steps) (1-based), except `leak` (as the prototype's
 bug did) and `sync_bound`, which start at `step` and never stop. In distributed training
 `fault.rank` picks the one rank it hits (-1: all of them), which is how a NaN on one rank is shown
-to skip the step on all.
+to skip the step on all. The injector is a part of the loop (pipeline/train/parts.py): its hooks
+put the fault in at the step's points, and it is in the loop only when a fault is configured.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from pipeline.core.errors import ConfigError
+from pipeline.train.parts import Step, TrainPart
 
 # sync_bound's stand-in device figures on a machine without a GPU (device_figures): a GPU busy for
 # a share of the step below report.device_busy_fail by a margin no rounding closes, running one
@@ -40,7 +41,7 @@ def injector_for(fault_cfg, model: nn.Module, rank: int = 0) -> Optional["FaultI
     return None if injector.kind == "none" else injector
 
 
-class FaultInjector:
+class FaultInjector(TrainPart):
     def __init__(self, fault_cfg, model: nn.Module, rank: int = 0):
         # A fault aimed at another rank is no fault here.
         self.kind = fault_cfg.kind if fault_cfg.get("rank", -1) in (-1, rank) else "none"
@@ -53,6 +54,7 @@ class FaultInjector:
         self._kept: list = []  # the leak: losses whose graphs stay alive, and activation blocks
         self.overhead_s = 0.0  # the injector's own work, taken off the step time
         self._target = None
+        self._saved_lr: Optional[list[float]] = None
         if self.kind == "inf_grad":
             children = dict(model.named_children())
             if self.module not in children:
@@ -70,6 +72,43 @@ class FaultInjector:
             return step >= self.first
         return self.first <= step <= self.last
 
+    # -- the hooks
+    def before_backward(self, tr, loss: torch.Tensor) -> torch.Tensor:
+        return self.on_loss(tr.step, loss)
+
+    def after_backward(self, tr) -> None:
+        """Before unscale_ and the health measure, so the scaler sees an injected inf."""
+        if self.kind == "inf_grad" and self.hits(tr.step) and self._target.grad is not None:
+            with torch.no_grad():
+                self._target.grad.view(-1)[0] = float("inf")
+
+    def before_update(self, tr) -> None:
+        """The LR spike (or jump, the same multiplier held longer) of this update, undone after it
+        (after_update) so the schedule is untouched."""
+        if self.kind in ("lr_spike", "lr_jump") and self.hits(tr.step):
+            self._saved_lr = [g["lr"] for g in tr.opt.param_groups]
+            for g in tr.opt.param_groups:
+                g["lr"] = g["lr"] * self.factor
+
+    def after_update(self, tr) -> None:
+        if self._saved_lr is not None:
+            for g, lr in zip(tr.opt.param_groups, self._saved_lr):
+                g["lr"] = lr
+            self._saved_lr = None
+
+    def after_step(self, tr, s: Step) -> None:
+        """After the step's timed phases. The leak keeps a step's worth of activations.
+
+        Its own cost is the instrument's, not the model's, and is left out of the step time
+        (take_overhead): making fresh memory resident costs page faults, more of them once a
+        process has touched a lot of memory, which would make the fault trip the step-time check
+        too, by an accident of the sandbox's page faults."""
+        if self.kind == "leak" and self.hits(s.step):
+            t0 = time.perf_counter()
+            self._keep_activations()
+            self.overhead_s += time.perf_counter() - t0
+
+    # -- what the hooks do
     def on_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """Applied to each micro-batch loss before backward."""
         if not self.hits(step):
@@ -118,18 +157,6 @@ class FaultInjector:
             out.setdefault("busy_synthetic", 0.0)
         return out
 
-    def after_step(self, step: int) -> None:
-        """Called after the step's timed phases. The leak keeps a step's worth of activations.
-
-        Its own cost is the instrument's, not the model's, and is left out of the step time
-        (take_overhead): making fresh memory resident costs page faults, more of them once a
-        process has touched a lot of memory, which would make the fault trip the step-time check
-        too, by an accident of the sandbox's page faults."""
-        if self.kind == "leak" and self.hits(step):
-            t0 = time.perf_counter()
-            self._keep_activations()
-            self.overhead_s += time.perf_counter() - t0
-
     def take_overhead(self) -> float:
         """Seconds the injector spent on its own work since the last call."""
         spent, self.overhead_s = self.overhead_s, 0.0
@@ -149,25 +176,3 @@ class FaultInjector:
             self._leak_pos = 0
         self._leak_block[self._leak_pos : self._leak_pos + n] = 1.0
         self._leak_pos += n
-
-    def on_grads(self, step: int) -> None:
-        """Applied after backward, before the gradients are measured."""
-        if self.kind == "inf_grad" and self.hits(step) and self._target.grad is not None:
-            with torch.no_grad():
-                self._target.grad.view(-1)[0] = float("inf")
-
-    @contextlib.contextmanager
-    def lr(self, step: int, opt: torch.optim.Optimizer) -> Iterator[None]:
-        """Around opt.step(): the LR spike (or jump, the same multiplier held longer), restored
-        after so the schedule is untouched."""
-        if self.kind not in ("lr_spike", "lr_jump") or not self.hits(step):
-            yield
-            return
-        saved = [g["lr"] for g in opt.param_groups]
-        for g in opt.param_groups:
-            g["lr"] = g["lr"] * self.factor
-        try:
-            yield
-        finally:
-            for g, lr in zip(opt.param_groups, saved):
-                g["lr"] = lr

@@ -4,7 +4,8 @@ so a step needs no host read to know when every flow has arrived.
 It starts at the model's masked_step_cap, a count no batch can exceed (every flow has arrived by
 then, or the compacting loop stops there too), and after the first FLOW_STEPS_OBSERVED steps runs
 one more than any batch has needed. A batch that needs more is an overrun: the trainer does not
-apply its update, and the count goes up. The compacting loop has no fixed count (None).
+apply its update, and the count goes up. The compacting loop has no fixed count (None). A part of
+the loop (pipeline/train/parts.py): it fits the count once a step's read is in.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Optional
 import torch
 
 from pipeline.model import EnergyFlowModel, FlowOutput
+from pipeline.train.parts import Step, TrainPart
+from pipeline.train.step_health import OVERRUN
 
 log = logging.getLogger(__name__)
 
 FLOW_STEPS_OBSERVED = 10  # steps the masked loop runs at its cap before fitting its length
 
 
-class FlowLength:
+class FlowLength(TrainPart):
     """Owns the model's `fixed_steps` while training with the masked loop."""
 
     def __init__(self, model: EnergyFlowModel, masked: bool):
@@ -29,6 +32,19 @@ class FlowLength:
         self.cap = model.masked_step_cap
         model.fixed_steps = self.cap if masked else None
         self.seen = 0  # the most flow steps a batch has needed so far
+
+    def after_step(self, tr, s: Step) -> None:
+        if s.used_max is not None:  # the masked loop's step
+            self.fit(s.step, int(s.used_max), bool(s.code & OVERRUN))
+
+    def state_dict(self) -> dict:
+        return {"flow_steps_seen": self.seen, "fixed_steps": self.model.fixed_steps}
+
+    def load_state_dict(self, counters: dict) -> None:
+        """A checkpoint's counts: a resumed run goes on with the length it had reached."""
+        self.seen = counters.get("flow_steps_seen", 0)
+        if self.masked and counters.get("fixed_steps"):
+            self.model.fixed_steps = counters["fixed_steps"]
 
     def fit(self, step: int, used: int, overrun: bool) -> None:
         """After a masked step that needed `used` flow steps: flow_cap while the first batches show
@@ -50,12 +66,6 @@ class FlowLength:
                 self.seen,
             )
             self.model.fixed_steps = fixed
-
-    def restore(self, seen: int, fixed_steps) -> None:
-        """A checkpoint's counts: a resumed run goes on with the length it had reached."""
-        self.seen = seen
-        if self.masked and fixed_steps:
-            self.model.fixed_steps = fixed_steps
 
 
 def add_masked_counters(total: Optional[torch.Tensor], out: FlowOutput) -> torch.Tensor:

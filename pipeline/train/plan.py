@@ -24,11 +24,14 @@ import dataclasses
 import time
 
 from pipeline.core.distributed import Dist, device_for
+from pipeline.core.errors import PipelineError
 from pipeline.core.paths import repo_path
 from pipeline.core.preflight import DAY_S, warn_duration
+from pipeline.data.loader import BatchLoader
 from pipeline.data.shards import load_manifest
 from pipeline.train import memory_estimate
 from pipeline.train.device import select_device
+from pipeline.train.parts import Step, TrainPart
 from pipeline.train.resume_state import STATE_FILE
 
 MB = 2**20
@@ -57,8 +60,36 @@ def planned_steps(cfg, manifest: dict, processes: int) -> tuple[int, int]:
     return per_epoch, int(t.epochs) * per_epoch
 
 
-def costs(cfg, processes: int) -> None:
-    """Refuse (ResourceError) what cannot fit this node's memory; warn about a run of more than a day."""
+def batch_loader(cfg, inputs, targets, device, place: Dist) -> tuple[BatchLoader, int]:
+    """The trainer's loader of this rank's batches, and its optimizer steps per epoch (an error
+    when not one fits)."""
+    t = cfg.train
+    loader = BatchLoader(
+        inputs,
+        targets,
+        t.batch_size,
+        shuffle=True,
+        seed=cfg.run.seed,
+        drop_last=len(inputs) > t.batch_size,
+        pin_memory=device.type == "cuda",
+        prefetch=t.prefetch,
+        rank=place.rank,
+        world_size=place.world_size,
+    )
+    per_epoch = len(loader) // t.grad_accum
+    if per_epoch == 0:
+        procs = f" * {place.world_size} processes" if place.enabled else ""
+        raise PipelineError(
+            f"the train split has {len(inputs)} rows: fewer than train.batch_size * train.grad_accum"
+            f"{procs} = {t.batch_size * t.grad_accum * place.world_size}, so not one optimizer step fits; "
+            "lower one of them"
+        )
+    return loader, per_epoch
+
+
+def costs(cfg, processes: int, tracked: bool = True) -> None:
+    """Refuse (ResourceError) what cannot fit this node's memory; warn about a run of more than a day.
+    `tracked`: rank 0 logs to MLflow (the stage says)."""
     manifest = load_manifest(repo_path(cfg.embed.out_dir))  # a missing or bad manifest: its own message, once
     place = Dist(rank=0, world_size=processes, local_rank=0, local_world_size=processes)
     device = select_device(device_for(cfg.train.device, Dist()))
@@ -66,7 +97,7 @@ def costs(cfg, processes: int) -> None:
     if processes > 1:  # the launcher's memory is spent; each rank brings its own baseline
         available = dataclasses.replace(available, held_mb=0.0)
     ckpt = repo_path(cfg.train.checkpoint_dir) / STATE_FILE
-    check = memory_estimate.check(cfg, int(manifest["dim"]), place, ckpt, available=available)
+    check = memory_estimate.check(cfg, int(manifest["dim"]), place, ckpt, available=available, tracked=tracked)
     per_epoch, steps = planned_steps(cfg, manifest, processes)
     per_step = step_seconds(check.estimate, int(cfg.train.grad_accum))
     warn_duration(
@@ -83,9 +114,10 @@ WATCH_SKIP = 2
 WATCH_STEPS = 20  # then the mean of this many steps is the run's pace
 
 
-class DurationWatch:
+class DurationWatch(TrainPart):
     """After the first steps, once: the remaining planned steps at the pace measured so far; a
-    warning when that is more than a day (rank 0 only). The trainer calls `after_step` each step."""
+    warning when that is more than a day (rank 0 only). A part of the loop: it starts counting
+    where this process starts (a resumed run's step)."""
 
     def __init__(self, total_steps: int, start_step: int, report: bool):
         self.total = int(total_steps)
@@ -93,7 +125,13 @@ class DurationWatch:
         self.report = report and self.total * MIN_STEP_S <= DAY_S
         self.start_step, self.t0 = start_step + WATCH_SKIP, 0.0
 
-    def after_step(self, step: int) -> None:
+    def on_start(self, tr) -> None:
+        self.__init__(tr.total_steps, tr.step, tr.place.is_main)
+
+    def on_step_end(self, tr, s: Step) -> None:
+        self.tick(s.step)
+
+    def tick(self, step: int) -> None:
         if not self.report:
             return
         if step == self.start_step:

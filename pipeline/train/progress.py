@@ -1,4 +1,5 @@
-"""What a person watching the run sees: the step bar (tqdm) and one line per epoch."""
+"""What a person watching the run sees: the step bar (tqdm) and one line per epoch; a part of the
+loop (pipeline/train/parts.py)."""
 
 from __future__ import annotations
 
@@ -8,34 +9,39 @@ import math
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from pipeline.train.parts import TrainPart
+
 log = logging.getLogger(__name__)
 
 
-class Progress:
+class Progress(TrainPart):
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.bar = None
 
-    def redirect_logs(self):
+    def running(self, tr):
         """While the bar is up, log lines (epoch summaries, skipped steps) go through tqdm.write,
         so they print above it instead of after it on the bar's own line."""
         return logging_redirect_tqdm() if self.enabled else contextlib.nullcontext()
 
-    def start(self, total: int, initial: int) -> None:
+    def on_start(self, tr) -> None:
         from tqdm.auto import tqdm
 
         self.bar = tqdm(
-            total=total, initial=initial, desc="train", unit="step", disable=not self.enabled, mininterval=1.0
+            total=tr.total_steps, initial=tr.step, desc="train", unit="step", disable=not self.enabled, mininterval=1.0
         )
 
-    def step(self) -> None:
+    def after_step(self, tr, s) -> None:
         self.bar.update(1)
 
-    def show_loss(self, loss: float) -> None:
-        if math.isfinite(loss):
-            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+    def on_log(self, tr, row: dict) -> None:
+        if math.isfinite(row["train/loss"]):
+            self.bar.set_postfix(loss=f"{row['train/loss']:.4f}", refresh=False)
 
-    def close(self) -> None:
+    def on_epoch_end(self, tr) -> None:
+        log_epoch(tr.result.rows, tr.epoch, tr.t.epochs, tr.step, tr.result.summary if tr.val else None)
+
+    def on_end(self, tr, reason: str) -> None:
         self.bar.close()
 
 

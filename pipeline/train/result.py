@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,3 +43,33 @@ def row_figures(rows: list[dict]) -> dict[str, float]:
         **run_device_figures(rows),
         "mem/rss_peak_mb": max((r["mem/rss_mb"] for r in rows), default=rss_mb()),
     }
+
+
+def summarise(tr) -> None:
+    """The run's figures into tr.result.summary (metrics/train.json), at its end."""
+    wall = tr.elapsed_before + time.perf_counter() - tr.t_start
+    t = tr.t
+    tr.result.summary.update(
+        {
+            **row_figures(tr.result.rows),
+            "train/steps": tr.step,
+            "train/planned_steps": tr.total_steps,
+            "train/skipped_steps": tr.events.skipped_total,
+            "train/spikes": tr.events.spikes_total,
+            "train/effective_batch": t.batch_size * t.grad_accum * tr.place.world_size,
+            "train/processes": tr.place.world_size,
+            "train/resumed_from_step": tr.resumed_from,
+            "train/seconds": wall,
+            "perf/samples_per_s": tr.samples_total / wall if wall > 0 else 0.0,
+            "flow/overruns": tr.events.overruns_total,
+            "flow/loop": 1.0 if tr.masked else 0.0,  # 1 masked, 0 compacting
+            "perf/cuda_graph": 1.0 if tr.runner.enabled else 0.0,
+            # train.precision=auto on CUDA: forward + backward of the first batch in each.
+            **{f"perf/precision_{k}_ms": v for k, v in tr.precision_ms.items()},
+            # The report's convergence check judges flow/steps_used against these two bounds.
+            "flow/step_cap": min(tr.model.max_steps, tr.model.step_bound),
+            "flow/min_steps_to_arrive": tr.model.min_steps_to_arrive,
+        }
+    )
+    if tr.scaler:
+        tr.result.summary["amp/scale"] = tr.scaler.get_scale()

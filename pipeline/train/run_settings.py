@@ -1,4 +1,5 @@
-"""The process-wide torch settings a training run needs: set for the run, left as found after it."""
+"""The process-wide torch settings a training run needs: set for the run, left as found after it;
+and anomaly detection for a step."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from pipeline.core import numerics
 from pipeline.core.distributed import Dist, threads_per_process
+from pipeline.core.errors import PipelineError
 from pipeline.train.cuda_graph import tf32_matmuls
 
 
@@ -42,3 +44,20 @@ def run_settings(t, place: Dist, device: torch.device, amp_dtype: Optional[torch
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
         torch.backends.mkldnn.enabled = mkldnn
+
+
+@contextlib.contextmanager
+def anomaly_detection(step: int, t) -> Iterator[None]:
+    """torch's anomaly detection over the first train.detect_anomaly_steps steps; an error it
+    raises stops the run, naming the setting."""
+    anomaly = step <= t.detect_anomaly_steps
+    with torch.autograd.set_detect_anomaly(anomaly, check_nan=True):
+        try:
+            yield
+        except RuntimeError as e:
+            if not anomaly:
+                raise
+            raise PipelineError(
+                f"step {step}: anomaly detection (train.detect_anomaly_steps={t.detect_anomaly_steps}) stopped "
+                f"the run: {e}. The traceback printed above it shows the forward operation that produced the value."
+            ) from None

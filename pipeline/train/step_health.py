@@ -133,6 +133,12 @@ class StepHealth:
         self.update_ratio = torch.zeros((), dtype=torch.float64, device=device)  # latest sample
         self.new_window()
 
+    @classmethod
+    def from_config(cls, model: nn.Module, t, device: torch.device, agree=None) -> "StepHealth":
+        """From train.* (`t`)."""
+        keys = ("grad_clip", "grad_warning", "grad_critical", "spike_window", "spike_k", "skip_spikes")
+        return cls(model, **{k: t[k] for k in keys}, device=device, agree=agree)
+
     # Accumulator layout: sums over the window's steps (module norms over good steps only).
     FIELDS = ("n_ok", "loss", "norm", "clipped", "n_clipped", "nonfinite", "spikes", *(f"zone_{z}" for z in ZONES))
 

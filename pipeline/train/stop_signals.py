@@ -4,22 +4,27 @@ Raised at once (as stages/_cli.py does everywhere else), the signal can land ins
 step, with some parameters updated and others not: a checkpoint written then would not be a
 state any run passes through. Held, the trainer finishes the step (one step: short next to a
 human's patience, even on the largest preset), writes a checkpoint there and then stops with the same exception. A
-second signal while one is held stops at once: someone wants out now.
+second signal while one is held stops at once: someone wants out now. `DeferredStop` is that
+part of the loop (pipeline/train/parts.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
-from typing import Optional
+from typing import Iterator, Optional
 
 from pipeline.core.errors import Terminated
+from pipeline.train.parts import Step, TrainPart
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class DeferredStop:
-    """`with DeferredStop() as stop:` ... `if stop.requested: ...; stop.raise_()`."""
+class DeferredStop(TrainPart):
+    """`with DeferredStop() as stop:` ... `if stop.requested: ...; stop.raise_()`. As a part of the
+    loop it holds the signals while the run runs; at the end of the step one arrived in, the run
+    ends (its open window logged, a checkpoint written: Checkpointing.on_end) and stops."""
 
     def __init__(self):
         self.signum: Optional[int] = None
@@ -47,6 +52,24 @@ class DeferredStop:
         if self.signum is not None:
             self._raise(signum)
         self.signum = signum
+
+    @contextlib.contextmanager
+    def running(self, tr) -> Iterator[None]:
+        with self:
+            try:
+                yield
+            except RuntimeError:
+                # The ranks get a stop signal together but each sees it at the end of its own step:
+                # a rank that stopped a step ahead leaves this one's collective without its peer
+                # (gloo: "Connection closed by peer"). That is the stop this rank was asked for too.
+                if self.requested and tr.place.enabled:
+                    self.raise_()
+                raise
+
+    def on_step_end(self, tr, s: Step) -> None:
+        if self.requested:
+            tr.end("stop")
+            self.raise_()
 
     def raise_(self) -> None:
         """Stop with the held signal's exception: Terminated for SIGTERM, KeyboardInterrupt for Ctrl-C."""
