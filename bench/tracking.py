@@ -103,6 +103,7 @@ from pipeline.core.config import flatten
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking.metric_buffer import MetricBuffer
 from pipeline.tracking.metric_names import route
+from pipeline.tracking.provenance import provenance
 from pipeline.train.loop import train_model
 
 GOALS = {"overhead_per_step": 1.03, "fixed_fraction_of_default_run": 0.02}
@@ -274,7 +275,7 @@ def mlflow_async_run(name: str, cfg) -> Iterator[Callable[[dict, int], None]]:
         mlflow.start_run(run_name=name, log_system_metrics=True)
         status = "FAILED"
         try:
-            prov, _ = tracking.provenance(cfg.run.preset)
+            prov, _ = provenance(cfg.run.preset)
             mlflow.set_tags(prov)
             tracking.log_params(flatten(cfg))
             yield lambda metrics, step: tracking.log_metrics(metrics, step=step)

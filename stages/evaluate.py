@@ -53,6 +53,8 @@ from pipeline.evaluate.stats import resample_bytes, verdict
 from pipeline.model.model_file import check_input_dim, load_model
 from pipeline.serve.log import log_answer_model, logged_model_record, model_name
 from pipeline.tracking import store as tracking
+from pipeline.tracking.datasets import shards_dataset
+from pipeline.tracking.provenance import stage_lock_tags
 from pipeline.tracking.run_note import update_note
 
 from ._cli import run_stage
@@ -138,8 +140,8 @@ def _run(cfg, tx) -> dict:
     if run_info:
         manifest_path = shard_dir / "manifest.json"
         # The metrics are measured on these shards: the logged model's page names them with the values.
-        dataset = tracking.shards_dataset(shard_dir, manifest, sha256_file(manifest_path), str(cfg.run.preset))
-        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")) as run:
+        dataset = shards_dataset(shard_dir, manifest, sha256_file(manifest_path), str(cfg.run.preset))
+        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=stage_lock_tags("train")) as run:
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.
             logged = log_answer_model(

@@ -29,7 +29,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.evaluate.retrieval import METRICS
 from pipeline.evaluate.seed_variance import MIN_REFERENCE_SEEDS, measure, reference_path, write_reference
-from pipeline.tracking.store import GIT_COMMIT, GIT_DIRTY, git_provenance
+from pipeline.tracking.provenance import GIT_COMMIT, GIT_DIRTY, git_provenance
 from tools.item_sources import predictor_table, runs_values, shared_ids
 from tools.replicates import add_overrides, plan, run_replicates
 

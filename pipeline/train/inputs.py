@@ -13,6 +13,7 @@ from pipeline.core.paths import repo_path
 from pipeline.data.shards import SplitShard, load_manifest, open_split
 from pipeline.model.model_file import model_shapes
 from pipeline.tracking import store as tracking
+from pipeline.tracking.provenance import device_tags
 from pipeline.train import memory_estimate
 from pipeline.train.device import select_device
 from pipeline.train.perf_files import manifest_digest
@@ -70,5 +71,5 @@ def run_tags(cfg, manifest: dict, embed_run: dict, fp: str, place: Dist) -> dict
         "train.fingerprint": fp,
         "train.processes": str(place.world_size),
         "distributed.backend": place.backend or "none",
-        **tracking.device_tags(select_device(cfg.train.device)),
+        **device_tags(select_device(cfg.train.device)),
     }

@@ -18,6 +18,7 @@ from pipeline.core.paths import METRICS_DIR, TELEMETRY_DIR, repo_path
 from pipeline.data.shards import sha256_file
 from pipeline.model.model_file import save_model
 from pipeline.tracking import store as tracking
+from pipeline.tracking.datasets import log_shards_input, shards_dataset
 from pipeline.tracking.run_note import update_note
 from pipeline.train.perf_files import PERF_CSV, PERF_JSON, SETTINGS_KEY, is_measured
 from pipeline.train.result import TrainResult
@@ -36,8 +37,8 @@ def log_run_inputs(cfg, manifest: dict, embed_run: dict, processes: int) -> None
     effective = cfg.train.batch_size * cfg.train.grad_accum * processes
     tracking.log_params({**flatten(cfg), "train.processes": processes, "train.effective_batch": effective})
     shard_dir = repo_path(cfg.embed.out_dir)
-    tracking.log_shards_input(
-        tracking.shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json"), str(cfg.run.preset)),
+    log_shards_input(
+        shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json"), str(cfg.run.preset)),
         manifest,
         str(embed_run.get("run_id", "")),
     )
