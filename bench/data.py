@@ -29,7 +29,7 @@ lines go to stderr.
 - loader_rss_growth_mb (goal < 64): growth of anonymous resident memory (RssAnon of
   /proc/self/status) while iterating one shuffled epoch of pipeline.data.loader.BatchLoader
   (batch 256) over a split of 1,000,000 synthetic 384-d float32 rows written with
-  pipeline.data.shards.write_shards and opened with open_split, minus the same over 10,000 rows
+  pipeline.data.shard_writer.write_shards and opened with open_split, minus the same over 10,000 rows
   (what any epoch costs: the first batches, torch's allocator), each also reported by row count
   (loader_rss_anon_growth_mb_1m, _10k) and as _big / _small. Shards of 131,072 rows (write_shards'
   rows_per_shard, where it takes one); the loader's default prefetch, the trainer's (--prefetch
@@ -270,7 +270,7 @@ def write_synthetic(out_dir: Path, rows: int, scratch: Path, seed: int = 0) -> d
     deleted after; returns the manifest."""
     import pandas as pd
 
-    from pipeline.data.shards import write_shards
+    from pipeline.data.shard_writer import write_shards
 
     raw = Path(tempfile.mkdtemp(prefix="raw-", dir=scratch))
     try:
@@ -362,7 +362,7 @@ def run_loader_child(shard_dir: Path, prefetch) -> dict:
 
 def loader_memory(big_rows: int, small_rows: int, scratch: Path, prefetch) -> dict:
     from pipeline.data.loader import BatchLoader
-    from pipeline.data.shards import write_shards
+    from pipeline.data.shard_writer import write_shards
 
     if prefetch is None and accepted(BatchLoader.__init__, "prefetch"):
         prefetch = inspect.signature(BatchLoader.__init__).parameters["prefetch"].default  # what the trainer gets
