@@ -54,3 +54,15 @@ def temporary_store() -> Iterator[str]:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+
+
+def workload_threads(cfg) -> int:
+    """The intra-op threads the trainer will run `cfg` with (Trainer.run's rule, one process)."""
+    import torch
+
+    from pipeline.core import numerics
+    from pipeline.core.distributed import Dist, threads_per_process
+
+    if cfg.train.threads or numerics.threads():
+        return threads_per_process(cfg.train.threads, Dist())
+    return torch.get_num_threads()
