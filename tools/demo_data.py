@@ -1,4 +1,4 @@
-"""The shipped demo dataset: question -> answer sentence pairs over a built-in table of facts.
+"""The shipped demo dataset: question -> answer sentence pairs over tables of facts (data/demo_facts/).
 
 Columns: id, fact, question, answer, topic. Every pair states one true fact from the tables
 in data/demo_facts/; `fact` names it (the group id, e.g. `capital-france`; a row's id is
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         description=(
             "Write the shipped demo dataset: a CSV of question -> answer sentence pairs "
             "(columns id,fact,question,answer,topic; `fact` is the group id of the fact a row "
-            "states) generated deterministically from built-in tables of true facts (country "
+            "states) generated deterministically from the tables of true facts in data/demo_facts/ (country "
             "capitals, currencies and official languages; chemical element symbols, atomic "
             "numbers and neighbours; planets; animal young, groups and sounds; book authors; inventors; "
             "Olympic host cities; US presidents by number; FIFA World Cup hosts and winners), "

@@ -102,8 +102,19 @@ def _dup_error(path: Path, where: str, key: str, inside: str) -> DatasetError:
 _ARRAY_HINT = "name the file .json or set embed.format=json"
 
 
+def _one_value_then_more(text: str) -> bool:
+    """Whether `text` is one complete JSON value followed by more (JSON Lines, or several values):
+    the decoder's error says so only in its message text, so the first value is decoded alone."""
+    try:
+        json.JSONDecoder().raw_decode(text, len(text) - len(text.lstrip(" \t\n\r")))  # JSON's own whitespace
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
 def _number_note(e: ValueError) -> str:
-    """json's ValueError for an integer too long to convert, said without its sys.* advice."""
+    """json's ValueError for an integer too long to convert, said without its sys.* advice. The
+    digit count is only in its text (a plain ValueError): without it, the text itself, cut short."""
     m = re.search(r"value has (\d+) digits", str(e))
     if m:
         return f"a JSON integer of {m.group(1)} digits (more than Python reads, {sys.get_int_max_str_digits()})"
@@ -180,7 +191,7 @@ def read_json(path: Path, text: str, fields: list[str], roles: dict[str, str]) -
         data = loader.loads(text)
     except json.JSONDecodeError as e:
         hint = ""
-        if e.msg == "Extra data":
+        if _one_value_then_more(text):
             hint = (
                 " (several top-level values: if this is one object per line, name it .jsonl or set embed.format=jsonl)"
             )
