@@ -58,7 +58,7 @@ def read_parquet(path: Path, fields: list[str], roles: dict[str, str], limits: I
                     break
                 typ = typ.field(part).type
         if typ is None:
-            names = _flatten_schema(schema)
+            names = [name for name, _ in _fields(schema)]
             raise DatasetError(
                 f"{path}: missing field {field!r}{role(field, roles)}; expected a Parquet column (or struct "
                 f"field path) with that name. Available fields: {', '.join(repr(n) for n in names)}"
@@ -103,17 +103,10 @@ def _check_parquet_names(path: Path, schema) -> None:
                 f"{path}: column {name!r} appears {times} {where} (positions {cols}); expected each column name once"
             )
 
-    def walk(prefix: str, typ) -> None:
-        check([typ.field(i).name for i in range(typ.num_fields)], f"in struct column {prefix!r}")
-        for i in range(typ.num_fields):
-            f = typ.field(i)
-            if pa.types.is_struct(f.type):
-                walk(f"{prefix}.{f.name}", f.type)
-
     check(list(schema.names), "in the Parquet schema")
-    for f in schema:
-        if pa.types.is_struct(f.type):
-            walk(f.name, f.type)
+    for name, field in _fields(schema):
+        if pa.types.is_struct(field.type):
+            check([f.name for f in field.type], f"in struct column {name!r}")
 
 
 def _parquet_utf8_error(path: Path, arr, field: str) -> DatasetError:
@@ -134,21 +127,11 @@ def _parquet_utf8_error(path: Path, arr, field: str) -> DatasetError:
     return DatasetError(f"{path}: field {field!r}: not valid UTF-8; expected UTF-8 text in a Parquet string column")
 
 
-def _flatten_schema(schema) -> list[str]:
+def _fields(fields, prefix: str = ""):
+    """(dotted name, field) of every column and struct field below it, depth first."""
     import pyarrow as pa
 
-    out: list[str] = []
-
-    def walk(prefix: str, typ) -> None:
-        for i in range(typ.num_fields):
-            f = typ.field(i)
-            name = f"{prefix}.{f.name}"
-            out.append(name)
-            if pa.types.is_struct(f.type):
-                walk(name, f.type)
-
-    for f in schema:
-        out.append(f.name)
+    for f in fields:
+        yield prefix + f.name, f
         if pa.types.is_struct(f.type):
-            walk(f.name, f.type)
-    return out
+            yield from _fields(f.type, f"{prefix}{f.name}.")
