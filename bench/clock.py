@@ -17,6 +17,7 @@ a ratio is only as good as the machine is quiet, and a benchmark says so instead
 from __future__ import annotations
 
 import os
+import resource
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -151,3 +152,9 @@ def spread_unreliable(figure: Optional[float], spread: Optional[float], how: str
             f"figure ({figure:.3g}), so another run would not reproduce it"
         )
     return None
+
+
+def cpu_with_children() -> tuple[float, float]:
+    """(this process's CPU seconds, its waited-for children's)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time(), ru.ru_utime + ru.ru_stime

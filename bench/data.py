@@ -29,10 +29,10 @@ lines go to stderr.
 - loader_rss_growth_mb (goal < 64): growth of anonymous resident memory (RssAnon of
   /proc/self/status) while iterating one shuffled epoch of pipeline.data.loader.BatchLoader
   (batch 256) over a split of 1,000,000 synthetic 384-d float32 rows written with
-  pipeline.data.shards.write_shards and opened with open_split, minus the same over 10,000 rows
+  pipeline.data.shard_writer.write_shards and opened with open_split, minus the same over 10,000 rows
   (what any epoch costs: the first batches, torch's allocator), each also reported by row count
   (loader_rss_anon_growth_mb_1m, _10k) and as _big / _small. Shards of 131,072 rows (write_shards'
-  rows_per_shard, where it takes one); the loader's default prefetch, the trainer's (--prefetch
+  rows_per_shard); the loader's default prefetch, the trainer's (--prefetch
   sets another). A shuffled epoch holds its permutation, 8 bytes a row: ~7.6 MiB at 1M rows, so
   ~8 MB is the floor of this design. Each epoch runs in a fresh child
   process (python -m bench.data --loader-child DIR), measured from after open_split and the
@@ -57,22 +57,20 @@ result with its `figures` to bench/results/data.json.
 from __future__ import annotations
 
 import argparse
-import gc
-import inspect
+import functools
 import json
 import math
+import operator
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from bench import clock, results
+from bench.loader_memory import DIM, LOADER_BATCH, loader_child, loader_memory
 from pipeline.core.paths import REPO_ROOT
 
 GOALS = {
@@ -82,27 +80,9 @@ GOALS = {
     "loader_rss_growth_mb": 64.0,
     "data_wait_fraction": 0.02,
 }
-DIM = 384  # the bundled teacher's embedding size
-LOADER_BATCH = 256
-ROWS_PER_SHARD = 131072  # passed to write_shards when it takes rows_per_shard
 
 
-def say(msg: str) -> None:
-    print(f"[bench.data] {msg}", file=sys.stderr, flush=True)
-
-
-def proc_status_kb(field: str) -> int:
-    """A `field:  N kB` line of /proc/self/status, in kB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field} line; expected Linux >= 4.5")
-
-
-def accepted(fn: Callable, name: str) -> bool:
-    """Whether `fn` takes keyword `name` (the shard writer and the loader are gaining options)."""
-    return name in inspect.signature(fn).parameters
+say = functools.partial(results.say, "data")
 
 
 # ---------------------------------------------------------------------------- texts
@@ -260,150 +240,6 @@ def incremental(model, identity: dict, batch_size: int, distinct, new, scratch: 
         "incremental_new_texts": len(new),
         "incremental_encoder_texts": encoder_texts,
         "incremental_cached_vectors_identical": all(identical),
-    }
-
-
-# ---------------------------------------------------------------------------- loader memory
-def write_synthetic(out_dir: Path, rows: int, scratch: Path, seed: int = 0) -> dict:
-    """A `train` split of `rows` random 384-d rows. The arrays are generated chunk by chunk into
-    .npy memory maps (file-backed, never whole in anonymous memory), handed to write_shards, and
-    deleted after; returns the manifest."""
-    import pandas as pd
-
-    from pipeline.data.shards import write_shards
-
-    raw = Path(tempfile.mkdtemp(prefix="raw-", dir=scratch))
-    try:
-        rng = np.random.default_rng(seed)
-        arrays = []
-        for kind in ("inputs", "targets"):
-            mm = np.lib.format.open_memmap(raw / f"{kind}.npy", mode="w+", dtype=np.float32, shape=(rows, DIM))
-            for start in range(0, rows, 65536):
-                stop = min(rows, start + 65536)
-                mm[start:stop] = rng.standard_normal((stop - start, DIM), dtype=np.float32)
-            mm.flush()
-            arrays.append(mm)
-        ids = [f"q{i}" for i in range(rows)]
-        frame = pd.DataFrame({"id": ids, "input_text": ids, "target_text": [f"a{i}" for i in range(rows)]})
-        kw = {"rows_per_shard": ROWS_PER_SHARD} if accepted(write_shards, "rows_per_shard") else {}
-        manifest = write_shards(
-            out_dir, {"train": (frame, arrays[0], arrays[1])}, {"name": "synthetic", "dim": DIM}, **kw
-        )
-        del arrays, frame, ids
-    finally:
-        gc.collect()
-        shutil.rmtree(raw, ignore_errors=True)
-    return manifest
-
-
-def malloc_trim() -> bool:
-    """Hand glibc's free heap pages back to the kernel (False where there is no glibc). Opening a
-    split frees as much as it keeps (the text columns pass through lists), and without this the
-    epoch's first allocations reuse those resident free pages, and even the big epoch's shuffle
-    permutation would not show as growth."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)  # returns 1 if memory was released, 0 if there was none to release
-        return True
-    except (OSError, AttributeError):
-        return False
-
-
-def loader_child(shard_dir: str, batch_size: int, prefetch) -> dict:
-    """One shuffled epoch over the split, in this (fresh) process; RssAnon read after each batch."""
-    from pipeline.data.loader import BatchLoader
-    from pipeline.data.shards import open_split
-
-    split = open_split(shard_dir, "train", verify=False)
-    kw = {}
-    if prefetch is not None:
-        kw["prefetch"] = prefetch
-    loader = BatchLoader(split.inputs, split.targets, batch_size=batch_size, shuffle=True, seed=0, **kw)
-    loader.set_epoch(0)
-    gc.collect()
-    trimmed = malloc_trim()
-    anon0, file0 = proc_status_kb("RssAnon"), proc_status_kb("RssFile")
-    peak, batches, rows = anon0, 0, 0
-    t0 = time.perf_counter()
-    for x, y in loader:
-        batches += 1
-        rows += len(x)
-        del x, y
-        peak = max(peak, proc_status_kb("RssAnon"))
-    epoch_s = time.perf_counter() - t0
-    anon1, file1 = proc_status_kb("RssAnon"), proc_status_kb("RssFile")
-    return {
-        "rows": int(split.count),
-        "rows_seen": rows,
-        "batches": batches,
-        "epoch_s": epoch_s,
-        "rss_anon_before_mb": anon0 / 1024,
-        "rss_anon_peak_mb": peak / 1024,
-        "rss_anon_after_mb": anon1 / 1024,
-        "rss_anon_growth_mb": (peak - anon0) / 1024,
-        "rss_file_growth_mb": (file1 - file0) / 1024,
-        "prefetch": getattr(loader, "prefetch", prefetch),
-        "malloc_trimmed": trimmed,
-    }
-
-
-def run_loader_child(shard_dir: Path, prefetch) -> dict:
-    cmd = [sys.executable, "-m", "bench.data", "--loader-child", str(shard_dir)]
-    if prefetch is not None:
-        cmd += ["--prefetch", str(prefetch)]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
-    if proc.returncode:
-        raise RuntimeError(f"loader child on {shard_dir} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def loader_memory(big_rows: int, small_rows: int, scratch: Path, prefetch) -> dict:
-    from pipeline.data.loader import BatchLoader
-    from pipeline.data.shards import write_shards
-
-    if prefetch is None and accepted(BatchLoader.__init__, "prefetch"):
-        prefetch = inspect.signature(BatchLoader.__init__).parameters["prefetch"].default  # what the trainer gets
-    work = Path(tempfile.mkdtemp(prefix="bench-data-shards-", dir=scratch))
-    out: dict = {}
-    try:
-        for label, rows in (("small", small_rows), ("big", big_rows)):
-            t0 = time.perf_counter()
-            manifest = write_synthetic(work / f"shards-{rows}", rows, work)
-            write_s = time.perf_counter() - t0
-            child = run_loader_child(work / f"shards-{rows}", prefetch)
-            shutil.rmtree(work / f"shards-{rows}", ignore_errors=True)
-            if child["rows_seen"] != rows:
-                raise RuntimeError(f"the epoch yielded {child['rows_seen']} rows of {rows}")
-            out[label] = child
-            say(
-                f"loader {rows} rows: wrote in {write_s:.1f} s ({len(manifest['files'])} files); epoch "
-                f"{child['epoch_s']:.1f} s, RssAnon +{child['rss_anon_growth_mb']:.1f} MB, "
-                f"RssFile +{child['rss_file_growth_mb']:.0f} MB"
-            )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    big, small = out["big"], out["small"]
-    tag = lambda n: f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k"  # noqa: E731
-    return {
-        "loader_rss_growth_mb": big["rss_anon_growth_mb"] - small["rss_anon_growth_mb"],
-        f"loader_rss_anon_growth_mb_{tag(big_rows)}": big["rss_anon_growth_mb"],
-        f"loader_rss_anon_growth_mb_{tag(small_rows)}": small["rss_anon_growth_mb"],
-        "loader_rows_big": big_rows,
-        "loader_rows_small": small_rows,
-        "loader_batch_size": LOADER_BATCH,
-        "loader_batches_big": big["batches"],
-        "loader_epoch_s_big": big["epoch_s"],
-        "loader_rss_anon_before_mb_big": big["rss_anon_before_mb"],
-        "loader_rss_file_growth_mb_big": big["rss_file_growth_mb"],
-        # The same two under fixed names (the tagged ones follow the row counts asked for).
-        "loader_rss_anon_growth_mb_big": big["rss_anon_growth_mb"],
-        "loader_rss_anon_growth_mb_small": small["rss_anon_growth_mb"],
-        "loader_prefetch": big["prefetch"],
-        "loader_malloc_trimmed": big["malloc_trimmed"],
-        "loader_rows_per_shard": ROWS_PER_SHARD if accepted(write_shards, "rows_per_shard") else None,
     }
 
 
@@ -601,19 +437,8 @@ def main(argv=None) -> dict:
         say(f"{name}: {time.perf_counter() - t:.1f} s")
     probe.take(3)
     res.update(machine(probe))
-    met = {}
-    if "embed_speedup_vs_sentence_transformers" in res:
-        met["embed_speedup_vs_sentence_transformers"] = (
-            res["embed_speedup_vs_sentence_transformers"] >= GOALS["embed_speedup_vs_sentence_transformers"]
-        )
-        met["embed_max_abs_diff"] = res["embed_max_abs_diff"] <= GOALS["embed_max_abs_diff"]
-    if "incremental_fraction" in res:
-        met["incremental_fraction"] = res["incremental_fraction"] <= GOALS["incremental_fraction"]
-    if "loader_rss_growth_mb" in res:
-        met["loader_rss_growth_mb"] = res["loader_rss_growth_mb"] < GOALS["loader_rss_growth_mb"]
-    if "data_wait_fraction" in res:
-        met["data_wait_fraction"] = res["data_wait_fraction"] <= GOALS["data_wait_fraction"]
-    res["goals_met"] = met
+    meets = {"embed_speedup_vs_sentence_transformers": operator.ge, "loader_rss_growth_mb": operator.lt}
+    res["goals_met"] = {k: meets.get(k, operator.le)(res[k], goal) for k, goal in GOALS.items() if k in res}
     res["load_avg_end"] = os.getloadavg()[0]
     res["bench_seconds"] = time.perf_counter() - t0
     if not all(math.isfinite(v) for v in res.values() if isinstance(v, float)):  # (top-level figures)

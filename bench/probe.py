@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -35,6 +35,8 @@ CUDA_PROBE_N = 4096  # a GPU needs a larger matmul to leave its launch overhead 
 # every core puts it far above; figures from such a run say more about the machine than about the
 # code: `busy` says so.
 BUSY_SPREAD = 2.0
+PROBE_EVERY_S = 1.0  # probes inside a run: often enough to follow the load, rare enough to cost little
+SEGMENT_ROWS = 4  # rows a segment of the in-run A/B holds at least: its first span is left out, 3 count
 
 
 class Probe:
@@ -119,6 +121,125 @@ class Probe:
             "probe_threads": sorted(self.threads),
             "probe_peak_gflops": self.peak_flops() / 1e9,
             **spread(self.times),
+        }
+
+
+class RowProbe:
+    """The trainer's on_log in every arm: notes when each telemetry row arrives, on a clock with
+    the probes taken out, takes a probe when PROBE_EVERY_S has passed since the last, then passes
+    the row on (to the arm's logger, if any). The probe comes first: the logger's work for this
+    row starts after it.
+
+    With `segment_s`, rows go to the logger in alternate segments (on, off, on, ...) of that many
+    seconds and at least SEGMENT_ROWS rows (on a slow machine a row can take seconds): the run
+    holds its own A/B, seconds apart, so a load that comes and goes over seconds hits both sides
+    alike (see segment_ratios)."""
+
+    def __init__(
+        self,
+        probe: Probe,
+        inner: Optional[Callable[[dict, int], None]] = None,
+        every_s: float = PROBE_EVERY_S,
+        segment_s: float = 0.0,
+    ):
+        self.probe, self.inner, self.every_s, self.segment_s = probe, inner, every_s, segment_s
+        self.segment_rows = 0  # rows in the current segment so far
+        self.stamps: list[tuple[int, float]] = []  # (step, clock)
+        self.cpu_stamps: list[tuple[int, float]] = []  # (step, cpu_clock)
+        self.probe_cpu_s = 0.0  # this process's CPU seconds spent probing
+        self.sent: list[bool] = []  # per row: handed to the logger
+        self.probes: list[float] = []
+        self.probe_s = 0.0  # seconds spent probing, including this bookkeeping
+        self.last = time.perf_counter()
+        self.on, self.switch_at = True, None
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.probe_s
+
+    def cpu_clock(self) -> float:
+        """This process's CPU seconds (its logging threads' included), the probes taken out."""
+        return time.process_time() - self.probe_cpu_s
+
+    def take(self) -> None:
+        t0, c0 = time.perf_counter(), time.process_time()
+        self.probes.append(self.probe())
+        self.last = time.perf_counter()
+        self.probe_s += self.last - t0
+        self.probe_cpu_s += time.process_time() - c0
+
+    def __call__(self, metrics: dict, step: int) -> None:
+        now = self.clock()
+        self.stamps.append((step, now))
+        self.cpu_stamps.append((step, self.cpu_clock()))
+        if self.segment_s:
+            if self.switch_at is None:
+                self.switch_at = now + self.segment_s
+            elif now >= self.switch_at and self.segment_rows >= SEGMENT_ROWS:
+                self.on, self.switch_at, self.segment_rows = not self.on, now + self.segment_s, 0
+            self.segment_rows += 1
+        self.sent.append(self.inner is not None and self.on)
+        if time.perf_counter() - self.last >= self.every_s:
+            self.take()
+        if self.sent[-1]:
+            self.inner(metrics, step)
+
+    def steady_ms(self, skip: float) -> float:
+        """Wall ms per step from the row at `skip` of the run to the last."""
+        (s0, t0), (s1, t1) = self.stamps[min(int(len(self.stamps) * skip), len(self.stamps) - 2)], self.stamps[-1]
+        return 1000 * (t1 - t0) / (s1 - s0)
+
+    def segments(self, skip: float, cpu: bool = False) -> list[tuple[bool, float]]:
+        """(sent, ms per step) of each segment from the row at `skip` of the run on. The span
+        between rows j-1 and j holds row j-1's hand-over and the training of row j's window; it
+        counts for the segment of row j-1, and only when row j-2 was in the same segment (the
+        first span after a switch is left out: the logger may still be busy with the rows before).
+        With `cpu`, ms of this process's CPU time per step (cpu_stamps) in place of wall time."""
+        stamps = self.cpu_stamps if cpu else self.stamps
+        out: list[list] = []  # [sent, seconds, steps, last row index]
+        first = max(2, int(len(stamps) * skip))
+        for j in range(first, len(stamps)):
+            if self.sent[j - 1] != self.sent[j - 2]:
+                continue
+            dt = stamps[j][1] - stamps[j - 1][1]
+            ds = stamps[j][0] - stamps[j - 1][0]
+            if out and out[-1][0] == self.sent[j - 1] and out[-1][3] == j - 1:
+                out[-1][1] += dt
+                out[-1][2] += ds
+                out[-1][3] = j
+            else:
+                out.append([self.sent[j - 1], dt, ds, j])
+        return [(sent, 1000 * sec / steps) for sent, sec, steps, _ in out if steps]
+
+    def segment_ratios(self, skip: float, cpu: bool = False) -> list[float]:
+        """ms per step of a sent segment over its unsent neighbour's, for every pair of adjacent
+        segments (each boundary gives one); with `cpu`, in this process's CPU time."""
+        seg = self.segments(skip, cpu)
+        return [(a[1] / b[1]) if a[0] else (b[1] / a[1]) for a, b in zip(seg, seg[1:]) if a[0] != b[0]]
+
+    def sent_ms(self, skip: float) -> Optional[float]:
+        """ms per step over the sent segments alone (None: no segments)."""
+        seg = [ms for sent, ms in self.segments(skip) if sent]
+        return float(np.median(seg)) if seg else None
+
+    def record(self, arm: str, skip: float, probes_before: list, times: tuple, steps: int, **fields) -> dict:
+        """A run as compare_arms (bench/tracking.py) reads it: its phases' wall seconds from
+        `times` (start, set up, trained, ended; on this clock), its steady step time, the span
+        beyond its steps at that rate, its probes and rows; `fields` add the arm's own."""
+        t0, t_setup, t_train, t_end = times
+        steady, wall = self.steady_ms(skip), t_end - t0
+        return {
+            "arm": arm,
+            "wall_s": wall,
+            "setup_s": t_setup - t0,
+            "train_s": t_train - t_setup,
+            "teardown_s": t_end - t_train,
+            "steps": steps,
+            "steady_ms": steady,
+            "fixed_s": wall - steps * steady / 1000,
+            "probes": probes_before + self.probes,
+            "rows": len(self.sent),
+            "rows_sent": sum(self.sent),
+            **fields,
         }
 
 

@@ -19,6 +19,7 @@ import datetime
 import json
 import math
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
@@ -27,6 +28,20 @@ from pipeline.core.numerics import cpu_model
 from pipeline.core.paths import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
+
+
+def say(bench: str, msg: str) -> None:
+    """A progress line on stderr: stdout's last line is the result."""
+    print(f"[bench.{bench}] {msg}", file=sys.stderr, flush=True)
+
+
+def child_json(args: list[str], what: str, timeout: float) -> dict:
+    """`python ARGS` run from the repository root (a part a bench measures in a fresh process):
+    the JSON object of its last stdout line; its failure is an error ending with its stderr's."""
+    proc = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode:
+        raise RuntimeError(f"{what} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def add_save_flag(ap: argparse.ArgumentParser) -> None:

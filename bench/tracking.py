@@ -86,8 +86,6 @@ import functools
 import json
 import logging
 import os
-import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -97,29 +95,26 @@ import numpy as np
 import torch
 
 from bench import clock, results
-from bench.probe import Probe, machine, normaliser
-from bench.workloads import config, synthetic, temporary_store
+from bench.clock import cpu_with_children
+from bench.probe import Probe, RowProbe, machine, normaliser
+from bench.workloads import config, synthetic, temporary_store, workload_threads
 from pipeline.core.config import flatten
 from pipeline.core.environment import temporary_env
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking.metric_buffer import MetricBuffer
 from pipeline.tracking.metric_names import route
+from pipeline.tracking.provenance import provenance
 from pipeline.train.loop import train_model
 
 GOALS = {"overhead_per_step": 1.03, "fixed_fraction_of_default_run": 0.02}
 ARMS = ("off", "stage", "mlflow_async")
 SERVER_ARM = "server"  # the stage's path into the team server (main starts one when it is asked for)
 EXPERIMENT = "bench-tracking"
-PROBE_EVERY_S = 1.0  # probes inside a run: often enough to follow the load, rare enough to cost little
-SEGMENT_ROWS = 4  # rows a segment of the in-run A/B holds at least: its first span is left out, 3 count
+say = functools.partial(results.say, "tracking")
 
 
 def _median_or_nan(values) -> float:
     return float(np.median(values)) if values else float("nan")
-
-
-def say(msg: str) -> None:
-    print(f"[bench.tracking] {msg}", file=sys.stderr, flush=True)
 
 
 def default_run_steps() -> tuple[Optional[int], str]:
@@ -136,120 +131,6 @@ def default_run_steps() -> tuple[Optional[int], str]:
     if preset != "default":
         return None, f"metrics/train.json is a {preset!r} run, not the default preset's"
     return int(steps), "metrics/train.json train/planned_steps (params.yaml run.preset=default)"
-
-
-class RowProbe:
-    """The trainer's on_log in every arm: notes when each telemetry row arrives, on a clock with
-    the probes taken out, takes a probe when PROBE_EVERY_S has passed since the last, then passes
-    the row on (to the arm's logger, if any). The probe comes first: the logger's work for this
-    row starts after it.
-
-    With `segment_s`, rows go to the logger in alternate segments (on, off, on, ...) of that many
-    seconds and at least SEGMENT_ROWS rows (on a slow machine a row can take seconds): the run
-    holds its own A/B, seconds apart, so a load that comes and goes over seconds hits both sides
-    alike (see segment_ratios)."""
-
-    def __init__(
-        self,
-        probe: Probe,
-        inner: Optional[Callable[[dict, int], None]] = None,
-        every_s: float = PROBE_EVERY_S,
-        segment_s: float = 0.0,
-    ):
-        self.probe, self.inner, self.every_s, self.segment_s = probe, inner, every_s, segment_s
-        self.segment_rows = 0  # rows in the current segment so far
-        self.stamps: list[tuple[int, float]] = []  # (step, clock)
-        self.cpu_stamps: list[tuple[int, float]] = []  # (step, cpu_clock)
-        self.probe_cpu_s = 0.0  # this process's CPU seconds spent probing
-        self.sent: list[bool] = []  # per row: handed to the logger
-        self.probes: list[float] = []
-        self.probe_s = 0.0  # seconds spent probing, including this bookkeeping
-        self.last = time.perf_counter()
-        self.on, self.switch_at = True, None
-
-    def clock(self) -> float:
-        return time.perf_counter() - self.probe_s
-
-    def cpu_clock(self) -> float:
-        """This process's CPU seconds (its logging threads' included), the probes taken out."""
-        return time.process_time() - self.probe_cpu_s
-
-    def take(self) -> None:
-        t0, c0 = time.perf_counter(), time.process_time()
-        self.probes.append(self.probe())
-        self.last = time.perf_counter()
-        self.probe_s += self.last - t0
-        self.probe_cpu_s += time.process_time() - c0
-
-    def __call__(self, metrics: dict, step: int) -> None:
-        now = self.clock()
-        self.stamps.append((step, now))
-        self.cpu_stamps.append((step, self.cpu_clock()))
-        if self.segment_s:
-            if self.switch_at is None:
-                self.switch_at = now + self.segment_s
-            elif now >= self.switch_at and self.segment_rows >= SEGMENT_ROWS:
-                self.on, self.switch_at, self.segment_rows = not self.on, now + self.segment_s, 0
-            self.segment_rows += 1
-        self.sent.append(self.inner is not None and self.on)
-        if time.perf_counter() - self.last >= self.every_s:
-            self.take()
-        if self.sent[-1]:
-            self.inner(metrics, step)
-
-    def steady_ms(self, skip: float) -> float:
-        """Wall ms per step from the row at `skip` of the run to the last."""
-        (s0, t0), (s1, t1) = self.stamps[min(int(len(self.stamps) * skip), len(self.stamps) - 2)], self.stamps[-1]
-        return 1000 * (t1 - t0) / (s1 - s0)
-
-    def segments(self, skip: float, cpu: bool = False) -> list[tuple[bool, float]]:
-        """(sent, ms per step) of each segment from the row at `skip` of the run on. The span
-        between rows j-1 and j holds row j-1's hand-over and the training of row j's window; it
-        counts for the segment of row j-1, and only when row j-2 was in the same segment (the
-        first span after a switch is left out: the logger may still be busy with the rows before).
-        With `cpu`, ms of this process's CPU time per step (cpu_stamps) in place of wall time."""
-        stamps = self.cpu_stamps if cpu else self.stamps
-        out: list[list] = []  # [sent, seconds, steps, last row index]
-        first = max(2, int(len(stamps) * skip))
-        for j in range(first, len(stamps)):
-            if self.sent[j - 1] != self.sent[j - 2]:
-                continue
-            dt = stamps[j][1] - stamps[j - 1][1]
-            ds = stamps[j][0] - stamps[j - 1][0]
-            if out and out[-1][0] == self.sent[j - 1] and out[-1][3] == j - 1:
-                out[-1][1] += dt
-                out[-1][2] += ds
-                out[-1][3] = j
-            else:
-                out.append([self.sent[j - 1], dt, ds, j])
-        return [(sent, 1000 * sec / steps) for sent, sec, steps, _ in out if steps]
-
-    def segment_ratios(self, skip: float, cpu: bool = False) -> list[float]:
-        """ms per step of a sent segment over its unsent neighbour's, for every pair of adjacent
-        segments (each boundary gives one); with `cpu`, in this process's CPU time."""
-        seg = self.segments(skip, cpu)
-        return [(a[1] / b[1]) if a[0] else (b[1] / a[1]) for a, b in zip(seg, seg[1:]) if a[0] != b[0]]
-
-    def sent_ms(self, skip: float) -> Optional[float]:
-        """ms per step over the sent segments alone (None: no segments)."""
-        seg = [ms for sent, ms in self.segments(skip) if sent]
-        return float(np.median(seg)) if seg else None
-
-
-def workload_threads(cfg) -> int:
-    """The intra-op threads the trainer will run `cfg` with (Trainer.run's rule, one process)."""
-    from pipeline.core import numerics
-    from pipeline.core.distributed import Dist, threads_per_process
-
-    if cfg.train.threads or numerics.threads():
-        return threads_per_process(cfg.train.threads, Dist())
-    return torch.get_num_threads()
-
-
-def _cpu() -> tuple[float, float]:
-    """(this process's CPU seconds, its waited-for children's)."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time(), ru.ru_utime + ru.ru_stime
 
 
 MLFLOW_ASYNC_BUFFERING_S = 1  # MLflow's own batching of queued rows: one log_batch a second
@@ -275,7 +156,7 @@ def mlflow_async_run(name: str, cfg) -> Iterator[Callable[[dict, int], None]]:
         mlflow.start_run(run_name=name, log_system_metrics=True)
         status = "FAILED"
         try:
-            prov, _ = tracking.provenance(cfg.run.preset)
+            prov, _ = provenance(cfg.run.preset)
             mlflow.set_tags(prov)
             tracking.log_params(flatten(cfg))
             yield lambda metrics, step: tracking.log_metrics(metrics, step=step)
@@ -303,7 +184,7 @@ def arm_run(
 
     probes_before = probe.take(before)
     clock = RowProbe(probe, segment_s=segment_s)
-    cpu0 = _cpu()
+    cpu0 = cpu_with_children()
     t0 = clock.clock()
     sent = 0
     if arm == "off":
@@ -334,31 +215,22 @@ def arm_run(
         sent = sum(len(route(r)[0]) for r, s in zip(res.rows, clock.sent) if s)
     else:
         raise ValueError(f"unknown arm {arm!r}; expected one of {ARMS}")
-    cpu1 = _cpu()
-    steps = int(res.summary["train/steps"])
-    steady = clock.steady_ms(skip)
-    wall = t_end - t0
-    return {
-        "arm": arm,
-        "wall_s": wall,
-        "setup_s": t_setup - t0,
-        "train_s": t_train - t_setup,
-        "teardown_s": t_end - t_train,
-        "steps": steps,
-        "steady_ms": steady,
-        "fixed_s": wall - steps * steady / 1000,
-        "row_ms": float(np.median([r["perf/step_ms"] for r in res.rows[2:]])),
-        "cpu_self_s": cpu1[0] - cpu0[0],
-        "cpu_children_s": cpu1[1] - cpu0[1],
-        "probes": probes_before + clock.probes,
-        "flow_steps": [r["flow/flow_steps"] for r in res.rows],
-        "metrics_logged": sent,
-        "rows": len(clock.sent),
-        "rows_sent": sum(clock.sent),
-        "segment_ratios": clock.segment_ratios(skip),
-        "segment_ratios_cpu": clock.segment_ratios(skip, cpu=True),
-        "sent_ms": clock.sent_ms(skip),
-    }
+    cpu1 = cpu_with_children()
+    return clock.record(
+        arm,
+        skip,
+        probes_before,
+        (t0, t_setup, t_train, t_end),
+        int(res.summary["train/steps"]),
+        row_ms=float(np.median([r["perf/step_ms"] for r in res.rows[2:]])),
+        cpu_self_s=cpu1[0] - cpu0[0],
+        cpu_children_s=cpu1[1] - cpu0[1],
+        flow_steps=[r["flow/flow_steps"] for r in res.rows],
+        metrics_logged=sent,
+        segment_ratios=clock.segment_ratios(skip),
+        segment_ratios_cpu=clock.segment_ratios(skip, cpu=True),
+        sent_ms=clock.sent_ms(skip),
+    )
 
 
 def server_arm(uri: str, segment_s: float, cfg, x, y, probe: Probe, name: str, skip: float) -> dict:

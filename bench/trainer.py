@@ -64,9 +64,7 @@ non-zero.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
+import functools
 import time
 from typing import Optional
 
@@ -76,10 +74,9 @@ import torch
 from bench import clock, results
 from bench.clock import stage_threads
 from bench.model import DIM
-from bench.probe import Probe, machine, spread
-from bench.tracking import SEGMENT_S, RowProbe, compare_arms, workload_threads
-from bench.workloads import config, synthetic
-from pipeline.core.paths import REPO_ROOT
+from bench.probe import Probe, RowProbe, machine, spread
+from bench.tracking import SEGMENT_S, compare_arms
+from bench.workloads import config, synthetic, workload_threads
 from pipeline.data.loader import BatchLoader
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 from pipeline.train.loop import Trainer, train_model
@@ -96,8 +93,7 @@ GOALS = {
 PARTS = ("host_reads", "drift", "leak", "overhead")
 
 
-def say(msg: str) -> None:
-    print(f"[bench.trainer] {msg}", file=sys.stderr, flush=True)
+say = functools.partial(results.say, "trainer")
 
 
 # ---------------------------------------------------------------------------- host reads
@@ -198,28 +194,11 @@ def bare_run(cfg, x, y, probe, name: str = "", skip: float = 0.2) -> dict:
                 step += 1
                 if step % t.log_every == 0 or step == total:
                     clock({}, step)
-        wall = clock.clock() - t0
+        t_end = clock.clock()
     finally:
         torch.set_num_threads(threads)
-    steady = clock.steady_ms(skip)
-    return {
-        "arm": "bare",
-        "wall_s": wall,
-        "setup_s": 0.0,
-        "train_s": wall,
-        "teardown_s": 0.0,
-        "steps": step,
-        "steady_ms": steady,
-        "fixed_s": wall - step * steady / 1000,
-        "row_ms": steady,
-        "cpu_self_s": 0.0,
-        "cpu_children_s": 0.0,
-        "probes": probes_before + clock.probes,
-        "flow_steps": None,
-        "metrics_logged": 0,
-        "rows": len(clock.sent),
-        "rows_sent": 0,
-    }
+    extra = {"row_ms": clock.steady_ms(skip), "cpu_self_s": 0.0, "cpu_children_s": 0.0, "metrics_logged": 0}
+    return clock.record("bare", skip, probes_before, (t0, t0, t_end, t_end), step, flow_steps=None, **extra)
 
 
 def telemetry_overhead(
@@ -351,20 +330,9 @@ def fresh_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
     """smoke_run in a new process. In this one, memory freed by earlier runs stays in the
     allocator's free lists: a leak first refills them and the RSS slope misses it (a short
     fault=leak run right after a longer one fitted next to no slope; fresh, a steep one)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", ROWS_SCRIPT, str(steps), str(probe_every), *overrides],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return results.child_json(
+        ["-c", ROWS_SCRIPT, str(steps), str(probe_every), *overrides], f"smoke run {overrides}", 600
     )
-    if proc.returncode:
-        raise RuntimeError(f"smoke run {overrides} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def fresh_rows(steps: int, *overrides: str) -> list[dict]:
-    return fresh_run(steps, *overrides)["rows"]
 
 
 # One intra-op thread for the smoke runs. The smoke model's ops are too small to split: two
@@ -418,10 +386,7 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
                 "probe_late_ms": probe_ms["late"],
                 # The flow loop stops when flows arrive: if training changed how many flow steps
                 # a batch takes, the step time would move for a reason that is not drift.
-                "flow_steps": (
-                    median_between(rows, "flow/flow_steps", 20, 120),
-                    median_between(rows, "flow/flow_steps", 400, 500),
-                ),
+                "flow_steps": tuple(median_between(rows, "flow/flow_steps", *lh) for lh in windows.values()),
                 "rss": rss_slope_per_1k(rows, rss_after),
                 "rss_end": rows[-1]["mem/rss_mb"],
                 "steps": rows[-1]["step"],
@@ -460,7 +425,7 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
 def leak_rss(steps: int = 250, after: int = 100) -> dict:
     """The same slope with fault=leak from step 1: each step's loss, with its graph, is kept
     (fault.leak_mb=0: the graph alone, the subtle leak; the fault preset adds 8 MB a step)."""
-    rows = fresh_rows(steps, SMOKE_THREADS, "fault=leak", "fault.step=1", "fault.leak_mb=0")
+    rows = fresh_run(steps, SMOKE_THREADS, "fault=leak", "fault.step=1", "fault.leak_mb=0")["rows"]
     return {
         "rss_growth_mb_per_1k_steps_leak": rss_slope_per_1k(rows, after),
         "leak_steps": rows[-1]["step"],

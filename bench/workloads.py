@@ -46,3 +46,15 @@ def temporary_store() -> Iterator[str]:
         # mlflow_run tags the run with `git status`: without optional locks it leaves .git alone.
         with temporary_env({"MLFLOW_TRACKING_URI": uri, "GIT_OPTIONAL_LOCKS": "0"}):
             yield uri
+
+
+def workload_threads(cfg) -> int:
+    """The intra-op threads the trainer will run `cfg` with (Trainer.run's rule, one process)."""
+    import torch
+
+    from pipeline.core import numerics
+    from pipeline.core.distributed import Dist, threads_per_process
+
+    if cfg.train.threads or numerics.threads():
+        return threads_per_process(cfg.train.threads, Dist())
+    return torch.get_num_threads()

@@ -33,6 +33,8 @@ from pipeline.embed.memory import teacher_need
 from pipeline.embed.ranks import STRICT_GEMM, embed_splits, pin_rank_threads
 from pipeline.embed.teacher import load_teacher, teacher_identity, truncated
 from pipeline.tracking import store as tracking
+from pipeline.tracking.datasets import log_dataset
+from pipeline.tracking.provenance import device_tags
 
 from ._cli import run_stage
 
@@ -83,7 +85,7 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
                 "stage": "embed",
                 "dataset.sha256": source_sha[:16],
                 **tracking.overrides_tag(cfg),
-                **tracking.device_tags(teacher.device),
+                **device_tags(teacher.device),
             },
             stage="embed",
         )
@@ -94,7 +96,7 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
         extra = None
         if main:
             tracking.log_params({k: v for k, v in flatten(cfg).items() if k.startswith(("embed.", "run."))})
-            tracking.log_dataset(
+            log_dataset(
                 df,
                 source=str(e.dataset),
                 digest=source_sha[:16],

@@ -52,6 +52,8 @@ from pipeline.stats.item_tables import TableMeta, write_items
 from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS
 from pipeline.stats.seed_variance import find_reference
 from pipeline.tracking import store as tracking
+from pipeline.tracking.datasets import shards_dataset
+from pipeline.tracking.provenance import stage_lock_tags
 from pipeline.tracking.run_note import update_note
 
 from ._cli import run_stage
@@ -137,8 +139,8 @@ def _run(cfg, tx) -> dict:
     if run_info:
         manifest_path = shard_dir / "manifest.json"
         # The metrics are measured on these shards: the logged model's page names them with the values.
-        dataset = tracking.shards_dataset(shard_dir, manifest, sha256_file(manifest_path), str(cfg.run.preset))
-        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=tracking.stage_lock_tags("train")) as run:
+        dataset = shards_dataset(shard_dir, manifest, sha256_file(manifest_path), str(cfg.run.preset))
+        with tracking.adding_to_run(run_info["run_id"], "evaluate", tags=stage_lock_tags("train")) as run:
             # The model as a service, logged here rather than by train: it answers from this very
             # bank (its digest in the model's metadata), and train does not depend on serving code.
             logged = log_answer_model(

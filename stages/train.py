@@ -42,7 +42,9 @@ from pipeline.core.output_transaction import outputs
 from pipeline.core.paths import repo_path
 from pipeline.data.shards import sha256_file
 from pipeline.tracking import store as tracking
+from pipeline.tracking.datasets import log_shards_input, shards_dataset
 from pipeline.tracking.metric_buffer import MetricBuffer
+from pipeline.tracking.provenance import device_tags
 from pipeline.tracking.run_note import update_note
 from pipeline.train import plan
 from pipeline.train.checkpoints import Checkpointing
@@ -193,7 +195,7 @@ def run_tags(cfg, manifest: dict, embed_run: dict, fp: str, place) -> dict[str, 
         "train.fingerprint": fp,
         "train.processes": str(place.world_size),
         "distributed.backend": place.backend or "none",
-        **tracking.device_tags(select_device(cfg.train.device)),
+        **device_tags(select_device(cfg.train.device)),
     }
 
 
@@ -203,8 +205,8 @@ def log_run_inputs(cfg, manifest: dict, embed_run: dict, processes: int) -> None
     effective = cfg.train.batch_size * cfg.train.grad_accum * processes
     tracking.log_params({**flatten(cfg), "train.processes": processes, "train.effective_batch": effective})
     shard_dir = repo_path(cfg.embed.out_dir)
-    tracking.log_shards_input(
-        tracking.shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json"), str(cfg.run.preset)),
+    log_shards_input(
+        shards_dataset(shard_dir, manifest, sha256_file(shard_dir / "manifest.json"), str(cfg.run.preset)),
         manifest,
         str(embed_run.get("run_id", "")),
     )

@@ -25,7 +25,8 @@ import torch
 from pipeline.core.atomic import DiskFull
 from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError, PipelineError
-from pipeline.data.shards import open_split, sha256_file, write_shards
+from pipeline.data.shard_writer import write_shards
+from pipeline.data.shards import open_split, sha256_file
 from pipeline.model import EnergyFlowModel
 from pipeline.model.model_file import load_model, model_shapes, save_model
 from pipeline.train.checkpoints import Checkpointing

@@ -7,7 +7,8 @@ import time
 import pytest
 
 from bench import tracking as bench
-from bench.probe import Probe
+from bench.probe import Probe, RowProbe
+from bench.workloads import workload_threads
 from tests.helpers.bench_runs import bench_json, run_module
 
 pytestmark = pytest.mark.integration
@@ -82,7 +83,7 @@ def test_steady_step_time_leaves_out_the_probes():
         return 0.05
 
     seen = []
-    clock = bench.RowProbe(slow_probe, inner=lambda metrics, step: seen.append(step), every_s=0.0)  # every row
+    clock = RowProbe(slow_probe, inner=lambda metrics, step: seen.append(step), every_s=0.0)  # every row
     for step in (2, 4, 6, 8, 10):
         clock({}, step)
     assert seen == [2, 4, 6, 8, 10] and clock.probes == [0.05] * 5 and clock.probe_s >= 0.25
@@ -96,7 +97,7 @@ def test_steady_step_time_leaves_out_the_probes():
 def test_the_in_run_ab_sends_alternate_segments_and_compares_each_with_its_neighbours():
     now = [0.0]
     sent = []
-    clock = bench.RowProbe(lambda: 0.0, inner=lambda metrics, step: sent.append(step), every_s=1e9, segment_s=1.0)
+    clock = RowProbe(lambda: 0.0, inner=lambda metrics, step: sent.append(step), every_s=1e9, segment_s=1.0)
     clock.clock = lambda: now[0]
     # 40 rows, 2 steps each, 0.25 s apart: segments of 4 rows; a sent row costs its next span 0.05 s more.
     for i in range(40):
@@ -113,7 +114,7 @@ def test_the_in_run_ab_sends_alternate_segments_and_compares_each_with_its_neigh
     assert len(ratios) == len(segs) - 1 and ratios == pytest.approx([1.2] * len(ratios))  # one per boundary
     assert clock.sent_ms(skip=0.0) == pytest.approx(150.0)
     # A slow machine: rows 1.5 s apart, 1 s segments. A segment still holds 4 rows (3 spans count).
-    slow = bench.RowProbe(lambda: 0.0, inner=lambda metrics, step: None, every_s=1e9, segment_s=1.0)
+    slow = RowProbe(lambda: 0.0, inner=lambda metrics, step: None, every_s=1e9, segment_s=1.0)
     slow.clock = lambda: now[0]
     for i in range(24):
         slow({}, i)
@@ -121,7 +122,7 @@ def test_the_in_run_ab_sends_alternate_segments_and_compares_each_with_its_neigh
     assert slow.sent == ([True] * 4 + [False] * 4) * 3
     assert len(slow.segment_ratios(skip=0.0)) == 5
     # Without segments every row is sent, and there is no in-run A/B.
-    plain = bench.RowProbe(lambda: 0.0, inner=lambda metrics, step: None, every_s=1e9)
+    plain = RowProbe(lambda: 0.0, inner=lambda metrics, step: None, every_s=1e9)
     for i in range(6):
         plain({}, i)
     assert all(plain.sent) and plain.segment_ratios(skip=0.0) == []
@@ -130,8 +131,8 @@ def test_the_in_run_ab_sends_alternate_segments_and_compares_each_with_its_neigh
 def test_probes_follow_the_workloads_thread_count():
     from bench.workloads import config
 
-    assert bench.workload_threads(config("smoke", 10)[0]) == 1  # smoke sets train.threads=1
-    p = Probe(threads=bench.workload_threads(config("smoke", 10)[0]), n=32, reps=1)
+    assert workload_threads(config("smoke", 10)[0]) == 1  # smoke sets train.threads=1
+    p = Probe(threads=workload_threads(config("smoke", 10)[0]), n=32, reps=1)
     p.take(2)
     assert p.threads == {1}
 

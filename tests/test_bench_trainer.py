@@ -84,8 +84,10 @@ def test_host_reads_part_reports_both_flow_loops(capsys):
 
 @pytest.mark.slow  # two fresh smoke runs of the bench (11.5 s of the default suite's 603 s, idle AMD EPYC)
 def test_the_rss_slope_sees_the_leak_and_not_the_clean_run():
-    clean = bench.rss_slope_per_1k(bench.fresh_rows(100, bench.SMOKE_THREADS), after=20)
-    leak = bench.rss_slope_per_1k(bench.fresh_rows(100, bench.SMOKE_THREADS, "fault=leak", "fault.step=1"), after=20)
+    clean = bench.rss_slope_per_1k(bench.fresh_run(100, bench.SMOKE_THREADS)["rows"], after=20)
+    leak = bench.rss_slope_per_1k(
+        bench.fresh_run(100, bench.SMOKE_THREADS, "fault=leak", "fault.step=1")["rows"], after=20
+    )
     # Each leaked step keeps its graph (~0.15-0.2 MB on the smoke model); the clean run settles.
     assert leak > 50 and leak > 10 * max(clean, 1.0), (clean, leak)
 

@@ -3,7 +3,8 @@
 import pytest
 
 from pipeline.core.errors import DatasetError
-from pipeline.data.readers import dataset_files, read_dataset, read_pairs
+from pipeline.data.readers.dataset import read_dataset, read_pairs
+from pipeline.data.readers.files import dataset_files
 
 pytestmark = pytest.mark.unit
 

@@ -152,7 +152,7 @@ def test_country_facts_match_the_table(rows):
 
 
 def test_element_facts_match_the_table(rows):
-    table = {name: (number, symbol) for number, symbol, name in demo.ELEMENTS}
+    table = {name: (number, symbol) for number, symbol, name, _ in demo.ELEMENTS}
     for r in rows:
         if r["topic"] in ("element_symbol", "atomic_number"):
             number, symbol = table[r["fact"].split("-", 2)[2]]
@@ -162,7 +162,7 @@ def test_element_facts_match_the_table(rows):
 
 def test_confusable_facts_are_present(rows):
     facts = {r["fact"] for r in rows}
-    numbers = sorted(n for n, _, _ in demo.ELEMENTS)
+    numbers = sorted(n for n, *_ in demo.ELEMENTS)
     assert all(b - a == 1 for a, b in zip(numbers, numbers[1:56]))  # 1..56 without gaps
     assert {"olympics-1988-summer", "olympics-1988-winter"} <= facts
     euro = [c for c in demo.COUNTRIES if c[2] == "the euro"]

@@ -16,7 +16,8 @@ import pandas as pd
 import pytest
 
 from pipeline.core.paths import REPO_ROOT
-from pipeline.data.shards import load_manifest, open_split, sha256_file, write_shards
+from pipeline.data.shard_writer import write_shards
+from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.embed.cache import EmbeddingCache, text_key
 from pipeline.embed.embedding import StreamedEmbeddings, plan_encodes, shard_reads, share_work
 from tools.fault_matrix import clean_env

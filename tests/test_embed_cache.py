@@ -121,7 +121,8 @@ def _bundled_identity():
 def test_streamed_embeddings_are_made_one_shard_at_a_time(tmp_path):
     import pandas as pd
 
-    from pipeline.data.shards import open_split, write_shards
+    from pipeline.data.shard_writer import write_shards
+    from pipeline.data.shards import open_split
     from pipeline.embed.embedding import StreamedEmbeddings
 
     enc = CountingEncoder()

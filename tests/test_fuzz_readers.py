@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.errors import ConfigError, DatasetError
-from pipeline.data.readers import read_dataset
+from pipeline.data.readers.dataset import read_dataset
 from pipeline.data.shards import open_split
 from stages import embed
 from tests.helpers.shards import fake_shards

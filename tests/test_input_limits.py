@@ -5,6 +5,7 @@ refusal names the file, the limit, what the file holds and the key that raises i
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,9 +13,9 @@ import pytest
 from pipeline.core.config import load_config
 from pipeline.core.errors import ConfigError, DatasetError
 from pipeline.core.paths import REPO_ROOT
-from pipeline.data import readers
 from pipeline.data.input_limits import InputLimits
-from pipeline.data.readers import read_dataset, read_pairs
+from pipeline.data.readers import delimited, json_objects
+from pipeline.data.readers.dataset import read_dataset, read_pairs
 from pipeline.embed.embedding import prepare_pairs
 
 pytestmark = pytest.mark.unit
@@ -37,8 +38,8 @@ def no_parsing(monkeypatch):
     def parse(*a, **k):
         raise AssertionError("the file was parsed before it was refused")
 
-    monkeypatch.setattr(readers.pd, "read_csv", parse)
-    monkeypatch.setattr(readers, "_JsonLoader", parse)
+    monkeypatch.setattr(delimited.pd, "read_csv", parse)
+    monkeypatch.setattr(json_objects, "JsonLoader", parse)
 
 
 def test_the_defaults_let_the_bundled_dataset_through():
@@ -49,7 +50,7 @@ def test_the_defaults_let_the_bundled_dataset_through():
 
 def test_a_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
     path = _csv(tmp_path / "big.csv", rows=200)
-    monkeypatch.setattr(readers.Path, "read_bytes", lambda self: pytest.fail("read before refused"))
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("read before refused"))
     with pytest.raises(DatasetError) as refused:
         _read(path, max_mb=0.001)
     message = str(refused.value)

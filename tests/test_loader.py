@@ -141,7 +141,8 @@ import time  # noqa: E402
 
 import pandas as pd  # noqa: E402
 
-from pipeline.data.shards import open_split, write_shards  # noqa: E402
+from pipeline.data.shard_writer import write_shards  # noqa: E402
+from pipeline.data.shards import open_split  # noqa: E402
 
 
 def sharded(tmp_path, n: int, dim: int = 3, rows_per_shard: int = 7, dtype: str = "float32"):

@@ -15,7 +15,8 @@ from pipeline.core.config import load_config, teacher_path
 from pipeline.core.errors import ConfigError
 from pipeline.core.paths import check_readable_inside, reading_rule
 from pipeline.core.stage_outputs import read_csv, read_json
-from pipeline.data.shards import open_split, write_shards
+from pipeline.data.shard_writer import write_shards
+from pipeline.data.shards import open_split
 from pipeline.embed.teacher import load_teacher
 from pipeline.model.model_file import load_model
 from pipeline.train.resume_state import load_state

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.errors import PipelineError, ShardError
-from pipeline.data.shards import first_nonfinite, open_split, sha256_file, write_shards
+from pipeline.data.shard_writer import write_shards
+from pipeline.data.shards import first_nonfinite, open_split, sha256_file
 from pipeline.model import EnergyFlowModel
 from pipeline.model.model_file import load_model, save_model
 from pipeline.train.resume_state import load_state, save_state

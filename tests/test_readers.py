@@ -12,7 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.core.errors import ConfigError, DatasetError
-from pipeline.data.readers import content_id, dataset_files, drop_duplicate_pairs, read_dataset, read_pairs
+from pipeline.data.readers.checks import content_id
+from pipeline.data.readers.dataset import drop_duplicate_pairs, read_dataset, read_pairs
+from pipeline.data.readers.files import dataset_files
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,9 @@ import pytest
 
 from pipeline.core.errors import ConfigError, ShardError
 from pipeline.core.output_dirs import MARK
-from pipeline.data import shards
-from pipeline.data.shards import ShardedArray, load_manifest, open_split, write_shards
+from pipeline.data import shard_writer, shards
+from pipeline.data.shard_writer import write_shards
+from pipeline.data.shards import ShardedArray, load_manifest, open_split
 
 pytestmark = pytest.mark.unit
 
@@ -222,7 +223,7 @@ def test_failed_write_without_previous_leaves_nothing(tmp_path, monkeypatch):
 
 def test_failed_swap_restores_previous(written, monkeypatch):
     out, _, manifest = written
-    real_replace = shards.os.replace
+    real_replace = shard_writer.os.replace
 
     def replace(src, dst):
         # Let "old away" happen, fail "new in".
@@ -230,7 +231,7 @@ def test_failed_swap_restores_previous(written, monkeypatch):
             raise OSError("rename failed")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(shards.os, "replace", replace)
+    monkeypatch.setattr(shard_writer.os, "replace", replace)
     with pytest.raises(OSError, match="rename failed"):
         write_shards(out, {"train": make_split(2)}, TEACHER)
     assert load_manifest(out) == manifest
@@ -648,7 +649,7 @@ def test_format_1_directory_is_still_read(tmp_path):
     frame, inputs, targets = make_split(7)
     out = tmp_path / "old"
     out.mkdir()
-    shards._write_texts(out / "train.parquet", frame)
+    shard_writer._write_texts(out / "train.parquet", frame)
     np.save(out / "train_inputs.npy", inputs)
     np.save(out / "train_targets.npy", targets)
     files = {

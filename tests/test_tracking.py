@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import PipelineError
+from pipeline.tracking import datasets, provenance
 from pipeline.tracking import store as tracking
 
 pytestmark = pytest.mark.integration
@@ -25,7 +26,7 @@ def test_default_uri_is_sqlite_at_the_repo_root_and_env_overrides(monkeypatch):
 
 
 def test_provenance_tags_name_commit_dirty_flag_and_preset():
-    tags = tracking.provenance_tags("smoke")
+    tags = provenance.provenance("smoke")[0]
     assert tags["preset"] == "smoke"
     assert tags["mlflow.source.git.dirty"] in ("true", "false", "unknown")
     assert len(tags["mlflow.source.git.commit"]) == 40 or tags["mlflow.source.git.commit"] == "unknown"
@@ -151,16 +152,16 @@ def _repo(tmp_path: Path) -> Path:
 
 def test_git_provenance_sees_a_dirty_tree_and_ignores_dvc_housekeeping(tmp_path, monkeypatch):
     repo = _repo(tmp_path)
-    monkeypatch.setattr(tracking, "REPO_ROOT", repo)
+    monkeypatch.setattr(provenance, "REPO_ROOT", repo)
     monkeypatch.delenv("DVC_EXP_BASELINE_REV", raising=False)
     base = _git(repo, "rev-parse", "HEAD")
-    assert tracking.git_provenance() == ({"mlflow.source.git.commit": base, "mlflow.source.git.dirty": "false"}, "")
+    assert provenance.git_provenance() == ({"mlflow.source.git.commit": base, "mlflow.source.git.dirty": "false"}, "")
     # DVC rewrites dvc.lock and .gitignore while the pipeline runs: not the user's change.
     (repo / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
     (repo / ".gitignore").write_text("/models\n/metrics\n")
-    assert tracking.git_provenance()[0]["mlflow.source.git.dirty"] == "false"
+    assert provenance.git_provenance()[0]["mlflow.source.git.dirty"] == "false"
     (repo / "params.yaml").write_text("lr: 0.01\n")
-    tags, diff = tracking.git_provenance()
+    tags, diff = provenance.git_provenance()
     assert tags["mlflow.source.git.dirty"] == "true" and "-lr: 0.003" in diff and "+lr: 0.01" in diff
     assert "dvc.lock" not in diff and len(tags["git.diff.sha256"]) == 16
 
@@ -169,19 +170,19 @@ def test_git_provenance_of_a_dvc_temp_experiment_diffs_against_its_baseline(tmp_
     """`dvc exp run --temp/--queue` commits the changed params onto a private stash commit and
     runs there: `git status` is clean, but the code is not the baseline the user has."""
     repo = _repo(tmp_path)
-    monkeypatch.setattr(tracking, "REPO_ROOT", repo)
+    monkeypatch.setattr(provenance, "REPO_ROOT", repo)
     baseline = _git(repo, "rev-parse", "HEAD")
     (repo / "params.yaml").write_text("lr: 0.01\n")
     _git(repo, "commit", "-qam", "stash: the experiment's params")
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", baseline)
-    tags, diff = tracking.git_provenance()
+    tags, diff = provenance.git_provenance()
     assert (
         tags["mlflow.source.git.commit"] == baseline
         and tags["mlflow.source.git.dirty"] == "true"
         and "+lr: 0.01" in diff
     )
     monkeypatch.setenv("DVC_EXP_NAME", "lr-b")
-    tags = tracking.provenance_tags("smoke")
+    tags = provenance.provenance("smoke")[0]
     assert tags["dvc.exp_name"] == "lr-b" and tags["dvc.exp_baseline"] == baseline
     assert len(tags["dvc.lock.sha256"]) == 16
 
@@ -190,18 +191,18 @@ def test_a_new_run_is_tagged_and_keeps_its_diff_and_device(tmp_path, monkeypatch
     from mlflow.tracking import MlflowClient
 
     repo = _repo(tmp_path)
-    monkeypatch.setattr(tracking, "REPO_ROOT", repo)
+    monkeypatch.setattr(provenance, "REPO_ROOT", repo)
     monkeypatch.delenv("DVC_EXP_BASELINE_REV", raising=False)
     (repo / "params.yaml").write_text("lr: 0.01\n")
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    with tracking.mlflow_run("r", "smoke", experiment="t", tags=tracking.device_tags("cpu")) as run:
+    with tracking.mlflow_run("r", "smoke", experiment="t", tags=provenance.device_tags("cpu")) as run:
         pass
     client = MlflowClient(uri)
     tags = client.get_run(run.info.run_id).data.tags
     assert tags["device"] == "cpu" and "cores" in tags["device.name"] and tags["mlflow.source.git.dirty"] == "true"
     assert tags["torch.version"] and tags["host"] and tags["preset"] == "smoke"
-    patch = client.download_artifacts(run.info.run_id, tracking.DIFF_ARTIFACT, str(tmp_path))
+    patch = client.download_artifacts(run.info.run_id, provenance.DIFF_ARTIFACT, str(tmp_path))
     assert "+lr: 0.01" in Path(patch).read_text()
 
 
@@ -388,13 +389,13 @@ def test_ctrl_c_while_a_stage_starts_ends_with_one_line(tmp_path):
 
 
 def test_device_tags_name_the_cpu():
-    tags = tracking.device_tags("cpu")
+    tags = provenance.device_tags("cpu")
     assert tags["device"] == "cpu" and tags["device.name"].endswith("cores)")
 
 
 def test_stage_lock_tags_digest_what_dvc_lock_records_for_the_stage(tmp_path, monkeypatch):
     lock = tmp_path / "dvc.lock"
-    monkeypatch.setattr(tracking, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(provenance, "REPO_ROOT", tmp_path)
     entry = (
         "schema: '2.0'\nstages:\n  train:\n    cmd: python -m stages.train\n    deps:\n    - path: a.py\n"
         "      md5: {md5}\n      size: 3\n    params:\n      params.yaml:\n        train.lr: 0.003\n"
@@ -402,14 +403,14 @@ def test_stage_lock_tags_digest_what_dvc_lock_records_for_the_stage(tmp_path, mo
     )
     lock.write_text(entry.format(md5="aaa", out="x"))
     monkeypatch.delenv("DVC_STAGE", raising=False)
-    assert tracking.stage_lock_tags("train") == {}  # not under DVC: dvc.lock may be stale
+    assert provenance.stage_lock_tags("train") == {}  # not under DVC: dvc.lock may be stale
     monkeypatch.setenv("DVC_STAGE", "evaluate")
-    first = tracking.stage_lock_tags("train")["dvc.train.sha256"]
+    first = provenance.stage_lock_tags("train")["dvc.train.sha256"]
     lock.write_text(entry.format(md5="aaa", out="y"))  # outputs differ (another run's weights)
-    assert tracking.stage_lock_tags("train")["dvc.train.sha256"] == first
+    assert provenance.stage_lock_tags("train")["dvc.train.sha256"] == first
     lock.write_text(entry.format(md5="bbb", out="x"))  # a dependency changed
-    assert tracking.stage_lock_tags("train")["dvc.train.sha256"] != first
-    assert tracking.stage_lock_tags("nope") == {}
+    assert provenance.stage_lock_tags("train")["dvc.train.sha256"] != first
+    assert provenance.stage_lock_tags("nope") == {}
 
 
 def test_secrets_are_never_logged_as_params_nor_written_to_the_run_file(tmp_path, monkeypatch):
@@ -496,6 +497,7 @@ def test_a_dataset_another_run_inserted_at_the_same_moment_is_linked_on_a_second
     then finds the dataset); any other refusal is raised as it is."""
     import mlflow
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import IntegrityError
 
     calls = []
 
@@ -507,12 +509,21 @@ def test_a_dataset_another_run_inserted_at_the_same_moment_is_linked_on_a_second
             )
 
     monkeypatch.setattr(mlflow, "log_input", log_input)
-    tracking._log_input(type("D", (), {"name": "shards"})(), "training", {})
+    datasets._log_input(type("D", (), {"name": "shards"})(), "training", {})
     assert calls == ["training", "training"]
+
+    def local_store(dataset, context, tags):  # a local store raises from SQLAlchemy's error
+        calls.append(context)
+        if len(calls) == 3:
+            raise MlflowException("UNIQUE constraint failed") from IntegrityError("INSERT", {}, Exception())
+
+    monkeypatch.setattr(mlflow, "log_input", local_store)
+    datasets._log_input(type("D", (), {"name": "shards"})(), "evaluation", {})
+    assert calls[2:] == ["evaluation", "evaluation"]
 
     def refuse(dataset, context, tags):
         raise MlflowException("RESOURCE_DOES_NOT_EXIST: run not found")
 
     monkeypatch.setattr(mlflow, "log_input", refuse)
     with pytest.raises(MlflowException, match="run not found"):
-        tracking._log_input(type("D", (), {"name": "shards"})(), "training", {})
+        datasets._log_input(type("D", (), {"name": "shards"})(), "training", {})

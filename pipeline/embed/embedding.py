@@ -17,8 +17,10 @@ from pipeline.core.atomic import DiskFull, disk_full_error, is_disk_full
 from pipeline.core.errors import DatasetError, ShardError
 from pipeline.core.paths import REPO_ROOT, repo_path
 from pipeline.data.input_limits import InputLimits
-from pipeline.data.readers import content_id, drop_duplicate_pairs, read_dataset
-from pipeline.data.shards import KINDS, shard_ranges
+from pipeline.data.readers.checks import content_id
+from pipeline.data.readers.dataset import drop_duplicate_pairs, read_dataset
+from pipeline.data.shard_writer import shard_ranges
+from pipeline.data.shards import KINDS
 from pipeline.data.split import assign_splits
 from pipeline.embed.cache import EmbeddingCache, embed_distinct, text_key
 

@@ -24,7 +24,7 @@ from pipeline.core import distributed, numerics
 from pipeline.core.errors import PipelineError
 from pipeline.core.output_dirs import EMBEDDING_CACHE, claim
 from pipeline.core.paths import repo_path
-from pipeline.data.shards import write_shards
+from pipeline.data.shard_writer import write_shards
 from pipeline.embed.cache import EmbeddingCache
 from pipeline.embed.embedding import StreamedEmbeddings, cache_only, embed_share, plan_digest, plan_encodes, shard_reads
 from pipeline.embed.teacher import encode_chunk, encode_chunks, encode_texts

@@ -316,7 +316,7 @@ def measure_arm(results: Sequence[Result], preset: str, command: str) -> Referen
     """The seed-variance reference of one arm's replicates (`./dev seeds`), with where and how it
     was measured."""
     from pipeline.core.numerics import cpu_model
-    from pipeline.tracking.store import GIT_COMMIT, GIT_DIRTY, git_provenance
+    from pipeline.tracking.provenance import GIT_COMMIT, GIT_DIRTY, git_provenance
 
     metas = [r.meta for r in results]
     if any(m is None for m in metas):

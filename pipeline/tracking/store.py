@@ -1,4 +1,5 @@
-"""MLflow tracking: where the store is, what every run is tagged with, and one run per model.
+"""MLflow tracking: where the store is, the runs a stage starts or adds to, and what it logs there.
+(What a run is tagged with about its source: provenance.py; datasets as run inputs: datasets.py.)
 
 Default store: `sqlite:///<project root>/mlflow.db`, artifacts in `<project root>/mlruns`, where
 the project root is the repository the user works in. `dvc exp run --temp` / `--queue` run stages
@@ -10,24 +11,21 @@ that copy (DVC_ROOT, or the path), so those runs and their artifacts land in the
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
-import hashlib
-import json
 import logging
 import os
-import socket
-import subprocess
-import warnings
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
 
+from filelock import FileLock
+
 from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, TrackingUnavailable
 from pipeline.core.paths import REPO_ROOT
+from pipeline.tracking.provenance import DIFF_ARTIFACT, provenance
 from pipeline.tracking.redact import redact_params, redact_text
 from pipeline.tracking.store_check import mlflow_env_problem, store_problem
 
@@ -38,9 +36,6 @@ log = logging.getLogger(__name__)
 # run-specific, or two identical runs would never give identical hashes in dvc.lock.
 # ENERGY_FLOW_RUNS_DIR moves it (the tests' stage processes use it, to leave the project's alone).
 RUNS_DIR = Path(os.environ.get("ENERGY_FLOW_RUNS_DIR") or REPO_ROOT / "runs")
-DIFF_ARTIFACT = "git/diff.patch"  # a dirty run's uncommitted changes, against GIT_COMMIT
-GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own source tags (mlflow.utils.mlflow_tags)
-GIT_DIRTY = "mlflow.source.git.dirty"
 SOURCE_NAME = "mlflow.source.name"
 # The experiment's kind: MLflow 3 tells GenAI experiments (traces) from model training with it.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
@@ -48,8 +43,6 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # model runs, and in the model experiment it would be a row with none of the model's columns
 # (no eval metrics, no stability verdict) between the rows a researcher compares.
 EMBED_EXPERIMENT_SUFFIX = "-embed"
-# Files DVC itself rewrites while a pipeline runs: a change there does not make the code dirty.
-_DVC_HOUSEKEEPING = (":(exclude)dvc.lock", ":(exclude,glob)**/.gitignore")
 
 
 def project_root(start: Path = REPO_ROOT) -> Path:
@@ -218,8 +211,7 @@ def configure(mode: str) -> None:
 
 def use_store() -> str:
     """Point MLflow at tracking_uri() and return it. A SQLite store is first opened under an
-    exclusive lock (flock on the directory that holds it: no lock file is left beside the
-    database, which may be any directory the URI names): MLflow creates a
+    exclusive file lock, released when the process ends however it ends: MLflow creates a
     missing store's tables, and upgrades an old one's, with Alembic migrations that are not safe
     to run twice at once. `dvc queue start -j 2` on a project without mlflow.db started two embed
     stages together, and one failed with Alembic's "Online migration expected to match one row
@@ -240,12 +232,10 @@ def _open_sqlite_store(uri: str) -> None:
 
     db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(db.parent, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd closes, or when the process dies
+    # The lock file is the project's (git-ignored, beside its own mlflow.db), not in the store's
+    # directory, which may be anyone's: nothing of ours is left there.
+    with FileLock(project_root() / ".mlflow-store.lock"):
         mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
-    finally:
-        os.close(fd)
 
 
 def artifact_location(uri: str) -> str | None:
@@ -256,87 +246,6 @@ def artifact_location(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (Path(uri[len("sqlite:///") :]).resolve().parent / "mlruns").as_uri()
     return None
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def git_provenance() -> tuple[dict[str, str], str]:
-    """Tags naming the code a run used, and the uncommitted diff that made it dirty ("" if none).
-
-    The commit is the experiment's baseline under `dvc exp run` (DVC_EXP_BASELINE_REV): a --temp
-    or --queue copy has the changes committed onto a private stash commit, so `git status` there
-    is clean although the code differs from anything the user has; diffing against the baseline
-    catches that. Tracked files only (DVC outputs are git-ignored), and not DVC's own housekeeping
-    (dvc.lock, .gitignore), which DVC rewrites mid-pipeline."""
-    commit = os.environ.get("DVC_EXP_BASELINE_REV") or _git("rev-parse", "HEAD")
-    diff = _git("diff", "--no-color", "--no-ext-diff", commit, "--", ".", *_DVC_HOUSEKEEPING) if commit else None
-    # MLflow's own tags (its UI shows the commit on the run page), set explicitly: MLflow's git
-    # context would record the temp copy's stash commit under --temp / --queue.
-    tags = {GIT_COMMIT: commit or "unknown", GIT_DIRTY: "unknown" if diff is None else str(bool(diff)).lower()}
-    if diff:
-        tags["git.diff.sha256"] = hashlib.sha256(diff.encode()).hexdigest()[:16]
-    return tags, diff or ""
-
-
-def device_tags(device: Any = "cpu") -> dict[str, str]:
-    """The device a stage computes on, and what it is (GPU name, or the CPU model and cores)."""
-    import torch
-
-    # numerics_info: what decides the bits (the same numbers on another machine need the same).
-    from pipeline.core.numerics import cpu_model, numerics_info
-
-    device = torch.device(device)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = f"{cpu_model()} ({os.cpu_count()} cores)"
-    return {"device": str(device), "device.name": name, **numerics_info()}
-
-
-def provenance(preset: str) -> tuple[dict[str, str], str]:
-    """A new run's tags: git commit and dirty flag, the dvc.lock digest, the DVC experiment,
-    preset, host, torch version; and the uncommitted diff (see git_provenance)."""
-    import torch
-
-    git_tags, diff = git_provenance()
-    tags = {**git_tags, "preset": preset, "host": socket.gethostname(), "torch.version": torch.__version__}
-    for env, tag in (("DVC_EXP_NAME", "dvc.exp_name"), ("DVC_EXP_BASELINE_REV", "dvc.exp_baseline")):
-        if os.environ.get(env):
-            tags[tag] = os.environ[env]
-    # dvc.lock as the stage found it: the recorded state of the stages before this one.
-    lock = REPO_ROOT / "dvc.lock"
-    if lock.is_file():
-        tags["dvc.lock.sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
-    return tags, diff
-
-
-def provenance_tags(preset: str) -> dict[str, str]:
-    return provenance(preset)[0]
-
-
-def stage_lock_tags(stage: str) -> dict[str, str]:
-    """`dvc.<stage>.sha256`: a digest of what dvc.lock records for `stage` (its command, the hash
-    of every dependency, its params), so two runs share it exactly when DVC holds their stage to
-    be the same code, data and parameters. DVC writes a stage's entry right after the stage
-    runs, so evaluate reads train's. Only under DVC (it sets DVC_STAGE): a stage started by
-    hand may not match what dvc.lock says."""
-    from omegaconf import OmegaConf
-
-    lock = REPO_ROOT / "dvc.lock"
-    if not os.environ.get("DVC_STAGE") or not lock.is_file():
-        return {}
-    entry = (OmegaConf.to_container(OmegaConf.load(lock)).get("stages") or {}).get(stage)
-    if not entry:
-        return {}
-    recorded = {k: entry.get(k) for k in ("cmd", "deps", "params")}
-    digest = hashlib.sha256(json.dumps(recorded, sort_keys=True).encode()).hexdigest()[:16]
-    return {f"dvc.{stage}.sha256": digest}
 
 
 def run_name(cfg) -> str:
@@ -687,91 +596,3 @@ def log_dict(values: dict, artifact_file: str) -> None:
     import mlflow
 
     mlflow.log_dict(values, artifact_file, run_id=session().adding_to or None)
-
-
-def log_dataset(df, source: str, digest: str, context: str, tags: dict | None = None) -> None:
-    """The dataset as an MLflow input of the active run: its schema, row count, source and
-    content digest (the UI's Datasets column; runs on the same data share the digest)."""
-    if not enabled():
-        return
-    import mlflow
-    import mlflow.data
-
-    name = source.rstrip("/").rsplit("/", 1)[-1] or source
-    with warnings.catch_warnings():
-        # MLflow 3.17 registers its local-file source class twice and warns that a path "can be
-        # interpreted in multiple ways: LocalArtifactDatasetSource, LocalArtifactDatasetSource".
-        warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
-        dataset = mlflow.data.from_pandas(df, source=source, name=name, digest=digest)
-    _log_input(dataset, context, tags)
-
-
-def dataset_name(manifest: dict, preset: str, shard_dir: Path | str = "") -> str:
-    """`qa_pairs.csv · 600 pairs · smoke`: the source file, the pairs the shards hold, and the
-    preset of the run that used them, so a smoke run's data and a default run's differ in the
-    runs table's Dataset column at a glance (the digest beside it is 16 hex digits)."""
-    source = str((manifest.get("source") or {}).get("path") or shard_dir)
-    parts = [source.rstrip("/").rsplit("/", 1)[-1]]
-    rows = (manifest.get("stats") or {}).get("rows_used")
-    if isinstance(rows, int):
-        parts.append(f"{rows} pairs")
-    if preset:
-        parts.append(str(preset))
-    return " · ".join(parts)
-
-
-def shards_dataset(shard_dir: Path, manifest: dict, manifest_sha256: str, preset: str = ""):
-    """The embedding shards as an MLflow dataset (no data loaded): named by dataset_name, digest =
-    the first 16 hex digits of manifest.json's sha256 (the manifest holds every shard's digest, so
-    equal digests mean equal shards; the UI's Dataset column shows it), source = the shard
-    directory. None with tracking off."""
-    if not enabled():
-        return None
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.data.sources import LocalArtifactDatasetSource
-
-    name = dataset_name(manifest, preset, shard_dir)
-    return MetaDataset(
-        LocalArtifactDatasetSource(str(Path(shard_dir).resolve())), name=name, digest=manifest_sha256[:16]
-    )
-
-
-def log_shards_input(dataset, manifest: dict, embed_run_id: str, context: str = "training") -> None:
-    """The shards as an input of the active run, linked to the embed run that made them (input
-    tags: embed.run_id, the source file and its digest, the teacher, rows per split)."""
-    if not enabled() or dataset is None:
-        return
-
-    src = manifest.get("source") or {}
-    tags = {
-        "embed.run_id": embed_run_id or "unknown",
-        "source.path": str(src.get("path", "")),
-        "source.sha256": str(src.get("sha256", ""))[:16],
-        "teacher": str((manifest.get("teacher") or {}).get("name", "")),
-    }
-    for split, info in (manifest.get("splits") or {}).items():
-        if isinstance(info, dict) and "count" in info:
-            tags[f"rows.{split}"] = str(info["count"])
-    _log_input(dataset, context, tags)
-
-
-# How a store reports a dataset (experiment, name, digest) inserted twice: PostgreSQL's primary key,
-# SQLite's unique constraint.
-_DATASET_RACE = ("dataset_pk", "UNIQUE constraint failed: datasets")
-
-
-def _log_input(dataset, context: str, tags: dict | None) -> None:
-    """mlflow.log_input, tried once more when another run created the same dataset first. The
-    store looks the dataset up, then inserts it: two runs logging the same data at the same moment
-    (two `dvc exp run` against one server) both find none, and the later insert breaks the key.
-    The second try finds the dataset and only links it to this run."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    try:
-        mlflow.log_input(dataset, context=context, tags=tags)
-    except MlflowException as e:
-        if not any(sign in str(e) for sign in _DATASET_RACE):
-            raise
-        log.info("another run logged the dataset %r at the same moment; linking it to this run", dataset.name)
-        mlflow.log_input(dataset, context=context, tags=tags)

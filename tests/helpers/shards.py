@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.data.shards import write_shards
+from pipeline.data.shard_writer import write_shards
 
 
 def fake_shards(out: Path, dim: int = 16, rows: tuple[int, int, int] = (40, 8, 8)) -> dict:
