@@ -28,9 +28,22 @@ EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # nam
 TIERS = ("unit", "integration", "e2e")  # pyproject.toml says what each holds
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use (affinity and cgroup quota, as the
+    stages count them), not psutil's physical cores (1 on a 2-vCPU machine with hyper-threads)."""
+    from pipeline.core.resources import usable_cores
+
+    return usable_cores().usable
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     """Each test belongs to exactly one tier (its module's `pytestmark`), so that `./dev unit`
-    (-m "unit and not slow") selects the quick tier and nothing else."""
+    (-m "unit and not slow") selects the quick tier and nothing else. And the tests that share a
+    module- or session-scoped fixture of ours run on one xdist worker (`--dist loadgroup`, as ./dev
+    runs the suite): the fixture (a project copy with its experiments, a trained model, a
+    server) is built once, and tests that rely on their order in a module (test_e2e.py's last
+    ones change the workspace) keep it."""
     wrong = []
     for item in items:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
@@ -40,6 +53,35 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             "every test needs exactly one tier marker of " + ", ".join(TIERS) + ":\n  " + "\n  ".join(wrong[:20])
         )
+    group: dict[str, str] = {}  # union-find over the shared fixtures: each one's representative
+
+    def find(key: str) -> str:
+        while group.setdefault(key, key) != key:
+            key = group[key]
+        return key
+
+    shared = {item: _shared_fixtures(item) for item in items}
+    for keys in shared.values():
+        for key in keys[1:]:
+            a, b = sorted((find(keys[0]), find(key)))
+            group[b] = a
+    for item, keys in shared.items():
+        if keys:
+            item.add_marker(pytest.mark.xdist_group(find(keys[0])))
+
+
+def _shared_fixtures(item) -> list[str]:
+    """The fixtures of tests/ that `item` uses and whose one value other tests get too, each named
+    with the node it is made once for."""
+    keys = []
+    for name in item.fixturenames:
+        defs = item._fixtureinfo.name2fixturedefs.get(name)
+        if not defs or not defs[-1].func.__module__.startswith("tests.") or defs[-1].scope == "function":
+            continue
+        fixture = defs[-1]
+        once_for = fixture.baseid if fixture.scope in ("session", "package") else item.nodeid.split("::")[0]
+        keys.append(f"{name}@{once_for}")
+    return sorted(keys)
 
 
 @pytest.fixture(autouse=True)
