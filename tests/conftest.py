@@ -40,10 +40,10 @@ def pytest_xdist_auto_num_workers(config):
 def pytest_collection_modifyitems(config, items):
     """Each test belongs to exactly one tier (its module's `pytestmark`), so that `./dev unit`
     (-m "unit and not slow") selects the quick tier and nothing else. And the tests that share a
-    module- or session-scoped fixture of ours run on one xdist worker (`--dist loadgroup`, as ./dev
-    runs the suite): the fixture (a project copy with its experiments, a trained model, a
-    server) is built once, and tests that rely on their order in a module (test_e2e.py's last
-    ones change the workspace) keep it."""
+    module- or session-scoped fixture of ours run on one pytest-xdist worker (pyproject.toml's
+    `--dist loadgroup`; ./dev passes -n auto): the fixture (a project copy with its experiments,
+    a trained model, a server) is built once, and tests that rely on their order in a module
+    (test_e2e.py's last ones change the workspace) keep it."""
     wrong = []
     for item in items:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
