@@ -47,7 +47,7 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_configure(config):
-    if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "numprocesses", None):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "tx", None):  # -n N: N workers
         folder = tempfile.mkdtemp(prefix="energy-flow-test-groups-")
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
         os.environ[GROUPS_FILE] = os.path.join(folder, "groups")  # (the workers start after this)
@@ -65,7 +65,7 @@ def pytest_xdist_make_scheduler(config, log):
         groups: dict[str, str] = {}
 
         def _split_scope(self, nodeid: str) -> str:
-            if not self.groups:
+            if not self.groups and GROUPS_FILE in os.environ:
                 for path in glob.glob(os.environ[GROUPS_FILE] + ".*"):
                     self.groups.update(json.loads(Path(path).read_text()))
                     break
