@@ -13,8 +13,13 @@ the store, which those tests only add to."""
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,9 +33,54 @@ EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # nam
 TIERS = ("unit", "integration", "e2e")  # pyproject.toml says what each holds
 
 
+# pytest-xdist workers write which tests share a fixture here (a file each, all the same), and the
+# controller's scheduler reads it: the controller collects nothing itself.
+GROUPS_FILE = "ENERGY_FLOW_TEST_GROUPS"
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may use (affinity and cgroup quota, as the
+    stages count them), not psutil's physical cores (1 on a 2-vCPU machine with hyper-threads)."""
+    from pipeline.core.resources import usable_cores
+
+    return usable_cores().usable
+
+
+def pytest_configure(config):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "tx", None):  # -n N: N workers
+        folder = tempfile.mkdtemp(prefix="energy-flow-test-groups-")
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+        os.environ[GROUPS_FILE] = os.path.join(folder, "groups")  # (the workers start after this)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Tests that share a module- or session-scoped fixture of ours run on one worker, in their
+    order, the others one by one wherever a worker is free. (pytest-xdist's own `--dist loadgroup`
+    renames the test to group it, which pytest 9 ignores.) Another --dist given is left to xdist."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        groups: dict[str, str] = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            if not self.groups and GROUPS_FILE in os.environ:
+                for path in glob.glob(os.environ[GROUPS_FILE] + ".*"):
+                    self.groups.update(json.loads(Path(path).read_text()))
+                    break
+            return self.groups.get(nodeid, nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Each test belongs to exactly one tier (its module's `pytestmark`), so that `./dev unit`
-    (-m "unit and not slow") selects the quick tier and nothing else."""
+    (-m "unit and not slow") selects the quick tier and nothing else. Under pytest-xdist (./dev
+    passes -n auto), the tests that share a fixture are grouped for the scheduler above: the
+    fixture (a project copy with its experiments, a trained model, a server) is built once, and
+    tests that rely on their order in a module (test_e2e.py's last ones change the workspace)
+    keep it."""
     wrong = []
     for item in items:
         tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
@@ -40,6 +90,41 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(
             "every test needs exactly one tier marker of " + ", ".join(TIERS) + ":\n  " + "\n  ".join(wrong[:20])
         )
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and os.environ.get(GROUPS_FILE):
+        Path(f"{os.environ[GROUPS_FILE]}.{worker}").write_text(json.dumps(shared_fixture_groups(items)))
+
+
+def shared_fixture_groups(items) -> dict[str, str]:
+    """{test id: its group} for the tests linked through a module- or session-scoped fixture of
+    tests/ (a test with two joins their groups)."""
+    group: dict[str, str] = {}  # union-find over the shared fixtures: each one's representative
+
+    def find(key: str) -> str:
+        while group.setdefault(key, key) != key:
+            key = group[key]
+        return key
+
+    shared = {item.nodeid: _shared_fixtures(item) for item in items}
+    for keys in shared.values():
+        for key in keys[1:]:
+            a, b = sorted((find(keys[0]), find(key)))
+            group[b] = a
+    return {nodeid: find(keys[0]) for nodeid, keys in shared.items() if keys}
+
+
+def _shared_fixtures(item) -> list[str]:
+    """The fixtures of tests/ that `item` uses and whose one value other tests get too, each named
+    with the node it is made once for."""
+    keys = []
+    for name in item.fixturenames:
+        defs = item._fixtureinfo.name2fixturedefs.get(name)
+        if not defs or not defs[-1].func.__module__.startswith("tests.") or defs[-1].scope == "function":
+            continue
+        fixture = defs[-1]
+        once_for = fixture.baseid if fixture.scope in ("session", "package") else item.nodeid.split("::")[0]
+        keys.append(f"{name}@{once_for}")
+    return sorted(keys)
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,9 @@ import pytest
 
 from pipeline.core.paths import REPO_ROOT
 
-pytestmark = pytest.mark.unit
+# integration: a fresh interpreter that imports every library and stage (torch, MLflow,
+# sentence-transformers: the unit tier's slowest test, 66 s on 2 loaded cores).
+pytestmark = pytest.mark.integration
 
 # The libraries first (MLflow, for one, sets an environment variable of its own on import): what
 # is compared is what the project's own modules change.

@@ -65,22 +65,28 @@ def faulty_run(n: int = 300, seed: int = 0) -> pd.DataFrame:
     )
 
 
-@pytest.fixture
-def report(tmp_path):
+@pytest.fixture(scope="module")
+def plots_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("report") / "plots"
+
+
+@pytest.fixture(scope="module")
+def report(plots_dir):
+    """The faulty run's checks and plots, made once (the plots take seconds) and only read below."""
     df = faulty_run()
     result = run_checks(df, EVENTS, PARAMS)
-    plots = make_plots(df, EVENTS, PARAMS, tmp_path / "plots")
+    plots = make_plots(df, EVENTS, PARAMS, plots_dir)
     return result, plots
 
 
-def test_plots_are_valid_pngs_written_atomically(report, tmp_path):
+def test_plots_are_valid_pngs_written_atomically(report, plots_dir):
     _, plots = report
     assert set(plots) == {"loss", "grad_norm", "memory", "step_time", "adaptive_steps"}
     for name, path in plots.items():
-        assert path == tmp_path / "plots" / f"{name}.png"
+        assert path == plots_dir / f"{name}.png"
         data = path.read_bytes()
         assert data[:8] == PNG_SIGNATURE and len(data) > 5_000
-    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == sorted(f"{n}.png" for n in plots)
+    assert sorted(p.name for p in plots_dir.iterdir()) == sorted(f"{n}.png" for n in plots)
 
 
 def test_plots_skip_missing_columns(tmp_path):

@@ -376,12 +376,18 @@ def test_ctrl_c_while_a_stage_starts_ends_with_one_line(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "stages.train", "run.tracking=disabled"],
         cwd=tracking.REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(tracking.REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(tracking.REPO_ROOT), "TMPDIR": str(tmp_path)},
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(0.5)  # torch alone takes longer than this to import
+    # Not a fixed delay from the start (a loaded machine, or parallel tests, may not have the
+    # interpreter up by then): the stage's private temp dir shows that startup.begin() runs; its
+    # imports (torch) then take far longer than the moment it needs to hold Ctrl-C.
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("energy-flow-stage-*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert err == "[train] stopped by Ctrl-C while starting: nothing was done\n", err
