@@ -232,10 +232,14 @@ def _open_sqlite_store(uri: str) -> None:
 
     db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
-    # The lock file is the project's (git-ignored, beside its own mlflow.db), not in the store's
-    # directory, which may be anyone's: nothing of ours is left there.
-    with FileLock(project_root() / ".mlflow-store.lock"):
+    # Beside the store, so that every process opening it (from any project) waits on one lock. It is
+    # removed while still held (filelock's acquire sees an unlinked file and takes the one at the
+    # path instead), so nothing of ours is left in the store's directory, which may be anyone's.
+    lock = FileLock(db.parent / f".{db.name}.lock")
+    with lock:
         mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
+        with contextlib.suppress(OSError):
+            os.unlink(lock.lock_file)
 
 
 def artifact_location(uri: str) -> str | None:
