@@ -232,11 +232,9 @@ def _open_sqlite_store(uri: str) -> None:
 
     db = Path(uri[len("sqlite:///") :])
     db.parent.mkdir(parents=True, exist_ok=True)
-    # Beside the store, so that every process opening it (from any project) waits on one lock. It is
-    # removed while still held (filelock's acquire sees an unlinked file and takes the one at the
-    # path instead), so nothing of ours is left in the store's directory, which may be anyone's.
-    lock = FileLock(db.parent / f".{db.name}.lock")
-    with lock:
+    # Beside the store, so every process opening it waits on one lock; removed while held (a waiter
+    # then takes the file at the path), so nothing is left in the store's directory, maybe anyone's.
+    with (lock := FileLock(db.parent / f".{db.name}.lock")):
         mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
         with contextlib.suppress(OSError):
             os.unlink(lock.lock_file)
