@@ -16,7 +16,7 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.embed.teacher import encode_texts, load_teacher, resolve_teacher, truncated
 from pipeline.serve.plain_teacher import PlainTeacher, load_answering_teacher, plain_layout
 
-pytestmark = pytest.mark.unit
+# Each test names its tier: all unit, but the last, which starts a fresh interpreter (integration).
 
 BUNDLED = Path(resolve_teacher("bundled"))
 
@@ -56,10 +56,12 @@ def teachers():
     return load_teacher("bundled"), PlainTeacher(BUNDLED, settings["max_seq_length"], settings["normalize"])
 
 
+@pytest.mark.unit
 def test_the_bundled_teacher_is_in_the_plain_layout():
     assert plain_layout(BUNDLED) == ({"max_seq_length": 256, "normalize": True}, "")
 
 
+@pytest.mark.unit
 def test_the_plain_teacher_gives_the_vectors_sentence_transformers_gives(teachers):
     st, plain = teachers
     assert len(TEXTS) >= 50
@@ -77,6 +79,7 @@ def test_the_plain_teacher_gives_the_vectors_sentence_transformers_gives(teacher
         )
 
 
+@pytest.mark.unit
 def test_the_plain_teacher_reads_the_same_window_of_each_text(teachers):
     st, plain = teachers
     assert plain.max_seq_length == st.max_seq_length == 256
@@ -133,12 +136,14 @@ NOT_PLAIN = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("change", NOT_PLAIN, ids=list(NOT_PLAIN))
 def test_a_layout_the_plain_teacher_cannot_reproduce_is_not_taken_for_plain(tmp_path, change):
     settings, why = plain_layout(layout_copy(tmp_path, NOT_PLAIN[change]))
     assert settings is None and why
 
 
+@pytest.mark.unit
 def test_a_teacher_directory_not_in_the_plain_layout_is_loaded_by_sentence_transformers(tmp_path):
     from sentence_transformers import SentenceTransformer
 
@@ -148,6 +153,7 @@ def test_a_teacher_directory_not_in_the_plain_layout_is_loaded_by_sentence_trans
     assert teacher.default_prompt_name == "query"  # loaded as its layout says, prompt included
 
 
+@pytest.mark.unit
 def test_a_plain_teacher_directory_of_ones_own_is_run_without_sentence_transformers(tmp_path):
     own = layout_copy(tmp_path, lambda d: None)
     teacher = load_answering_teacher(str(own))
@@ -163,6 +169,7 @@ print(type(teacher).__name__, sorted({m.split(".")[0] for m in sys.modules} & {"
 """
 
 
+@pytest.mark.integration
 def test_the_bundled_teacher_answers_without_importing_sentence_transformers():
     proc = subprocess.run([sys.executable, "-c", _NO_ST], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
