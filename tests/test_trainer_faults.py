@@ -16,6 +16,7 @@ from pipeline.train.faults import FaultInjector
 from pipeline.train.loop import Trainer
 from pipeline.train.optimizer import lr_lambda
 from pipeline.train.result import TrainingDiverged
+from pipeline.train.run_settings import run_settings
 from tests.helpers.synthetic import linear_task
 
 pytestmark = pytest.mark.unit
@@ -66,13 +67,16 @@ def test_nonfinite_step_is_skipped_counted_and_named(fault, kind, module):
 
 def test_skipped_step_leaves_weights_and_optimizer_untouched():
     clean, faulty = trainer("train.epochs=1"), trainer("train.epochs=1", "fault=nan_loss", f"fault.step={K}")
-    # Stop both after step K: the faulty one must hold exactly the weights of step K - 1.
+    # Stop both after step K: the faulty one must hold exactly the weights of step K - 1. Under
+    # the run's own settings (its thread count: torch's default, 2 threads on 2 busy cores, made
+    # these few steps ten times slower).
     for t in (clean, faulty):
-        t.start()
-        t.loader.set_epoch(0)
-        batches = t.loader.batches()
-        for _ in range(K - 1 if t is clean else K):
-            t._train_step(batches)
+        with run_settings(t.t, t.place, t.device, t.amp_dtype):
+            t.start()
+            t.loader.set_epoch(0)
+            batches = t.loader.batches()
+            for _ in range(K - 1 if t is clean else K):
+                t._train_step(batches)
     for k, v in clean.model.state_dict().items():
         assert torch.equal(v, faulty.model.state_dict()[k]), k
     assert clean.opt.state_dict()["state"][0]["step"] == faulty.opt.state_dict()["state"][0]["step"] == K - 1
