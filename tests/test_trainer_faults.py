@@ -272,7 +272,7 @@ def test_cpu_autocast_runs_without_onednn_and_restores_it(precision):
     # oneDNN caches a kernel per matmul shape in fp16/bf16: RSS kept climbing over a smoke run.
     # The run turns it off and leaves the process-wide flag as it found it.
     seen = []
-    tr = trainer(f"train.precision={precision}")
+    tr = trainer(f"train.precision={precision}", "train.epochs=1")  # 12 steps: 6 rows to look at
     tr.on_log = lambda row, step: seen.append(torch.backends.mkldnn.enabled)
     before = torch.backends.mkldnn.enabled
     tr.run()
@@ -297,7 +297,7 @@ def test_grad_accumulation_matches_the_full_batch():
 
 
 def test_gradient_health_rows_are_consistent():
-    res = trainer("train.log_every=1").run()
+    res = trainer("train.log_every=1", "train.epochs=1").run()  # a row for each of 12 steps
     mods = [f"grad/{m}/norm" for m in res.module_names]
     for r in res.rows:
         assert math.sqrt(sum(r[m] ** 2 for m in mods)) == pytest.approx(r["grad/global_norm"], rel=1e-6)
@@ -312,7 +312,9 @@ def test_gradient_health_rows_are_consistent():
 
 
 def test_zones_follow_the_thresholds():
-    res = trainer("train.grad_warning=0.001", "train.grad_critical=0.002", "report.grad_healthy_min=0.0001").run()
+    res = trainer(
+        "train.grad_warning=0.001", "train.grad_critical=0.002", "report.grad_healthy_min=0.0001", "train.epochs=1"
+    ).run()
     assert all(r["grad/zone"] == 2 and r["grad/steps_critical"] == 2 for r in res.rows)
 
 
