@@ -31,6 +31,9 @@ from tools.fault_matrix import project_copy
 
 EXPERIMENTS = {"smoke-a": "0.003", "smoke-b": "0.01", "smoke-c": "0.001"}  # name -> train.lr
 TIERS = ("unit", "integration", "e2e")  # pyproject.toml says what each holds
+# A test's rough cost by its tier, on 2 cores (the default suite's durations: unit tests take
+# tenths of a second, integration a few seconds, e2e tens), for the scheduler's order only.
+TIER_SECONDS = {"unit": 0.2, "integration": 5.0, "e2e": 20.0}
 
 
 # pytest-xdist workers write which tests share a fixture here (a file each, all the same), and the
@@ -56,20 +59,38 @@ def pytest_configure(config):
 def pytest_xdist_make_scheduler(config, log):
     """Tests that share a module- or session-scoped fixture of ours run on one worker, in their
     order, the others one by one wherever a worker is free. (pytest-xdist's own `--dist loadgroup`
-    renames the test to group it, which pytest 9 ignores.) Another --dist given is left to xdist."""
+    renames the test to group it, which pytest 9 ignores.) The heaviest work goes out first (by
+    the tiers' weights, `TIER_SECONDS`), so the smoke experiments' group starts at once and the
+    quick unit tests fill the end, not the other way round (xdist orders by test count, which put
+    that group third, behind two cheap groups). Another --dist given is left to xdist."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedFixtureScheduling(LoadScopeScheduling):
         groups: dict[str, str] = {}
+        weights: dict[str, float] = {}  # test id -> its tier's seconds, for the tests not unit
+        ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             if not self.groups and GROUPS_FILE in os.environ:
                 for path in glob.glob(os.environ[GROUPS_FILE] + ".*"):
-                    self.groups.update(json.loads(Path(path).read_text()))
+                    found = json.loads(Path(path).read_text())
+                    self.groups.update(found["groups"])
+                    self.weights.update(found["weights"])
                     break
             return self.groups.get(nodeid, nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the whole queue is known by the first assignment
+
+                def weight(scope: str) -> float:
+                    return sum(self.weights.get(nodeid, TIER_SECONDS["unit"]) for nodeid in self.workqueue[scope])
+
+                for scope in sorted(self.workqueue, key=weight, reverse=True):  # stable: equals keep their order
+                    self.workqueue.move_to_end(scope)
+                self.ordered = True
+            super()._assign_work_unit(node)
 
     return SharedFixtureScheduling(config, log)
 
@@ -83,7 +104,7 @@ def pytest_collection_modifyitems(config, items):
     keep it."""
     wrong = []
     for item in items:
-        tiers = {m.name for m in item.iter_markers() if m.name in TIERS}
+        tiers = _tiers(item)
         if len(tiers) != 1:
             wrong.append(f"{item.nodeid}: tiers {sorted(tiers) or 'none'}")
     if wrong:
@@ -92,7 +113,14 @@ def pytest_collection_modifyitems(config, items):
         )
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker and os.environ.get(GROUPS_FILE):
-        Path(f"{os.environ[GROUPS_FILE]}.{worker}").write_text(json.dumps(shared_fixture_groups(items)))
+        weights = {item.nodeid: TIER_SECONDS[tier] for item in items for tier in _tiers(item) if tier != "unit"}
+        Path(f"{os.environ[GROUPS_FILE]}.{worker}").write_text(
+            json.dumps({"groups": shared_fixture_groups(items), "weights": weights})
+        )
+
+
+def _tiers(item) -> set[str]:
+    return {m.name for m in item.iter_markers() if m.name in TIERS}
 
 
 def shared_fixture_groups(items) -> dict[str, str]:
