@@ -14,7 +14,7 @@ torch 2.13.0); re-run it the same way to check them on another machine:
   the vector files (their sums move by < 1e-6 relative when the values move by their last bits:
   tests/test_smoke_reference.py).
 - A change that must fail. AdamW's eps 1e-8 -> 1e-7 (`eps=1e-7` passed to the AdamW built in
-  pipeline/train/loop.py), a real numerics change of the kind a refactor makes by accident, moved
+  pipeline/train/optimizer.py), a real numerics change of the kind a refactor makes by accident, moved
   the loss by 1.7e-5 relative at the 4th logged step and by up to 2.2e-3 later, and val group
   top-5 by -0.016 (one item).
 So the loss and the vector files' sums must agree to 1e-5 relative (well above the noise), the metrics to
