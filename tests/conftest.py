@@ -155,6 +155,20 @@ def _shared_fixtures(item) -> list[str]:
     return sorted(keys)
 
 
+@pytest.fixture
+def one_intra_op_thread():
+    """One intra-op thread, as a stage runs under the portable numerics (PORTABLE_THREADS) and as
+    Trainer.run sets it: torch's default (one a core) beside the other pytest-xdist worker made
+    small models' steps tens of times slower on 2 busy cores. Function-scoped: a module-scoped
+    fixture would hold the whole module on one worker."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _a_tracking_session_of_its_own():
     """Each test tracks in a fresh session (tracking on, no sweep), as each stage does: what a test

@@ -5,19 +5,7 @@ import torch
 
 from pipeline.model import EnergyFlowModel, energy_flow_loss
 
-pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(autouse=True)
-def _one_intra_op_thread():
-    """One intra-op thread, as a stage runs under the portable numerics (PORTABLE_THREADS) and as
-    Trainer.run sets it: torch's default (one a core) beside the other pytest-xdist worker made
-    these small models' steps tens of times slower on 2 busy cores. Per test, not per module: a
-    module-scoped fixture would hold the whole module on one worker (tests/conftest.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("one_intra_op_thread")]
 
 
 SMALL = dict(
