@@ -3,7 +3,8 @@
 A CPU run's floating-point results depend on the machine through four libraries, each of which
 picks its code by the CPU it finds:
 - MKL (matrix products, and ATen's exp / tanh / erf / sqrt, which go through MKL's vector math):
-  its fast kernels by vendor and ISA; it takes its AVX-512 paths on Intel CPUs only.
+  its fast kernels by vendor and ISA; it takes its AVX-512 paths on Intel CPUs only. Its sqrt
+  differs by vendor on every branch, so the code that needs one takes exact_math.exact_sqrt.
 - ATen's own vectorised kernels (softmax, reductions, Sleef transcendentals): by
   torch.backends.cpu.get_cpu_capability(), AVX2 or AVX-512 widths.
 - oneDNN (fp16/bf16 on CPU): by ISA.

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pipeline.core.exact_math import exact_sqrt
 from pipeline.model.components import EmbeddingMapper, EnergyCarrier, EnergyLattice, OutputMapper, SimpleNeuron
 
 
@@ -85,7 +86,7 @@ class _Ranges:
 
     def stats(self) -> torch.Tensor:
         a = torch.stack(self.parts)
-        return torch.stack([a[:, 0].min(), a[:, 1].max(), (a[:, 2].sum() / self.count).sqrt()])
+        return torch.stack([a[:, 0].min(), a[:, 1].max(), exact_sqrt(a[:, 2].sum() / self.count)])
 
 
 class EnergyFlowModel(nn.Module):

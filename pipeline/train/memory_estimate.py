@@ -15,7 +15,7 @@ The parts (all MB = 2**20 bytes), and why each is counted the way it is:
 - params / grads: every parameter is fp32 (autocast casts activations, never the weights); the
   count is exact, from the model built on the meta device (as checkpoint.model_shapes). Gradients:
   one fp32 tensor per parameter, alive from backward until zero_grad(set_to_none=True).
-- optimizer: torch.optim.AdamW (pipeline/train/loop.py), exp_avg and exp_avg_sq: 2 fp32 tensors
+- optimizer: AdamW (pipeline/train/optimizer.py), exp_avg and exp_avg_sq: 2 fp32 tensors
   per parameter, allocated at the first step and kept.
 - update: step_health's update/weight ratio, once per log window, clones every weight before
   the optimizer step and then builds every (weight - clone) at once: 2 more fp32 copies of the

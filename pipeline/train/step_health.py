@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from pipeline.core.config import MIN_SPIKE_WINDOW
+from pipeline.core.exact_math import exact_sqrt
 from pipeline.model.energy_flow import RANGE_KEYS
 
 NAN_LOSS, INF_LOSS, NAN_GRAD, INF_GRAD, SPIKE, OVERRUN = 1, 2, 4, 8, 16, 32
@@ -62,7 +63,7 @@ class SpikeDetector:
         mean = (self.buf * filled).sum() / nf.clamp(min=1)
         var = (((self.buf - mean) * filled) ** 2).sum() / (nf - 1).clamp(min=1)
         # Floor std at 1e-9 * |mean|, so a perfectly flat loss does not flag its own rounding.
-        std = torch.maximum(var.sqrt(), 1e-9 * mean.abs())
+        std = torch.maximum(exact_sqrt(var), 1e-9 * mean.abs())
         enough = n >= min(MIN_SPIKE_HISTORY, self.window)
         return torch.where(enough, mean + self.k * std, torch.full_like(mean, float("inf")))
 
