@@ -33,10 +33,11 @@ class AdamW(torch.optim.AdamW):
 
     torch's CPU AdamW takes the square root of its second moment with torch.sqrt, whose CPU
     kernel differs by CPU vendor (pipeline/core/exact_math.py). The arithmetic is torch's
-    single-tensor AdamW (torch/optim/adam.py, decoupled weight decay) step for step, so on a CPU whose MKL sqrt happens to be exact the
-    results are the bits torch's class gives; the state_dict is torch's too, so checkpoints load
-    either way. Anything this does not cover (GPU tensors, fused/foreach/capturable/amsgrad,
-    complex or low-precision parameters) is left to torch's step."""
+    single-tensor AdamW (torch/optim/adam.py, decoupled weight decay) step for step, so where
+    torch's root happens to be exact the results are the bits torch's class gives; the
+    state_dict is torch's too, so checkpoints load either way. What this does not cover (GPU
+    tensors, fused/foreach/capturable/amsgrad, complex or low-precision parameters) is left to
+    torch's step."""
 
     def _portable(self) -> bool:
         for g in self.param_groups:
