@@ -311,7 +311,9 @@ def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
 
     root, env, _ = project
     ckpt = root / "checkpoints/train/last.pt"
-    args = [sys.executable, "-m", "stages.train", "train.epochs=40", "train.checkpoint_every=20"]
+    # 6 epochs of 15 steps, a checkpoint every 10: the kill lands with up to 80 steps still to run
+    # (seconds even on a busy machine, where the 20 ms poll below gets its turn long before).
+    args = [sys.executable, "-m", "stages.train", "train.epochs=6", "train.checkpoint_every=10"]
     proc = subprocess.Popen(args, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -322,7 +324,7 @@ def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
     assert "resumed from the checkpoint at step" in out and not ckpt.exists()
     resumed_at = int(out.split("resumed from the checkpoint at step ")[1].split()[0])
     total = json.loads((root / "metrics/train.json").read_text())["train/steps"]
-    assert resumed_at % 20 == 0 and 0 < resumed_at < total
+    assert resumed_at % 10 == 0 and 0 < resumed_at < total
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     run_id = json.loads((root / "runs/train.json").read_text())["run_id"]
     run = client.get_run(run_id)
