@@ -18,7 +18,9 @@ pytestmark = pytest.mark.e2e
 
 
 def verdict(root, env, *args: str, summary=None) -> tuple[int, str, str]:
-    env = {**env, **({"GITHUB_STEP_SUMMARY": str(summary)} if summary else {})}
+    # (the suite may itself run under GitHub Actions: its own job summary is not the test's)
+    env = {k: v for k, v in env.items() if k != "GITHUB_STEP_SUMMARY"}
+    env.update({"GITHUB_STEP_SUMMARY": str(summary)} if summary else {})
     proc = subprocess.run(
         [sys.executable, "-m", "tools.verdict", *args], cwd=root, env=env, capture_output=True, text=True, timeout=300
     )
