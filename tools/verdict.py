@@ -40,7 +40,7 @@ def run_smoke() -> str:
     name = time.strftime("smoke-verdict-%Y%m%d-%H%M%S", time.gmtime())
     cmd = [sys.executable, "-m", "dvc", "exp", "run", "--temp", "-n", name, "-S", f"preset={rv.PRESET}"]
     print(f"verdict: running {' '.join(cmd[2:])}", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, cwd=REPO_ROOT)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, stdout=sys.stderr)  # (stdout holds the verdict alone: --json)
     if proc.returncode != 0:
         raise rv.VerdictError(f"the smoke experiment failed (exit {proc.returncode}, output above): nothing to judge")
     return name
