@@ -23,6 +23,8 @@ bit. A vector file whose sha256 differs but whose sums agree passes, with a note
 
 Refresh it on purpose, after a change whose effect on the numbers is intended:
     ./dev reference --refresh      (runs the smoke experiment in a copy of the project, ~1 min)
+It also writes the run's item table to reference/smoke_items.parquet, what CI's smoke verdict
+compares a smoke run with item by item (`./dev verdict`, pipeline/stats/reference_verdict.py).
 `./dev reference` alone runs it and prints the comparison.
 """
 
@@ -33,6 +35,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,9 +175,9 @@ def reference_env() -> dict[str, str]:
     return {k: v for k, v in clean_env().items() if k != MODE_VAR and k not in PORTABLE}
 
 
-def smoke_run(workdir: Path) -> dict:
+def smoke_run(workdir: Path, items_to: Path | None = None) -> dict:
     """`dvc exp run -S preset=smoke` in a fresh copy of the project (what the test suite runs),
-    collected."""
+    collected; its item table copied to `items_to` when given."""
     from tools.fault_matrix import project_copy
 
     (workdir / "project").mkdir()
@@ -192,10 +195,16 @@ def smoke_run(workdir: Path) -> dict:
         raise SystemExit(
             f"the smoke experiment failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}"
         )
+    if items_to is not None:
+        tmp = items_to.with_name(items_to.name + ".tmp")
+        shutil.copyfile(root / "reports" / "eval_items.parquet", tmp)  # the evaluate stage's output
+        os.replace(tmp, items_to)
     return collect(root)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pipeline.stats.reference_verdict import REFERENCE_ITEMS  # (the statistics: only when run)
+
     parser = argparse.ArgumentParser(
         prog="./dev reference",
         description="Run the smoke experiment in a copy of the project and compare it with the committed "
@@ -207,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         "--refresh",
         action="store_true",
         help="write the run as the new reference (after a change whose effect is intended), "
-        "printing what changed against the old one",
+        f"printing what changed against the old one; its item table goes to {REFERENCE_ITEMS.relative_to(REPO_ROOT)}",
     )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="smoke-reference-") as tmp:
-        run = smoke_run(Path(tmp))
+        run = smoke_run(Path(tmp), REFERENCE_ITEMS if args.refresh else None)
     old = load() if REFERENCE.is_file() else None
     problems, notes = compare(old, run) if old else ([f"no reference at {REFERENCE}"], [])
     for line in notes:
@@ -219,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.refresh:
         write(run)
         print("\n".join(f"changed: {p}" for p in problems) or "unchanged within the tolerances")
-        print(f"wrote {REFERENCE}: commit it")
+        print(f"wrote {REFERENCE} and {REFERENCE_ITEMS}: commit them")
         return 0
     if problems:
         print("\n".join(problems) + f"\n{REFRESH_HINT}")
