@@ -123,3 +123,45 @@ def runs_url(base: str, experiment_id: str, view: str = VIEW_KEY) -> str:
     remembered by the browser) does."""
     query = f"workflowType=machine_learning&viewStateShareKey={view}"
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
+
+
+# The decisions experiment (pipeline/tracking/decisions.py): one row per `./dev compare` or
+# `./dev decide`, newest first, with what was decided and how it came out; the per-metric
+# intervals and outcomes are the Columns menu's `interval.<metric>` / `outcome.<metric>`.
+DECISIONS_VIEW_KEY = "decisions"
+DECISIONS_VIEW_TAG = f"mlflow.sharedViewState.{DECISIONS_VIEW_KEY}"
+DECISION_TAGS = ("outcome", "decision.metric", "interval", "exploratory", "luck.covers_seeds", "decision.kind")
+DECISION_PARAMS = ("change", "a", "b")
+DECISION_WIDTHS = {"outcome": 110, "interval": 190, "change": 220, "a": 260, "b": 260}
+
+
+def decisions_view_state() -> dict:
+    tags = [f"tags.`{k}`" for k in DECISION_TAGS]
+    params = [f"params.`{k}`" for k in DECISION_PARAMS]
+    order = ["attributes.`Run Name`", "runDateAndNestInfo", *tags, *params, "duration"]
+    widths = {"attributes.`Run Name`": 220, "runDateAndNestInfo": WIDTHS["created"]}
+    widths.update({f"tags.`{k}`": DECISION_WIDTHS.get(k, 100) for k in DECISION_TAGS})
+    widths.update({f"params.`{k}`": DECISION_WIDTHS[k] for k in DECISION_PARAMS})
+    return {
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": False,
+        "selectedColumns": [*tags, *params],
+        "columnOrder": order,
+        "columnWidths": widths,
+    }
+
+
+def ensure_decisions_view(client, experiment_id: str, tags: dict) -> None:
+    """Save the decisions table's view on the decisions experiment, or bring an older one up to date."""
+    _ensure(client, experiment_id, tags, DECISIONS_VIEW_TAG, "Decisions", decisions_view_state())
+
+
+def _ensure(client, experiment_id: str, tags: dict, tag: str, name: str, state: dict) -> None:
+    try:
+        same = json.loads(json.loads(tags[tag])["state"]) == state
+    except (ValueError, KeyError, TypeError):
+        same = False
+    if not same:
+        now_ms = int(time.time() * 1000)
+        envelope = {"name": name, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)}
+        client.set_experiment_tag(experiment_id, tag, json.dumps(envelope))
