@@ -33,6 +33,36 @@ def links(base: str, experiment: str | None = None) -> tuple[str, str]:
     return runs_url(base, found.experiment_id, VIEW_KEY), runs_url(base, found.experiment_id, ARMS_VIEW_KEY)
 
 
+def table_links(base: str, experiment: str | None = None) -> list[str]:
+    """Lines with the links to the arms table and the decisions table (experiments
+    `<experiment>-arms` and `-decisions`), for those the store holds."""
+    import mlflow
+
+    from pipeline.core.config import load_config
+    from pipeline.tracking.arms import arms_experiment
+    from pipeline.tracking.decisions import decisions_experiment
+    from pipeline.tracking.views import ARMS_TABLE_VIEW_KEY, DECISIONS_VIEW_KEY, runs_url
+
+    name = experiment or str(load_config([]).run.experiment)
+    lines = []
+    for what, target, view in (
+        (
+            "Each arm with its replicates and its difference from the baseline of record:",
+            arms_experiment(name),
+            ARMS_TABLE_VIEW_KEY,
+        ),
+        (
+            "The decisions (./dev compare, ./dev decide), each with its page:",
+            decisions_experiment(name),
+            DECISIONS_VIEW_KEY,
+        ),
+    ):
+        found = mlflow.get_experiment_by_name(target)
+        if found is not None:
+            lines += [what, f"  {runs_url(base, found.experiment_id, view)}"]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.ui_link", description=__doc__.split("\n\n")[0])
     parser.add_argument("base", help="where the UI answers, e.g. http://127.0.0.1:5000")
