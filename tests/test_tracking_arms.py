@@ -16,13 +16,13 @@ from pipeline.tracking.views import ARMS_TABLE_VIEW_TAG
 pytestmark = pytest.mark.integration
 
 
-def _items(n: int, hit_rate: float, seed: int) -> pd.DataFrame:
+def _items(n: int, hit_rate: float, seed: int, first_id: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
     group_rank = np.where(rng.random(n) < hit_rate, 1, rng.integers(2, 40, n))
     cosine = np.clip(0.5 + hit_rate / 2 + 0.05 * rng.standard_normal(n), -1, 1)
     return pd.DataFrame(
         {
-            "id": [f"q{i:04d}" for i in range(n)],
+            "id": [f"q{i:04d}" for i in range(first_id, first_id + n)],
             "group": [f"g{i % 50}" for i in range(n)],
             "input": [f"question {i}" for i in range(n)],
             "target": [f"answer {i}" for i in range(n)],
@@ -47,13 +47,15 @@ def test_each_arm_is_one_row_with_its_replicates_and_its_difference_from_the_bas
     client = MlflowClient(uri)
     models = client.create_experiment("models", (tmp_path / "art").as_uri())
     made: dict[str, list[str]] = {}
-    # The baseline arm (3 seeds) and a clearly better one (2 seeds); a run without an item table.
-    for arm, rate, seeds in (("basedigest", 0.3, (0, 1, 2)), ("betterdig", 0.7, (0, 1))):
+    # The baseline arm (3 seeds), a clearly better one (2 seeds), one scored on other items (another
+    # split: not comparable) and a run without an item table.
+    arms_made = (("basedigest", 0.3, (0, 1, 2), 0), ("betterdig", 0.7, (0, 1), 0), ("otherdig", 0.5, (0, 1), 5000))
+    for arm, rate, seeds, first_id in arms_made:
         for seed in seeds:
             path = tmp_path / f"{arm}-{seed}" / "eval_items.parquet"
             path.parent.mkdir()
             meta = TableMeta("custom", arm, f"custom {arm}", seed, "data")
-            write_items(_items(300, rate + 0.01 * seed, 10 * seed + len(made)), path, meta)
+            write_items(_items(300, rate + 0.01 * seed, 10 * seed + len(made), first_id), path, meta)
             run = client.create_run(models, tags={"stage": "train", "arm.digest": arm})
             client.log_param(run.info.run_id, "run.seed", str(seed))
             client.log_artifact(run.info.run_id, str(path), "evaluate")
@@ -62,11 +64,13 @@ def test_each_arm_is_one_row_with_its_replicates_and_its_difference_from_the_bas
     baseline = str(tmp_path / "basedigest-0" / "eval_items.parquet")  # what named the baseline: a file
 
     line = update(baseline, "models", resamples=1000, seed=1)
-    assert "2 arm(s) of 'models'" in line and "custom basedigest [basedigest]" in line, line
+    assert "3 arm(s) of 'models'" in line and "custom basedigest [basedigest]" in line, line
     arms = client.get_experiment_by_name("models-arms")
     assert ARMS_TABLE_VIEW_TAG in arms.tags
     rows = {r.data.tags["arm.digest"]: r for r in client.search_runs([arms.experiment_id])}
-    assert set(rows) == {"basedigest", "betterdig"}
+    assert set(rows) == {"basedigest", "betterdig", "otherdig"}
+    assert rows["otherdig"].data.tags["vs_baseline.group_top1"].startswith("no test item shared with the baseline")
+    assert rows["otherdig"].data.tags["replicates"] == "2 (seeds 0, 1)"
     better, base = rows["betterdig"], rows["basedigest"]
     assert better.info.run_name == "custom betterdig"
     assert better.data.metrics["replicates"] == 2 and better.data.tags["replicates"] == "2 (seeds 0, 1)"
@@ -86,4 +90,4 @@ def test_each_arm_is_one_row_with_its_replicates_and_its_difference_from_the_bas
     assert "vs_baseline.group_top1" not in client.get_run(bare).data.tags
     # Run again: the same arm runs are brought up to date, not duplicated.
     update(baseline, "models", resamples=1000, seed=1)
-    assert len(client.search_runs([arms.experiment_id])) == 2
+    assert len(client.search_runs([arms.experiment_id])) == 3

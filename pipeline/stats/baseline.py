@@ -85,22 +85,23 @@ def against_baseline(runs: list[SweepRun], baseline: Baseline, *, resamples: int
     rows = []
     for arm in arms:
         sources = [_source(r) for r in arm.runs]
-        ids, (values, base_values) = _values([(arm.name, sources), (baseline.name, base_sources)])
-        if not ids:
-            continue
-        x = ArmRuns(arm.name, [r.seed for r in arm.runs], values)
-        b = ArmRuns(baseline.name, [s.seed for s in base_sources], base_values)
-        metas = [r.meta for r in arm.runs] + [s.meta for s in base_sources]
         is_base = arm.digest == baseline.digest
-        luck = luck_for(x, references=matching_references(metas)) if is_base else None
-        if not is_base:
-            luck = luck_for(b, x, references=matching_references(metas))
+        ids, (values, base_values) = _values([(arm.name, sources), (baseline.name, base_sources)])
+        compared = bool(ids) and not is_base
+        if not ids:  # another test split (another preset's data): its own means, no difference
+            ids, (values,) = _values([(arm.name, sources)])
+        x = ArmRuns(arm.name, [r.seed for r in arm.runs], values)
+        metas = [r.meta for r in arm.runs] + ([s.meta for s in base_sources] if compared else [])
+        b = ArmRuns(baseline.name, [s.seed for s in base_sources], base_values) if compared else None
+        luck = luck_for(*([b] if b else []), x, references=matching_references(metas))
         row = _row(arm, ids, luck)
+        if not compared and not is_base:
+            row["not_comparable"] = "no test item shared with the baseline (another test split)"
         for m in HEADLINE:
             var = luck.seed.get(m) if luck.covers_seeds else None
             mean, low, high = arm_interval(x, m, var, CONFIDENCE, resamples=resamples, seed=seed)
             row["means"][m] = {"value": round6(mean), "ci_low": round6(low), "ci_high": round6(high)}
-            if not is_base:
+            if b is not None:
                 d = compare_metric(b, x, m, luck, CONFIDENCE, resamples=resamples, seed=seed)
                 row["vs_baseline"][m] = d.as_dict()
         rows.append(row)

@@ -39,8 +39,9 @@ def interval_text(metric: str, value: float, low: float, high: float, signed: bo
 def comparison_tags(row: dict, baseline: str) -> dict[str, str]:
     """The tags a model run and its arm's run carry about the baseline of record."""
     tags = {BASELINE_TAG: baseline}
-    if not row["vs_baseline"]:  # the baseline's own arm
-        tags.update({f"{VS_PREFIX}{m}": "this is the baseline" for m in row["means"] or ("group_top1",)})
+    if not row["vs_baseline"]:  # the baseline's own arm, or one not comparable with it
+        said = row.get("not_comparable") or "this is the baseline"
+        tags.update({f"{VS_PREFIX}{m}": said for m in row["means"] or ("group_top1",)})
     for m, d in row["vs_baseline"].items():
         text = interval_text(m, d["difference"], d["ci_low"], d["ci_high"], signed=True)
         tags[f"{VS_PREFIX}{m}"] = f"{text} {d['outcome']}"
