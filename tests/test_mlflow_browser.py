@@ -60,7 +60,7 @@ def test_compare_page_synthetic_runs(tmp_path):
     decisions_id, decision_run, arms_id = log_decision_and_arms(uri, tmp_path, experiment_id, run_ids)
 
     with start_mlflow_server(uri, tmp_path / "served-artifacts") as base_url:
-        check_decisions_and_arms_tables(base_url, decisions_id, decision_run, arms_id)
+        check_decisions_and_arms_tables(uri, base_url, decisions_id, decision_run, arms_id)
         url = compare_runs_url(base_url, experiment_id, run_ids)
         values = [v for by_key in latest.values() for v in by_key.values()]
         text = open_page(
@@ -135,14 +135,19 @@ def log_decision_and_arms(uri: str, tmp_path, experiment_id: str, run_ids: list[
             "covers": "test items and training seeds",
             "means": {"cosine": {"value": mean, "ci_low": mean - 0.02, "ci_high": mean + 0.02}},
             "vs_baseline": {"cosine": difference} if digest == "bbbb" else {},
+            "params": {**SHARED_PARAMS, **RUNS[run_name][0], "run.seed": "0"},
         }
-        for (digest, name, mean), run_id in zip((("aaaa", "smoke", 0.812), ("bbbb", "smoke lr=0.01", 0.862)), run_ids)
+        for (digest, name, mean), run_id, run_name in zip(
+            (("aaaa", "smoke", 0.812), ("bbbb", "smoke lr=0.01", 0.862)), run_ids, RUNS
+        )
     ]
     log_arms(client, experiment_id, arms_id, rows, "smoke [aaaa] (HEAD)")
     return decisions_id, decision_run, arms_id
 
 
-def check_decisions_and_arms_tables(base_url: str, decisions_id: str, decision_run: str, arms_id: str) -> None:
+def check_decisions_and_arms_tables(
+    uri: str, base_url: str, decisions_id: str, decision_run: str, arms_id: str
+) -> None:
     from pipeline.tracking.views import ARMS_TABLE_VIEW_KEY, DECISIONS_VIEW_KEY, runs_url
     from tests.helpers.browser import QUIET_ASSISTANT_JS, view_page
 
@@ -170,3 +175,17 @@ def check_decisions_and_arms_tables(base_url: str, decisions_id: str, decision_r
         height=500,
         init_script=QUIET_ASSISTANT_JS,
     )
+    # Two arms compared: the plot is what differs between them (train.lr; not the seed, not an
+    # arm's name) against the headline mean, the arm run's first metric.
+    arm_runs = [r.info.run_id for r in MlflowClient(tracking_uri=uri).search_runs([arms_id])]
+    view = view_page(
+        compare_runs_url(base_url, arms_id, arm_runs),
+        expect=["Parallel Coordinates Plot", "Parameters:", "Metrics:", "eval/test_cosine"],
+        screenshot=ARTIFACTS / "mlflow-compare-arms.png",
+        full_page=False,
+        height=1000,
+        init_script=QUIET_ASSISTANT_JS,
+    )
+    lines = view.text.splitlines()
+    assert lines[lines.index("Parameters:") + 1] == "train.lr", lines[lines.index("Parameters:") :][:6]
+    assert lines[lines.index("Metrics:") + 1] == "eval/test_cosine", lines[lines.index("Metrics:") :][:6]

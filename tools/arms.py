@@ -49,7 +49,9 @@ def update(
     baseline = baseline_of_record(baseline_spec)
     rows = against_baseline(runs, baseline, resamples=args.resamples, seed=args.seed)
     for row in rows:  # every run of the arm carries it, a seed evaluated twice included
-        row["all_run_ids"] = [r.run_id for r in runs if r.arm == row["arm"]["digest"]]
+        of_arm = [r for r in runs if r.arm == row["arm"]["digest"]]
+        row["all_run_ids"] = [r.run_id for r in of_arm]
+        row["params"] = of_arm[0].params
     target = arms_experiment(name)
     existing = client.get_experiment_by_name(target)
     if existing is None:

@@ -50,9 +50,18 @@ def comparison_tags(row: dict, baseline: str) -> dict[str, str]:
     return tags
 
 
+def arm_params(row: dict) -> dict[str, str]:
+    """The arm's config as params (its model runs' params that make the arm: equal for all of
+    them, pipeline/core/arm.py), so the compare page of arm runs plots what differs between them."""
+    from pipeline.core.arm import in_arm
+
+    return {k: str(v) for k, v in (row.get("params") or {}).items() if in_arm(k)}
+
+
 def arm_record(row: dict, baseline: str) -> tuple[dict[str, float], dict[str, str]]:
-    """(metrics, tags) of an arm's run."""
-    metrics = {"replicates": float(len(row["run_ids"]))}
+    """(metrics, tags) of an arm's run. The headline means come first: the compare page plots the
+    params that differ against the first metric the store saw (MLflow 3.17), the decided one."""
+    metrics: dict[str, float] = {}
     tags = {
         "arm": f"{row['arm']['name']} [{row['arm']['digest']}]",
         "arm.digest": row["arm"]["digest"],
@@ -64,6 +73,7 @@ def arm_record(row: dict, baseline: str) -> tuple[dict[str, float], dict[str, st
     for m, mean in row["means"].items():
         metrics[MEAN_KEYS.get(m, f"eval/test_{m}")] = mean["value"]
         tags[f"eval.test.{m}"] = interval_text(m, mean["value"], mean["ci_low"], mean["ci_high"])
+    metrics["replicates"] = float(len(row["run_ids"]))
     lines = [
         f"**{tags['arm']}**: {tags['replicates']} replicate run(s); against the baseline of record {baseline}:",
         "",
@@ -81,7 +91,7 @@ def log_arms(client, model_experiment_id: str, arms_experiment_id: str, rows: It
     on every model run of each arm. The number of arms written."""
     import time
 
-    from mlflow.entities import Metric, RunTag
+    from mlflow.entities import Metric, Param, RunTag
 
     existing = {
         r.data.tags.get("arm.digest"): r.info.run_id
@@ -93,9 +103,12 @@ def log_arms(client, model_experiment_id: str, arms_experiment_id: str, rows: It
         metrics, tags = arm_record(row, baseline)
         tags["mlflow.note.content"] = tags["mlflow.note.content"].replace("{model}", model_experiment_id)
         run_id = existing.get(row["arm"]["digest"])
-        if run_id is None:
+        if run_id is None:  # (params once: MLflow refuses to change one)
             run = client.create_run(arms_experiment_id, run_name=row["arm"]["name"][:250])
             run_id = run.info.run_id
+            params = [Param(k, v[:6000]) for k, v in arm_params(row).items()]
+            for i in range(0, len(params), 100):  # log_batch takes 100 params a call
+                client.log_batch(run_id, params=params[i : i + 100])
             client.set_terminated(run_id)
         client.log_batch(
             run_id,
