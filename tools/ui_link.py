@@ -68,8 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("base", help="where the UI answers, e.g. http://127.0.0.1:5000")
     parser.add_argument("--experiment", help="the model experiment (default: run.experiment of params.yaml)")
     parser.add_argument("--arms", action="store_true", help="the view of the runs grouped by arm (replicates)")
+    parser.add_argument(
+        "--tables", action="store_true", help="then the links to the arms and the decisions tables, where they exist"
+    )
     args = parser.parse_args(argv)
-    print(links(args.base, args.experiment)[1 if args.arms else 0])
+    link = links(args.base, args.experiment)[1 if args.arms else 0]
+    print(link)
+    if args.tables and "(" not in link:  # (a note in brackets: no store or no experiment to link to)
+        for line in table_links(args.base, args.experiment):
+            print(line)
     return 0
 
 
