@@ -292,9 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     text = render_sweep(result) if args.sweep is not None else render(result)
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else text)
     if args.sweep is None and not args.no_log:
-        from pipeline.tracking.decisions import log_decision, where
+        from pipeline.tracking.decisions import record_decision
 
-        print(f"compare: {where(log_decision(result, 'compare', text=text))}", file=sys.stderr)
+        if line := record_decision(result, "compare", text=text):
+            print(f"compare: {line}", file=sys.stderr)
     return 0
 
 

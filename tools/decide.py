@@ -152,9 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     json_path, html_path = write(result)
     say(f"wrote {json_path.relative_to(REPO_ROOT)} and {html_path.relative_to(REPO_ROOT)}")
     if not args.no_log:
-        from pipeline.tracking.decisions import log_decision, where
+        from pipeline.tracking.decisions import record_decision
 
-        say(where(log_decision(result, "decide", files=(json_path, html_path))))
+        if line := record_decision(result, "decide", files=(json_path, html_path)):
+            say(line)
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else render(result))
     return 0
 

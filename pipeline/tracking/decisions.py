@@ -249,9 +249,10 @@ def log_decision(
     files: Iterable[Path] = (),
     text: str | None = None,
     model_experiment: str | None = None,
-) -> tuple[str, str] | str:
+) -> tuple[str, str] | str | None:
     """Record the decision as a run of the decisions experiment: (experiment id, run id), or why
-    it was not (the store cannot be reached or refused it; the decision stands without it)."""
+    it was not (the store cannot be reached or refused it; the decision stands without it), or
+    None when ENERGY_FLOW_LOG_DECISIONS=0 turns it off."""
     import mlflow
     from mlflow.entities import Metric, Param
     from mlflow.exceptions import MlflowException
@@ -260,7 +261,7 @@ def log_decision(
     from pipeline.tracking.views import ensure_decisions_view
 
     if os.environ.get(SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        return f"{SWITCH}={os.environ[SWITCH]}"
+        return None
     uri = tracking.tracking_uri()
     shown = redact_text(uri)
     reason = tracking.unreachable_reason(uri)
@@ -313,13 +314,20 @@ def _experiment(client, name: str, uri: str) -> str:
     return found.experiment_id
 
 
-def where(ids: tuple[str, str] | str) -> str:
+def record_decision(result: dict, kind: str, **options) -> str | None:
+    """log_decision, and the line a command prints about it (None: logging is switched off)."""
+    return where(log_decision(result, kind, **options))
+
+
+def where(ids: tuple[str, str] | str | None) -> str | None:
     """The line a command prints about its logged decision: the run, and its page on the UI
     (the server's own address, or the path to open on `./dev ui`)."""
     from pipeline.tracking import store as tracking
 
+    if ids is None:
+        return None
     if isinstance(ids, str):
-        return f"the decision is not in MLflow: {ids} (--no-log says so on purpose)"
+        return f"the decision is not in MLflow: {ids} (--no-log skips it without a word)"
     experiment_id, run_id = ids
     uri = tracking.tracking_uri()
     base = uri.rstrip("/") + "/" if uri.startswith(("http://", "https://")) else "(./dev ui) "
