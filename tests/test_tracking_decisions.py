@@ -99,7 +99,7 @@ def test_a_decide_result_becomes_params_per_metric_metrics_and_outcome_tags():
     rec = record(compare, "compare")
     assert rec.name == "main vs workspace" and rec.params["looks"] == "1" and rec.params["level"] == "0.95"
     assert rec.params["metric"].startswith("none") and rec.params["margin"] == "group_top1=0.01"
-    assert rec.tags["outcome"] == "see per-metric" and rec.tags["luck.covers_seeds"] == "false"
+    assert rec.tags["outcome"] == "inconclusive on 1 of 1 metrics" and rec.tags["luck.covers_seeds"] == "false"
     assert rec.tags["exploratory"] == "false" and "a.run_ids" not in rec.tags
 
 

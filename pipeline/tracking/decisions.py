@@ -10,7 +10,7 @@ with .get, so a field a newer version adds or an older one lacks does not break 
   `looks`, `level`, `resamples`, `seed`, `items`;
 - metrics, per compared metric m (one `/` each, as the model runs' keys): `m/difference`,
   `m/ci_low`, `m/ci_high`, `m/prob_b_better`, `m/a`, `m/b`;
-- tags: `outcome` (the decision: the decided metric's, or for compare `see per-metric`),
+- tags: `outcome` (the decision: the decided metric's; for compare, the outcomes counted),
   `outcome.<m>` (each metric's: better, worse, equivalent, inconclusive), `interval.<m>`
   (`+0.007 [-0.008, +0.022]`, one column in the table), `luck.covers` (which luck the intervals
   cover, in words) and `luck.covers_seeds`, `a.run_ids` / `b.run_ids` (the MLflow model runs of
@@ -159,11 +159,11 @@ def record(result: dict, kind: str, run_ids: dict[str, list[str]] | None = None)
             tags[f"outcome.{m}"] = str(r["outcome"])
         if _interval(m, r):
             tags[f"interval.{m}"] = _interval(m, r)
-    outcome = result.get("outcome") or (decided.get("outcome") if metric else None)
+    outcome = result.get("outcome") or (decided.get("outcome") if metric else _summary(metrics_))
     tags.update(
         {
             KIND_TAG: kind,
-            OUTCOME_TAG: str(outcome or "see per-metric"),
+            OUTCOME_TAG: str(outcome or "none"),
             "luck.covers": covers,
             "exploratory": str(_exploratory(result)).lower(),
             "a.seeds": ",".join(str(s) for s in _seeds(a)),
@@ -196,6 +196,18 @@ def record(result: dict, kind: str, run_ids: dict[str, list[str]] | None = None)
         values,
         {k: str(v)[:TAG_CHARS] for k, v in tags.items()},
     )
+
+
+def _summary(metrics_: dict) -> str | None:
+    """A compare's outcome, where no metric decides: each outcome with its count of metrics
+    (`better on 7 of 7 metrics`, `mixed: 2 better, 5 inconclusive`)."""
+    outcomes = [str(r.get("outcome")) for r in metrics_.values() if r.get("outcome")]
+    if not outcomes:
+        return None
+    counts = {o: outcomes.count(o) for o in dict.fromkeys(outcomes)}
+    if len(counts) == 1:
+        return f"{outcomes[0]} on {len(outcomes)} of {len(outcomes)} metrics"
+    return "mixed: " + ", ".join(f"{n} {o}" for o, n in counts.items())
 
 
 def note(result: dict, kind: str, params: dict, tags: dict) -> str:
