@@ -5,11 +5,11 @@ Playwright) on runs logged straight to a throwaway sqlite store, without the pip
 name, the parameter that differs with both values on one row, and each metric's latest value as
 the UI formats it. The same server then shows a decision (pipeline/tracking/decisions.py) in the
 decisions table, and arms against a baseline of record (pipeline/tracking/arms.py) in the arms
-table, each in its saved view. The screenshots go to test-artifacts/ (git-ignored) for a human to
-look at.
+table, each in its saved view, and a logged model's page its description. The screenshots go to
+test-artifacts/ (git-ignored) for a human to look at.
 
 Needs Chromium, like tests/test_report_screenshot.py (`./dev test` installs Debian's package).
-About 15-25 s on a 2-core machine: most of it is the server's start and the UI's first load, so
+About 40 s on a 2-core machine: most of it is the server's start and the UI's page loads, so
 it is in the slow set; the default suite drives the same harness on the real experiments
 (tests/test_experiments.py).
 """
@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.core.paths import REPO_ROOT
-from tests.helpers.browser import compare_runs_url, format_metric, open_page
+from tests.helpers.browser import QUIET_ASSISTANT_JS, compare_runs_url, format_metric, open_page
 from tools.servers import start_mlflow_server
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ def log_runs(uri: str, artifacts_uri: str) -> tuple[str, list[str]]:
     return experiment_id, run_ids
 
 
-@pytest.mark.slow  # 14-16 s: the default suite keeps its 10 minutes
+@pytest.mark.slow  # about 40 s (seven pages): the default suite keeps its 10 minutes
 def test_compare_page_synthetic_runs(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # tmp_path is absolute: sqlite:////...
     experiment_id, run_ids = log_runs(uri, (tmp_path / "artifacts").as_uri())
@@ -58,9 +58,19 @@ def test_compare_page_synthetic_runs(tmp_path):
     assert latest["smoke-lr-b"]["test/cosine"] == "0.862"
 
     decisions_id, decision_run, arms_id = log_decision_and_arms(uri, tmp_path, experiment_id, run_ids)
+    model_id = describe_a_model(uri, experiment_id, run_ids[0])
 
     with start_mlflow_server(uri, tmp_path / "served-artifacts") as base_url:
         check_decisions_and_arms_tables(uri, base_url, decisions_id, decision_run, arms_id)
+        # A logged model's page opens on its description (pipeline/tracking/run_note.py), not "No description".
+        text = open_page(
+            f"{base_url}/#/experiments/{experiment_id}/models/{model_id}?workflowType=machine_learning",
+            expect=["Description", "The answer model of the run", "smoke-lr-a"],
+            screenshot=ARTIFACTS / "mlflow-model-description.png",
+            init_script=QUIET_ASSISTANT_JS,
+            height=700,
+        )
+        assert "No description" not in text
         url = compare_runs_url(base_url, experiment_id, run_ids)
         values = [v for by_key in latest.values() for v in by_key.values()]
         text = open_page(
@@ -149,7 +159,7 @@ def check_decisions_and_arms_tables(
     uri: str, base_url: str, decisions_id: str, decision_run: str, arms_id: str
 ) -> None:
     from pipeline.tracking.views import ARMS_TABLE_VIEW_KEY, DECISIONS_VIEW_KEY, runs_url
-    from tests.helpers.browser import QUIET_ASSISTANT_JS, view_page
+    from tests.helpers.browser import view_page
 
     # The decisions table: the decision's row with its outcome, metric, interval and change.
     view = view_page(
@@ -189,3 +199,17 @@ def check_decisions_and_arms_tables(
     lines = view.text.splitlines()
     assert lines[lines.index("Parameters:") + 1] == "train.lr", lines[lines.index("Parameters:") :][:6]
     assert lines[lines.index("Metrics:") + 1] == "eval/test_cosine", lines[lines.index("Metrics:") :][:6]
+
+
+def describe_a_model(uri: str, experiment_id: str, run_id: str) -> str:
+    """A logged model of the run, described as the stages describe theirs: its id."""
+    from mlflow.entities import LoggedModelOutput
+
+    from pipeline.tracking.run_note import NOTE_TAG, model_note_text
+
+    client = MlflowClient(tracking_uri=uri)
+    model = client.create_logged_model(experiment_id, source_run_id=run_id, name="smoke-lr-a-model")
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
+    tags = client.get_run(run_id).data.tags
+    client.set_logged_model_tags(model.model_id, {NOTE_TAG: model_note_text(tags, model.model_id)})
+    return model.model_id
