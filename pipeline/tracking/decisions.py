@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from pipeline.core.errors import PipelineError
 from pipeline.tracking.redact import redact_text
 
 DECISIONS_SUFFIX = "-decisions"
@@ -106,6 +107,8 @@ def _luck(result: dict) -> tuple[str, bool | None]:
     if isinstance(luck, dict):
         return str(luck.get("covers", "")), luck.get("covers_seeds")
     covers = str(result.get("covers", ""))
+    if "covers_seeds" in result:
+        return covers, bool(result["covers_seeds"])
     return covers, ("training seeds" in covers) if covers else None
 
 
@@ -233,7 +236,7 @@ def note(result: dict, kind: str, params: dict, tags: dict) -> str:
 def replicate_run_ids(client, model_experiment: str, side: dict) -> list[str]:
     """The MLflow model runs of a side's replicates: run ids named in its sources, and the runs
     of its arm (tag `arm.digest`) with its seeds (param `run.seed`), the latest per seed."""
-    found: list[str] = []
+    found: list[str] = list(side.get("run_ids") or [])
     for run in side.get("runs") or []:
         found += RUN_ID.findall(str(run.get("source", "")))
     arm = (side.get("arm") or {}).get("digest")
@@ -307,8 +310,8 @@ def log_decision(
         client.set_terminated(run_id)
         ensure_decisions_view(client, experiment_id, client.get_experiment(experiment_id).tags)
         return experiment_id, run_id
-    except (MlflowException, OSError) as e:
-        return f"the store {shown} refused it: {redact_text(str(e))[:300]}"
+    except (MlflowException, OSError, PipelineError) as e:
+        return f"could not record it in {shown}: {redact_text(str(e))[:300]}"
 
 
 def _experiment(client, name: str, uri: str) -> str:
