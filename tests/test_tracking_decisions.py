@@ -186,3 +186,16 @@ def test_compare_logs_its_decision_and_no_log_does_not(tmp_path, monkeypatch, ca
     assert "group_top1/difference" in run.data.metrics
     names = {f.path for f in client.list_artifacts(run.info.run_id, "decision")}
     assert names == {"decision/decision.json", "decision/decision.txt"}
+
+
+@pytest.mark.unit
+def test_a_store_that_does_not_answer_is_a_note_and_the_switch_is_silence(monkeypatch):
+    from pipeline.tracking.decisions import record_decision
+    from tools.servers import free_port
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    assert record_decision(decide_result(), "decide") is None  # ENERGY_FLOW_LOG_DECISIONS=0 (conftest)
+    monkeypatch.delenv(SWITCH)
+    line = record_decision(decide_result(), "decide")
+    assert line.startswith("the decision is not in MLflow: the tracking server http://127.0.0.1:"), line
+    assert "does not answer" in line
