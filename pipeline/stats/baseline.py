@@ -90,9 +90,9 @@ def against_baseline(runs: list[SweepRun], baseline: Baseline, *, resamples: int
         compared = bool(ids) and not is_base
         if not ids:  # another test split (another preset's data): its own means, no difference
             ids, (values,) = _values([(arm.name, sources)])
-        x = ArmRuns(arm.name, [r.seed for r in arm.runs], values)
+        x = _arm_runs(arm.name, [r.seed for r in arm.runs], values, arm.digest)
         metas = [r.meta for r in arm.runs] + ([s.meta for s in base_sources] if compared else [])
-        b = ArmRuns(baseline.name, [s.seed for s in base_sources], base_values) if compared else None
+        b = _arm_runs(baseline.name, [s.seed for s in base_sources], base_values, baseline.digest) if compared else None
         luck = luck_for(*([b] if b else []), x, references=matching_references(metas))
         row = _row(arm, ids, luck)
         if not compared and not is_base:
@@ -106,6 +106,13 @@ def against_baseline(runs: list[SweepRun], baseline: Baseline, *, resamples: int
                 row["vs_baseline"][m] = d.as_dict()
         rows.append(row)
     return rows
+
+
+def _arm_runs(label: str, seeds: list, values: dict, digest: str) -> ArmRuns:
+    """One arm's runs; its digest tells luck_for which committed reference covers it, where
+    ArmRuns takes it (a reference covers its own arm: pipeline/stats/decision.py)."""
+    extra = {"arm": digest} if "arm" in getattr(ArmRuns, "__dataclass_fields__", {}) else {}
+    return ArmRuns(label, seeds, values, **extra)
 
 
 def _row(arm: Arm, ids: list[str], luck) -> dict:
