@@ -71,7 +71,13 @@ def decide_result(**extra) -> dict:
 
 @pytest.mark.unit
 def test_a_decide_result_becomes_params_per_metric_metrics_and_outcome_tags():
-    rec = record(decide_result(exploratory=True), "decide", {"a": ["r1", "r2"], "b": ["r3"]})
+    extra = {
+        "exploratory": True,
+        "first_decision": {"name": "smoke-lr", "metric": "group_top1", "at": "2026-11-29"},
+        "left_out": [{"experiment": "rep-bbbbbbbbbb-s1", "reason": "step time"}],
+        "margin_why": "the smoke reference's seed SD",
+    }
+    rec = record(decide_result(**extra), "decide", {"a": ["r1", "r2"], "b": ["r3"]})
     assert rec.name == "smoke-lr"
     p = rec.params
     assert p["a"] == "preset=smoke (arm smoke [aaaaaaaaaa])"
@@ -86,6 +92,12 @@ def test_a_decide_result_becomes_params_per_metric_metrics_and_outcome_tags():
     assert t["luck.covers_seeds"] == "true" and "training seeds" in t["luck.covers"]
     assert t["a.run_ids"] == "r1,r2" and t["b.run_ids"] == "r3" and t["b.seeds"] == "0,1"
     assert t["exploratory"] == "true" and t["decision.kind"] == "decide"
+    assert t["first_decision"] == "smoke-lr on group_top1" and t["left_out"] == "rep-bbbbbbbbbb-s1"
+    assert p["margin_why"] == "the smoke reference's seed SD" and "baseline_commit" not in p
+    # --baseline REV: the change is the code (and any -S).
+    assert record(decide_result(baseline_commit="0123456789abcdef"), "decide").params["change"] == (
+        "the code at 0123456789ab -> the workspace's; train.lr=0.0003"
+    )
     assert t["mlflow.note.content"].startswith("**WORSE** on cosine: B - A = -0.364")
     # A field the result lacks is left out, not an error; a compare result has no decided metric.
     compare = {
@@ -101,6 +113,8 @@ def test_a_decide_result_becomes_params_per_metric_metrics_and_outcome_tags():
     assert rec.params["metric"].startswith("none") and rec.params["margin"] == "group_top1=0.01"
     assert rec.tags["outcome"] == "inconclusive on 1 of 1 metrics" and rec.tags["luck.covers_seeds"] == "false"
     assert rec.tags["exploratory"] == "false" and "a.run_ids" not in rec.tags
+    identical = {k: v for k, v in compare.items() if k not in ("metrics", "luck")}
+    assert record({**identical, "identical": True}, "compare").tags["outcome"] == "identical"
 
 
 @pytest.mark.integration

@@ -90,10 +90,11 @@ def _seeds(side: dict) -> list:
 
 def _change(result: dict) -> str:
     a, b = result.get("a") or {}, result.get("b") or {}
+    code = f"the code at {result['baseline_commit'][:12]} -> the workspace's" if result.get("baseline_commit") else ""
     if a.get("overrides") is not None and b.get("overrides") is not None:
         base = list(a["overrides"])
-        extra = [s for s in b["overrides"] if s not in base]
-        return " ".join(extra) or "(none: the same arm)"
+        extra = " ".join(s for s in b["overrides"] if s not in base)
+        return "; ".join(x for x in (code, extra) if x) or "(none: the same arm)"
     if result.get("change"):
         return str(result["change"])
     arms = [(s.get("arm") or {}).get("name") for s in (a, b)]
@@ -150,6 +151,11 @@ def record(result: dict, kind: str, run_ids: dict[str, list[str]] | None = None)
         "resamples": how.get("resamples", result.get("resamples")),
         "seed": how.get("seed", result.get("seed")),
         "items": result.get("items", result.get("shared_items")),
+        # (what ./dev decide adds: the commit, the revision A was trained from, why this metric and margin)
+        "commit": result.get("commit"),
+        "baseline_commit": result.get("baseline_commit"),
+        "metric_chosen": result.get("metric_chosen"),
+        "margin_why": result.get("margin_why"),
     }
     values: dict[str, float] = {}
     tags: dict[str, str] = {}
@@ -163,6 +169,8 @@ def record(result: dict, kind: str, run_ids: dict[str, list[str]] | None = None)
         if _interval(m, r):
             tags[f"interval.{m}"] = _interval(m, r)
     outcome = result.get("outcome") or (decided.get("outcome") if metric else _summary(metrics_))
+    if result.get("identical"):
+        outcome = "identical"
     tags.update(
         {
             KIND_TAG: kind,
@@ -187,6 +195,12 @@ def record(result: dict, kind: str, run_ids: dict[str, list[str]] | None = None)
             tags[f"{key}.experiments"] = ",".join(side["experiments"])
         if run_ids and run_ids.get(key):
             tags[f"{key}.run_ids"] = ",".join(run_ids[key])
+    first = result.get("first_decision")
+    if isinstance(first, dict) and first.get("name"):
+        tags["first_decision"] = f"{first['name']} on {first.get('metric')}"
+    left_out = [str(x.get("experiment", x)) if isinstance(x, dict) else str(x) for x in result.get("left_out") or []]
+    if left_out:
+        tags["left_out"] = ",".join(left_out)
     for key in ("identical", "same_arm"):
         if key in result:
             tags[key] = str(bool(result[key])).lower()
