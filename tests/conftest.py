@@ -180,6 +180,14 @@ def _a_tracking_session_of_its_own():
 
 
 @pytest.fixture(autouse=True)
+def _decisions_kept_out_of_the_project_store(monkeypatch):
+    """`./dev compare` and `./dev decide` record each decision in MLflow (pipeline/tracking/
+    decisions.py); a test's comparisons would land in the project's own mlflow.db. The tests of
+    that logging switch it back on, over a store in tmp_path."""
+    monkeypatch.setenv("ENERGY_FLOW_LOG_DECISIONS", "0")
+
+
+@pytest.fixture(autouse=True)
 def _run_files_kept_out_of_the_project(monkeypatch, tmp_path_factory):
     """A stage run in-process writes runs/<stage>.json; in the project's own runs/ it would
     replace the link from the user's model to its MLflow run."""

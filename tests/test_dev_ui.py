@@ -65,8 +65,34 @@ def test_dev_ui_serves_the_store_on_loopback_and_prints_its_links_once_it_answer
         assert listening_addresses(port) == {"127.0.0.1"}  # loopback only, not 0.0.0.0
         tags = MlflowClient(uri).get_experiment(exp_id).tags
         assert tags["mlflow.experimentKind"] == "custom_model_development" and VIEW_TAG in tags
+        # Then the arms (none yet: nothing evaluated), and one uvicorn worker: one process serves.
+        while "[dev] arms:" not in "".join(seen):
+            assert time.monotonic() < deadline, "".join(seen)[-3000:]
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                continue
+        assert "[dev] arms: no evaluated model run in 'energy-flow'" in "".join(seen), "".join(seen)[-3000:]
+        servers = [c for c in session_commands(proc.pid) if "uvicorn" in " ".join(c) or "--workers" in c]
+        assert servers and all(c[c.index("--workers") + 1] == "1" for c in servers if "--workers" in c), servers
+        assert sum("multiprocessing" in " ".join(c) for c in session_commands(proc.pid)) == 0
     finally:
         kill_group(proc)
+
+
+def session_commands(sid: int) -> list[list[str]]:
+    """The command lines of the processes in session `sid` (what ./dev ui started)."""
+    out = []
+    for stat in os.listdir("/proc"):
+        if not stat.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{stat}/stat").read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:
+                out.append(open(f"/proc/{stat}/cmdline").read().split("\0")[:-1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
 
 
 def seen_answering(base: str) -> bool:

@@ -253,6 +253,11 @@ def _parser() -> argparse.ArgumentParser:
         help="with --sweep: the metric to rank by (default group_top1; cosine, mse, top1, top5, group_top5, mrr)",
     )
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    ap.add_argument(
+        "--no-log",
+        action="store_true",
+        help="a quick look: do not record the decision in MLflow (pipeline/tracking/decisions.py)",
+    )
     return ap
 
 
@@ -286,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compare: warning: {w}", file=sys.stderr)
     text = render_sweep(result) if args.sweep is not None else render(result)
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else text)
+    if args.sweep is None and not args.no_log:
+        from pipeline.tracking.decisions import record_decision
+
+        if line := record_decision(result, "compare", text=text):
+            print(f"compare: {line}", file=sys.stderr)
     return 0
 
 

@@ -123,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     add_bootstrap_options(ap)
     ap.add_argument("--show", type=int, default=10, help="flipped items listed each way (default 10)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    ap.add_argument("--no-log", action="store_true", help="do not record the decision in MLflow")
     return ap
 
 
@@ -150,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     json_path, html_path = write(result)
     say(f"wrote {json_path.relative_to(REPO_ROOT)} and {html_path.relative_to(REPO_ROOT)}")
+    if not args.no_log:
+        from pipeline.tracking.decisions import record_decision
+
+        if line := record_decision(result, "decide", files=(json_path, html_path)):
+            say(line)
     print(json.dumps(result, indent=2, allow_nan=False) if args.json else render(result))
     return 0
 

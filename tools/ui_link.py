@@ -33,13 +33,50 @@ def links(base: str, experiment: str | None = None) -> tuple[str, str]:
     return runs_url(base, found.experiment_id, VIEW_KEY), runs_url(base, found.experiment_id, ARMS_VIEW_KEY)
 
 
+def table_links(base: str, experiment: str | None = None) -> list[str]:
+    """Lines with the links to the arms table and the decisions table (experiments
+    `<experiment>-arms` and `-decisions`), for those the store holds."""
+    import mlflow
+
+    from pipeline.core.config import load_config
+    from pipeline.tracking.arms import arms_experiment
+    from pipeline.tracking.decisions import decisions_experiment
+    from pipeline.tracking.views import ARMS_TABLE_VIEW_KEY, DECISIONS_VIEW_KEY, runs_url
+
+    name = experiment or str(load_config([]).run.experiment)
+    lines = []
+    for what, target, view in (
+        (
+            "Each arm with its replicates and its difference from the baseline of record:",
+            arms_experiment(name),
+            ARMS_TABLE_VIEW_KEY,
+        ),
+        (
+            "The decisions (./dev compare, ./dev decide), each with its page:",
+            decisions_experiment(name),
+            DECISIONS_VIEW_KEY,
+        ),
+    ):
+        found = mlflow.get_experiment_by_name(target)
+        if found is not None:
+            lines += [what, f"  {runs_url(base, found.experiment_id, view)}"]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.ui_link", description=__doc__.split("\n\n")[0])
     parser.add_argument("base", help="where the UI answers, e.g. http://127.0.0.1:5000")
     parser.add_argument("--experiment", help="the model experiment (default: run.experiment of params.yaml)")
     parser.add_argument("--arms", action="store_true", help="the view of the runs grouped by arm (replicates)")
+    parser.add_argument(
+        "--tables", action="store_true", help="then the links to the arms and the decisions tables, where they exist"
+    )
     args = parser.parse_args(argv)
-    print(links(args.base, args.experiment)[1 if args.arms else 0])
+    link = links(args.base, args.experiment)[1 if args.arms else 0]
+    print(link)
+    if args.tables and "(" not in link:  # (a note in brackets: no store or no experiment to link to)
+        for line in table_links(args.base, args.experiment):
+            print(line)
     return 0
 
 

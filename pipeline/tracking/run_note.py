@@ -55,8 +55,23 @@ def note_text(tags: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
+MODEL_USE = (
+    "The answer model of the run **{run}**: a question in, the answer bank's k nearest answers out, each with "
+    "its cosine score and whether it is confident (`mlflow.pyfunc.load_model('models:/{model_id}')`, then "
+    "`predict(pd.DataFrame({{'question': [...]}}), params={{'k': 3}})`; docs/serving.md)."
+)
+
+
+def model_note_text(tags: Mapping[str, str], model_id: str) -> str:
+    """The logged model's description (its tag `mlflow.note.content`, the model page's *Description*):
+    what it is and how to call it, then its run's headline."""
+    use = MODEL_USE.format(run=tags.get("mlflow.runName", "?"), model_id=model_id)
+    return use + "\n\n" + note_text(tags).split("\n\n- ", 1)[0]
+
+
 def update_note() -> None:
-    """Write the description of the run this process logs to (tracking off or no run: nothing)."""
+    """Write the description of the run this process logs to, and of its logged model(s) (tracking
+    off or no run: nothing)."""
     from pipeline.tracking import store as tracking
 
     run_id = tracking.current_run_id() if tracking.enabled() else ""
@@ -64,5 +79,9 @@ def update_note() -> None:
         return
     import mlflow
 
-    tags = mlflow.MlflowClient().get_run(run_id).data.tags
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+    tags = run.data.tags
     tracking.set_tags({NOTE_TAG: note_text(tags)})
+    for output in getattr(run.outputs, "model_outputs", None) or []:
+        client.set_logged_model_tags(output.model_id, {NOTE_TAG: model_note_text(tags, output.model_id)})

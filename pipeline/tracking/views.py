@@ -32,7 +32,9 @@ METRICS = (HEADLINE_METRIC,)
 INTERVALS = ("eval.test.group_top1", "eval.test.cosine", "eval.test.vs_ridge.group_top1")
 TAGS = ("stability.verdict", "preset")
 ATTRIBUTES = ("Dataset", "Models")
-LAST_TAGS = ("run.overrides",)  # long: last, where it may run off the screen
+# Long: last, where they may run off a laptop's screen. vs_baseline: the difference from the
+# baseline of record with its outcome (pipeline/tracking/arms.py, written by `./dev ui`).
+LAST_TAGS = ("vs_baseline.group_top1", "run.overrides")
 # The table draws only the columns in view (it virtualises them): at 200 px a metric, 8 metrics
 # and the rest came to about 3000 px, and on a 1600 px screen Dataset and Models were not drawn
 # at all. With these widths the eval columns, the verdict, the dataset and the model fit a
@@ -44,7 +46,7 @@ WIDTHS = {
     "arm_group": 320,
     "metric": 100,
     "interval": 150,  # "0.883 [0.857, 0.907]", whole
-    "difference": 205,  # "+0.027 [+0.010, +0.045] p=0.008"
+    "difference": 205,  # "+0.027 [+0.010, +0.045] p=0.008", "+0.007 [-0.008, +0.022] worse"
     "stability.verdict": 85,
     "preset": 65,
     "Dataset": 190,
@@ -79,7 +81,7 @@ def view_state(grouped: bool = False) -> dict:
         **{f"tags.`{k}`": WIDTHS["difference" if ".vs_" in k else "interval"] for k in INTERVALS},
         **{f"tags.`{k}`": WIDTHS[k] for k in TAGS},
         **{f"attributes.`{k}`": WIDTHS[k] for k in ATTRIBUTES},
-        **{c: WIDTHS["overrides"] for c in last},
+        **{c: WIDTHS["difference" if "vs_" in c else "overrides"] for c in last},
     }
     state = {
         "orderByKey": metrics[0],
@@ -123,3 +125,79 @@ def runs_url(base: str, experiment_id: str, view: str = VIEW_KEY) -> str:
     remembered by the browser) does."""
     query = f"workflowType=machine_learning&viewStateShareKey={view}"
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
+
+
+# The decisions experiment (pipeline/tracking/decisions.py): one row per `./dev compare` or
+# `./dev decide`, newest first, with what was decided and how it came out; the per-metric
+# intervals and outcomes are the Columns menu's `interval.<metric>` / `outcome.<metric>`.
+DECISIONS_VIEW_KEY = "decisions"
+DECISIONS_VIEW_TAG = f"mlflow.sharedViewState.{DECISIONS_VIEW_KEY}"
+DECISION_TAGS = ("outcome", "decision.metric", "interval", "exploratory", "luck.covers_seeds", "decision.kind")
+DECISION_PARAMS = ("change", "a", "b")
+DECISION_WIDTHS = {"outcome": 110, "interval": 190, "change": 220, "a": 260, "b": 260}
+
+
+def decisions_view_state() -> dict:
+    tags = [f"tags.`{k}`" for k in DECISION_TAGS]
+    params = [f"params.`{k}`" for k in DECISION_PARAMS]
+    order = ["attributes.`Run Name`", "runDateAndNestInfo", *tags, *params, "duration"]
+    widths = {"attributes.`Run Name`": 220, "runDateAndNestInfo": WIDTHS["created"]}
+    widths.update({f"tags.`{k}`": DECISION_WIDTHS.get(k, 100) for k in DECISION_TAGS})
+    widths.update({f"params.`{k}`": DECISION_WIDTHS[k] for k in DECISION_PARAMS})
+    return {
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": False,
+        "selectedColumns": [*tags, *params],
+        "columnOrder": order,
+        "columnWidths": widths,
+    }
+
+
+def ensure_decisions_view(client, experiment_id: str, tags: dict) -> None:
+    """Save the decisions table's view on the decisions experiment, or bring an older one up to date."""
+    _ensure(client, experiment_id, tags, DECISIONS_VIEW_TAG, "Decisions", decisions_view_state())
+
+
+def _ensure(client, experiment_id: str, tags: dict, tag: str, name: str, state: dict) -> None:
+    try:
+        same = json.loads(json.loads(tags[tag])["state"]) == state
+    except (ValueError, KeyError, TypeError):
+        same = False
+    if not same:
+        now_ms = int(time.time() * 1000)
+        envelope = {"name": name, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)}
+        client.set_experiment_tag(experiment_id, tag, json.dumps(envelope))
+
+
+# The arms experiment (pipeline/tracking/arms.py): one row per arm, its replicate count, each
+# headline mean with its seed-covering interval, and its difference from the baseline of record.
+ARMS_TABLE_VIEW_KEY = "arms"
+ARMS_TABLE_VIEW_TAG = f"mlflow.sharedViewState.{ARMS_TABLE_VIEW_KEY}"
+ARMS_TABLE_TAGS = (
+    "replicates",
+    "eval.test.group_top1",
+    "vs_baseline.group_top1",
+    "eval.test.cosine",
+    "vs_baseline.cosine",
+    "baseline",
+)
+
+
+def arms_table_view_state() -> dict:
+    tags = [f"tags.`{k}`" for k in ARMS_TABLE_TAGS]
+    widths = {"attributes.`Run Name`": 240, "runDateAndNestInfo": WIDTHS["created"]}
+    widths.update({c: 230 if "vs_baseline" in c else 150 for c in tags})
+    widths["tags.`replicates`"] = 120
+    widths["tags.`baseline`"] = 260
+    return {
+        "orderByKey": "tags.`mlflow.runName`",
+        "orderByAsc": True,
+        "selectedColumns": tags,
+        "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", *tags],
+        "columnWidths": widths,
+    }
+
+
+def ensure_arms_table_view(client, experiment_id: str, tags: dict) -> None:
+    """Save the arms table's view on the arms experiment, or bring an older one up to date."""
+    _ensure(client, experiment_id, tags, ARMS_TABLE_VIEW_TAG, "Arms", arms_table_view_state())

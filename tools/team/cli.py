@@ -177,6 +177,11 @@ def up(args) -> int:
         f"{layout.artifacts}); {remote}",
         file=sys.stderr,
     )
+    print(
+        "[team] in a browser, open the model runs, not the bare URL (MLflow's GenAI home): with the export below, "
+        "./dev ui prints their links on this server",
+        file=sys.stderr,
+    )
     print('[team] to log to it, export this (or: eval "$(./dev team up)"):', file=sys.stderr)
     print(f"export MLFLOW_TRACKING_URI={uri}", flush=True)
     return 0
