@@ -26,12 +26,15 @@ items, or a baseline (identity, ridge, nearest: the same for every seed). For on
   * equivalent: the interval lies inside +-margin (a difference too small to matter; the
     margin is the user's, with a default per metric: MARGINS);
   * inconclusive: neither; with the seeds per arm that would likely settle it.
-  Where training luck is not covered (one run per arm and no matching reference), the outcome
+  Where training luck is not covered (an arm of one run that no reference covers: a reference
+  covers the arm it was measured on, and an arm whose own runs pass a test of sharing its
+  spread, spread_shared), the outcome
   is inconclusive whatever the interval: a difference inside the seed noise must never read as
   "better". Its interval is then the items' alone, and says so. One run a side is one draw of
   the seed's luck: it is not called better or worse for a gap within the widest gap between two
-  seeds of the reference, nor at all on a metric whose reference seeds split into modes
-  (single_run_within_gap; seed_variance.Reference.outliers).
+  seeds of the reference, nor on a metric whose reference seeds split into modes unless the
+  difference is more than GUARD_MULTIPLE times that gap (single_run_within_gap, far_beyond_gap;
+  seed_variance.Reference.outliers).
 - the probability of improvement: the share of the draws where B beats A.
 
 `alpha_spending` gives the per-look levels that keep a sequence of looks (`./dev decide`, a look
@@ -48,23 +51,21 @@ import numpy as np
 from scipy import stats as sps
 
 from pipeline.stats.bootstrap import p_value, resample_means
+from pipeline.stats.defaults import GENERIC_MARGINS
 from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS, round6
 from pipeline.stats.seed_variance import SeedVar, components, pool, with_seed_luck
 
 CONFIDENCE = 0.95
-# The default equivalence margin of each metric, in its own units: a difference smaller than this
-# is too small to act on. Retrieval rates: 1 percentage point of the test items; cosine and mse:
-# of the order of one seed's spread of the default preset (sd_run_means in
-# reference/seed_variance/default.json). Set per metric with --margin METRIC=VALUE.
-MARGINS: dict[str, float] = {
-    "cosine": 0.002,
-    "mse": 0.00002,
-    "top1": 0.01,
-    "top5": 0.01,
-    "group_top1": 0.01,
-    "group_top5": 0.01,
-    "mrr": 0.01,
-}
+# The generic equivalence margin of each metric, in its own units (pipeline/stats/defaults.py: a
+# preset with a reference gets its own, never below one test item or two run SDs). Set per metric
+# with --margin METRIC=VALUE.
+MARGINS: dict[str, float] = GENERIC_MARGINS
+# One run a side on a metric whose reference seeds split into modes is not called better or worse
+# (single_run_verdict) unless its difference is more than this many times the widest gap between
+# two reference seeds: no seed of the other mode could make that.
+GUARD_MULTIPLE = 3.0
+MIN_SHARE_RUNS = 3  # an arm other than the reference's shares its spread only after a test on this many runs
+SHARE_ALPHA = 0.05  # the test's level (spread_shared)
 MAX_SEEDS_ESTIMATE = 100  # "more than this many seeds" is said as "more seeds will not settle it"
 
 
@@ -76,6 +77,7 @@ class ArmRuns:
     seeds: list[int | None]
     values: dict[str, np.ndarray]  # metric -> (runs, items)
     deterministic: bool = False  # a baseline: no training, no seed luck
+    arm: str | None = None  # the arm's digest when known: a reference covers only its own arm (luck_for)
 
     @property
     def runs(self) -> int:
@@ -95,6 +97,8 @@ class Luck:
     # Per metric, why its seeds are not bell-shaped (a reference's outlier seeds), in words: one
     # run a side is then never called better or worse (single_run_verdict).
     irregular: dict[str, str] = field(default_factory=dict)
+    # Why a reference was not borrowed for an arm, and what that arm needs (replicates of its own).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def covers_seeds(self) -> bool:
@@ -104,26 +108,64 @@ class Luck:
         if not self.needs_seeds:
             return "test items (neither side has training luck)"
         if not self.seed:
-            return "test items only: training (seed) luck NOT covered"
+            return "test items only: training (seed) luck NOT covered" + "".join(f"; {n}" for n in self.notes)
         df = next(iter(self.seed.values())).df
         return f"test items and training seeds (seed variance from {'; '.join(self.sources)}; {df} degrees of freedom)"
 
 
+def spread_shared(x: ArmRuns, ref, metric: str) -> tuple[bool, str]:
+    """Whether the arm `x` may borrow the reference's seed spread on `metric`, and why in words:
+    yes when it is the reference's arm (or its arm is not known: the caller vouches), or when
+    MIN_SHARE_RUNS runs or more of its own do not differ in spread from the reference's by a
+    two-sided F test at SHARE_ALPHA. Otherwise it needs replicates of its own."""
+    digest = ref.arm.get("digest")
+    if x.deterministic or x.arm is None or x.arm == digest:
+        return True, ""
+    theirs = f"the {ref.preset} reference's arm ({ref.arm.get('name')} [{digest}])"
+    if x.runs >= MIN_SHARE_RUNS and metric in x.values and metric in ref.metrics:
+        own = components(x.values[metric])
+        their = ref.metrics[metric].run_var_at(own.items)
+        if own.run_var > 0 and their > 0:
+            f = own.run_var / their
+            p = float(
+                min(
+                    1.0,
+                    2 * min(sps.f.cdf(f, own.df, ref.metrics[metric].df), sps.f.sf(f, own.df, ref.metrics[metric].df)),
+                )
+            )
+            if p >= SHARE_ALPHA:
+                return True, ""
+            return False, (
+                f"{x.label} is another arm than {theirs}, and its {x.runs} runs' spread on {metric} differs from the "
+                f"reference's (run SD {own.run_sd:.3g} vs {math.sqrt(their):.3g}, F test p {p:.3f}): its own runs only"
+            )
+    return False, (
+        f"{x.label} is another arm than {theirs}: it borrows no seed spread and needs replicates of its own, at "
+        f"least 2 runs ({MIN_SHARE_RUNS} to test whether it shares the reference's spread); it has {x.runs}"
+    )
+
+
 def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
     """The seed luck each metric's comparison of the arms uses: their own replicates and the
-    matching references, pooled over the items the arms share (one seed spread for all: the
-    arms' replicates are pooled, never mixed across arms)."""
+    references that cover every trained arm (spread_shared), pooled over the items the arms share
+    (one seed spread for all: the arms' replicates are pooled, never mixed across arms). An arm of
+    one run that no reference covers leaves the metric's seed luck uncovered: another arm's spread
+    is not its own."""
     trained = [x for x in arms if not x.deterministic]
     if not trained:
         return Luck(needs_seeds=False)
-    sources = [f"{x.runs} runs of {x.label}" for x in trained if x.runs >= 2]
-    sources += [ref.describe() for ref in references]
-    gaps, irregular = {}, {}
+    gaps, irregular, notes, seed, used = {}, {}, [], {}, []
     for m in METRICS:
-        means = [v for ref in references for v in ref.per_seed.get(m, [])]
+        applicable = []
+        for ref in references:
+            verdicts = [spread_shared(x, ref, m) for x in trained]
+            if all(ok for ok, _ in verdicts):
+                applicable.append(ref)
+            notes += [why for ok, why in verdicts if not ok and why not in notes]
+        means = [v for ref in applicable for v in ref.per_seed.get(m, [])]
         if len(means) >= 2:
             gaps[m] = (max(means) - min(means), min(means), max(means))
-        for ref in references:
+        for ref in applicable:
             out = ref.outliers(m)
             if out:
                 listed = ", ".join(f"seed {s} at {v:.4g} ({z:.1f} robust SDs out)" for s, v, z in out)
@@ -131,14 +173,17 @@ def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
                     f"the {ref.preset} preset's seeds are not bell-shaped on {m}: {listed} of "
                     f"{len(ref.seeds)} seeds in its reference"
                 )
-    seed = {}
-    for m in METRICS:
+        if not all(x.runs >= 2 or applicable for x in trained):
+            continue  # an arm of one run and nothing that may speak for its spread
         items = next((x.values[m].shape[1] for x in arms if m in x.values), 0)
         own = [components(x.values[m]) for x in trained if x.runs >= 2 and m in x.values]
-        pooled = pool([*own, *(ref.metrics.get(m) for ref in references)], items)
+        pooled = pool([*own, *(ref.metrics.get(m) for ref in applicable)], items)
         if pooled is not None:
             seed[m] = pooled
-    return Luck(seed, sources if seed else [], seed_gap=gaps, irregular=irregular)
+            used += [ref for ref in applicable if ref not in used]
+    sources = [f"{x.runs} runs of {x.label}" for x in trained if x.runs >= 2]
+    sources += [ref.describe() for ref in used]
+    return Luck(seed, sources if seed else [], seed_gap=gaps, irregular=irregular, notes=notes)
 
 
 @dataclass
@@ -222,11 +267,17 @@ def compare_metric(
     )
     if not covered:
         out.why = (
-            "training luck is not covered (one run per arm and no seed-variance reference for this preset and data): "
-            "the difference may be the seeds'"
+            "training luck is not covered (an arm of one run and no seed-variance reference of its arm and data"
+            + "".join(f"; {n}" for n in luck.notes)
+            + "): the difference may be the seeds'"
         )
         out.seeds_needed = max(2, needed_seeds(a, b, metric, d, None, level, margin) or 2)
-    elif (low > 0 or high < 0) and single_run(a, b) and metric in luck.irregular:
+    elif (
+        (low > 0 or high < 0)
+        and single_run(a, b)
+        and metric in luck.irregular
+        and not far_beyond_gap(diff, luck, metric)
+    ):
         out.why = (
             f"the {_pct(level)} interval excludes 0, but {luck.irregular[metric]}: one run a side may have fallen "
             "in the other mode, so it cannot tell a bad seed from a bad change"
@@ -260,6 +311,13 @@ def single_run_within_gap(a: ArmRuns, b: ArmRuns, diff: float, gap: tuple[float,
     the one for such modes, single-run A/A pairs of real smoke seeds are called better or worse at
     most 5 % of the time (tests/test_replicates.py prints the rates)."""
     return single_run(a, b) and gap is not None and abs(diff) <= gap[0]
+
+
+def far_beyond_gap(diff: float, luck: Luck, metric: str) -> bool:
+    """A difference more than GUARD_MULTIPLE times the widest gap between two reference seeds: not
+    something a seed of the other mode could make, so the guard for modes lets it through."""
+    gap = luck.seed_gap.get(metric)
+    return gap is not None and gap[0] > 0 and abs(diff) > GUARD_MULTIPLE * gap[0]
 
 
 def single_run(a: ArmRuns, b: ArmRuns) -> bool:
