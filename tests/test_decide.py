@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -27,13 +28,16 @@ def args(**kw) -> SimpleNamespace:
 
 
 @pytest.mark.unit
-def test_a_change_runs_matched_seeds_and_looks_from_the_first_pair_with_a_reference():
+def test_a_change_runs_matched_seeds_and_looks_once_the_changed_arm_has_two_seeds():
     plan = sequential.make_plan(args(sets=["model.residual=linear"]))
     assert not plan.same_arm and plan.a_seeds == plan.b_seeds == [0, 1, 2, 3, 4]
     assert plan.a_sets == ["preset=smoke"] and plan.b_sets == ["preset=smoke", "model.residual=linear"]
-    # The smoke preset has a committed seed-variance reference: the first look after one pair.
-    assert plan.looks.first_look == 1 and list(plan.looks.levels) == [1, 2, 3, 4, 5]
+    # The smoke reference was measured on the preset's own arm, not on B's: B needs 2 seeds of its own.
+    assert plan.looks.first_look == 2 and list(plan.looks.levels) == [2, 3, 4, 5]
     assert sum(1 - v for v in plan.looks.levels.values()) == pytest.approx(0.05)
+    # An A/A comparison is the reference's arm on both sides: the first look after one pair.
+    plan = sequential.make_plan(args(sets=["run.seed=1000"]))
+    assert plan.looks.first_look == 1 and list(plan.looks.levels) == [1, 2, 3, 4, 5]
 
 
 @pytest.mark.unit
@@ -196,3 +200,127 @@ def test_decide_on_the_smoke_preset_equivalent_for_a_seed_only_change_better_for
         [sys.executable, "-m", "dvc", "queue", "status"], cwd=root, env=env, capture_output=True, text=True
     )
     assert "Worker status: 0 active, 0 idle" in status.stdout, status.stdout
+
+
+# --------------------------------------------------------------------------- the whole decision on fake replicates
+
+
+FIXTURES = Path(__file__).parent / "data" / "replicates" / "smoke"  # 20 real smoke seeds (the reference's)
+
+
+def fake_runner(change=None, unstable=(), b_from: int = 10):
+    """run_replicates without DVC: A's seed s is the real smoke run of seed s % 20, B's (A/A: seeds
+    1000+) the run of seed b_from + s % 5; `change(table)` makes B another arm. `unstable`: seeds
+    of B whose stability check failed."""
+    from pipeline.stats.item_tables import TableMeta, read_items
+    from pipeline.stats.replicates import Result
+
+    def run_replicates(reps, jobs, label="decide"):
+        out = []
+        for rep in reps:
+            index = rep.seed % 20 if rep.arm == "A" or change is not None else b_from + rep.seed % 5
+            table, meta = read_items(FIXTURES / f"seed-{index}.parquet")
+            if rep.arm == "B" and change is not None:
+                table = change(table.copy())
+                meta = TableMeta(meta.preset, "0000c4a96e", "smoke changed", rep.seed, meta.data)
+            failed = ["step_time_degradation"] if rep.arm == "B" and rep.seed in unstable else []
+            out.append(Result(rep, table, meta, None, f"{rep.name}-commit", failed))
+        return out
+
+    return run_replicates
+
+
+def decide_args(tmp_path, **kw) -> SimpleNamespace:
+    base = dict(
+        preset="smoke",
+        baseline_sets=[],
+        sets=[],
+        first_seed=0,
+        max_seeds=5,
+        metric=None,
+        margin=None,
+        jobs=2,
+        resamples=1000,
+        seed=20261123,
+        show=3,
+        name=None,
+        keep_unstable=False,
+        decisions_dir=tmp_path,
+    )
+    out = SimpleNamespace(**{**base, **kw})
+    decide.fill_defaults(out)
+    return out
+
+
+def lower_cosine(table):
+    """A large real change: test cosine down by 0.36, as a tenth of smoke's learning rate did."""
+    table["cosine"] = table["cosine"] - 0.36
+    table["mse"] = table["mse"] * 1.5
+    return table
+
+
+@pytest.mark.unit
+def test_smoke_defaults_decide_on_cosine_and_a_large_change_is_worse_within_five_pairs(tmp_path, monkeypatch):
+    monkeypatch.setattr(sequential, "run_replicates", fake_runner(lower_cosine))
+    args = decide_args(tmp_path, sets=["train.lr=0.0001"])
+    assert args.metric == "cosine" and "group_top1 is at its floor" in args.metric_chosen
+    result = sequential.run(args)
+    assert result["outcome"] == "worse" and result["rounds"] <= 5, result["looks"]
+    # B is not the arm the smoke reference was measured on: no borrowed spread, a first look at 2 seeds.
+    assert result["method"]["first_look"] == 2 and result["looks"][0]["rounds"] == 2
+    assert result["change"] == ["train.lr=0.0001"] and not result["exploratory"]
+    text = decide.render(result)
+    assert "Decision on cosine: B is WORSE" in text and "smoke preset's default" in text
+
+
+@pytest.mark.unit
+def test_a_null_change_can_reach_equivalent_with_the_smoke_defaults(tmp_path, monkeypatch):
+    """A/A on real smoke seeds: B on seeds 10-14 (with seed 11, the low mode at 0.400) and 15-19.
+    Never better or worse; "equivalent" within the 5 pairs where no seed fell in the other mode."""
+    outcomes = []
+    for b_from in (10, 15):
+        monkeypatch.setattr(sequential, "run_replicates", fake_runner(b_from=b_from))
+        result = sequential.run(decide_args(tmp_path, sets=["run.seed=1000"]))
+        assert result["same_arm"] and result["method"]["first_look"] == 1
+        assert result["margin"] >= 2.5 * 0.020952 and "run SDs" in result["margin_why"]
+        outcomes.append(result["outcome"])
+    assert outcomes == ["inconclusive", "equivalent"], outcomes
+
+
+@pytest.mark.unit
+def test_another_metric_on_the_same_runs_is_an_exploratory_second_look_and_pages_never_overwrite(tmp_path, monkeypatch):
+    monkeypatch.setattr(sequential, "run_replicates", fake_runner(lower_cosine))
+    first = sequential.run(decide_args(tmp_path, sets=["train.lr=0.0001"]))
+    decide.write(first, tmp_path)
+    again = sequential.run(decide_args(tmp_path, sets=["train.lr=0.0001"], metric="mse"))
+    assert again["exploratory"] and again["first_decision"]["metric"] == "cosine"
+    assert again["name"] != first["name"] and again["name"].startswith(first["name"])
+    assert decide.render(again).startswith("EXPLORATORY (second look)")
+    decide.write(again, tmp_path)
+    assert {p.name for p in tmp_path.glob("*.json")} == {f"{first['name']}.json", f"{again['name']}.json"}
+    # The same metric again is a re-read, not a second look; a name given that is taken is refused.
+    assert not sequential.run(decide_args(tmp_path, sets=["train.lr=0.0001"]))["exploratory"]
+    monkeypatch.setattr(decide, "DECISIONS_DIR", tmp_path)
+    with pytest.raises(SystemExit):
+        decide.main(["-S", "train.lr=0.0001", "--preset", "smoke", "--name", first["name"]])
+
+
+@pytest.mark.unit
+def test_replicates_that_failed_their_stability_check_are_named_and_left_out(tmp_path, monkeypatch):
+    monkeypatch.setattr(sequential, "run_replicates", fake_runner(lower_cosine, unstable={1}))
+    result = sequential.run(decide_args(tmp_path, sets=["train.lr=0.0001"]))
+    (left,) = result["left_out"]
+    assert left["seed"] == 1 and left["failed_checks"] == ["step_time_degradation"] and not left["kept"]
+    assert 1 not in result["b"]["seeds"] and 1 in result["a"]["seeds"]
+    assert "stability check failed (step_time_degradation)" in decide.render(result)
+    kept = sequential.run(decide_args(tmp_path, sets=["train.lr=0.0001"], keep_unstable=True))
+    assert kept["left_out"][0]["kept"] and 1 in kept["b"]["seeds"]
+
+
+@pytest.mark.unit
+def test_a_stability_file_names_its_failed_checks():
+    from pipeline.stats.replicates import failed_checks
+
+    raw = json.dumps({"grad_norm": {"pass": True}, "step_time_degradation": {"pass": False}, "verdict": "x"})
+    assert failed_checks(raw.encode()) == ["step_time_degradation"]
+    assert failed_checks(None) is None and failed_checks(b"not json") is None

@@ -49,7 +49,7 @@ def compare(
             f"shared (different test splits?): the comparison is over the {len(ids)} shared items only"
         )
     arm_a, arm_b = (
-        ArmRuns(x.label, [s.seed for s in x.sources], v, deterministic=x.predictor != "model")
+        ArmRuns(x.label, [s.seed for s in x.sources], v, deterministic=x.predictor != "model", arm=x.arm_digest)
         for x, v in ((a, values_a), (b, values_b))
     )
     refs = references_for(a, b) if references is None else references

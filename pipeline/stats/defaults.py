@@ -38,7 +38,7 @@ GENERIC_MARGINS: dict[str, float] = {
     "mrr": 0.01,
 }
 RATE_METRICS = ("top1", "top5", "group_top1", "group_top5", "mrr")  # in [0, 1], one value per item
-SEED_SD_MULTIPLE = 2.0  # margin >= this many run SDs (see the module doc; docs/decisions.md)
+SEED_SD_MULTIPLE = 2.5  # margin >= this many run SDs (see the module doc; docs/decisions.md)
 FLOOR_ITEMS = 3  # a rate within this many items of 0 or 1 is at its floor (or ceiling)
 PREFERRED = ("group_top1", "mrr", "cosine")  # the decided metric: the first not at its floor
 DEFAULT_METRIC = PREFERRED[0]
@@ -69,7 +69,7 @@ def _round_up(x: float) -> float:
     if x <= 0:
         return 0.0
     scale = 10 ** (math.floor(math.log10(x)) - 1)
-    return math.ceil(x / scale - 1e-9) * scale
+    return float(f"{math.ceil(x / scale - 1e-9) * scale:.2g}")
 
 
 def floors(ref, metric: str) -> dict[str, float]:

@@ -41,6 +41,7 @@ from pipeline.stats.item_tables import read_items
 from pipeline.stats.seed_variance import Reference, measure
 
 STEPS = "telemetry/train_steps.csv"
+STABILITY = "metrics/stability.json"  # the report stage's checks: "pass" per check
 POLL_S = 2.0
 WORKER_GRACE_S = 15.0  # a worker may take this long to start and pick a task
 MAX_RESTARTS = 3
@@ -69,6 +70,7 @@ class Result:
     meta: object  # item_tables.TableMeta, or None for a table without it
     steps: pd.DataFrame | None  # the training curve (telemetry/train_steps.csv), if it was kept
     rev: str  # the experiment's commit
+    failed_checks: list[str] | None = None  # stability checks that did not pass (None: no stability file)
 
     def source(self):
         """The item table as item_sources reads any other (for predictor_table and the rest)."""
@@ -158,7 +160,21 @@ def collect(root: Path, rep: Replicate, rev: str | None = None, baseline: str | 
     items, meta = read_items(raw)
     steps_raw = read_at_rev(root, rev, STEPS)
     steps = pd.read_csv(io.BytesIO(steps_raw)) if steps_raw else None
-    return Result(rep, items, meta, steps, rev)
+    return Result(rep, items, meta, steps, rev, failed_checks(read_at_rev(root, rev, STABILITY)))
+
+
+def failed_checks(raw: bytes | None) -> list[str] | None:
+    """The names of the stability checks whose "pass" is false in a metrics/stability.json (None
+    when there is no such file or it cannot be read: nothing is known)."""
+    import json
+
+    if raw is None:
+        return None
+    try:
+        checks = json.loads(raw)
+    except ValueError:
+        return None
+    return sorted(k for k, v in checks.items() if isinstance(v, dict) and v.get("pass") is False)
 
 
 class Queue:
