@@ -75,6 +75,8 @@ def _side_line(key: str, s: dict) -> str:
 
 def render(result: dict) -> str:
     a, b = result["a"], result["b"]
+    if result.get("identical"):
+        return "\n".join([_side_line("A", a), _side_line("B", b), "", f"identical: {result['message']}"])
     level = f"{result['level'] * 100:g} %"
     lines = [
         _side_line("A", a),

@@ -48,6 +48,18 @@ def compare(
             f"{a.label} holds {len(tables_a[0])} items and {b.label} {len(tables_b[0])}, of which {len(ids)} are "
             f"shared (different test splits?): the comparison is over the {len(ids)} shared items only"
         )
+    if a.predictor == b.predictor and identical(tables_a, tables_b):
+        return {
+            "a": describe(a, len(tables_a[0])),
+            "b": describe(b, len(tables_b[0])),
+            "identical": True,
+            "shared_items": len(ids),
+            "warnings": warnings_,
+            "message": (
+                f"A ({a.label}) and B ({b.label}) are identical: the same {len(tables_a)} item table(s), value for "
+                f"value on all {len(ids)} items. There is nothing to compare (the same run named twice?)."
+            ),
+        }
     arm_a, arm_b = (
         ArmRuns(x.label, [s.seed for s in x.sources], v, deterministic=x.predictor != "model", arm=x.arm_digest)
         for x, v in ((a, values_a), (b, values_b))
@@ -63,6 +75,7 @@ def compare(
     return {
         "a": describe(a, len(tables_a[0])),
         "b": describe(b, len(tables_b[0])),
+        "identical": False,
         "same_arm": same_arm,
         "shared_items": len(ids),
         "luck": {
@@ -79,6 +92,11 @@ def compare(
         "metrics": with_verdicts(decisions, a.label, b.label, luck.covers_seeds),
         "flipped": flipped(arm_a, arm_b, ids, tables_a[0], show),
     }
+
+
+def identical(tables_a: list, tables_b: list) -> bool:
+    """The same item tables on both sides, value for value (in the order given)."""
+    return len(tables_a) == len(tables_b) and all(x.equals(y) for x, y in zip(tables_a, tables_b))
 
 
 def with_verdicts(decisions: dict, name_a: str, name_b: str, covered: bool) -> dict:

@@ -123,22 +123,21 @@ def spread_shared(x: ArmRuns, ref, metric: str) -> tuple[bool, str]:
         return True, ""
     theirs = f"the {ref.preset} reference's arm ({ref.arm.get('name')} [{digest}])"
     if x.runs >= MIN_SHARE_RUNS and metric in x.values and metric in ref.metrics:
-        own = components(x.values[metric])
-        their = ref.metrics[metric].run_var_at(own.items)
-        if own.run_var > 0 and their > 0:
-            f = own.run_var / their
-            p = float(
-                min(
-                    1.0,
-                    2 * min(sps.f.cdf(f, own.df, ref.metrics[metric].df), sps.f.sf(f, own.df, ref.metrics[metric].df)),
-                )
-            )
-            if p >= SHARE_ALPHA:
-                return True, ""
+        own, theirs_var = components(x.values[metric]), ref.metrics[metric]
+        their = theirs_var.run_var_at(own.items)
+        if own.run_var <= 0 or their <= 0:
             return False, (
-                f"{x.label} is another arm than {theirs}, and its {x.runs} runs' spread on {metric} differs from the "
-                f"reference's (run SD {own.run_sd:.3g} vs {math.sqrt(their):.3g}, F test p {p:.3f}): its own runs only"
+                f"{x.label} is another arm than {theirs}, and the spread of its {x.runs} runs on {metric} cannot be "
+                "tested against the reference's (one of them is 0): its own runs only"
             )
+        f = own.run_var / their
+        p = min(1.0, 2 * float(min(sps.f.cdf(f, own.df, theirs_var.df), sps.f.sf(f, own.df, theirs_var.df))))
+        if p >= SHARE_ALPHA:
+            return True, ""
+        return False, (
+            f"{x.label} is another arm than {theirs}, and its {x.runs} runs' spread on {metric} differs from the "
+            f"reference's (run SD {own.run_sd:.3g} vs {math.sqrt(their):.3g}, F test p {p:.3f}): its own runs only"
+        )
     return False, (
         f"{x.label} is another arm than {theirs}: it borrows no seed spread and needs replicates of its own, at "
         f"least 2 runs ({MIN_SHARE_RUNS} to test whether it shares the reference's spread); it has {x.runs}"
@@ -146,22 +145,32 @@ def spread_shared(x: ArmRuns, ref, metric: str) -> tuple[bool, str]:
 
 
 def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
-    """The seed luck each metric's comparison of the arms uses: their own replicates and the
-    references that cover every trained arm (spread_shared), pooled over the items the arms share
-    (one seed spread for all: the arms' replicates are pooled, never mixed across arms). An arm of
-    one run that no reference covers leaves the metric's seed luck uncovered: another arm's spread
-    is not its own."""
+    """The seed luck each metric's comparison of the arms uses. The arms a reference covers
+    (spread_shared: its own arm, or one whose runs pass the test) share one spread: their own
+    replicates pooled with those references, over the items the arms share. An arm no reference
+    covers has only its own replicates (2 runs or more; with one the metric's seed luck is not
+    covered: another arm's spread is not its own). Where the two differ, the difference's seed
+    variance is the sum of each group's share, with Welch-Satterthwaite degrees of freedom
+    (combine)."""
     trained = [x for x in arms if not x.deterministic]
     if not trained:
         return Luck(needs_seeds=False)
     gaps, irregular, notes, seed, used = {}, {}, [], {}, []
     for m in METRICS:
-        applicable = []
-        for ref in references:
-            verdicts = [spread_shared(x, ref, m) for x in trained]
-            if all(ok for ok, _ in verdicts):
-                applicable.append(ref)
-            notes += [why for ok, why in verdicts if not ok and why not in notes]
+        groups: dict[tuple, list[ArmRuns]] = {}
+        covering: dict[tuple, list] = {}
+        for k, x in enumerate(trained):
+            refs = []
+            for ref in references:
+                ok, why = spread_shared(x, ref, m)
+                if ok:
+                    refs.append(ref)
+                elif why not in notes:
+                    notes.append(why)
+            key = tuple(id(r) for r in refs) if refs else ("own", k)
+            groups.setdefault(key, []).append(x)
+            covering[key] = refs
+        applicable = [r for refs in covering.values() for r in refs]
         means = [v for ref in applicable for v in ref.per_seed.get(m, [])]
         if len(means) >= 2:
             gaps[m] = (max(means) - min(means), min(means), max(means))
@@ -173,17 +182,36 @@ def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
                     f"the {ref.preset} preset's seeds are not bell-shaped on {m}: {listed} of "
                     f"{len(ref.seeds)} seeds in its reference"
                 )
-        if not all(x.runs >= 2 or applicable for x in trained):
-            continue  # an arm of one run and nothing that may speak for its spread
         items = next((x.values[m].shape[1] for x in arms if m in x.values), 0)
-        own = [components(x.values[m]) for x in trained if x.runs >= 2 and m in x.values]
-        pooled = pool([*own, *(ref.metrics.get(m) for ref in applicable)], items)
-        if pooled is not None:
-            seed[m] = pooled
-            used += [ref for ref in applicable if ref not in used]
+        parts = []
+        for key, members in groups.items():
+            own = [components(x.values[m]) for x in members if x.runs >= 2 and m in x.values]
+            pooled = pool([*own, *(ref.metrics.get(m) for ref in covering[key])], items)
+            if pooled is None or (not covering[key] and any(x.runs < 2 for x in members)):
+                parts = None  # an arm of one run and nothing that may speak for its spread
+                break
+            parts.append((pooled, sum(1.0 / x.runs for x in members)))
+            used += [ref for ref in covering[key] if ref not in used and ref.metrics.get(m) is not None]
+        if parts:
+            seed[m] = combine(parts, items)
     sources = [f"{x.runs} runs of {x.label}" for x in trained if x.runs >= 2]
     sources += [ref.describe() for ref in used]
     return Luck(seed, sources if seed else [], seed_gap=gaps, irregular=irregular, notes=notes)
+
+
+def combine(parts: Sequence[tuple[SeedVar, float]], items: int) -> SeedVar:
+    """One SeedVar for a difference whose arms' seed spreads come from separate estimates: parts
+    are (estimate, sum of 1 / runs of the arms it speaks for). Its run_var times the arms' total
+    weight is the difference's seed variance; its degrees of freedom are Welch-Satterthwaite's.
+    One part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0][0]
+    shares = [(v.run_var_at(items) * w, v.df) for v, w in parts]
+    total = sum(s for s, _ in shares)
+    weight = sum(w for _, w in parts)
+    denom = sum(s * s / df for s, df in shares)
+    df = max(1, int(total * total / denom)) if denom > 0 else min(v.df for v, _ in parts)
+    return SeedVar(total / weight, df, sum(v.interaction * w for v, w in parts) / weight, items)
 
 
 @dataclass
