@@ -302,7 +302,9 @@ def test_another_arm_borrows_the_reference_only_when_its_own_runs_share_the_spre
     # Runs that spread ten times wider: an F test tells them apart; their own runs only.
     wide = _with_arm(arm("B", runs(rng, 3, items, sd_run=0.04)), "other")
     luck = luck_for(a, wide, references=[ref])
-    assert luck.covers_seeds and luck.seed["cosine"].df == 4 and any("F test p" in n for n in luck.notes)
+    assert luck.covers_seeds and any("F test p" in n for n in luck.notes)
+    # A keeps the reference (its arm); B has its own 2 degrees of freedom: Welch's, well under 13.
+    assert luck.seed["cosine"].df < 4 + 9 and luck.seed["cosine"].run_var > 10 * ref.metrics["cosine"].run_var
 
 
 def test_the_modes_guard_lets_through_a_difference_far_beyond_the_widest_seed_gap():

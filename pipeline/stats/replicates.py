@@ -5,9 +5,10 @@ one arm differ only in the seed). `./dev seeds` (tools/seeds.py) queues the seed
 measure its seed variance; `./dev decide` (tools/decide.py) queues seed pairs of two arms. Both go
 through this module:
 
-- `plan` names each replicate `rep-<arm digest>-s<seed>`: a name says which arm and seed it
-  is, so an experiment of that name already made from this commit (an earlier `./dev decide`, a
-  run that was stopped) is read back instead of trained again;
+- `plan` names each replicate `rep-<arm digest>-s<seed>` (the arm's id as its tables and MLflow
+  tags carry it, arm_id): a name says which arm and seed it is, so an experiment of that name
+  already made from this commit (an earlier `./dev decide`, a run that was stopped) is read back
+  instead of trained again;
 - `Queue` queues them (`dvc exp run --queue -n NAME -S ...`), starts the workers (`dvc queue start
   -j N`: each in its own copy of the project under .dvc/tmp/exps, logging to the project's MLflow
   store), waits, and stops what it started on every exit path (Ctrl-C included: the experiments
@@ -88,8 +89,22 @@ def config_digest(overrides: Sequence[str]) -> str:
     return arm_digest(flatten(load_config(list(overrides))), data="")
 
 
+def arm_id(overrides: Sequence[str]) -> str:
+    """The hex id that names the arm of a config composed with `overrides` in experiment names:
+    the arm digest its runs' item tables and MLflow tags will carry (pipeline/core/arm.py), taken
+    on the data of the preset's committed seed-variance reference (the data a preset's runs are
+    scored on; a fresh clone has no shards to read it from before the first embed). For a preset
+    without a reference, the digest with the data left out: it cannot know the data yet."""
+    from pipeline.core.config import flatten, load_config
+    from pipeline.stats.seed_variance import load_references
+
+    flat = flatten(load_config(list(overrides)))
+    ref = next((r for r in load_references() if r.preset == flat.get("run.preset")), None)
+    return arm_digest(flat, data=ref.data if ref is not None else "")
+
+
 def plan(prefix: str, arm: str, overrides: Sequence[str], seeds: Iterable[int]) -> list[Replicate]:
-    digest = config_digest(overrides)[:8]
+    digest = arm_id(overrides)
     return [Replicate(f"{prefix}-{digest}-s{s}", arm, int(s), tuple(overrides)) for s in seeds]
 
 

@@ -243,6 +243,8 @@ def run(args) -> dict:
         )
         keep = bool(getattr(args, "keep_unstable", False))
         for rep, res in zip(reps, run_replicates(reps, args.jobs, label="decide")):
+            if res.meta is not None and res.meta.arm_digest not in rep.name:
+                say(f"warning: {rep.name} carries the arm id {res.meta.arm_digest} (its data is not the reference's)")
             bad = unstable(res, keep)
             if bad is not None:
                 state.left_out.append(bad)
