@@ -215,7 +215,7 @@ def fake_runner(change=None, unstable=(), b_from: int = 10):
     from pipeline.stats.item_tables import TableMeta, read_items
     from pipeline.stats.replicates import Result
 
-    def run_replicates(reps, jobs, label="decide"):
+    def run_replicates(reps, jobs, root=None, label="decide"):
         out = []
         for rep in reps:
             index = rep.seed % 20 if rep.arm == "A" or change is not None else b_from + rep.seed % 5
@@ -324,3 +324,60 @@ def test_a_stability_file_names_its_failed_checks():
     raw = json.dumps({"grad_norm": {"pass": True}, "step_time_degradation": {"pass": False}, "verdict": "x"})
     assert failed_checks(raw.encode()) == ["step_time_degradation"]
     assert failed_checks(None) is None and failed_checks(b"not json") is None
+
+
+# --------------------------------------------------------------------------- --baseline REV
+
+
+def tiny_repo(tmp_path) -> Path:
+    """A git repository of two commits: `v1` then `v2` of model.txt."""
+    root = tmp_path / "repo"
+    root.mkdir()
+
+    def git(*a):
+        subprocess.run(["git", *a], cwd=root, check=True, capture_output=True)
+
+    git("init", "-q")
+    for v in ("v1", "v2"):
+        (root / "model.txt").write_text(v)
+        git("add", "model.txt")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", v)
+    return root
+
+
+@pytest.mark.unit
+def test_a_baseline_worktree_holds_the_revisions_code_and_is_reused(tmp_path):
+    from pipeline.stats import baseline_rev
+
+    root = tiny_repo(tmp_path)
+    path, sha = baseline_rev.worktree(root, "HEAD~1")
+    assert (path / "model.txt").read_text() == "v1" and (root / "model.txt").read_text() == "v2"
+    assert path.is_relative_to(root / ".dvc" / "tmp" / "baselines")
+    assert baseline_rev.worktree(root, sha) == (path, sha)  # made once per commit
+    with pytest.raises(PipelineError, match="not a git revision"):
+        baseline_rev.worktree(root, "no-such-branch")
+
+
+@pytest.mark.unit
+def test_baseline_rev_trains_a_in_the_worktree_and_b_in_the_workspace(tmp_path, monkeypatch):
+    from pipeline.stats import baseline_rev
+
+    roots = {}
+    runner = fake_runner(lower_cosine)
+
+    def recording(reps, jobs, root=sequential.REPO_ROOT, label="decide"):
+        for rep in reps:
+            roots[rep.name] = root
+        return runner(reps, jobs, label=label)
+
+    worktree = tmp_path / "wt"
+    monkeypatch.setattr(sequential, "run_replicates", recording)
+    monkeypatch.setattr(baseline_rev, "resolve", lambda root, rev: "ab" * 20)
+    monkeypatch.setattr(baseline_rev, "worktree", lambda root, rev: (worktree, "ab" * 20))
+    result = sequential.run(decide_args(tmp_path, sets=[], baseline_rev="main"))
+    assert result["baseline_commit"] == "ab" * 20 and not result["same_arm"] and result["outcome"] == "worse"
+    assert result["method"]["first_look"] == 2  # B's code is not the reference's: its own seeds first
+    assert all(roots[n] == worktree for n in result["a"]["experiments"])
+    assert all(n.startswith("base-abababab-") for n in result["a"]["experiments"])
+    assert all(roots[n] == sequential.REPO_ROOT for n in result["b"]["experiments"])
+    assert result["name"].endswith("-vs-abababab")

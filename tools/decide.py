@@ -2,11 +2,13 @@
 
     ./dev decide -S train.lr=1e-3 [-S KEY=VALUE ...] [--preset default] [--baseline-set KEY=VALUE ...]
                  [--metric METRIC] [--margin VALUE] [--max-seeds 5] [--first-seed 0] [-j 2]
-                 [--name NAME] [--keep-unstable] [--resamples N] [--seed S] [--json]
+                 [--name NAME] [--keep-unstable] [--baseline REV] [--resamples N] [--seed S] [--json]
 
 A is the preset as conf/ composes it (with --baseline-set overrides, if any); B is A with the -S
-changes. Each round queues one seed of each arm through DVC's experiment queue (`dvc exp run
---queue`, `dvc queue start -j N`; pipeline/stats/replicates.py), the same seed for both
+changes. With --baseline REV, A is trained from the code of git revision REV (a git worktree of it:
+pipeline/stats/baseline_rev.py) and B from the workspace. Each round queues one seed of each arm
+through DVC's experiment queue (`dvc exp run --queue`, `dvc queue start -j N`;
+pipeline/stats/replicates.py), the same seed for both
 (`run.seed` = first seed + round), waits for them, and looks at the difference in --metric with an
 interval that covers the test items and the training seeds (pipeline/stats/decision.py). It stops
 at the first clear answer:
@@ -126,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--preset", default="default", help="the preset both arms start from (default: default)")
     add_overrides(ap, "--baseline-set", dest="baseline_sets", help="an override of A (and so of B); repeatable")
     ap.add_argument(
+        "--baseline",
+        dest="baseline_rev",
+        metavar="REV",
+        help="train A from the code of git revision REV (a git worktree of it, its own DVC queue) and B from the "
+        "workspace: did my code change help? -S is then optional",
+    )
+    ap.add_argument(
         "--metric",
         choices=METRICS,
         help="the metric that decides (default: the preset's, pipeline/stats/defaults.py: group_top1 on default, "
@@ -179,8 +188,8 @@ def fill_defaults(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    if not args.sets:
-        ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3)")
+    if not args.sets and not args.baseline_rev:
+        ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3), or --baseline REV")
     if args.max_seeds < 1 or args.jobs < 1 or (args.resamples is not None and args.resamples < MIN_RESAMPLES):
         ap.error(f"--max-seeds and -j must be >= 1, --resamples >= {MIN_RESAMPLES}")
     if args.margin is not None and args.margin < 0:

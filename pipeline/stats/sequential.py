@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pipeline.core.arm import SEED_KEY
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
-from pipeline.stats import decision_log
+from pipeline.stats import baseline_rev, decision_log
 from pipeline.stats.compare import flipped, with_verdicts
 from pipeline.stats.decision import CONFIDENCE, ArmRuns, SequentialPlan, compare_arms, look
 from pipeline.stats.item_sources import predictor_table, shared_values
@@ -40,6 +40,8 @@ class Plan:
     b_seeds: list[int]
     same_arm: bool
     looks: SequentialPlan
+    baseline: str | None = None  # --baseline REV: the commit A is trained from (B: the workspace)
+    a_prefix: str = "rep"  # A's experiment names: rep-<arm>-s<seed>, or base-<commit>-<arm>-s<seed>
 
 
 @dataclass
@@ -47,6 +49,7 @@ class State:
     results: dict[str, list] = field(default_factory=lambda: {"A": [], "B": []})
     looks: list[Look] = field(default_factory=list)
     left_out: list[dict] = field(default_factory=list)  # replicates whose stability check failed
+    b_code_differs: bool = False  # --baseline: B's code is not the code any reference was measured with
 
 
 def split_seed(sets: list[str]) -> tuple[list[str], int | None]:
@@ -68,7 +71,9 @@ def make_plan(args) -> Plan:
     base = [f"preset={args.preset}", *args.baseline_sets]
     change, b_first = split_seed(args.sets)
     a_sets, b_sets = base, [*base, *change]
-    same = config_digest(a_sets) == config_digest(b_sets)
+    rev = getattr(args, "baseline_rev", None)
+    commit = baseline_rev.resolve(REPO_ROOT, rev) if rev else None
+    same = config_digest(a_sets) == config_digest(b_sets) and commit is None  # another commit: other code
     if b_first is None:
         b_first = args.first_seed + (AA_SEED_OFFSET if same else 0)
     n = args.max_seeds
@@ -76,7 +81,7 @@ def make_plan(args) -> Plan:
     # (checked on the data at round 1), else round 2: an arm the reference was not measured on needs
     # 2 runs of its own for its seed spread. The alpha is planned over the looks from the earliest.
     refs = [r for r in load_references() if r.preset == args.preset]
-    first = 1 if refs and all(reference_arm(sets, refs) for sets in (a_sets, b_sets)) else 2
+    first = 1 if refs and commit is None and all(reference_arm(sets, refs) for sets in (a_sets, b_sets)) else 2
     if n < first:
         why = (
             f"B ({' '.join(change)}) is another arm than the one the {args.preset} preset's seed-variance reference "
@@ -94,6 +99,8 @@ def make_plan(args) -> Plan:
         list(range(b_first, b_first + n)),
         same,
         SequentialPlan(n, first),
+        commit,
+        f"base-{commit[:8]}" if commit else "rep",
     )
 
 
@@ -114,6 +121,8 @@ def arms_so_far(state: State) -> tuple[ArmRuns, ArmRuns, list[str], list]:
         ArmRuns(k, [r.replicate.seed for r in state.results[k]], v, arm=arm_of_results(state.results[k]))
         for k, v in zip(tables, values)
     )
+    if state.b_code_differs and b.arm is not None:
+        b.arm = f"{b.arm}@workspace"  # the same config on other code: no reference speaks for it
     return a, b, ids, tables["A"][0]
 
 
@@ -174,6 +183,15 @@ def progress_line(lk: Look, metric: str) -> str:
     )
 
 
+def train_round(reps: list, a_root, jobs: int) -> list:
+    """A round's replicates: through one queue, or (--baseline) A's in the worktree of its commit
+    and B's in the project, each through its own queue."""
+    if a_root == REPO_ROOT:
+        return run_replicates(reps, jobs, label="decide")
+    a_reps, b_reps = [r for r in reps if r.arm == "A"], [r for r in reps if r.arm == "B"]
+    return [*run_replicates(a_reps, jobs, root=a_root, label="decide"), *run_replicates(b_reps, jobs, label="decide")]
+
+
 def unstable(result, keep: bool) -> dict | None:
     """A replicate whose stability check failed, as the result lists it (None when it passed, or
     has no check)."""
@@ -194,7 +212,7 @@ def begin(args, plan: Plan) -> dict:
     run, and whether it is a second look at runs an earlier decision judged on another metric."""
     directory = getattr(args, "decisions_dir", None) or decision_log.DECISIONS_DIR
     commit = head(REPO_ROOT)
-    a_exps = [r.name for r in plan_replicates("rep", "A", plan.a_sets, plan.a_seeds)]
+    a_exps = [r.name for r in plan_replicates(plan.a_prefix, "A", plan.a_sets, plan.a_seeds)]
     b_exps = [r.name for r in plan_replicates("rep", "B", plan.b_sets, plan.b_seeds)]
     first = decision_log.first_look(directory, commit, a_exps, b_exps)
     name = args.name or decision_log.unique_name(directory, default_name(plan))
@@ -218,6 +236,8 @@ def run(args) -> dict:
     plan = make_plan(args)
     arm_a = plan.a_sets[0].split("=", 1)[1] + "".join(f" {s}" for s in plan.a_sets[1:])
     arm_b = " ".join(plan.b_sets[1:]) or "(no change)"
+    if plan.baseline is not None:
+        arm_a, arm_b = f"{arm_a} at commit {plan.baseline[:12]}", f"{arm_b} in the workspace"
     start = begin(args, plan)
     say(
         f"A: {arm_a} | B: {arm_b} "
@@ -230,11 +250,15 @@ def run(args) -> dict:
     )
     for note in getattr(args, "notes", []):
         say(note)
-    state = State()
+    state = State(b_code_differs=plan.baseline is not None)
     outcome = None
+    a_root = REPO_ROOT
+    if plan.baseline is not None:
+        a_root, _ = baseline_rev.worktree(REPO_ROOT, plan.baseline)
+        say(f"A is trained from commit {plan.baseline[:12]} (git worktree {a_root}); B from the workspace")
     for k in range(args.max_seeds):
         reps = [
-            *plan_replicates("rep", "A", plan.a_sets, [plan.a_seeds[k]]),
+            *plan_replicates(plan.a_prefix, "A", plan.a_sets, [plan.a_seeds[k]]),
             *plan_replicates("rep", "B", plan.b_sets, [plan.b_seeds[k]]),
         ]
         say(
@@ -242,7 +266,7 @@ def run(args) -> dict:
             f"B seed {plan.b_seeds[k]} ({reps[1].name})"
         )
         keep = bool(getattr(args, "keep_unstable", False))
-        for rep, res in zip(reps, run_replicates(reps, args.jobs, label="decide")):
+        for rep, res in zip(reps, train_round(reps, a_root, args.jobs)):
             if res.meta is not None and res.meta.arm_digest not in rep.name:
                 say(f"warning: {rep.name} carries the arm id {res.meta.arm_digest} (its data is not the reference's)")
             bad = unstable(res, keep)
@@ -286,6 +310,7 @@ def run(args) -> dict:
         "first_decision": start["first_decision"],
         "commit": start["commit"],
         "change": [s for s in plan.b_sets if s not in plan.a_sets],
+        "baseline_commit": plan.baseline,
         "outcome": outcome or "inconclusive",
         "outcome_at_last_look": (last.decision["outcome"] if last else "inconclusive"),
         "rounds": len(state.results["A"]),
@@ -343,7 +368,8 @@ def curves(state: State) -> dict:
 def default_name(plan: Plan) -> str:
     change = "-".join(s.split(".")[-1] for s in plan.b_sets[len(plan.a_sets) :]) or "same"
     base = plan.a_sets[0].split("=", 1)[1]
-    return re.sub(f"[^{NAME_CHARS}]+", "_", f"{base}-{change}")[:80]
+    against = f"-vs-{plan.baseline[:8]}" if plan.baseline else ""
+    return re.sub(f"[^{NAME_CHARS}]+", "_", f"{base}-{change}{against}")[:80]
 
 
 def say(text: str) -> None:
