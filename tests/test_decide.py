@@ -181,20 +181,26 @@ def test_decide_on_the_smoke_preset_equivalent_for_a_seed_only_change_better_for
         assert "[decide] look after" in proc.stderr  # progress on the terminal
         return json.loads(proc.stdout)
 
-    # A seed-only change: B is the same arm on seeds 1000+. Smoke's test cosine moves by ~0.02
-    # from seed to seed (two modes: reference/seed_variance/smoke.json), so the margin is wide.
-    same = run("-S", "run.seed=1000", "--metric", "cosine", "--margin", "0.05", "--name", "aa")
-    assert same["same_arm"] and same["outcome"] == "equivalent" and same["rounds"] <= 5, same["looks"]
+    # A seed-only change with the smoke preset's defaults (cosine, its margin from the reference).
+    same = run("-S", "run.seed=1000", "--name", "aa")
+    assert same["same_arm"] and same["metric"] == "cosine" and same["rounds"] <= 5, same["looks"]
+    assert same["outcome"] in ("equivalent", "inconclusive"), same["looks"]
     assert same["b"]["seeds"][0] == 1000 and same["a"]["seeds"][0] == 0
-    # A real change: the linear path around the lattice, on the headline retrieval metric.
+    # A large real change with the defaults: a tenth of smoke's learning rate is worse within 5 pairs.
+    slow = run("-S", "train.lr=0.0003", "--name", "lr")
+    assert slow["outcome"] == "worse" and slow["rounds"] <= 5 and not slow["same_arm"], slow["looks"]
+    assert slow["decision"]["covers_seeds"] and slow["a"]["seeds"] == list(range(slow["rounds"]))
+    # The linear path around the lattice, on the headline retrieval metric.
     real = run("-S", "model.residual=linear", "--metric", "group_top1", "--name", "linear")
     assert real["outcome"] == "better" and real["rounds"] <= 5 and not real["same_arm"]
-    assert real["decision"]["covers_seeds"] and real["a"]["seeds"] == list(range(real["rounds"]))
-    for name in ("aa", "linear"):
+    for name in ("aa", "lr", "linear"):
         page = root / "reports" / "decisions" / f"{name}.html"
         assert page.is_file() and (root / "reports" / "decisions" / f"{name}.json").is_file()
-    # A/A reused the baseline arm's experiments of the first decision: none trained twice.
-    assert set(real["a"]["experiments"]) <= set(same["a"]["experiments"])
+    # The baseline arm's experiments of the first decision were read back: none trained twice.
+    assert set(real["a"]["experiments"]) <= set(same["a"]["experiments"]) | set(slow["a"]["experiments"])
+    # The same runs under another metric: an exploratory second look.
+    again = run("-S", "train.lr=0.0003", "--metric", "mse")
+    assert again["exploratory"] and again["first_decision"]["name"] == "lr" and again["name"] != "lr"
     # No queue worker outlives the command.
     status = subprocess.run(
         [sys.executable, "-m", "dvc", "queue", "status"], cwd=root, env=env, capture_output=True, text=True
@@ -381,3 +387,45 @@ def test_baseline_rev_trains_a_in_the_worktree_and_b_in_the_workspace(tmp_path, 
     assert all(n.startswith("base-abababab-") for n in result["a"]["experiments"])
     assert all(roots[n] == sequential.REPO_ROOT for n in result["b"]["experiments"])
     assert result["name"].endswith("-vs-abababab")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_decide_against_a_baseline_revision_trains_a_from_that_commit(tmp_path_factory):
+    """`--baseline main`-style: the scratch project commits a code change that does nothing to the
+    numbers (a comment) and decides it against the commit before: A is trained in a git worktree
+    of HEAD~1, B in the workspace, and the two are never called better or worse."""
+    from tools import reference as smoke_reference
+    from tools.fault_matrix import project_copy
+
+    root = project_copy(tmp_path_factory.mktemp("baseline"))
+    env = smoke_reference.reference_env()
+    target = root / "pipeline" / "model" / "__init__.py"
+    target.write_text(target.read_text() + "\n# a change that computes nothing new\n")
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "a comment"], cwd=root, check=True
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.decide",
+            "--preset",
+            "smoke",
+            "--baseline",
+            "HEAD~1",
+            "--max-seeds",
+            "2",
+            "--json",
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout)
+    assert result["baseline_commit"] and result["outcome"] in ("equivalent", "inconclusive")
+    assert all(n.startswith(f"base-{result['baseline_commit'][:8]}-") for n in result["a"]["experiments"])
+    assert (root / ".dvc" / "tmp" / "baselines" / result["baseline_commit"][:12] / ".git").exists()
