@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.stats.decision import CONFIDENCE, ArmRuns, compare_arms
+from pipeline.stats.defaults import preset_defaults
 from pipeline.stats.item_sources import CompareError, Side, predictor_table, shared_values
 from pipeline.stats.metrics import METRICS, format_interval, format_metric, round6
 from pipeline.stats.seed_variance import matching_references
@@ -65,6 +66,8 @@ def compare(
         for x, v in ((a, values_a), (b, values_b))
     )
     refs = references_for(a, b) if references is None else references
+    chosen = preset_defaults(a.preset) if a.preset is not None and a.preset == b.preset else None
+    margins = {**(chosen.margins if chosen is not None else {}), **(margins or {})}
     decisions, luck = compare_arms(arm_a, arm_b, refs, level, margins, METRICS, resamples=resamples, seed=seed)
     same_arm = a.predictor == b.predictor == "model" and a.arm_digest is not None and a.arm_digest == b.arm_digest
     if same_arm:
@@ -84,6 +87,11 @@ def compare(
             "sources": luck.sources,
             "references": [r.shown_path for r in refs],
         },
+        "margins_from": (
+            f"the {chosen.preset} preset's defaults ({chosen.reference})"
+            if chosen is not None and chosen.reference
+            else "the generic defaults (pipeline/stats/defaults.py)"
+        ),
         "level": level,
         "resamples": resamples,
         "seed": seed,
