@@ -302,6 +302,9 @@ def test_another_metric_on_the_same_runs_is_an_exploratory_second_look_and_pages
     assert again["exploratory"] and again["first_decision"]["metric"] == "cosine"
     assert again["name"] != first["name"] and again["name"].startswith(first["name"])
     assert decide.render(again).startswith("EXPLORATORY (second look)")
+    from pipeline.report.decision_page import render_page
+
+    assert "EXPLORATORY (second look)" in render_page(again) and "EXPLORATORY" not in render_page(first)
     decide.write(again, tmp_path)
     assert {p.name for p in tmp_path.glob("*.json")} == {f"{first['name']}.json", f"{again['name']}.json"}
     # The same metric again is a re-read, not a second look; a name given that is taken is refused.
