@@ -251,7 +251,7 @@ def run(args) -> dict:
     for note in getattr(args, "notes", []):
         say(note)
     state = State(b_code_differs=plan.baseline is not None)
-    outcome = None
+    outcome, rounds = None, 0
     a_root = REPO_ROOT
     if plan.baseline is not None:
         a_root, _ = baseline_rev.worktree(REPO_ROOT, plan.baseline)
@@ -266,6 +266,7 @@ def run(args) -> dict:
             f"B seed {plan.b_seeds[k]} ({reps[1].name})"
         )
         keep = bool(getattr(args, "keep_unstable", False))
+        rounds = k + 1
         for rep, res in zip(reps, train_round(reps, a_root, args.jobs)):
             if res.meta is not None and res.meta.arm_digest not in rep.name:
                 say(f"warning: {rep.name} carries the arm id {res.meta.arm_digest} (its data is not the reference's)")
@@ -313,7 +314,7 @@ def run(args) -> dict:
         "baseline_commit": plan.baseline,
         "outcome": outcome or "inconclusive",
         "outcome_at_last_look": (last.decision["outcome"] if last else "inconclusive"),
-        "rounds": len(state.results["A"]),
+        "rounds": rounds,  # seed pairs trained (a replicate left out still counts its round)
         "max_seeds": args.max_seeds,
         "same_arm": plan.same_arm,
         "a": arm_dict("A", plan.a_sets, state.results["A"]),
