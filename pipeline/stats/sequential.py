@@ -282,7 +282,10 @@ def run(args) -> dict:
             state.results[rep.arm].append(res)
         lk = look_after(state, plan, args, k + 1)
         if lk is None:
-            say(f"round {k + 1}: no look yet (the seed spread needs 2 seeds per arm without a matching reference)")
+            say(
+                f"round {k + 1}: no look yet (the seed spread needs 2 seeds of each arm that the preset's "
+                "reference was not measured on)"
+            )
             continue
         state.looks.append(lk)
         say(progress_line(lk, args.metric))
@@ -367,7 +370,8 @@ def curves(state: State) -> dict:
 
 
 def default_name(plan: Plan) -> str:
-    change = "-".join(s.split(".")[-1] for s in plan.b_sets[len(plan.a_sets) :]) or "same"
+    changed = [s.partition("=") for s in plan.b_sets[len(plan.a_sets) :]]
+    change = "-".join(f"{key.split('.')[-1]}={value}" for key, _, value in changed) or "same"
     base = plan.a_sets[0].split("=", 1)[1]
     against = f"-vs-{plan.baseline[:8]}" if plan.baseline else ""
     return re.sub(f"[^{NAME_CHARS}]+", "_", f"{base}-{change}{against}")[:80]
