@@ -156,6 +156,7 @@ def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
     if not trained:
         return Luck(needs_seeds=False)
     gaps, irregular, notes, seed, used = {}, {}, [], {}, []
+    speaks_for: dict[int, list[str]] = {}  # a reference's id -> the labels of the arms it covers
     for m in METRICS:
         groups: dict[tuple, list[ArmRuns]] = {}
         covering: dict[tuple, list] = {}
@@ -192,10 +193,17 @@ def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
                 break
             parts.append((pooled, sum(1.0 / x.runs for x in members)))
             used += [ref for ref in covering[key] if ref not in used and ref.metrics.get(m) is not None]
+            for ref in covering[key]:
+                speaks_for.setdefault(id(ref), [])
+                speaks_for[id(ref)] += [x.label for x in members if x.label not in speaks_for[id(ref)]]
         if parts:
             seed[m] = combine(parts, items)
     sources = [f"{x.runs} runs of {x.label}" for x in trained if x.runs >= 2]
-    sources += [ref.describe() for ref in used]
+    every = [x.label for x in trained]
+    sources += [
+        ref.describe() + ("" if speaks_for.get(id(ref)) == every else f", for {', '.join(speaks_for.get(id(ref), []))}")
+        for ref in used
+    ]
     return Luck(seed, sources if seed else [], seed_gap=gaps, irregular=irregular, notes=notes)
 
 
