@@ -4,14 +4,14 @@ Arm A is trained from the code of REV, arm B from the workspace. A runs in a git
 REV (`git worktree add --detach`, under .dvc/tmp/baselines/<commit>, which git ignores), with its
 own DVC experiment queue: DVC files an experiment under the commit it was made from, so A's
 experiments are REV's and B's the workspace commit's, and a later decision against the same REV
-reads A's back instead of training them again. The worktree uses the project's DVC cache
-(`dvc cache dir --local`), so the data and any stage output already made are not made again.
+reads A's back instead of training them again. The worktree keeps a DVC cache of its own: a
+stage output restored from the project's run cache would skip the train stage, whose MLflow run
+(runs/train.json, in the worktree's store) the evaluate stage needs; the data is in git.
 """
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
@@ -51,12 +51,4 @@ def worktree(root: Path, rev: str) -> tuple[Path, str]:
         path.parent.mkdir(parents=True, exist_ok=True)
         _git(root, "worktree", "prune")  # a worktree directory removed by hand leaves a stale entry
         _git(root, "worktree", "add", "--detach", str(path), sha)
-    cache = root / ".dvc" / "cache"
-    if (path / ".dvc").is_dir():
-        subprocess.run(
-            [sys.executable, "-m", "dvc", "cache", "dir", "--local", str(cache)],
-            cwd=path,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
     return path, sha
