@@ -44,6 +44,7 @@ from pipeline.stats.seed_variance import Reference, measure
 STEPS = "telemetry/train_steps.csv"
 STABILITY = "metrics/stability.json"  # the report stage's checks: "pass" per check
 POLL_S = 2.0
+REF_WAIT_S = 60.0  # how long a finished experiment's ref may take to appear (finished_rev)
 WORKER_GRACE_S = 15.0  # a worker may take this long to start and pick a task
 MAX_RESTARTS = 3
 DONE = ("Success", "Failed")
@@ -146,6 +147,18 @@ def experiment_rev(root: Path, name: str, baseline: str | None = None) -> str | 
         refs = exp_refs_by_names(repo.scm, {name}).get(name, [])
         ref = next((r for r in refs if r.baseline_sha == base), None)
         return repo.scm.get_ref(str(ref)) if ref is not None else None
+
+
+def finished_rev(root: Path, name: str, baseline: str, wait_s: float = REF_WAIT_S) -> str | None:
+    """The commit of a just-finished experiment: the queue can say "Success" a moment before the
+    experiment's ref is in the repository (seen with one experiment in the queue), so look again
+    for up to `wait_s` seconds. None if it never comes (collect then says so)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        rev = experiment_rev(root, name, baseline)
+        if rev is not None or time.monotonic() > deadline:
+            return rev
+        time.sleep(POLL_S)
 
 
 def read_at_rev(root: Path, rev: str, path: str) -> bytes | None:
@@ -339,7 +352,7 @@ def run_replicates(reps: Sequence[Replicate], jobs: int, root: Path = REPO_ROOT,
             queue.wait(todo, finished)
         bar.close()
         for rep in todo:
-            done[rep.name] = collect(root, rep, baseline=baseline)
+            done[rep.name] = collect(root, rep, finished_rev(root, rep.name, baseline), baseline=baseline)
     return [done[r.name] for r in reps]
 
 
