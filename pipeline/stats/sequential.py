@@ -241,7 +241,13 @@ def run(args) -> dict:
     start = begin(args, plan)
     say(
         f"A: {arm_a} | B: {arm_b} "
-        + ("(the same arm: an A/A comparison, B on other seeds)" if plan.same_arm else "(a change)")
+        + (
+            "(the same arm: an A/A comparison, B on other seeds)"
+            if plan.same_arm
+            else "(other code)"
+            if plan.baseline is not None and plan.a_sets == plan.b_sets
+            else "(a change)"
+        )
     )
     say(
         f"deciding on {args.metric} (margin +-{args.margin:g}), up to {args.max_seeds} seed pairs, first look after "
