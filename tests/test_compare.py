@@ -162,11 +162,21 @@ def test_single_runs_with_the_presets_reference_are_covered(tmp_path, capsys, re
     ref = seed_variance.measure("smoke", "d1", {"digest": "adigest", "name": "smoke a"}, list(range(8)), values, {})
     seed_variance.write_reference(ref, reference_dir / "smoke.json")
     a = write(tmp_path, "a", per[0], meta("a", 0))
-    gain = per[1].copy()
-    gain["cosine"] = gain["cosine"] + 0.05
-    b = write(tmp_path, "b", gain, meta("b", 0))
+
+    def gain(i: int):
+        out = per[i].copy()
+        out["cosine"] = out["cosine"] + 0.05
+        return out
+
+    # One run of another arm borrows nothing: the reference covers the arm it was measured on.
+    b = write(tmp_path, "b", gain(1), meta("b", 0))
     result, _ = run_json(capsys, a, b)
-    assert result["luck"]["covers_seeds"] and "reference" in result["luck"]["covers"]
+    assert not result["luck"]["covers_seeds"] and "needs replicates of its own" in result["luck"]["covers"]
+    assert result["metrics"]["cosine"]["outcome"] == "inconclusive"
+    # Three runs of it that spread as the reference's do (an F test): they share its spread.
+    b = ",".join(write(tmp_path, f"b{i}", gain(i), meta("b", i)) for i in (1, 3, 4))
+    result, _ = run_json(capsys, a, b)
+    assert result["luck"]["covers_seeds"] and "reference" in result["luck"]["covers"], result["luck"]
     assert result["luck"]["references"] == [str(reference_dir / "smoke.json")]
     assert result["metrics"]["cosine"]["outcome"] == "better"
     # Two seeds of one arm: luck, and said so.
@@ -180,11 +190,7 @@ def test_identical_tables_differ_in_nothing(tmp_path, capsys):
     a = write(tmp_path, "a", table(300, 0.5, seed=3))
     result, _ = run_json(capsys, a, a)
     assert result["a"]["label"] == f"{a} (A)" and result["b"]["label"] == f"{a} (B)"
-    for m in METRICS:
-        r = result["metrics"][m]
-        assert (r["difference"], r["ci_low"], r["ci_high"], r["p_value"]) == (0.0, 0.0, 0.0, 1.0), m
-        assert r["outcome"] == "inconclusive"  # one run a side: not covered, whatever the numbers
-    assert result["flipped"]["a_only"] == result["flipped"]["b_only"] == 0
+    assert result["identical"] and "300 items" in result["message"]
 
 
 def test_a_side_must_be_replicates_of_one_arm_each_seed_once(tmp_path, capsys):
@@ -217,7 +223,7 @@ def test_the_same_seed_gives_the_same_numbers_and_resamples_below_1000_are_refus
 
 def test_margins_decide_equivalence_and_are_checked(tmp_path, capsys):
     a = replicates(tmp_path, "a", 0.5, 0.5, seeds=range(6), n=2000)
-    b = replicates(tmp_path, "b", 0.5, 0.5, seeds=range(6), n=2000)
+    b = replicates(tmp_path, "b", 0.5, 0.501, seeds=range(6), n=2000)  # not identical tables: those stop early
     wide, _ = run_json(capsys, a, b, "--margin", "cosine=0.05")
     assert wide["metrics"]["cosine"]["margin"] == 0.05 and wide["metrics"]["cosine"]["outcome"] == "equivalent"
     for bad in ("cosine", "cosine=-1", "acc=0.1", "cosine=x"):
@@ -364,7 +370,12 @@ def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_exper
     # The tables say what they came from: the smoke preset's arms, seed 0; its reference covers them.
     assert result["a"]["preset"] == "smoke" and [r["seed"] for r in result["a"]["runs"]] == [0]
     assert result["a"]["arm"]["digest"] != result["b"]["arm"]["digest"]  # another lr: another arm
-    assert result["luck"]["covers_seeds"] and "smoke preset's seed-variance reference" in result["luck"]["covers"]
+    # The smoke reference was measured on smoke-a's arm only: smoke-b's single run borrows no spread.
+    assert (
+        not result["luck"]["covers_seeds"]
+        and "smoke-b is another arm than the smoke reference's arm (smoke [" in (result["luck"]["covers"])
+    )
+    assert "needs replicates of its own" in result["luck"]["covers"]
     assert result["shared_items"] == result["a"]["items"] == result["b"]["items"] > 0
     assert set(result["metrics"]) == set(METRICS)
 
@@ -387,9 +398,12 @@ def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_exper
     same = json.loads(by_id.stdout)
     assert same["a"]["runs"][0]["kind"] == same["b"]["runs"][0]["kind"] == "mlflow-run"
     assert same["a"]["label"] == f"smoke-a (run {runs['smoke-a'].info.run_id[:8]})"
+
+    def relabel(text: str) -> str:
+        return text.replace("smoke-a", same["a"]["label"]).replace("smoke-b", same["b"]["label"])
+
     assert same["metrics"] == {
-        m: {**r, "verdict": r["verdict"].replace("smoke-a", same["a"]["label"]).replace("smoke-b", same["b"]["label"])}
-        for m, r in result["metrics"].items()
+        m: {**r, "verdict": relabel(r["verdict"]), "why": relabel(r["why"])} for m, r in result["metrics"].items()
     }  # the same tables, the same numbers
     assert same["flipped"] == result["flipped"]
 
@@ -413,3 +427,16 @@ def test_the_committed_default_run_is_comparable_from_git_on_a_fresh_clone():
     assert committed.kind == "git-revision" and len(committed.table) > 0
     meta = committed.meta
     assert meta is not None and meta.preset == "default" and meta.seed == 0 and meta.arm_name == "default"
+
+
+def test_identical_inputs_say_identical_and_stop(tmp_path, capsys):
+    # Two copies of one run's table (as `compare main workspace` on a fresh clone finds them).
+    df = table(200, 0.5, seed=4)
+    a, b = write(tmp_path, "a", df, meta("a", 0)), write(tmp_path, "b", df, meta("a", 0))
+    rc, text, err = run_main(capsys, a, b)
+    assert rc == 0 and "identical: A (" in text and "nothing to compare" in text
+    assert "inconclusive" not in text and "differing only in their seeds" not in err
+    result, _ = run_json(capsys, a, b)
+    assert result["identical"] and "metrics" not in result
+    other = write(tmp_path, "c", table(200, 0.5, seed=5), meta("a", 1))
+    assert not run_json(capsys, a, other)[0]["identical"]

@@ -265,3 +265,59 @@ def test_no_look_before_the_seed_spread_is_known():
     plan = SequentialPlan(4, 1)
     assert look(plan, 1, one, one, "cosine", **BOOTSTRAP) is None  # planned, but no reference and one run a side
     assert look(SequentialPlan(4, 2), 1, one, one, "cosine", **BOOTSTRAP) is None  # not planned
+
+
+# --------------------------------------------------------------------------- which arms a reference covers
+
+
+def _with_arm(x: ArmRuns, digest: str) -> ArmRuns:
+    return ArmRuns(x.label, x.seeds, x.values, x.deterministic, arm=digest)
+
+
+def test_a_reference_covers_its_own_arm_and_no_other_of_one_run():
+    rng = np.random.default_rng(5)
+    items = rng.normal(0, 0.05, (1, N_ITEMS))
+    ref = reference_of(runs(rng, 8, items))  # measured on arm "x"
+    a = _with_arm(arm("A", runs(rng, 1, items)), "x")
+    b = _with_arm(arm("B", runs(rng, 1, items, shift=0.05)), "other")
+    decisions, luck = compare_arms(a, b, [ref], **BOOTSTRAP)
+    assert not luck.covers_seeds and {d.outcome for d in decisions.values()} == {"inconclusive"}
+    assert "B is another arm than the sim reference's arm (sim [x])" in luck.describe()
+    assert (
+        "needs replicates of its own, at least 2 runs (3 to test" in luck.describe() and "it has 1" in luck.describe()
+    )
+    # The same arm on both sides (an A/A comparison of the reference's arm): covered.
+    _, same = compare_arms(a, _with_arm(b, "x"), [ref], **BOOTSTRAP)
+    assert same.covers_seeds and not same.notes
+
+
+def test_another_arm_borrows_the_reference_only_when_its_own_runs_share_the_spread():
+    rng = np.random.default_rng(6)
+    items = rng.normal(0, 0.05, (1, N_ITEMS))
+    ref = reference_of(runs(rng, 10, items, sd_run=0.004))
+    a = _with_arm(arm("A", runs(rng, 3, items)), "x")
+    alike = _with_arm(arm("B", runs(rng, 3, items, shift=0.01, sd_run=0.004)), "other")
+    luck = luck_for(a, alike, references=[ref])
+    assert luck.covers_seeds and any("reference" in s for s in luck.sources) and luck.seed["cosine"].df == 4 + 9
+    # Runs that spread ten times wider: an F test tells them apart; their own runs only.
+    wide = _with_arm(arm("B", runs(rng, 3, items, sd_run=0.04)), "other")
+    luck = luck_for(a, wide, references=[ref])
+    assert luck.covers_seeds and any("F test p" in n for n in luck.notes)
+    # A keeps the reference (its arm); B has its own 2 degrees of freedom: Welch's, well under 13.
+    assert luck.seed["cosine"].df < 4 + 9 and luck.seed["cosine"].run_var > 10 * ref.metrics["cosine"].run_var
+
+
+def test_the_modes_guard_lets_through_a_difference_far_beyond_the_widest_seed_gap():
+    rng = np.random.default_rng(7)
+    items = rng.normal(0, 0.05, (1, N_ITEMS))
+    seeds = runs(rng, 12, items)
+    seeds = {m: v.copy() for m, v in seeds.items()}
+    seeds["cosine"][0] -= 0.06  # one seed in another mode: the reference is not bell-shaped on cosine
+    ref = reference_of(seeds)
+    gap = max(ref.per_seed["cosine"]) - min(ref.per_seed["cosine"])
+    assert ref.outliers("cosine")
+    a = arm("A", runs(rng, 1, items))
+    for shift, outcome in ((2 * gap, "inconclusive"), (4 * gap, "better")):
+        b = arm("B", runs(rng, 1, items, shift=shift))
+        d = compare_arms(a, b, [ref], metrics=["cosine"], **BOOTSTRAP)[0]["cosine"]
+        assert d.outcome == outcome, (shift, d.why)

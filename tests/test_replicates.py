@@ -177,9 +177,10 @@ def test_default_aa_single_seed_pairs(capsys, share):
 
 def test_the_linear_path_is_found_better_than_the_prototype(capsys):
     """Power: the linear path against the prototype's model (smoke). From one seed a side, on the
-    retrieval metrics; not on cosine, where the prototype's seeds split into modes (one run could be
-    an unlucky one: the guard of decision.single_run); from 2 seeds a side on cosine too;
-    and by the sequential decision at its first look."""
+    retrieval metrics, and on cosine too: the prototype's seeds split into modes there (one run
+    could be an unlucky one: the guard of decision.single_run), but the gain (+0.35) is more than
+    GUARD_MULTIPLE times the widest gap between two reference seeds (0.087), which no unlucky seed
+    makes; from 2 seeds a side; and by the sequential decision at its first look."""
     _, none, _ = load_arm("smoke")
     seeds, linear, _ = load_arm("smoke-residual-linear")
     ref = reference_from(none, range(2, 20))
@@ -201,7 +202,7 @@ def test_the_linear_path_is_found_better_than_the_prototype(capsys):
             f"\nsmoke, residual none vs linear: called better from one seed a side {called} of {len(seeds)}, "
             f"from two seeds a side {pairs} of {len(seeds) // 2}"
         )
-    assert called["group_top1"] == called["mrr"] == len(seeds) and called["cosine"] == 0
+    assert called["group_top1"] == called["mrr"] == called["cosine"] == len(seeds), called
     assert all(c == len(seeds) // 2 for c in pairs.values()), pairs
     plan = SequentialPlan(5, 1)
     a, b = ArmRuns("none", [0], pick(none, [0])), ArmRuns("linear", [0], pick(linear, [0]))

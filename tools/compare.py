@@ -17,8 +17,9 @@ the probability that B beats A (the share of the interval's draws where it does)
 outcomes (pipeline/stats/decision.py):
 
 - better / worse: the interval excludes 0;
-- equivalent: the interval lies inside +-margin (defaults per metric: decision.MARGINS; set
-  with --margin cosine=0.005);
+- equivalent: the interval lies inside +-margin (defaults per metric: the sides' preset's, from
+  its seed-variance reference and test set, else generic: pipeline/stats/defaults.py; set with
+  --margin cosine=0.005);
 - inconclusive: neither; with about how many seeds per arm would settle it.
 
 The interval covers the test items (a paired bootstrap) and the training seeds: the seeds'
@@ -75,6 +76,8 @@ def _side_line(key: str, s: dict) -> str:
 
 def render(result: dict) -> str:
     a, b = result["a"], result["b"]
+    if result.get("identical"):
+        return "\n".join([_side_line("A", a), _side_line("B", b), "", f"identical: {result['message']}"])
     level = f"{result['level'] * 100:g} %"
     lines = [
         _side_line("A", a),
@@ -97,7 +100,8 @@ def render(result: dict) -> str:
     margins = ", ".join(f"{m} {r['margin']:g}" for m, r in result["metrics"].items())
     lines += [
         f"(P(B>A): the share of the interval's draws where B beats A; mse: lower is better. Equivalent: the "
-        f"interval inside +-margin: {margins})",
+        f"interval inside +-margin: {margins}; margins from {result.get('margins_from', 'the defaults')}, unless "
+        "--margin)",
         "",
     ]
     if not result["luck"]["covers_seeds"]:
@@ -230,9 +234,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="METRIC=VALUE",
-        help="the equivalence margin of a metric (repeatable; defaults: "
-        + ", ".join(f"{m} {v:g}" for m, v in MARGINS.items())
-        + ")",
+        help="the equivalence margin of a metric (repeatable; defaults: the sides' preset's, from its seed-variance "
+        "reference (pipeline/stats/defaults.py), else " + ", ".join(f"{m} {v:g}" for m, v in MARGINS.items()) + ")",
     )
     add_bootstrap_options(ap)
     ap.add_argument(

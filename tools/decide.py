@@ -1,18 +1,20 @@
 """Did a change help? Train seed pairs of the baseline and of the change until the answer is clear.
 
     ./dev decide -S train.lr=1e-3 [-S KEY=VALUE ...] [--preset default] [--baseline-set KEY=VALUE ...]
-                 [--metric group_top1] [--margin VALUE] [--max-seeds 5] [--first-seed 0] [-j 2]
-                 [--name NAME] [--resamples N] [--seed S] [--json]
+                 [--metric METRIC] [--margin VALUE] [--max-seeds 5] [--first-seed 0] [-j 2]
+                 [--name NAME] [--keep-unstable] [--baseline REV] [--resamples N] [--seed S] [--json]
 
 A is the preset as conf/ composes it (with --baseline-set overrides, if any); B is A with the -S
-changes. Each round queues one seed of each arm through DVC's experiment queue (`dvc exp run
---queue`, `dvc queue start -j N`; pipeline/stats/replicates.py), the same seed for both
+changes. With --baseline REV, A is trained from the code of git revision REV (a git worktree of it:
+pipeline/stats/baseline_rev.py) and B from the workspace. Each round queues one seed of each arm
+through DVC's experiment queue (`dvc exp run --queue`, `dvc queue start -j N`;
+pipeline/stats/replicates.py), the same seed for both
 (`run.seed` = first seed + round), waits for them, and looks at the difference in --metric with an
 interval that covers the test items and the training seeds (pipeline/stats/decision.py). It stops
 at the first clear answer:
 
 - better / worse: the interval excludes 0;
-- equivalent: the interval lies inside +-margin (default: the metric's, decision.MARGINS);
+- equivalent: the interval lies inside +-margin (default: the preset's, pipeline/stats/defaults.py);
 - inconclusive: --max-seeds rounds and neither (with an estimate of the seeds it would take).
 
 Looking after every round and stopping early must not make a false "better" likelier: each look's
@@ -42,25 +44,42 @@ import sys
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.paths import REPO_ROOT, REPORTS_DIR
-from pipeline.stats.decision import MARGINS
+from pipeline.core.paths import REPO_ROOT
+from pipeline.stats.decision_log import DECISIONS_DIR, name_taken
+from pipeline.stats.defaults import below_floor, preset_defaults
 from pipeline.stats.metrics import METRICS, format_interval, format_metric
 from pipeline.stats.sequential import NAME_CHARS, run, say
 from tools.options import MIN_RESAMPLES, add_bootstrap_options, add_overrides, fill_bootstrap_defaults
 
-DECISIONS_DIR = REPORTS_DIR / "decisions"
 DEFAULT_MAX_SEEDS = 5
 
 
 def render(result: dict) -> str:
     m = result["metric"]
     d = result["decision"]
+    second = result.get("first_decision") or {}
     lines = [
+        *(
+            [
+                f"EXPLORATORY (second look): these runs were decided on {second.get('metric')} first "
+                f"(decision {second.get('name')!r}); what follows under {m} is not a decision."
+            ]
+            if result.get("exploratory")
+            else []
+        ),
         f"Decision on {m}: B is {result['outcome'].upper()}"
         + ("" if result["outcome"] != "inconclusive" else " (no clear answer)")
         + f" after {result['rounds']} seed pair(s).",
         f"A = {_arm_text(result['a'])}; B = {_arm_text(result['b'])}.",
         f"{result['items']} shared test items; intervals cover: {result['covers']}.",
+        f"Decided metric {m} ({result.get('metric_chosen', 'given')}); margin +-{result['margin']:g} "
+        f"({result.get('margin_why', 'given')}).",
+        *(
+            f"Left out: {x['experiment']} (arm {x['arm']}, seed {x['seed']}): stability check failed "
+            f"({', '.join(x['failed_checks'])})" + (" (kept: --keep-unstable)" if x["kept"] else "")
+            for x in result.get("left_out", [])
+        ),
+        *(f"Note: {n}" for n in result.get("notes", [])),
         f"Looks: {len(result['looks'])}, each at its own level from a 5 % alpha-spending plan over "
         f"{len(result['method']['levels'])} planned looks; the last at {d['level'] * 100:.2f} %.",
         "",
@@ -109,9 +128,24 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--preset", default="default", help="the preset both arms start from (default: default)")
     add_overrides(ap, "--baseline-set", dest="baseline_sets", help="an override of A (and so of B); repeatable")
     ap.add_argument(
-        "--metric", default="group_top1", choices=METRICS, help="the metric that decides (default group_top1)"
+        "--baseline",
+        dest="baseline_rev",
+        metavar="REV",
+        help="train A from the code of git revision REV (a git worktree of it, its own DVC queue) and B from the "
+        "workspace: did my code change help? -S is then optional",
     )
-    ap.add_argument("--margin", type=float, help="the equivalence margin of the metric (default: decision.MARGINS)")
+    ap.add_argument(
+        "--metric",
+        choices=METRICS,
+        help="the metric that decides (default: the preset's, pipeline/stats/defaults.py: group_top1 on default, "
+        "cosine on smoke where group top-1 sits at its floor)",
+    )
+    ap.add_argument(
+        "--margin",
+        type=float,
+        help="the equivalence margin of the metric (default: the preset's, from its seed-variance reference and test "
+        "set: pipeline/stats/defaults.py)",
+    )
     ap.add_argument(
         "--max-seeds", type=int, default=DEFAULT_MAX_SEEDS, help=f"seed pairs at most (default {DEFAULT_MAX_SEEDS})"
     )
@@ -119,7 +153,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "-j", "--jobs", type=int, default=2, help="DVC queue workers (default 2: a round's two arms at once)"
     )
-    ap.add_argument("--name", help="the decision's name (its files in reports/decisions/; default from the change)")
+    ap.add_argument(
+        "--name",
+        help="the decision's name (its files in reports/decisions/; default from the change, made unique: a page "
+        "never overwrites another)",
+    )
+    ap.add_argument(
+        "--keep-unstable",
+        action="store_true",
+        help="use replicates whose stability check failed (default: named and left out)",
+    )
     add_bootstrap_options(ap)
     ap.add_argument("--show", type=int, default=10, help="flipped items listed each way (default 10)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -127,20 +170,37 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def fill_defaults(args) -> None:
+    """The preset's decided metric and margin (pipeline/stats/defaults.py) where not given, with
+    how they were chosen; a margin given below the preset's floors is kept and said to be below."""
+    from pipeline.stats.seed_variance import load_references
+
+    refs = load_references()
+    chosen = preset_defaults(args.preset, refs)
+    args.metric_chosen = "given" if args.metric else f"the {args.preset} preset's default: {chosen.metric_why}"
+    args.metric = args.metric or chosen.metric
+    args.margin_why = "given" if args.margin is not None else chosen.why[args.metric]
+    args.margin = chosen.margins[args.metric] if args.margin is None else args.margin
+    ref = next((r for r in refs if r.preset == args.preset), None)
+    low = below_floor(ref, args.metric, args.margin)
+    args.notes = [low] if low else []
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    if not args.sets:
-        ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3)")
+    if not args.sets and not args.baseline_rev:
+        ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3), or --baseline REV")
     if args.max_seeds < 1 or args.jobs < 1 or (args.resamples is not None and args.resamples < MIN_RESAMPLES):
         ap.error(f"--max-seeds and -j must be >= 1, --resamples >= {MIN_RESAMPLES}")
-    if args.margin is None:
-        args.margin = MARGINS[args.metric]
-    elif args.margin < 0:
+    if args.margin is not None and args.margin < 0:
         ap.error(f"--margin {args.margin}: expected a number >= 0")
     if args.name is not None and not re.fullmatch(f"[{NAME_CHARS}]+", args.name):
         ap.error(f"--name {args.name!r}: letters, digits, '-', '_', '.', '=' only (it names files)")
+    if args.name is not None and name_taken(DECISIONS_DIR, args.name):
+        ap.error(f"--name {args.name!r}: reports/decisions/ already holds a decision of that name; pick another")
     try:
+        fill_defaults(args)
         fill_bootstrap_defaults(args)
         result = run(args)
     except PipelineError as e:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.stats.decision import CONFIDENCE, ArmRuns, compare_arms
+from pipeline.stats.defaults import preset_defaults
 from pipeline.stats.item_sources import CompareError, Side, predictor_table, shared_values
 from pipeline.stats.metrics import METRICS, format_interval, format_metric, round6
 from pipeline.stats.seed_variance import matching_references
@@ -48,11 +49,25 @@ def compare(
             f"{a.label} holds {len(tables_a[0])} items and {b.label} {len(tables_b[0])}, of which {len(ids)} are "
             f"shared (different test splits?): the comparison is over the {len(ids)} shared items only"
         )
+    if a.predictor == b.predictor and identical(tables_a, tables_b):
+        return {
+            "a": describe(a, len(tables_a[0])),
+            "b": describe(b, len(tables_b[0])),
+            "identical": True,
+            "shared_items": len(ids),
+            "warnings": warnings_,
+            "message": (
+                f"A ({a.label}) and B ({b.label}) are identical: the same {len(tables_a)} item table(s), value for "
+                f"value on all {len(ids)} items. There is nothing to compare (the same run named twice?)."
+            ),
+        }
     arm_a, arm_b = (
-        ArmRuns(x.label, [s.seed for s in x.sources], v, deterministic=x.predictor != "model")
+        ArmRuns(x.label, [s.seed for s in x.sources], v, deterministic=x.predictor != "model", arm=x.arm_digest)
         for x, v in ((a, values_a), (b, values_b))
     )
     refs = references_for(a, b) if references is None else references
+    chosen = preset_defaults(a.preset) if a.preset is not None and a.preset == b.preset else None
+    margins = {**(chosen.margins if chosen is not None else {}), **(margins or {})}
     decisions, luck = compare_arms(arm_a, arm_b, refs, level, margins, METRICS, resamples=resamples, seed=seed)
     same_arm = a.predictor == b.predictor == "model" and a.arm_digest is not None and a.arm_digest == b.arm_digest
     if same_arm:
@@ -63,6 +78,7 @@ def compare(
     return {
         "a": describe(a, len(tables_a[0])),
         "b": describe(b, len(tables_b[0])),
+        "identical": False,
         "same_arm": same_arm,
         "shared_items": len(ids),
         "luck": {
@@ -71,6 +87,11 @@ def compare(
             "sources": luck.sources,
             "references": [r.shown_path for r in refs],
         },
+        "margins_from": (
+            f"the {chosen.preset} preset's defaults ({chosen.reference})"
+            if chosen is not None and chosen.reference
+            else "the generic defaults (pipeline/stats/defaults.py)"
+        ),
         "level": level,
         "resamples": resamples,
         "seed": seed,
@@ -79,6 +100,11 @@ def compare(
         "metrics": with_verdicts(decisions, a.label, b.label, luck.covers_seeds),
         "flipped": flipped(arm_a, arm_b, ids, tables_a[0], show),
     }
+
+
+def identical(tables_a: list, tables_b: list) -> bool:
+    """The same item tables on both sides, value for value (in the order given)."""
+    return len(tables_a) == len(tables_b) and all(x.equals(y) for x, y in zip(tables_a, tables_b))
 
 
 def with_verdicts(decisions: dict, name_a: str, name_b: str, covered: bool) -> dict:

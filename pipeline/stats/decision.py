@@ -26,12 +26,15 @@ items, or a baseline (identity, ridge, nearest: the same for every seed). For on
   * equivalent: the interval lies inside +-margin (a difference too small to matter; the
     margin is the user's, with a default per metric: MARGINS);
   * inconclusive: neither; with the seeds per arm that would likely settle it.
-  Where training luck is not covered (one run per arm and no matching reference), the outcome
+  Where training luck is not covered (an arm of one run that no reference covers: a reference
+  covers the arm it was measured on, and an arm whose own runs pass a test of sharing its
+  spread, spread_shared), the outcome
   is inconclusive whatever the interval: a difference inside the seed noise must never read as
   "better". Its interval is then the items' alone, and says so. One run a side is one draw of
   the seed's luck: it is not called better or worse for a gap within the widest gap between two
-  seeds of the reference, nor at all on a metric whose reference seeds split into modes
-  (single_run_within_gap; seed_variance.Reference.outliers).
+  seeds of the reference, nor on a metric whose reference seeds split into modes unless the
+  difference is more than GUARD_MULTIPLE times that gap (single_run_within_gap, far_beyond_gap;
+  seed_variance.Reference.outliers).
 - the probability of improvement: the share of the draws where B beats A.
 
 `alpha_spending` gives the per-look levels that keep a sequence of looks (`./dev decide`, a look
@@ -48,23 +51,21 @@ import numpy as np
 from scipy import stats as sps
 
 from pipeline.stats.bootstrap import p_value, resample_means
+from pipeline.stats.defaults import GENERIC_MARGINS
 from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS, round6
 from pipeline.stats.seed_variance import SeedVar, components, pool, with_seed_luck
 
 CONFIDENCE = 0.95
-# The default equivalence margin of each metric, in its own units: a difference smaller than this
-# is too small to act on. Retrieval rates: 1 percentage point of the test items; cosine and mse:
-# of the order of one seed's spread of the default preset (sd_run_means in
-# reference/seed_variance/default.json). Set per metric with --margin METRIC=VALUE.
-MARGINS: dict[str, float] = {
-    "cosine": 0.002,
-    "mse": 0.00002,
-    "top1": 0.01,
-    "top5": 0.01,
-    "group_top1": 0.01,
-    "group_top5": 0.01,
-    "mrr": 0.01,
-}
+# The generic equivalence margin of each metric, in its own units (pipeline/stats/defaults.py: a
+# preset with a reference gets its own, never below one test item or two run SDs). Set per metric
+# with --margin METRIC=VALUE.
+MARGINS: dict[str, float] = GENERIC_MARGINS
+# One run a side on a metric whose reference seeds split into modes is not called better or worse
+# (single_run_verdict) unless its difference is more than this many times the widest gap between
+# two reference seeds: no seed of the other mode could make that.
+GUARD_MULTIPLE = 3.0
+MIN_SHARE_RUNS = 3  # an arm other than the reference's shares its spread only after a test on this many runs
+SHARE_ALPHA = 0.05  # the test's level (spread_shared)
 MAX_SEEDS_ESTIMATE = 100  # "more than this many seeds" is said as "more seeds will not settle it"
 
 
@@ -76,6 +77,7 @@ class ArmRuns:
     seeds: list[int | None]
     values: dict[str, np.ndarray]  # metric -> (runs, items)
     deterministic: bool = False  # a baseline: no training, no seed luck
+    arm: str | None = None  # the arm's digest when known: a reference covers only its own arm (luck_for)
 
     @property
     def runs(self) -> int:
@@ -95,6 +97,8 @@ class Luck:
     # Per metric, why its seeds are not bell-shaped (a reference's outlier seeds), in words: one
     # run a side is then never called better or worse (single_run_verdict).
     irregular: dict[str, str] = field(default_factory=dict)
+    # Why a reference was not borrowed for an arm, and what that arm needs (replicates of its own).
+    notes: list[str] = field(default_factory=list)
 
     @property
     def covers_seeds(self) -> bool:
@@ -104,26 +108,74 @@ class Luck:
         if not self.needs_seeds:
             return "test items (neither side has training luck)"
         if not self.seed:
-            return "test items only: training (seed) luck NOT covered"
+            return "test items only: training (seed) luck NOT covered" + "".join(f"; {n}" for n in self.notes)
         df = next(iter(self.seed.values())).df
         return f"test items and training seeds (seed variance from {'; '.join(self.sources)}; {df} degrees of freedom)"
 
 
+def spread_shared(x: ArmRuns, ref, metric: str) -> tuple[bool, str]:
+    """Whether the arm `x` may borrow the reference's seed spread on `metric`, and why in words:
+    yes when it is the reference's arm (or its arm is not known: the caller vouches), or when
+    MIN_SHARE_RUNS runs or more of its own do not differ in spread from the reference's by a
+    two-sided F test at SHARE_ALPHA. Otherwise it needs replicates of its own."""
+    digest = ref.arm.get("digest")
+    if x.deterministic or x.arm is None or x.arm == digest:
+        return True, ""
+    theirs = f"the {ref.preset} reference's arm ({ref.arm.get('name')} [{digest}])"
+    if x.runs >= MIN_SHARE_RUNS and metric in x.values and metric in ref.metrics:
+        own, theirs_var = components(x.values[metric]), ref.metrics[metric]
+        their = theirs_var.run_var_at(own.items)
+        if own.run_var <= 0 or their <= 0:
+            return False, (
+                f"{x.label} is another arm than {theirs}, and the spread of its {x.runs} runs on {metric} cannot be "
+                "tested against the reference's (one of them is 0): its own runs only"
+            )
+        f = own.run_var / their
+        p = min(1.0, 2 * float(min(sps.f.cdf(f, own.df, theirs_var.df), sps.f.sf(f, own.df, theirs_var.df))))
+        if p >= SHARE_ALPHA:
+            return True, ""
+        return False, (
+            f"{x.label} is another arm than {theirs}, and its {x.runs} runs' spread on {metric} differs from the "
+            f"reference's (run SD {own.run_sd:.3g} vs {math.sqrt(their):.3g}, F test p {p:.3f}): its own runs only"
+        )
+    return False, (
+        f"{x.label} is another arm than {theirs}: it borrows no seed spread and needs replicates of its own, at "
+        f"least 2 runs ({MIN_SHARE_RUNS} to test whether it shares the reference's spread); it has {x.runs}"
+    )
+
+
 def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
-    """The seed luck each metric's comparison of the arms uses: their own replicates and the
-    matching references, pooled over the items the arms share (one seed spread for all: the
-    arms' replicates are pooled, never mixed across arms)."""
+    """The seed luck each metric's comparison of the arms uses. The arms a reference covers
+    (spread_shared: its own arm, or one whose runs pass the test) share one spread: their own
+    replicates pooled with those references, over the items the arms share. An arm no reference
+    covers has only its own replicates (2 runs or more; with one the metric's seed luck is not
+    covered: another arm's spread is not its own). Where the two differ, the difference's seed
+    variance is the sum of each group's share, with Welch-Satterthwaite degrees of freedom
+    (combine)."""
     trained = [x for x in arms if not x.deterministic]
     if not trained:
         return Luck(needs_seeds=False)
-    sources = [f"{x.runs} runs of {x.label}" for x in trained if x.runs >= 2]
-    sources += [ref.describe() for ref in references]
-    gaps, irregular = {}, {}
+    gaps, irregular, notes, seed, used = {}, {}, [], {}, []
+    speaks_for: dict[int, list[str]] = {}  # a reference's id -> the labels of the arms it covers
     for m in METRICS:
-        means = [v for ref in references for v in ref.per_seed.get(m, [])]
+        groups: dict[tuple, list[ArmRuns]] = {}
+        covering: dict[tuple, list] = {}
+        for k, x in enumerate(trained):
+            refs = []
+            for ref in references:
+                ok, why = spread_shared(x, ref, m)
+                if ok:
+                    refs.append(ref)
+                elif why not in notes:
+                    notes.append(why)
+            key = tuple(id(r) for r in refs) if refs else ("own", k)
+            groups.setdefault(key, []).append(x)
+            covering[key] = refs
+        applicable = [r for refs in covering.values() for r in refs]
+        means = [v for ref in applicable for v in ref.per_seed.get(m, [])]
         if len(means) >= 2:
             gaps[m] = (max(means) - min(means), min(means), max(means))
-        for ref in references:
+        for ref in applicable:
             out = ref.outliers(m)
             if out:
                 listed = ", ".join(f"seed {s} at {v:.4g} ({z:.1f} robust SDs out)" for s, v, z in out)
@@ -131,14 +183,43 @@ def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
                     f"the {ref.preset} preset's seeds are not bell-shaped on {m}: {listed} of "
                     f"{len(ref.seeds)} seeds in its reference"
                 )
-    seed = {}
-    for m in METRICS:
         items = next((x.values[m].shape[1] for x in arms if m in x.values), 0)
-        own = [components(x.values[m]) for x in trained if x.runs >= 2 and m in x.values]
-        pooled = pool([*own, *(ref.metrics.get(m) for ref in references)], items)
-        if pooled is not None:
-            seed[m] = pooled
-    return Luck(seed, sources if seed else [], seed_gap=gaps, irregular=irregular)
+        parts = []
+        for key, members in groups.items():
+            own = [components(x.values[m]) for x in members if x.runs >= 2 and m in x.values]
+            pooled = pool([*own, *(ref.metrics.get(m) for ref in covering[key])], items)
+            if pooled is None or (not covering[key] and any(x.runs < 2 for x in members)):
+                parts = None  # an arm of one run and nothing that may speak for its spread
+                break
+            parts.append((pooled, sum(1.0 / x.runs for x in members)))
+            used += [ref for ref in covering[key] if ref not in used and ref.metrics.get(m) is not None]
+            for ref in covering[key]:
+                speaks_for.setdefault(id(ref), [])
+                speaks_for[id(ref)] += [x.label for x in members if x.label not in speaks_for[id(ref)]]
+        if parts:
+            seed[m] = combine(parts, items)
+    sources = [f"{x.runs} runs of {x.label}" for x in trained if x.runs >= 2]
+    every = [x.label for x in trained]
+    sources += [
+        ref.describe() + ("" if speaks_for.get(id(ref)) == every else f", for {', '.join(speaks_for.get(id(ref), []))}")
+        for ref in used
+    ]
+    return Luck(seed, sources if seed else [], seed_gap=gaps, irregular=irregular, notes=notes)
+
+
+def combine(parts: Sequence[tuple[SeedVar, float]], items: int) -> SeedVar:
+    """One SeedVar for a difference whose arms' seed spreads come from separate estimates: parts
+    are (estimate, sum of 1 / runs of the arms it speaks for). Its run_var times the arms' total
+    weight is the difference's seed variance; its degrees of freedom are Welch-Satterthwaite's.
+    One part is returned as it is."""
+    if len(parts) == 1:
+        return parts[0][0]
+    shares = [(v.run_var_at(items) * w, v.df) for v, w in parts]
+    total = sum(s for s, _ in shares)
+    weight = sum(w for _, w in parts)
+    denom = sum(s * s / df for s, df in shares)
+    df = max(1, int(total * total / denom)) if denom > 0 else min(v.df for v, _ in parts)
+    return SeedVar(total / weight, df, sum(v.interaction * w for v, w in parts) / weight, items)
 
 
 @dataclass
@@ -222,11 +303,17 @@ def compare_metric(
     )
     if not covered:
         out.why = (
-            "training luck is not covered (one run per arm and no seed-variance reference for this preset and data): "
-            "the difference may be the seeds'"
+            "training luck is not covered (an arm of one run and no seed-variance reference of its arm and data"
+            + "".join(f"; {n}" for n in luck.notes)
+            + "): the difference may be the seeds'"
         )
         out.seeds_needed = max(2, needed_seeds(a, b, metric, d, None, level, margin) or 2)
-    elif (low > 0 or high < 0) and single_run(a, b) and metric in luck.irregular:
+    elif (
+        (low > 0 or high < 0)
+        and single_run(a, b)
+        and metric in luck.irregular
+        and not far_beyond_gap(diff, luck, metric)
+    ):
         out.why = (
             f"the {_pct(level)} interval excludes 0, but {luck.irregular[metric]}: one run a side may have fallen "
             "in the other mode, so it cannot tell a bad seed from a bad change"
@@ -260,6 +347,13 @@ def single_run_within_gap(a: ArmRuns, b: ArmRuns, diff: float, gap: tuple[float,
     the one for such modes, single-run A/A pairs of real smoke seeds are called better or worse at
     most 5 % of the time (tests/test_replicates.py prints the rates)."""
     return single_run(a, b) and gap is not None and abs(diff) <= gap[0]
+
+
+def far_beyond_gap(diff: float, luck: Luck, metric: str) -> bool:
+    """A difference more than GUARD_MULTIPLE times the widest gap between two reference seeds: not
+    something a seed of the other mode could make, so the guard for modes lets it through."""
+    gap = luck.seed_gap.get(metric)
+    return gap is not None and gap[0] > 0 and abs(diff) > GUARD_MULTIPLE * gap[0]
 
 
 def single_run(a: ArmRuns, b: ArmRuns) -> bool:

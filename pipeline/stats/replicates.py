@@ -5,9 +5,10 @@ one arm differ only in the seed). `./dev seeds` (tools/seeds.py) queues the seed
 measure its seed variance; `./dev decide` (tools/decide.py) queues seed pairs of two arms. Both go
 through this module:
 
-- `plan` names each replicate `rep-<arm digest>-s<seed>`: a name says which arm and seed it
-  is, so an experiment of that name already made from this commit (an earlier `./dev decide`, a
-  run that was stopped) is read back instead of trained again;
+- `plan` names each replicate `rep-<arm digest>-s<seed>` (the arm's id as its tables and MLflow
+  tags carry it, arm_id): a name says which arm and seed it is, so an experiment of that name
+  already made from this commit (an earlier `./dev decide`, a run that was stopped) is read back
+  instead of trained again;
 - `Queue` queues them (`dvc exp run --queue -n NAME -S ...`), starts the workers (`dvc queue start
   -j N`: each in its own copy of the project under .dvc/tmp/exps, logging to the project's MLflow
   store), waits, and stops what it started on every exit path (Ctrl-C included: the experiments
@@ -41,7 +42,9 @@ from pipeline.stats.item_tables import read_items
 from pipeline.stats.seed_variance import Reference, measure
 
 STEPS = "telemetry/train_steps.csv"
+STABILITY = "metrics/stability.json"  # the report stage's checks: "pass" per check
 POLL_S = 2.0
+REF_WAIT_S = 60.0  # how long a finished experiment's ref may take to appear (finished_rev)
 WORKER_GRACE_S = 15.0  # a worker may take this long to start and pick a task
 MAX_RESTARTS = 3
 DONE = ("Success", "Failed")
@@ -69,6 +72,7 @@ class Result:
     meta: object  # item_tables.TableMeta, or None for a table without it
     steps: pd.DataFrame | None  # the training curve (telemetry/train_steps.csv), if it was kept
     rev: str  # the experiment's commit
+    failed_checks: list[str] | None = None  # stability checks that did not pass (None: no stability file)
 
     def source(self):
         """The item table as item_sources reads any other (for predictor_table and the rest)."""
@@ -86,8 +90,22 @@ def config_digest(overrides: Sequence[str]) -> str:
     return arm_digest(flatten(load_config(list(overrides))), data="")
 
 
+def arm_id(overrides: Sequence[str]) -> str:
+    """The hex id that names the arm of a config composed with `overrides` in experiment names:
+    the arm digest its runs' item tables and MLflow tags will carry (pipeline/core/arm.py), taken
+    on the data of the preset's committed seed-variance reference (the data a preset's runs are
+    scored on; a fresh clone has no shards to read it from before the first embed). For a preset
+    without a reference, the digest with the data left out: it cannot know the data yet."""
+    from pipeline.core.config import flatten, load_config
+    from pipeline.stats.seed_variance import load_references
+
+    flat = flatten(load_config(list(overrides)))
+    ref = next((r for r in load_references() if r.preset == flat.get("run.preset")), None)
+    return arm_digest(flat, data=ref.data if ref is not None else "")
+
+
 def plan(prefix: str, arm: str, overrides: Sequence[str], seeds: Iterable[int]) -> list[Replicate]:
-    digest = config_digest(overrides)[:8]
+    digest = arm_id(overrides)
     return [Replicate(f"{prefix}-{digest}-s{s}", arm, int(s), tuple(overrides)) for s in seeds]
 
 
@@ -131,6 +149,18 @@ def experiment_rev(root: Path, name: str, baseline: str | None = None) -> str | 
         return repo.scm.get_ref(str(ref)) if ref is not None else None
 
 
+def finished_rev(root: Path, name: str, baseline: str, wait_s: float = REF_WAIT_S) -> str | None:
+    """The commit of a just-finished experiment: the queue can say "Success" a moment before the
+    experiment's ref is in the repository (seen with one experiment in the queue), so look again
+    for up to `wait_s` seconds. None if it never comes (collect then says so)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        rev = experiment_rev(root, name, baseline)
+        if rev is not None or time.monotonic() > deadline:
+            return rev
+        time.sleep(POLL_S)
+
+
 def read_at_rev(root: Path, rev: str, path: str) -> bytes | None:
     """A file as committed at `rev` (from git, or DVC's cache for an output), None if absent."""
     import dvc.api
@@ -158,7 +188,21 @@ def collect(root: Path, rep: Replicate, rev: str | None = None, baseline: str | 
     items, meta = read_items(raw)
     steps_raw = read_at_rev(root, rev, STEPS)
     steps = pd.read_csv(io.BytesIO(steps_raw)) if steps_raw else None
-    return Result(rep, items, meta, steps, rev)
+    return Result(rep, items, meta, steps, rev, failed_checks(read_at_rev(root, rev, STABILITY)))
+
+
+def failed_checks(raw: bytes | None) -> list[str] | None:
+    """The names of the stability checks whose "pass" is false in a metrics/stability.json (None
+    when there is no such file or it cannot be read: nothing is known)."""
+    import json
+
+    if raw is None:
+        return None
+    try:
+        checks = json.loads(raw)
+    except ValueError:
+        return None
+    return sorted(k for k, v in checks.items() if isinstance(v, dict) and v.get("pass") is False)
 
 
 class Queue:
@@ -308,7 +352,7 @@ def run_replicates(reps: Sequence[Replicate], jobs: int, root: Path = REPO_ROOT,
             queue.wait(todo, finished)
         bar.close()
         for rep in todo:
-            done[rep.name] = collect(root, rep, baseline=baseline)
+            done[rep.name] = collect(root, rep, finished_rev(root, rep.name, baseline), baseline=baseline)
     return [done[r.name] for r in reps]
 
 

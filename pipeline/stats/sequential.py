@@ -10,11 +10,13 @@ from dataclasses import dataclass, field
 
 from pipeline.core.arm import SEED_KEY
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.stats import baseline_rev, decision_log
 from pipeline.stats.compare import flipped, with_verdicts
 from pipeline.stats.decision import CONFIDENCE, ArmRuns, SequentialPlan, compare_arms, look
 from pipeline.stats.item_sources import predictor_table, shared_values
 from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS
-from pipeline.stats.replicates import config_digest, run_replicates
+from pipeline.stats.replicates import config_digest, head, run_replicates
 from pipeline.stats.replicates import plan as plan_replicates
 from pipeline.stats.seed_variance import load_references
 from pipeline.stats.seed_variance import matching_references as seed_references
@@ -38,12 +40,16 @@ class Plan:
     b_seeds: list[int]
     same_arm: bool
     looks: SequentialPlan
+    baseline: str | None = None  # --baseline REV: the commit A is trained from (B: the workspace)
+    a_prefix: str = "rep"  # A's experiment names: rep-<arm>-s<seed>, or base-<commit>-<arm>-s<seed>
 
 
 @dataclass
 class State:
     results: dict[str, list] = field(default_factory=lambda: {"A": [], "B": []})
     looks: list[Look] = field(default_factory=list)
+    left_out: list[dict] = field(default_factory=list)  # replicates whose stability check failed
+    b_code_differs: bool = False  # --baseline: B's code is not the code any reference was measured with
 
 
 def split_seed(sets: list[str]) -> tuple[list[str], int | None]:
@@ -65,17 +71,26 @@ def make_plan(args) -> Plan:
     base = [f"preset={args.preset}", *args.baseline_sets]
     change, b_first = split_seed(args.sets)
     a_sets, b_sets = base, [*base, *change]
-    same = config_digest(a_sets) == config_digest(b_sets)
+    rev = getattr(args, "baseline_rev", None)
+    commit = baseline_rev.resolve(REPO_ROOT, rev) if rev else None
+    same = config_digest(a_sets) == config_digest(b_sets) and commit is None  # another commit: other code
     if b_first is None:
         b_first = args.first_seed + (AA_SEED_OFFSET if same else 0)
     n = args.max_seeds
-    # The first look: round 1 if a reference of the preset may match (checked on the data at round
-    # 1), else round 2. The alpha is planned over the looks from the earliest possible one.
-    first = 1 if any(r.preset == args.preset for r in load_references()) else 2
+    # The first look: round 1 if a reference of the preset was measured on both arms' configuration
+    # (checked on the data at round 1), else round 2: an arm the reference was not measured on needs
+    # 2 runs of its own for its seed spread. The alpha is planned over the looks from the earliest.
+    refs = [r for r in load_references() if r.preset == args.preset]
+    first = 1 if refs and commit is None and all(reference_arm(sets, refs) for sets in (a_sets, b_sets)) else 2
     if n < first:
+        why = (
+            f"B ({' '.join(change)}) is another arm than the one the {args.preset} preset's seed-variance reference "
+            "was measured on"
+            if refs
+            else f"without a seed-variance reference for the preset {args.preset!r}"
+        )
         raise PipelineError(
-            f"--max-seeds {n}: without a seed-variance reference for the preset {args.preset!r} the first look needs "
-            "2 seeds per arm (the seed spread is measured from them)"
+            f"--max-seeds {n}: {why}: the first look needs 2 seeds per arm (the seed spread is measured from them)"
         )
     return Plan(
         a_sets,
@@ -84,14 +99,37 @@ def make_plan(args) -> Plan:
         list(range(b_first, b_first + n)),
         same,
         SequentialPlan(n, first),
+        commit,
+        f"base-{commit[:8]}" if commit else "rep",
     )
+
+
+def reference_arm(sets: list[str], refs: list) -> bool:
+    """Whether a config composed with `sets` is the arm one of the references was measured on (its
+    arm digest on the reference's data)."""
+    from pipeline.core.arm import arm_digest
+    from pipeline.core.config import flatten, load_config
+
+    flat = flatten(load_config(list(sets)))
+    return any(arm_digest(flat, r.data) == r.arm.get("digest") for r in refs)
 
 
 def arms_so_far(state: State) -> tuple[ArmRuns, ArmRuns, list[str], list]:
     tables = {k: [predictor_table(r.source()) for r in state.results[k]] for k in ("A", "B")}
     ids, values = shared_values(list(tables.values()))
-    a, b = (ArmRuns(k, [r.replicate.seed for r in state.results[k]], v) for k, v in zip(tables, values))
+    a, b = (
+        ArmRuns(k, [r.replicate.seed for r in state.results[k]], v, arm=arm_of_results(state.results[k]))
+        for k, v in zip(tables, values)
+    )
+    if state.b_code_differs and b.arm is not None:
+        b.arm = f"{b.arm}@workspace"  # the same config on other code: no reference speaks for it
     return a, b, ids, tables["A"][0]
+
+
+def arm_of_results(results: list) -> str | None:
+    """The arm digest the results' item tables carry (None when they carry none, or several)."""
+    found = {r.meta.arm_digest for r in results if r.meta is not None}
+    return found.pop() if len(found) == 1 and all(r.meta is not None for r in results) else None
 
 
 def matching_references(state: State) -> list:
@@ -99,7 +137,10 @@ def matching_references(state: State) -> list:
 
 
 def look_after(state: State, plan: Plan, args, rounds: int) -> Look | None:
-    """The look after `rounds` seed pairs (decision.look): None when none is due."""
+    """The look after `rounds` seed pairs (decision.look): None when none is due (or an arm has no
+    run left, its replicates having failed their stability check)."""
+    if not (state.results["A"] and state.results["B"]):
+        return None
     a, b, _, _ = arms_so_far(state)
     d = look(
         plan.looks,
@@ -142,52 +183,147 @@ def progress_line(lk: Look, metric: str) -> str:
     )
 
 
+def train_round(reps: list, a_root, jobs: int) -> list:
+    """A round's replicates: through one queue, or (--baseline) A's in the worktree of its commit
+    and B's in the project, each through its own queue."""
+    if a_root == REPO_ROOT:
+        return run_replicates(reps, jobs, label="decide")
+    a_reps, b_reps = [r for r in reps if r.arm == "A"], [r for r in reps if r.arm == "B"]
+    return [*run_replicates(a_reps, jobs, root=a_root, label="decide"), *run_replicates(b_reps, jobs, label="decide")]
+
+
+def unstable(result, keep: bool) -> dict | None:
+    """A replicate whose stability check failed, as the result lists it (None when it passed, or
+    has no check)."""
+    if not result.failed_checks:
+        return None
+    rep = result.replicate
+    return {
+        "experiment": rep.name,
+        "arm": rep.arm,
+        "seed": rep.seed,
+        "failed_checks": result.failed_checks,
+        "kept": keep,
+    }
+
+
+def begin(args, plan: Plan) -> dict:
+    """The decision's name (never one already taken), its metric fixed and recorded before the first
+    run, and whether it is a second look at runs an earlier decision judged on another metric."""
+    directory = getattr(args, "decisions_dir", None) or decision_log.DECISIONS_DIR
+    commit = head(REPO_ROOT)
+    a_exps = [r.name for r in plan_replicates(plan.a_prefix, "A", plan.a_sets, plan.a_seeds)]
+    b_exps = [r.name for r in plan_replicates("rep", "B", plan.b_sets, plan.b_seeds)]
+    first = decision_log.first_look(directory, commit, a_exps, b_exps)
+    name = args.name or decision_log.unique_name(directory, default_name(plan))
+    exploratory = first is not None and first.get("metric") != args.metric
+    entry = {"name": name, "metric": args.metric, "margin": args.margin, "commit": commit}
+    decision_log.record(directory, {**entry, "a_experiments": a_exps, "b_experiments": b_exps})
+    if exploratory:
+        say(
+            f"EXPLORATORY (second look): these runs were decided on {first['metric']} first "
+            f"(decision {first.get('name')!r}, {first.get('at', '')}); a look under {args.metric} is not a decision"
+        )
+    return {
+        "name": name,
+        "commit": commit,
+        "exploratory": exploratory,
+        "first_decision": None if first is None else {k: first.get(k) for k in ("name", "metric", "at")},
+    }
+
+
 def run(args) -> dict:
     plan = make_plan(args)
     arm_a = plan.a_sets[0].split("=", 1)[1] + "".join(f" {s}" for s in plan.a_sets[1:])
     arm_b = " ".join(plan.b_sets[1:]) or "(no change)"
+    if plan.baseline is not None:
+        arm_a, arm_b = f"{arm_a} at commit {plan.baseline[:12]}", f"{arm_b} in the workspace"
+    start = begin(args, plan)
     say(
         f"A: {arm_a} | B: {arm_b} "
-        + ("(the same arm: an A/A comparison, B on other seeds)" if plan.same_arm else "(a change)")
+        + (
+            "(the same arm: an A/A comparison, B on other seeds)"
+            if plan.same_arm
+            else "(other code)"
+            if plan.baseline is not None and plan.a_sets == plan.b_sets
+            else "(a change)"
+        )
     )
     say(
         f"deciding on {args.metric} (margin +-{args.margin:g}), up to {args.max_seeds} seed pairs, first look after "
         f"round {plan.looks.first_look}; each look's level: "
         + ", ".join(f"round {k} {v * 100:.2f} %" for k, v in plan.looks.levels.items())
     )
-    state = State()
-    outcome = None
+    for note in getattr(args, "notes", []):
+        say(note)
+    state = State(b_code_differs=plan.baseline is not None)
+    outcome, rounds = None, 0
+    a_root = REPO_ROOT
+    if plan.baseline is not None:
+        a_root, _ = baseline_rev.worktree(REPO_ROOT, plan.baseline)
+        say(f"A is trained from commit {plan.baseline[:12]} (git worktree {a_root}); B from the workspace")
     for k in range(args.max_seeds):
         reps = [
-            *plan_replicates("rep", "A", plan.a_sets, [plan.a_seeds[k]]),
+            *plan_replicates(plan.a_prefix, "A", plan.a_sets, [plan.a_seeds[k]]),
             *plan_replicates("rep", "B", plan.b_sets, [plan.b_seeds[k]]),
         ]
         say(
             f"round {k + 1}/{args.max_seeds}: A seed {plan.a_seeds[k]} ({reps[0].name}), "
             f"B seed {plan.b_seeds[k]} ({reps[1].name})"
         )
-        for rep, res in zip(reps, run_replicates(reps, args.jobs, label="decide")):
+        keep = bool(getattr(args, "keep_unstable", False))
+        rounds = k + 1
+        for rep, res in zip(reps, train_round(reps, a_root, args.jobs)):
+            if res.meta is not None and res.meta.arm_digest not in rep.name:
+                say(f"warning: {rep.name} carries the arm id {res.meta.arm_digest} (its data is not the reference's)")
+            bad = unstable(res, keep)
+            if bad is not None:
+                state.left_out.append(bad)
+                say(
+                    f"{rep.name} (arm {rep.arm}, seed {rep.seed}) failed its stability check "
+                    f"({', '.join(bad['failed_checks'])}): " + ("kept (--keep-unstable)" if keep else "left out")
+                )
+                if not keep:
+                    continue
             state.results[rep.arm].append(res)
         lk = look_after(state, plan, args, k + 1)
         if lk is None:
-            say(f"round {k + 1}: no look yet (the seed spread needs 2 seeds per arm without a matching reference)")
+            say(
+                f"round {k + 1}: no look yet (the seed spread needs 2 seeds of each arm that the preset's "
+                "reference was not measured on)"
+            )
             continue
         state.looks.append(lk)
         say(progress_line(lk, args.metric))
         if lk.decision["outcome"] != "inconclusive":
             outcome = lk.decision["outcome"]
             break
+    if not (state.results["A"] and state.results["B"]):
+        raise PipelineError(
+            "every replicate of an arm failed its stability check and was left out: "
+            + ", ".join(x["experiment"] for x in state.left_out)
+            + " (reports/stability.md in each experiment says why; --keep-unstable uses them anyway)"
+        )
     last = state.looks[-1] if state.looks else None
     level = last.level if last else CONFIDENCE
     metrics, extra = final_table(state, args, level)
     decided = metrics[args.metric]
     return {
-        "name": args.name or default_name(plan),
+        "name": start["name"],
         "metric": args.metric,
+        "metric_chosen": getattr(args, "metric_chosen", "given"),
         "higher_is_better": args.metric not in LOWER_IS_BETTER,
         "margin": args.margin,
+        "margin_why": getattr(args, "margin_why", "given"),
+        "notes": list(getattr(args, "notes", [])),
+        "exploratory": start["exploratory"],
+        "first_decision": start["first_decision"],
+        "commit": start["commit"],
+        "change": [s for s in plan.b_sets if s not in plan.a_sets],
+        "baseline_commit": plan.baseline,
         "outcome": outcome or "inconclusive",
-        "rounds": len(state.results["A"]),
+        "outcome_at_last_look": (last.decision["outcome"] if last else "inconclusive"),
+        "rounds": rounds,  # seed pairs trained (a replicate left out still counts its round)
         "max_seeds": args.max_seeds,
         "same_arm": plan.same_arm,
         "a": arm_dict("A", plan.a_sets, state.results["A"]),
@@ -210,6 +346,7 @@ def run(args) -> dict:
         "decision": decided,
         "metrics": metrics,
         "flipped": extra["flipped"],
+        "left_out": state.left_out,
         "curves": curves(state),
     }
 
@@ -222,6 +359,7 @@ def arm_dict(key: str, sets: list[str], results: list) -> dict:
         "arm": {"digest": meta.arm_digest, "name": meta.arm_name} if meta else None,
         "seeds": [r.replicate.seed for r in results],
         "experiments": [r.replicate.name for r in results],
+        "commits": [r.rev for r in results],  # each replicate's DVC experiment commit
     }
 
 
@@ -238,9 +376,11 @@ def curves(state: State) -> dict:
 
 
 def default_name(plan: Plan) -> str:
-    change = "-".join(s.split(".")[-1] for s in plan.b_sets[len(plan.a_sets) :]) or "same"
+    changed = [s.partition("=") for s in plan.b_sets[len(plan.a_sets) :]]
+    change = "-".join(f"{key.split('.')[-1]}={value}" for key, _, value in changed) or "same"
     base = plan.a_sets[0].split("=", 1)[1]
-    return re.sub(f"[^{NAME_CHARS}]+", "_", f"{base}-{change}")[:80]
+    against = f"-vs-{plan.baseline[:8]}" if plan.baseline else ""
+    return re.sub(f"[^{NAME_CHARS}]+", "_", f"{base}-{change}{against}")[:80]
 
 
 def say(text: str) -> None:

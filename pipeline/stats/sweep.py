@@ -219,7 +219,7 @@ def rank(
             f"the runs hold {min(sizes)} to {max(sizes)} test items, of which {len(ids)} are shared by all "
             f"(different test splits?): the ranking is over the {len(ids)} shared items only"
         )
-    values = [ArmRuns(a.name, [r.seed for r in a.runs], v) for a, v in zip(arms, arm_values)]
+    values = [ArmRuns(a.name, [r.seed for r in a.runs], v, arm=a.digest) for a, v in zip(arms, arm_values)]
     # One seed spread for the whole sweep: every arm's replicates and the matching references.
     luck = luck_for(*values, references=matching_references(run.meta for run in usable))
     var = luck.seed.get(metric)
