@@ -361,10 +361,13 @@ def _compare_in(root, env, *args: str) -> subprocess.CompletedProcess:
 def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_experiments):
     from mlflow.tracking import MlflowClient
 
-    root, env = smoke_experiments.root, smoke_experiments.env
+    root = smoke_experiments.root
+    env = {k: v for k, v in smoke_experiments.env.items() if k != "ENERGY_FLOW_LOG_DECISIONS"}  # a user's setting
     by_name = _compare_in(root, env, "smoke-a", "smoke-b", "--json", "--show", "5")
     assert by_name.returncode == 0, by_name.stderr[-3000:]
-    assert by_name.stderr == ""  # one test split: no warning
+    # One test split, so no warning: the one line is where the decision went in MLflow.
+    [logged] = by_name.stderr.splitlines()
+    assert logged.startswith("compare: logged to MLflow: decision run "), by_name.stderr[-3000:]
     result = json.loads(by_name.stdout)
     assert result["a"]["runs"][0]["kind"] == result["b"]["runs"][0]["kind"] == "dvc-experiment"
     # The tables say what they came from: the smoke preset's arms, seed 0; its reference covers them.
@@ -393,7 +396,14 @@ def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_exper
                 continue
             assert result["metrics"][m][side] == pytest.approx(run.data.metrics[key], abs=2e-6), (name, m)
 
-    by_id = _compare_in(root, env, runs["smoke-a"].info.run_id, runs["smoke-b"].info.run_id, "--json", "--show", "5")
+    decisions = client.get_experiment_by_name("energy-flow-decisions")
+    [decision] = client.search_runs([decisions.experiment_id])
+    assert logged.split("decision run ")[1].startswith(decision.info.run_id)
+    assert decision.data.params["metric"] and decision.data.tags  # (tests/test_tracking_decisions.py: what it holds)
+
+    by_id = _compare_in(
+        root, env, runs["smoke-a"].info.run_id, runs["smoke-b"].info.run_id, "--json", "--show", "5", "--no-log"
+    )
     assert by_id.returncode == 0 and by_id.stderr == "", by_id.stderr[-3000:]
     same = json.loads(by_id.stdout)
     assert same["a"]["runs"][0]["kind"] == same["b"]["runs"][0]["kind"] == "mlflow-run"
