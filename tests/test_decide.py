@@ -170,7 +170,9 @@ def test_decide_on_the_smoke_preset_equivalent_for_a_seed_only_change_better_for
 
     def run(*argv: str) -> dict:
         proc = subprocess.run(
-            [sys.executable, "-m", "tools.decide", "--preset", "smoke", "-j", "2", "--json", *argv],
+            # --keep-unstable: on a busy machine a replicate's step-time check can fail, and a left-out
+            # seed shifts the seeds asserted below (leaving out is tested on fake replicates above).
+            [sys.executable, "-m", "tools.decide", "--preset", "smoke", "-j", "2", "--json", "--keep-unstable", *argv],
             cwd=root,
             env=env,
             capture_output=True,
