@@ -55,7 +55,7 @@ from pipeline.stats.compare import DEFAULT_SHOW, compare
 from pipeline.stats.decision import MARGINS
 from pipeline.stats.item_sources import Side, load_side
 from pipeline.stats.metrics import METRICS, format_interval, format_metric
-from tools.options import MIN_RESAMPLES, add_bootstrap_options, fill_bootstrap_defaults
+from tools.options import add_bootstrap_options, fill_bootstrap_defaults
 
 
 def _short(text: str, width: int = 60) -> str:
@@ -267,8 +267,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    if args.resamples is not None and args.resamples < MIN_RESAMPLES:
-        ap.error(f"--resamples {args.resamples}: expected at least {MIN_RESAMPLES}")
     if args.show < 0:
         ap.error(f"--show {args.show}: expected 0 or more")
     margins = parse_margins(args.margin, ap.error)

@@ -49,7 +49,7 @@ from pipeline.stats.decision_log import DECISIONS_DIR, name_taken
 from pipeline.stats.defaults import below_floor, preset_defaults
 from pipeline.stats.metrics import METRICS, format_interval, format_metric
 from pipeline.stats.sequential import NAME_CHARS, run, say
-from tools.options import MIN_RESAMPLES, add_bootstrap_options, add_overrides, fill_bootstrap_defaults
+from tools.options import add_bootstrap_options, add_overrides, fill_bootstrap_defaults
 
 DEFAULT_MAX_SEEDS = 5
 
@@ -191,8 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.sets and not args.baseline_rev:
         ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3), or --baseline REV")
-    if args.max_seeds < 1 or args.jobs < 1 or (args.resamples is not None and args.resamples < MIN_RESAMPLES):
-        ap.error(f"--max-seeds and -j must be >= 1, --resamples >= {MIN_RESAMPLES}")
+    if args.max_seeds < 1 or args.jobs < 1:
+        ap.error("--max-seeds and -j must be >= 1")
     if args.margin is not None and args.margin < 0:
         ap.error(f"--margin {args.margin}: expected a number >= 0")
     if args.name is not None and not re.fullmatch(f"[{NAME_CHARS}]+", args.name):

@@ -17,11 +17,19 @@ RESAMPLES_PARAM = "evaluate.bootstrap_resamples"
 SEED_PARAM = "evaluate.bootstrap_seed"
 
 
+def _resamples(text: str) -> int:
+    n = int(text)
+    if n < MIN_RESAMPLES:
+        raise argparse.ArgumentTypeError(f"{n}: expected at least {MIN_RESAMPLES}")
+    return n
+
+
 def add_bootstrap_options(ap: argparse.ArgumentParser) -> None:
-    """--resamples N and --seed S, both None until fill_bootstrap_defaults when not given."""
+    """--resamples N (at least MIN_RESAMPLES) and --seed S, both None until
+    fill_bootstrap_defaults when not given."""
     ap.add_argument(
         "--resamples",
-        type=int,
+        type=_resamples,
         help=f"bootstrap resamples, at least {MIN_RESAMPLES} (default: {RESAMPLES_PARAM} of the project's config, "
         "params.yaml: as many as the evaluate stage draws)",
     )

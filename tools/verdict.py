@@ -31,7 +31,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.stats import reference_verdict as rv
 from pipeline.stats.item_sources import WORKSPACE, load_side
-from tools.options import MIN_RESAMPLES, add_bootstrap_options, fill_bootstrap_defaults
+from tools.options import add_bootstrap_options, fill_bootstrap_defaults
 
 
 def run_smoke() -> str:
@@ -73,8 +73,6 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
-    if args.resamples is not None and args.resamples < MIN_RESAMPLES:
-        ap.error(f"--resamples {args.resamples}: expected at least {MIN_RESAMPLES}")
     if args.smoke and args.run != WORKSPACE:
         ap.error("--smoke judges the experiment it runs: give no RUN with it")
     try:
