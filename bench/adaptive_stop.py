@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import sys
 import time
 from typing import Optional
 
@@ -46,6 +45,14 @@ from pipeline.model import EnergyFlowModel, energy_flow_loss
 
 DIM = 384  # the bundled teacher's embedding size
 ARMS = ("on", "off", "fixed")
+FIGURES = (
+    "fixed_over_on_cpu_time",
+    "off_over_on_cpu_time",
+    "fixed_over_on_flow_steps",
+    "fixed_over_on_steps",
+    "on_steps_used_mean",
+    "peak_rss_gb",
+)
 
 
 def fixed_steps_forward(model: EnergyFlowModel, x_in: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
@@ -137,10 +144,7 @@ def measure(cfg, batches: int, batch_size: int, fixed_steps: int, train_steps: i
         "lattice_depth": model.D,
         "min_forward": model.carrier.min_forward,
         "max_forward": model.carrier.max_forward,
-        "min_steps_to_arrive": model.min_steps_to_arrive,
-        "step_bound": model.step_bound,
-        "max_steps": model.max_steps,
-        "convergence_threshold": model.convergence_threshold,
+        **{k: getattr(model, k) for k in ("min_steps_to_arrive", "step_bound", "max_steps", "convergence_threshold")},
         "patience": model.patience,
         "fixed_steps": fixed_steps,
         "train_steps_before": train_steps,
@@ -184,9 +188,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--fixed-steps", type=int, default=0, help="the fixed arm's flow steps (default: model.max_steps)")
     ap.add_argument("--train-steps", type=int, default=0, help="AdamW steps on a synthetic task first (default 0)")
     ap.add_argument("--quick", action="store_true", help="a fast check of the benchmark: smoke preset, 2 batches")
-    ap.add_argument(
-        "--threads", type=int, default=None, help="intra-op threads (default: the train stage's; 0: torch's)"
-    )
+    ap.add_argument("--threads", type=int, help="intra-op threads (default: the train stage's; 0: torch's)")
     results.add_save_flag(ap)
     args = ap.parse_args(argv)
     if args.quick:
@@ -196,33 +198,15 @@ def main(argv=None) -> dict:
     cfg = load_config([f"preset={args.preset}"])
     probe = Probe()
     res = {"device": f"cpu ({torch.get_num_threads()} threads)", "torch": torch.__version__}
-    res.update(
-        measure(
-            cfg,
-            args.batches,
-            args.batch_size or int(cfg.train.batch_size),
-            args.fixed_steps or int(cfg.model.max_steps),
-            args.train_steps,
-            probe,
-        )
-    )
+    batch_size = args.batch_size or int(cfg.train.batch_size)
+    fixed_steps = args.fixed_steps or int(cfg.model.max_steps)
+    res.update(measure(cfg, args.batches, batch_size, fixed_steps, args.train_steps, probe))
     res["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # the fixed arm's, mostly
     res.update(machine(probe))
     res["bench_seconds"] = time.perf_counter() - t0
-    print(f"[bench.adaptive_stop] {res['bench_seconds']:.1f} s", file=sys.stderr)
-    res.update(
-        results.figures(
-            {
-                "fixed_over_on_cpu_time": res["fixed_over_on_cpu_time"],
-                "off_over_on_cpu_time": res["off_over_on_cpu_time"],
-                "fixed_over_on_flow_steps": res["fixed_over_on_flow_steps"],
-                "fixed_over_on_steps": res["fixed_over_on_steps"],
-                "on_steps_used_mean": res["on_steps_used_mean"],
-                "peak_rss_gb": res["peak_rss_gb"],
-            },
-            {f"{slow}_over_on_cpu_time": pairs_unreliable(res, slow) for slow in ("fixed", "off")},
-        )
-    )
+    results.say("adaptive_stop", f"{res['bench_seconds']:.1f} s")
+    why = {f"{slow}_over_on_cpu_time": pairs_unreliable(res, slow) for slow in ("fixed", "off")}
+    res.update(results.figures({k: res[k] for k in FIGURES}, why))
     return results.finish("adaptive_stop", res, args.save, argv)
 
 

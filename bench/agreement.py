@@ -13,7 +13,6 @@ and not counted. Exits 1 when a compared figure is outside the tolerance, 2 on a
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import subprocess
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from bench.clock import AGREEMENT
-from bench.results import RESULTS_DIR
+from bench.results import RESULTS_DIR, parser
 from pipeline.core.paths import REPO_ROOT
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -87,9 +86,7 @@ def compare(a: dict[str, dict], b: dict[str, dict], tolerance: float) -> dict:
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.agreement", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("agreement", __doc__)
     ap.add_argument("dirs", nargs="*", help="A_DIR [B_DIR], then bench names to keep (default A_DIR bench/results)")
     ap.add_argument("--rerun", metavar="OUT_DIR", help="rerun A_DIR's commands into OUT_DIR, then compare")
     ap.add_argument(

@@ -18,6 +18,7 @@ checkout's. Needs a trained and evaluated model (./dev repro); no GPU."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import resource
@@ -34,22 +35,15 @@ PACKAGES = ("torch", "transformers", "sentence_transformers", "sklearn", "pandas
 IMPORT_LINE = re.compile(r"import time:\s+\d+ \|\s+(\d+) \|( *)(\S+)")
 
 
-def say(msg: str) -> None:
-    print(f"[bench.ask_start] {msg}", file=sys.stderr, flush=True)
+say = functools.partial(results.say, "ask_start")
 
 
 def ask_once(args: list[str], env: dict, python_flags: tuple[str, ...] = ()) -> dict:
     """One `python -m tools.ask` run: its CPU and wall seconds, stdout and stderr."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, *python_flags, "-m", "tools.ask", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    cmd = [sys.executable, *python_flags, "-m", "tools.ask", *args]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0 or f"Q: {QUESTION}" not in proc.stdout:

@@ -1,18 +1,7 @@
-"""How benchmarks time their work so that their ratios hold on a shared machine.
-
-Wall time counts every moment another process held the cores, so a ratio of two wall-clock spans
-taken at different moments says as much about the neighbours as about the code. This process's
-CPU time (`time.process_time`: every thread of this process, user and system) counts only the
-work done here: another process taking a core delays the work but does not add to it. So a
-benchmark compares two arms of the same process by their CPU seconds, and interleaves the arms
-(A, B, A, B, ...) and takes the median of the per-pair ratios, so that what CPU time still
-feels (a neighbour's traffic through the shared caches and memory) hits both arms alike.
-
-CPU time cannot compare arms that use a different number of threads or processes (two threads
-doing the same work in half the wall time spend the same CPU seconds, plus their waiting); such
-a ratio is only as good as the machine is quiet, and a benchmark says so instead of printing it
-(`unreliable`).
-"""
+"""How benchmarks time their work so that their ratios hold on a shared machine: arms of one
+process in its CPU seconds, interleaved, the median of the per-pair ratios; a ratio across thread
+or process counts only in wall time, and only on a quiet machine (docs/benchmarks.md, "Figures
+that hold on a busy machine")."""
 
 from __future__ import annotations
 
@@ -41,6 +30,14 @@ def measure(fn: Callable[[], object], sync: Callable[[], None] = lambda: None) -
     out = fn()
     sync()
     return Span(time.perf_counter() - w0, time.process_time() - c0), out
+
+
+def sync(device) -> None:
+    """Waits for a CUDA device's queued work (a CPU's is done when the call returns)."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
 
 
 def cpu_per_call(fn: Callable[[], object], reps: int, sync: Callable[[], None] = lambda: None) -> Span:

@@ -56,7 +56,6 @@ result with its `figures` to bench/results/data.json.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
@@ -184,12 +183,10 @@ def embed_speed(model, batch_size: int, questions, answers, distinct, rounds: in
 
 
 def incremental(model, identity: dict, batch_size: int, distinct, new, scratch: Path, repeats: int = 3) -> dict:
-    """Full embed into an empty cache, then the texts + the new ones with the warm cache,
-    `repeats` times, each on a fresh copy of the cache as the full embed left it (copied outside
-    the timed span); the figure uses the median of those. The re-run is short, so one burst of
-    another process's work could double it; the full embed is long enough to average such bursts
-    out. Timed in this process's CPU seconds (bench/clock.py): the work, not the
-    moments another process held the cores."""
+    """The module docstring's incremental_fraction: the warm run `repeats` times, each on a fresh
+    copy of the cache as the full embed left it (copied outside the timed span), as the re-run is
+    short: one burst of another process's work could double it, where the full embed is long
+    enough to average such bursts out."""
     from pipeline.embed.cache import EmbeddingCache, embed_distinct
     from pipeline.embed.teacher import encode_texts
 
@@ -310,21 +307,16 @@ def data_wait(rows: int) -> dict:
 
 # ---------------------------------------------------------------------------- main
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = results.parser("data", __doc__)
     ap.add_argument(
         "--quick",
         action="store_true",
         help="the test's mode: 200 texts, 2 rounds, 200,000 vs 10,000 loader rows, 640 train rows",
     )
-    ap.add_argument(
-        "--texts", type=int, default=None, help="distinct texts embedded per arm and round (default 3000; --quick 200)"
-    )
+    ap.add_argument("--texts", type=int, help="distinct texts embedded per arm and round (default 3000; --quick 200)")
     ap.add_argument(
         "--rounds",
         type=int,
-        default=None,
         help="ABBA rounds of the embed comparison, one run of each arm a round (default 4; --quick 2)",
     )
     ap.add_argument(
@@ -334,28 +326,22 @@ def main(argv=None) -> dict:
         help="warm-cache re-runs, each on a fresh copy of the cache; the median is used (default 3)",
     )
     ap.add_argument(
-        "--loader-rows",
-        type=int,
-        default=None,
-        help="rows of the large synthetic split (default 1000000; --quick 200000)",
+        "--loader-rows", type=int, help="rows of the large synthetic split (default 1000000; --quick 200000)"
     )
     ap.add_argument("--loader-small-rows", type=int, default=10_000, help="rows of the small one (default 10000)")
     ap.add_argument(
         "--wait-rows",
         type=int,
-        default=None,
         help="train rows of the data-wait epoch (default: the whole split; --quick 640 = 20 steps of 32)",
     )
     ap.add_argument(
         "--prefetch",
         type=int,
-        default=None,
         help="BatchLoader(prefetch=...) for the loader epochs, if the loader takes it "
         "(default: the loader's own default)",
     )
     ap.add_argument(
         "--scratch",
-        default=None,
         help="directory for the temporary cache and shards (default: the system temp dir; "
         "the 1M-row split needs several GB while written)",
     )
@@ -369,13 +355,10 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--loader-child",
         metavar="DIR",
-        default=None,
         help="internal: iterate one epoch over DIR's train split in this process and print its "
         "RssAnon figures as JSON (what the loader part runs in a fresh process)",
     )
-    ap.add_argument(
-        "--threads", type=int, default=None, help="intra-op threads (default: the train stage's; 0: torch's)"
-    )
+    ap.add_argument("--threads", type=int, help="intra-op threads (default: the train stage's; 0: torch's)")
     results.add_save_flag(ap)
     args = ap.parse_args(argv)
     if args.loader_child:
@@ -409,19 +392,13 @@ def main(argv=None) -> dict:
             model["texts"] = sample_texts(texts)
         return model
 
+    def warm_cache() -> dict:
+        t = teacher()
+        return incremental(t["m"], t["id"], t["batch"], *t["texts"][2:], scratch, args.incremental_repeats)
+
     parts = [
         ("embed", lambda: embed_speed(teacher()["m"], teacher()["batch"], *teacher()["texts"][:3], rounds)),
-        (
-            "incremental",
-            lambda: incremental(
-                teacher()["m"],
-                teacher()["id"],
-                teacher()["batch"],
-                *teacher()["texts"][2:],
-                scratch,
-                args.incremental_repeats,
-            ),
-        ),
+        ("incremental", warm_cache),
         ("wait", lambda: data_wait(wait_rows)),
         ("loader", lambda: loader_memory(big_rows, args.loader_small_rows, scratch, args.prefetch)),
     ]
@@ -443,14 +420,8 @@ def main(argv=None) -> dict:
     res["bench_seconds"] = time.perf_counter() - t0
     if not all(math.isfinite(v) for v in res.values() if isinstance(v, float)):  # (top-level figures)
         raise RuntimeError(f"a figure is not finite: {res}")
-    keys = (
-        "embed_speedup_vs_sentence_transformers",
-        "embed_texts_over_distinct",
-        "embed_max_abs_diff",
-        "incremental_fraction",
-        "loader_rss_growth_mb",
-        "data_wait_fraction",
-    )
+    # The goals' figures, and beside the speed-up the share of it deduplication accounts for.
+    keys = ("embed_speedup_vs_sentence_transformers", "embed_texts_over_distinct", *list(GOALS)[1:])
     why = {}
     if "data_wait_fraction" in res:
         why["data_wait_fraction"] = clock.spread_unreliable(

@@ -1,24 +1,8 @@
-"""Figures in Markdown that name their source, and the check that each equals it.
-
-A measured figure in README.md or docs/*.md is followed by an HTML comment naming the JSON file
-and key it comes from (invisible once rendered):
-
-    a batch costs 1.23x <!-- fig: bench/results/serve.json#in_process_batch_over_teacher_encode -->
-    val cosine 0.866 <!-- fig: metrics/train.json#val/cosine -->
-    MFU 37 % <!-- fig: bench/results/model.json#mfu *100 -->
-
-The figure is the last number before the comment on its line (thousands commas allowed). The key
-is looked up in the file's `figures` when it has them (a saved bench result, bench/results.py),
-else from the top; a dot steps into a nested object where the key itself is not there
-(`convergence.steps_ratio`). An optional `*F` multiplies the value first (a fraction printed as a
-percentage). The printed number must equal the value rounded to as many decimals as it is
-printed with.
-
-A number with a unit of time, size or speed ("ms", "s", "MB", "/s") or a ratio written "1.2x" that
-has no such comment is a figure without a source (`uncited`), unless the line says it is not a
-performance figure: `<!-- fig: setting -->` (a configured value, a timeout, a size asked for) or
-`<!-- fig: example -->` (a value in a worked example: what a report said about one run).
-"""
+"""Figures in Markdown that name their source, and the check that each equals it: a measured figure
+is followed by `<!-- fig: FILE#KEY [*F] -->`, and a measured-looking number without one is
+`uncited` unless its line says `<!-- fig: setting -->` or `<!-- fig: example -->` (the rules:
+docs/benchmarks.md, "Quoting a figure in Markdown"). The figure is the last number before the
+comment on its line, thousands commas allowed."""
 
 from __future__ import annotations
 
@@ -92,10 +76,6 @@ def value_of(root: Path, source: str, key: str):
     return lookup(data, key)
 
 
-def decimals(printed: str) -> int:
-    return len(printed.split(".", 1)[1]) if "." in printed else 0
-
-
 def mismatch(root: Path, c: Citation) -> Optional[str]:
     """Why the citation does not hold (None: it does)."""
     if not c.printed:
@@ -109,7 +89,7 @@ def mismatch(root: Path, c: Citation) -> Optional[str]:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return f"{c.where()}: the source's value is {value!r}, not a number"
     printed = float(c.printed.replace(",", ""))
-    want = round(value * c.factor, decimals(c.printed))
+    want = round(value * c.factor, len(c.printed.partition(".")[2]))  # to the decimals it is printed with
     if abs(printed - want) > 1e-9 * max(1.0, abs(want)):
         return f"{c.where()}: printed {c.printed}, the source says {want} ({value!r} x {c.factor:g})"
     return None

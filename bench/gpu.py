@@ -59,9 +59,9 @@ takes the better part of an hour: use --presets default there, or --quick.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
+import functools
 import math
 import sys
 import time
@@ -72,7 +72,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench import results
-from bench.clock import stage_threads
+from bench.clock import stage_threads, sync
 from bench.probe import machine
 from bench.workloads import synthetic
 from pipeline.core.config import CONF_DIR, load_config
@@ -96,28 +96,11 @@ WHY_PROFILE = (
 )
 WHY_GRAPH = f"{NEEDS_CUDA}: a CUDA graph captures GPU kernels"
 GPU_FIGURES = ("kernels_per_step", "kernel_us_mean", "gpu_busy", "cuda_syncs_per_step")
-FIGURES = (
-    "step_ms",
-    "step_ms_mean",
-    "flow_steps_per_batch",
-    "ms_per_flow_step",
-    "host_syncs_per_step",
-    "ops_per_step",
-    *GPU_FIGURES,
-    "gflop_per_step",
-    "achieved_gflops",
-    "matmul_peak_gflops",
-    "fraction_of_matmul_peak",
-)
+FIGURES = ("step_ms", "step_ms_mean", "flow_steps_per_batch", "ms_per_flow_step", "host_syncs_per_step", "ops_per_step")
+FIGURES += (*GPU_FIGURES, "gflop_per_step", "achieved_gflops", "matmul_peak_gflops", "fraction_of_matmul_peak")
 
 
-def say(msg: str) -> None:
-    print(f"[bench.gpu] {msg}", file=sys.stderr, flush=True)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+say = functools.partial(results.say, "gpu")
 
 
 def pick_device(name: str) -> torch.device:
@@ -126,12 +109,6 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bench.gpu: --device cuda, but CUDA is not available here (use --device cpu or auto)")
     return torch.device(name)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return machine()["cpu_model"]
 
 
 @contextlib.contextmanager
@@ -279,15 +256,8 @@ def flow_steps_per_batch(rows: list[dict]) -> float:
 
 
 def overrides_for(preset: str, precision: str, device: torch.device, variant: dict) -> list[str]:
-    out = [
-        f"preset={preset}",
-        f"train.device={device.type}",
-        "train.checkpoint_every=0",
-        "train.epochs=1",
-        f"train.precision={precision}",
-    ]
-    out += [f"train.{k}={v}" for k, v in variant.items() if v is not None]
-    return out
+    out = [f"preset={preset}", f"train.device={device.type}", "train.checkpoint_every=0", "train.epochs=1"]
+    return out + [f"train.precision={precision}", *(f"train.{k}={v}" for k, v in variant.items() if v is not None)]
 
 
 def run_case(preset: str, precision: str, device: torch.device, variant: dict, *, warmup: int, steps: int) -> dict:
@@ -324,9 +294,7 @@ def run_case(preset: str, precision: str, device: torch.device, variant: dict, *
         "host_sync_sites": dict(plan.sites.most_common()),
         "flops_per_step": plan.flops,
         "threads": plan.threads,
-        "batch_size": int(t.batch_size),
-        "grad_accum": int(t.grad_accum),
-        "log_every": int(t.log_every),
+        **{k: int(t[k]) for k in ("batch_size", "grad_accum", "log_every")},
         "warmup_steps": kinds.count("warmup"),
         "steps_sampled_by_trainer": kinds.count("trainer"),
         "run_steps": len(kinds),
@@ -334,9 +302,8 @@ def run_case(preset: str, precision: str, device: torch.device, variant: dict, *
     }
     # What ran, as the trainer reports it (flow/loop: 1 masked, 0 compacting; perf/cuda_graph).
     s = res.summary
-    masked = s.get("flow/loop")
-    out["flow_loop_ran"] = "compact" if masked is None else ("masked" if masked else "compact")
-    out["cuda_graph_ran"] = bool(s["perf/cuda_graph"]) if "perf/cuda_graph" in s else False
+    out["flow_loop_ran"] = "masked" if s.get("flow/loop") else "compact"
+    out["cuda_graph_ran"] = bool(s.get("perf/cuda_graph", False))
     out["flow_overruns"] = s.get("flow/overruns", 0)
     if device.type == "cuda":
         p = plan.profile
@@ -394,6 +361,11 @@ def ratio(runs: dict, a: tuple, b: tuple, key: str = "step_ms") -> tuple[Optiona
 
 
 def ratios(runs: dict, presets, precisions, labels) -> list[dict]:
+    def put(entry: dict, name: str, a: tuple, b: tuple) -> None:
+        entry[name], why = ratio(runs, a, b)
+        if why:
+            entry[f"{name}_why"] = why
+
     out = []
     pairs = {
         "masked_over_compact_step_ms": ("masked", "compact"),
@@ -405,20 +377,14 @@ def ratios(runs: dict, presets, precisions, labels) -> list[dict]:
             entry: dict = {"preset": preset, "precision": precision}
             for name, (a, b) in pairs.items():
                 if a in labels and b in labels:
-                    v, why = ratio(runs, (preset, precision, a), (preset, precision, b))
-                    entry[name] = v
-                    if why:
-                        entry[f"{name}_why"] = why
+                    put(entry, name, (preset, precision, a), (preset, precision, b))
             if len(entry) > 2:
                 out.append(entry)
         for label in labels:
             entry = {"preset": preset, "label": label}
             for precision in ("tf32", "bf16"):
                 if precision in precisions and "fp32" in precisions:
-                    v, why = ratio(runs, (preset, precision, label), (preset, "fp32", label))
-                    entry[f"{precision}_over_fp32_step_ms"] = v
-                    if why:
-                        entry[f"{precision}_over_fp32_step_ms_why"] = why
+                    put(entry, f"{precision}_over_fp32_step_ms", (preset, precision, label), (preset, "fp32", label))
             if len(entry) > 2:
                 out.append(entry)
     return out
@@ -457,13 +423,10 @@ def finite(obj):
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = results.parser("gpu", __doc__)
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default auto: CUDA if present")
     ap.add_argument(
         "--presets",
-        default=None,
         help=f"comma-separated presets (default {','.join(PRESETS)}; with --quick {','.join(QUICK_PRESETS)})",
     )
     ap.add_argument(
@@ -471,11 +434,10 @@ def main(argv=None) -> dict:
         default=",".join(PRECISIONS),
         help=f"comma-separated, of {','.join(PRECISIONS)} (default all; tf32 and bf16 run on CUDA only)",
     )
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per run (default 10 on CUDA, 5 on a CPU)")
+    ap.add_argument("--steps", type=int, help="timed steps per run (default 10 on CUDA, 5 on a CPU)")
     ap.add_argument(
         "--warmup",
         type=int,
-        default=None,
         help="warm-up steps per run (default 3; raised to the masked loop's FLOW_STEPS_OBSERVED + 2 where it has one)",
     )
     ap.add_argument(
@@ -500,7 +462,7 @@ def main(argv=None) -> dict:
     precisions = [p for p in asked if cuda or p == "fp32"]
     res: dict = {
         "device": device.type,
-        "device_name": device_name(device),
+        "device_name": torch.cuda.get_device_name(device) if cuda else machine()["cpu_model"],
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "presets": presets,
@@ -514,48 +476,42 @@ def main(argv=None) -> dict:
     out_runs: list[dict] = []
     errors: list[str] = []
     n_peak = PEAK_N[device.type]
+
+    def case(preset: str, precision: str, v: dict) -> dict:
+        """One run of the matrix, or its stub with why where it cannot run here or failed."""
+        if precision not in precisions or "why" in v:
+            return stub(preset, precision, v, v.get("why") or WHY_PRECISION[precision])
+        variant = {k: v[k] for k in ("flow_loop", "cuda_graph")}
+        say(f"{preset} {precision} {v['label']} ...")
+        try:
+            r = run_case(preset, precision, device, variant, warmup=warmup, steps=steps)
+        except Exception as e:  # noqa: BLE001 - one failed run is reported; the others still run
+            errors.append(f"{preset}/{precision}/{v['label']}: {type(e).__name__}: {e}")
+            say(f"  failed: {errors[-1]}")
+            return stub(preset, precision, v, f"failed: {type(e).__name__}: {e}")
+        pk = (precision, r["threads"])
+        if pk not in peaks:
+            peaks[pk] = matmul_peak(device, precision, n_peak, r["threads"], rounds=3 if args.quick else 5)
+        peak = peaks[pk]["gflops"]
+        achieved = r["flops_per_step"] / (r["step_ms"] / 1000) / 1e9 if r["flops_per_step"] else None
+        r["gflop_per_step"] = r.pop("flops_per_step") / 1e9
+        r["achieved_gflops"], r["matmul_peak_gflops"] = achieved, peak
+        r["fraction_of_matmul_peak"] = achieved / peak if achieved else None
+        if achieved is None:
+            why = "FlopCounterMode saw no FLOPs in the step"
+            r["achieved_gflops_why"] = r["fraction_of_matmul_peak_why"] = why
+        say(
+            f"  {r['step_ms']:.2f} ms/step ({r['flow_steps_per_batch']:.1f} flow steps), "
+            f"{r['host_syncs_per_step']:.1f} host syncs, {r['ops_per_step']:.0f} ops, "
+            f"{(achieved or 0):.1f} GFLOP/s of {peak:.1f} peak; {r['seconds']:.1f} s"
+        )
+        return {"preset": preset, "precision": precision, **v, **r}
+
     for preset in presets:
         for precision in asked:
             for v in to_run + not_here:
-                key = (preset, precision, v["label"])
-                if precision not in precisions or "why" in v:
-                    runs[key] = stub(preset, precision, v, v.get("why") or WHY_PRECISION[precision])
-                    out_runs.append(runs[key])
-                    continue
-                variant = {k: v[k] for k in ("flow_loop", "cuda_graph")}
-                say(f"{preset} {precision} {v['label']} ...")
-                try:
-                    r = run_case(preset, precision, device, variant, warmup=warmup, steps=steps)
-                except Exception as e:  # noqa: BLE001 - one failed run is reported; the others still run
-                    errors.append(f"{'/'.join(key)}: {type(e).__name__}: {e}")
-                    say(f"  failed: {errors[-1]}")
-                    runs[key] = stub(preset, precision, v, f"failed: {type(e).__name__}: {e}")
-                    out_runs.append(runs[key])
-                    continue
-                pk = (precision, r["threads"])
-                if pk not in peaks:
-                    peaks[pk] = matmul_peak(device, precision, n_peak, r["threads"], rounds=3 if args.quick else 5)
-                peak = peaks[pk]["gflops"]
-                achieved = r["flops_per_step"] / (r["step_ms"] / 1000) / 1e9 if r["flops_per_step"] else None
-                r.update(
-                    {
-                        "gflop_per_step": r.pop("flops_per_step") / 1e9,
-                        "achieved_gflops": achieved,
-                        "matmul_peak_gflops": peak,
-                        "fraction_of_matmul_peak": achieved / peak if achieved else None,
-                    }
-                )
-                if achieved is None:
-                    why = "FlopCounterMode saw no FLOPs in the step"
-                    r["achieved_gflops_why"] = r["fraction_of_matmul_peak_why"] = why
-                entry = {"preset": preset, "precision": precision, **v, **r}
-                runs[key] = entry
+                runs[preset, precision, v["label"]] = entry = case(preset, precision, v)
                 out_runs.append(entry)
-                say(
-                    f"  {r['step_ms']:.2f} ms/step ({r['flow_steps_per_batch']:.1f} flow steps), "
-                    f"{r['host_syncs_per_step']:.1f} host syncs, {r['ops_per_step']:.0f} ops, "
-                    f"{(achieved or 0):.1f} GFLOP/s of {peak:.1f} peak; {r['seconds']:.1f} s"
-                )
     res["runs"] = out_runs
     res["ratios"] = ratios(runs, presets, asked, labels)
     res["matmul_peak"] = [{"precision": p, **v} for (p, _), v in peaks.items()]

@@ -87,9 +87,7 @@ def loader_child(shard_dir: str, batch_size: int, prefetch) -> dict:
     from pipeline.data.shards import open_split
 
     split = open_split(shard_dir, "train", verify=False)
-    kw = {}
-    if prefetch is not None:
-        kw["prefetch"] = prefetch
+    kw = {} if prefetch is None else {"prefetch": prefetch}
     loader = BatchLoader(split.inputs, split.targets, batch_size=batch_size, shuffle=True, seed=0, **kw)
     loader.set_epoch(0)
     gc.collect()
@@ -119,12 +117,6 @@ def loader_child(shard_dir: str, batch_size: int, prefetch) -> dict:
     }
 
 
-def run_loader_child(shard_dir: Path, prefetch) -> dict:
-    args = ["-m", "bench.data", "--loader-child", str(shard_dir)]
-    args += ["--prefetch", str(prefetch)] if prefetch is not None else []
-    return results.child_json(args, f"loader child on {shard_dir}", 900)
-
-
 def loader_memory(big_rows: int, small_rows: int, scratch: Path, prefetch) -> dict:
     from pipeline.data.loader import BatchLoader
 
@@ -134,11 +126,12 @@ def loader_memory(big_rows: int, small_rows: int, scratch: Path, prefetch) -> di
     out: dict = {}
     try:
         for label, rows in (("small", small_rows), ("big", big_rows)):
-            t0 = time.perf_counter()
-            manifest = write_synthetic(work / f"shards-{rows}", rows, work)
+            t0, shards = time.perf_counter(), work / f"shards-{rows}"
+            manifest = write_synthetic(shards, rows, work)
             write_s = time.perf_counter() - t0
-            child = run_loader_child(work / f"shards-{rows}", prefetch)
-            shutil.rmtree(work / f"shards-{rows}", ignore_errors=True)
+            args = ["-m", "bench.data", "--loader-child", str(shards), "--prefetch", str(prefetch)]
+            child = results.child_json(args, f"loader child on {shards}", 900)
+            shutil.rmtree(shards, ignore_errors=True)
             if child["rows_seen"] != rows:
                 raise RuntimeError(f"the epoch yielded {child['rows_seen']} rows of {rows}")
             out[label] = child

@@ -23,9 +23,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -40,11 +37,6 @@ from pipeline.train.loop import train_model
 
 DIM = 384  # the bundled teacher's embedding size
 CPU = torch.device("cpu")  # each measure's default device; --device picks another: nothing here requires a GPU
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def randn(device: torch.device, *shape) -> torch.Tensor:
@@ -77,10 +69,10 @@ def matmul_peak_flops(device: torch.device, n: int = 2048, reps: int = 10) -> fl
     a @ b
     best = float("inf")
     for _ in range(reps):
-        sync(device)
+        clock.sync(device)
         t0 = time.perf_counter()
         a @ b
-        sync(device)
+        clock.sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
 
@@ -90,13 +82,12 @@ def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None, device
     just before it (bench/probe.py), so a busy moment during one arm only does not decide."""
     from bench.reference_model import reference_forward  # run from the repo root: python -m bench.model
 
-    probe, done = probe or Probe(device), lambda: sync(device)
+    probe, done = probe or Probe(device), lambda: clock.sync(device)
     model = build(cfg.model, device)
     B = cfg.train.batch_size
     x, y = randn(device, B, DIM), randn(device, B, DIM)
     vec_probe = float(np.median(probe.take(3)))
     vec = clock.cpu_per_call(lambda: train_step(model, x, y), 5, done)
-    vec_s = vec.wall
     vec_out = model(x)
     # The sub-batch must give each sample the full batch's flows, or it does different work.
     per_sample, cap = model.flows_per_sample(B), model.max_active_flows
@@ -106,16 +97,15 @@ def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None, device
     ref_span, ref = clock.measure(
         lambda: train_step(model, xs, ys, forward=lambda v: reference_forward(model, v)), done
     )
-    ref_s = ref_span.wall
     model.max_active_flows = cap
     ref_flow_steps = ref[3]
     scale = vec_out.flow_steps / ref_flow_steps  # to the full batch's flow steps
-    ref_full_s = ref_s * scale
+    ref_full_s = ref_span.wall * scale
     return {
         "speedup_vs_reference": seconds(ref_span, device) * scale / seconds(vec, device),
-        "speedup_vs_reference_wall": ref_full_s / vec_s,
-        "speedup_vs_reference_probe_normalised": (ref_full_s / ref_probe) / (vec_s / vec_probe),
-        "vectorised_step_s": vec_s,
+        "speedup_vs_reference_wall": ref_full_s / vec.wall,
+        "speedup_vs_reference_probe_normalised": (ref_full_s / ref_probe) / (vec.wall / vec_probe),
+        "vectorised_step_s": vec.wall,
         "reference_step_s_scaled": ref_full_s,
         "reference_timed_samples": sub_batch,
         "reference_timed_flow_steps": ref_flow_steps,
@@ -127,14 +117,10 @@ def speedup_vs_reference(cfg, sub_batch: int, probe: Probe | None = None, device
 def mfu(
     cfg, rounds: int = 8, probes_per_round: int = 4, probe: Probe | None = None, device: torch.device = CPU
 ) -> dict:
-    """FLOPs of one training step over its time, against the machine's matmul peak as the best of
-    many probes (bench/probe.py) taken between the steps: `rounds` times, `probes_per_round`
-    probes then one timed step. The step's time is its best too (like the peak, the fastest is
-    the one the machine's other users left alone), so mfu <= 1 unless the probe's matmul is
-    slower than the step's own, i.e. a poor reference (mfu_probe_is_poor_reference).
-    mfu_median_paired: each step against the median of the probes of its own round, the median
-    over rounds (both at the same moments); mfu_vs_burst_peak: against one burst of 2048x2048
-    matmuls before the steps, the figure this benchmark gave before the probes."""
+    """The module docstring's mfu figures: `rounds` times, `probes_per_round` probes then one timed
+    step. The step's time is its best too (like the peak, the fastest is the one the machine's
+    other users left alone). mfu_median_paired: each step against the median of the probes of its
+    own round, the median over rounds (both at the same moments)."""
     model = build(cfg.model, device)
     B = cfg.train.batch_size
     x, y = randn(device, B, DIM), randn(device, B, DIM)
@@ -148,7 +134,7 @@ def mfu(
     # (the counted step above was the warm-up: a bench-preset step on one thread is long)
     for _ in range(rounds):
         round_probes = probe.take(probes_per_round)
-        span, _ = clock.measure(lambda: train_step(model, x, y), lambda: sync(device))
+        span, _ = clock.measure(lambda: train_step(model, x, y), lambda: clock.sync(device))
         steps.append(span.wall)
         steps_cpu.append(span.cpu)
         paired.append((flops / steps[-1]) / (probe.flops / float(np.median(round_probes))))
@@ -185,10 +171,7 @@ def adaptive(cfg, steps: int, device: torch.device = CPU) -> dict:
     tcfg = OmegaConf.merge(cfg, {"train": {"epochs": epochs, "log_every": 4, "device": str(device)}})
     res = train_model(tcfg, x, y, progress=False)
     model = res.model
-    xb, yb = (
-        torch.from_numpy(x[: cfg.train.batch_size]).to(device),
-        torch.from_numpy(y[: cfg.train.batch_size]).to(device),
-    )
+    xb, yb = (torch.from_numpy(a[: cfg.train.batch_size]).to(device) for a in (x, y))
     with torch.no_grad():
         used = [
             model(torch.from_numpy(x[i : i + cfg.train.batch_size]).to(device)).steps_used
@@ -200,7 +183,7 @@ def adaptive(cfg, steps: int, device: torch.device = CPU) -> dict:
         return train_step(model, xb, yb)
 
     # Interleaved pairs, the median of their ratios: off and on see the same machine noise.
-    pair = clock.interleaved_ratio(lambda: step(False), lambda: step(True), 6, lambda: sync(device))
+    pair = clock.interleaved_ratio(lambda: step(False), lambda: step(True), 6, lambda: clock.sync(device))
     off_on = pair["ratio"] if device.type != "cuda" else pair["a_wall_s"] / pair["b_wall_s"]
     with torch.no_grad():
         off_steps = model(xb).steps_used
@@ -265,14 +248,7 @@ print(json.dumps({{"seed_preset_step_s": times[-1], "seed_preset_first_step_s": 
 
 def seed_preset() -> dict:
     """In a fresh process, so its peak RSS is the seed model's alone."""
-    from pipeline.core.paths import REPO_ROOT
-
-    proc = subprocess.run(
-        [sys.executable, "-c", SEED_STEP.format(dim=DIM)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600
-    )
-    if proc.returncode:
-        raise RuntimeError(f"seed preset step failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return results.child_json(["-c", SEED_STEP.format(dim=DIM)], "seed preset step", 600)
 
 
 def main(argv=None) -> dict:
@@ -291,7 +267,6 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--threads",
         type=int,
-        default=None,
         help="intra-op threads on a CPU (default: the train stage's, as under the portable numerics; 0: torch's)",
     )
     results.add_save_flag(ap)
@@ -303,23 +278,13 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     if args.quick:
         args.skip_seed, args.train_steps, args.mfu_rounds = True, 16, 2
-    device = torch.device(
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else "cpu"
-        if args.device == "auto"
-        else args.device
-    )
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     if device.type == "cpu":
         clock.pin_threads(args.threads)
     t0 = time.perf_counter()
     default, bench = load_config(["preset=default"]), load_config(["preset=bench"])
-    res = {
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else f"cpu ({torch.get_num_threads()} threads)",
-        "torch": torch.__version__,
-    }
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    res = {"device": name, "torch": torch.__version__}
     probe = Probe(device)
     steps = [
         ("reference", lambda: speedup_vs_reference(default, args.reference_samples, probe, device)),
@@ -329,13 +294,13 @@ def main(argv=None) -> dict:
     ]
     if not args.skip_seed:
         steps.append(("seed", seed_preset))
-    for name, fn in steps:
+    for part, fn in steps:
         t = time.perf_counter()
         res.update(fn())
-        print(f"[bench.model] {name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        results.say("model", f"{part}: {time.perf_counter() - t:.1f} s")
     res.update(machine(probe))
     if device.type == "cuda":
-        res["gpu_model"] = torch.cuda.get_device_name(device)
+        res["gpu_model"] = name
     res["bench_seconds"] = time.perf_counter() - t0
     res.update(headline(res))
     return results.finish("model", res, args.save, argv)

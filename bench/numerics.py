@@ -40,6 +40,7 @@ shards (else the embed stage builds them into a temporary directory). No GPU nee
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -59,33 +60,22 @@ from pipeline.core.paths import REPO_ROOT
 SHIM_SOURCE = "int mkl_serv_intel_cpu_true(void) { return 1; }\nint mkl_serv_intel_cpu(void) { return 1; }\n"
 SHIM = "@shim"  # placeholder in EMULATIONS for the shim's path
 
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 # name -> (environment, what it stands for)
 EMULATIONS: dict[str, tuple[dict, str]] = {
     "native": ({}, "this machine as it is"),
     "mkl_cbwr_avx512": ({"MKL_CBWR": "AVX512"}, "MKL's documented AVX-512 branch (AUTO on a non-Intel CPU)"),
     "mkl_intel": ({"LD_PRELOAD": SHIM}, "MKL on an Intel AVX-512 CPU (Xeon Skylake-SP and later)"),
     "aten_avx2": ({"ATEN_CPU_CAPABILITY": "avx2"}, "ATen on an AVX2-only CPU (AMD Zen 3, Xeon Haswell/Broadwell)"),
-    "avx2_cpu": (
-        {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-        "an AVX2-only AMD CPU (Zen 2/3)",
-    ),
-    "intel_avx2": (
-        {
-            "LD_PRELOAD": SHIM,
-            "ATEN_CPU_CAPABILITY": "avx2",
-            "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "ONEDNN_MAX_CPU_ISA": "AVX2",
-        },
-        "an AVX2-only Intel CPU (Xeon Haswell/Broadwell)",
-    ),
+    "avx2_cpu": (AVX2, "an AVX2-only AMD CPU (Zen 2/3)"),
+    "intel_avx2": ({"LD_PRELOAD": SHIM, **AVX2}, "an AVX2-only Intel CPU (Xeon Haswell/Broadwell)"),
     "cores_1": ({"@cores": "1"}, "a machine with another core count (here 1 core; train.threads=0)"),
 }
 QUICK = ("native", "mkl_intel", "aten_avx2", "cores_1")
 NATIVE_OFF = {numerics.MODE_VAR: "native"}
 
 
-def say(msg: str) -> None:
-    print(f"[bench.numerics] {msg}", file=sys.stderr, flush=True)
+say = functools.partial(results.say, "numerics")
 
 
 def build_shim(where: Path) -> str | None:
@@ -116,9 +106,7 @@ def variant_env(emulation: dict, portable: bool, shim: str | None) -> tuple[dict
             env[k] = v
     if portable:
         env.update(numerics.PORTABLE)  # the setting's keys are its own; the rest of the emulation stays
-        env[numerics.MODE_VAR] = "portable"
-    else:
-        env[numerics.MODE_VAR] = "native"
+    env[numerics.MODE_VAR] = "portable" if portable else "native"
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONHASHSEED": "0"})
     return env, cores
 
@@ -127,18 +115,8 @@ def run_worker(kind: str, env: dict, cores: int | None, *args: str, timeout: int
     pre = None
     if cores:
         pre = lambda: os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])  # noqa: E731
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.numerics", "--worker", kind, *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=pre,
-    )
-    if proc.returncode:
-        raise RuntimeError(f"worker {kind} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    args = ["-m", "bench.numerics", "--worker", kind, *args]
+    return results.child_json(args, f"worker {kind}", timeout, env=env, preexec_fn=pre)
 
 
 # ---------------------------------------------------------------------------- workers (subprocesses)
@@ -252,23 +230,9 @@ def worker_steps(steps: int) -> dict:
 def make_shards(where: Path) -> str:
     out = where / "smoke"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stages.embed",
-            "preset=smoke",
-            f"embed.out_dir={out}",
-            "embed.cache_dir=",
-            "run.allow_external_paths=true",
-            "run.tracking=disabled",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    args = [sys.executable, "-m", "stages.embed", "preset=smoke", f"embed.out_dir={out}", "embed.cache_dir="]
+    args += ["run.allow_external_paths=true", "run.tracking=disabled"]
+    proc = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode:
         raise RuntimeError(f"embed stage failed:\n{proc.stderr[-3000:]}")
     return str(out)
@@ -281,8 +245,7 @@ def agreement(
 
     table: dict = {}
     for mode in modes:
-        ref_w = ref_e = ref_weights = None
-        ref_vec = None
+        ref_w = ref_e = ref_weights = ref_vec = None
         for name in names:
             spec = variant_env(EMULATIONS[name][0], mode == "portable", shim)
             key = f"{mode}/{name}"
@@ -301,8 +264,8 @@ def agreement(
             }
             with np.load(wfile) as w:
                 weights = {k: w[k] for k in w.files}
-            if ref_weights is None:
-                ref_weights = weights
+            if ref_w is None:
+                ref_w, ref_weights = tr["weights"], weights
             row["weights_max_abs_diff"] = max(float(np.abs(weights[k] - ref_weights[k]).max()) for k in weights)
             if encode_n:
                 npy = str(tmp / f"{mode}-{name}.npy")
@@ -312,8 +275,6 @@ def agreement(
                     ref_vec, ref_e = vec, en["digest"]
                 row["encode_identical"] = en["digest"] == ref_e
                 row["encode_max_abs_diff"] = float(np.abs(vec - ref_vec).max())
-            if ref_w is None:
-                ref_w = tr["weights"]
             row["weights_identical"] = tr["weights"] == ref_w
             table[key] = row
             say(f"{key}: {row} ({time.perf_counter() - t0:.1f} s)")
@@ -336,18 +297,14 @@ def cost(rounds: int, steps: int, encode_n: int, shards: str) -> dict:
                 + (f" encode {runs[('encode', arm)][-1]}" if encode_n else "")
             )
     res: dict = {"cost_rounds": rounds, "cost_train_steps": steps, "cost_encode_texts": encode_n}
-    for what in ("steps", "encode"):
+    for what, label, unit in (("steps", "train_step", "ms"), ("encode", "encode", "s")):
         if not runs[(what, "native")]:
             continue
         med = {a: statistics.median(r[0] for r in runs[(what, a)]) for a in arms}
         norm = {a: statistics.median(r[0] / r[1] for r in runs[(what, a)]) for a in arms}
         cpu = {a: statistics.median(r[3] for r in runs[(what, a)]) for a in arms}
-        label = "train_step" if what == "steps" else "encode"
-        unit = "ms" if what == "steps" else "s"
-        res[f"{label}_{unit}_native"] = med["native"]
-        res[f"{label}_{unit}_portable"] = med["portable"]
-        res[f"{label}_threads_native"] = runs[(what, "native")][0][2]
-        res[f"{label}_threads_portable"] = runs[(what, "portable")][0][2]
+        res |= {f"{label}_{unit}_{a}": med[a] for a in arms}
+        res |= {f"{label}_threads_{a}": runs[(what, a)][0][2] for a in arms}
         res[f"{label}_ratio"] = med["portable"] / med["native"]
         res[f"{label}_ratio_probe_normalised"] = norm["portable"] / norm["native"]
         res[f"{label}_cpu_ratio"] = cpu["portable"] / cpu["native"]

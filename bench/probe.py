@@ -25,6 +25,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from bench.clock import sync
 from pipeline.core.numerics import cpu_model
 
 PROBE_N = 256  # small enough to fit in cache, large enough to run at the matmul peak
@@ -71,22 +72,18 @@ class Probe:
     def flops(self) -> float:
         return 2.0 * self.n**3 * self.reps
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def _run(self) -> None:
         a, b = self.a, self.b
         for _ in range(self.reps):
             torch.mm(a, b)
-        self._sync()
+        sync(self.device)
 
     def __call__(self) -> float:
         saved = torch.get_num_threads()
         if self.want_threads and saved != self.want_threads:
             torch.set_num_threads(self.want_threads)
         try:
-            self._sync()
+            sync(self.device)
             t0, c0 = time.perf_counter(), time.process_time()
             self._run()
             seconds = time.perf_counter() - t0
@@ -99,7 +96,6 @@ class Probe:
         return seconds
 
     def take(self, k: int) -> list[float]:
-        """`k` probes back to back."""
         return [self() for _ in range(k)]
 
     def peak_flops(self) -> float:

@@ -1,15 +1,5 @@
-"""A benchmark's result as a committed source of the figures that docs quote.
-
-Every bench prints one JSON object; with `--save` it also writes bench/results/<bench>.json:
-
-    {"bench": "model", "command": "python -m bench.model", "date": "...", "torch": "...",
-     "cpu_model": "...", "gpu_model": null, "figures": {...}, "unreliable": {...}, "result": {...}}
-
-`figures` holds the bench's headline figures, each measured so that it holds on a busy machine
-(bench/clock.py), or null when it cannot be (its reason then in `unreliable`); `result` is the
-whole printed object. Docs cite a figure by path and key (bench/figures.py), and
-bench/agreement.py compares two sets of saved results figure by figure.
-"""
+"""A benchmark's result as a committed source of the figures that docs quote: `--save` writes it
+to bench/results/<bench>.json (its format and how docs cite it: docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -35,13 +25,23 @@ def say(bench: str, msg: str) -> None:
     print(f"[bench.{bench}] {msg}", file=sys.stderr, flush=True)
 
 
-def child_json(args: list[str], what: str, timeout: float) -> dict:
-    """`python ARGS` run from the repository root (a part a bench measures in a fresh process):
-    the JSON object of its last stdout line; its failure is an error ending with its stderr's."""
-    proc = subprocess.run([sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
+def child_json(args: list[str], what: str, timeout: float, **run) -> dict:
+    """`python ARGS` run from the repository root (a part a bench measures in a fresh process;
+    `run`: more subprocess.run arguments): the JSON object of its last stdout line; its failure is
+    an error ending with its stderr's."""
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, **run
+    )
     if proc.returncode:
         raise RuntimeError(f"{what} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def parser(bench: str, doc: str) -> argparse.ArgumentParser:
+    """`python -m bench.<bench>`'s parser: its module docstring is its --help, kept as written."""
+    return argparse.ArgumentParser(
+        prog=f"python -m bench.{bench}", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
 
 
 def add_save_flag(ap: argparse.ArgumentParser) -> None:
@@ -49,38 +49,24 @@ def add_save_flag(ap: argparse.ArgumentParser) -> None:
         "--save",
         nargs="?",
         const="",
-        default=None,
         metavar="PATH",
         help="also write the result, with its figures, the machine, the date, torch's version and "
         "this command, to bench/results/<bench>.json (or PATH): the source docs quote",
     )
 
 
-def default_path(bench: str) -> Path:
-    return RESULTS_DIR / f"{bench}.json"
-
-
 def command(bench: str, argv: Optional[list[str]]) -> str:
     """The command that made the result, without --save (bench/agreement.py reruns it)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    kept, skip = [], False
-    for i, a in enumerate(args):
-        if skip:
-            skip = False
-            continue
+    kept = []
+    while args:
+        a = args.pop(0)
         if a == "--save":
-            # Its optional PATH is the next argument when that is not another option.
-            skip = i + 1 < len(args) and not args[i + 1].startswith("-")
-            continue
-        if a.startswith("--save="):
-            continue
-        kept.append(a)
+            if args and not args[0].startswith("-"):  # its optional PATH, when not another option
+                args.pop(0)
+        elif not a.startswith("--save="):
+            kept.append(a)
     return shlex.join(["python", "-m", f"bench.{bench}", *kept])
-
-
-def gpu_model(result: dict) -> Optional[str]:
-    """The GPU the bench ran on, where it ran on one (the benches that can name it)."""
-    return result.get("gpu_model")
 
 
 def clean(value):
@@ -104,7 +90,7 @@ def record(bench: str, result: dict, argv: Optional[list[str]] = None) -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "torch": torch.__version__,
             "cpu_model": cpu_model(),
-            "gpu_model": gpu_model(result),
+            "gpu_model": result.get("gpu_model"),  # the benches that can name their GPU
             "figures": result.get("figures", {}),
             "unreliable": result.get("unreliable", {}),
             "result": result,
@@ -116,7 +102,7 @@ def finish(bench: str, result: dict, save: Optional[str], argv: Optional[list[st
     """Prints the result as the bench's last stdout line and, with --save, writes its record."""
     print(json.dumps(result))
     if save is not None:
-        path = Path(save) if save else default_path(bench)
+        path = Path(save) if save else RESULTS_DIR / f"{bench}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record(bench, result, argv), indent=1, sort_keys=False) + "\n")
         print(f"[bench.{bench}] saved {path}", file=sys.stderr)

@@ -23,6 +23,7 @@ also writes bench/results/scaling.json. An error exits non-zero.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -41,24 +42,15 @@ from pipeline.core.config import load_config
 from pipeline.core.paths import REPO_ROOT
 from pipeline.train.loop import train_model
 
-
-def say(msg: str) -> None:
-    print(f"[bench.scaling] {msg}", file=sys.stderr, flush=True)
+say = functools.partial(results.say, "scaling")
 
 
 def worker(out: str, preset: str, steps: int, threads: int, device: str) -> None:
     """One rank (under torchrun): `steps` optimizer steps of `preset` on synthetic data; rank 0
     writes the arm's figures to `out`."""
     place = distributed.from_env()
-    overrides = [
-        f"preset={preset}",
-        f"train.device={device}",
-        "train.checkpoint_every=0",
-        "train.epochs=1",
-        f"train.threads={threads}",
-        "train.log_every=5",
-    ]
-    cfg = load_config(overrides)
+    overrides = [f"preset={preset}", f"train.device={device}", "train.checkpoint_every=0", "train.epochs=1"]
+    cfg = load_config([*overrides, f"train.threads={threads}", "train.log_every=5"])
     x, y = synthetic(steps * cfg.train.batch_size * cfg.train.grad_accum * place.world_size)
     with distributed.process_group(torch.device(device)) as place:
         result = train_model(cfg, x, y, progress=False, place=place)
@@ -79,24 +71,9 @@ def run_arm(nproc: int, preset: str, steps: int, threads: int, device: str) -> d
     torchrun = Path(sys.executable).parent / "torchrun"
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         out = Path(tmp) / "arm.json"
-        cmd = [
-            str(torchrun),
-            "--standalone",
-            "--nproc_per_node",
-            str(nproc),
-            "-m",
-            "bench.scaling",
-            "--worker",
-            str(out),
-            "--preset",
-            preset,
-            "--steps",
-            str(steps),
-            "--threads",
-            str(threads),
-            "--device",
-            device,
-        ]
+        cmd = [str(torchrun), "--standalone", "--nproc_per_node", str(nproc), "-m", "bench.scaling"]
+        cmd += ["--worker", str(out), "--preset", preset, "--steps", str(steps), "--threads", str(threads)]
+        cmd += ["--device", device]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         env.pop("OMP_NUM_THREADS", None)  # torchrun would pin it to 1; train.threads decides here
         t0 = time.perf_counter()
@@ -115,9 +92,7 @@ def run_arm(nproc: int, preset: str, steps: int, threads: int, device: str) -> d
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.scaling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = results.parser("scaling", __doc__)
     ap.add_argument("--preset", default="default", help="the model and batch to train (default: default)")
     ap.add_argument(
         "--steps",

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
+import functools
 import tempfile
 import time
 from pathlib import Path
@@ -58,19 +58,11 @@ from pipeline.train.telemetry import rss_mb
 
 GOALS = {"in_process_batch_over_teacher_encode": 1.5}
 QUESTIONS_CSV = REPO_ROOT / "data" / "raw" / "qa_pairs.csv"
-ARMS = (
-    "in_process_single",
-    "teacher_encode_single",
-    "in_process_batch",
-    "teacher_encode",
-    "rest_single",
-    "rest_batch",
-)
+ARMS = ("in_process_single", "teacher_encode_single", "in_process_batch", "teacher_encode", "rest_single", "rest_batch")
 PARTS = ("encode", "model", "topk")
 
 
-def say(msg: str) -> None:
-    print(f"[bench.serve] {msg}", file=sys.stderr, flush=True)
+say = functools.partial(results.say, "serve")
 
 
 def shipped_questions(n: int) -> list[str]:
@@ -192,22 +184,20 @@ def measure(model_uri: str, batch: int, singles: int, rounds: int, k: int, probe
             probes.append(probe())
     probe_ms = float(np.median(probes)) * 1000
     out: dict = {"model": model_uri, "load_s": load_s, "server_start_and_warm_up_s": start_s if rest else None}
-    for mode in ("in_process", "rest") if rest else ("in_process",):
-        single = percentiles_ms(spans[f"{mode}_single"])
-        single.update(p50_probes=single["p50_ms"] / probe_ms, p99_probes=single["p99_ms"] / probe_ms)
-        b = spans[f"{mode}_batch"]
-        out[mode] = {
-            "single": single,
+
+    def batches(b: list[float]) -> dict:
+        return {
             "batch_s_median": float(np.median(b)),
             "batch_questions_per_s": float(batch / np.median(b)),
             "batch_s_rounds": b,
         }
+
+    for mode in ("in_process", "rest") if rest else ("in_process",):
+        single = percentiles_ms(spans[f"{mode}_single"])
+        single.update(p50_probes=single["p50_ms"] / probe_ms, p99_probes=single["p99_ms"] / probe_ms)
+        out[mode] = {"single": single, **batches(spans[f"{mode}_batch"])}
     enc = spans["teacher_encode"]
-    out["teacher_encode"] = {
-        "batch_s_median": float(np.median(enc)),
-        "batch_questions_per_s": float(batch / np.median(enc)),
-        "batch_s_rounds": enc,
-    }
+    out["teacher_encode"] = batches(enc)
     # Each round's batch over the same round's encode, in CPU seconds: the median of the pairs.
     ratios = [a / b for a, b in zip(cpu["in_process_batch"], cpu["teacher_encode"])]
     out["in_process_batch_over_teacher_encode"] = float(np.median(ratios))
@@ -263,9 +253,7 @@ def main(argv=None) -> dict:
     ap.add_argument("-k", type=int, default=5, help="answers per question (default 5)")
     ap.add_argument("--no-rest", action="store_true", help="in process only (no server)")
     ap.add_argument("--quick", action="store_true", help="a fast check of the benchmark: batch 8, 6 singles, 2 rounds")
-    ap.add_argument(
-        "--threads", type=int, default=None, help="intra-op threads (default: the train stage's; 0: torch's)"
-    )
+    ap.add_argument("--threads", type=int, help="intra-op threads (default: the train stage's; 0: torch's)")
     results.add_save_flag(ap)
     args = ap.parse_args(argv)
     if args.quick:

@@ -80,7 +80,6 @@ non-zero. Never touches the project's mlflow.db.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import json
@@ -111,10 +110,6 @@ ARMS = ("off", "stage", "mlflow_async")
 SERVER_ARM = "server"  # the stage's path into the team server (main starts one when it is asked for)
 EXPERIMENT = "bench-tracking"
 say = functools.partial(results.say, "tracking")
-
-
-def _median_or_nan(values) -> float:
-    return float(np.median(values)) if values else float("nan")
 
 
 def default_run_steps() -> tuple[Optional[int], str]:
@@ -150,26 +145,21 @@ def mlflow_async_run(name: str, cfg) -> Iterator[Callable[[dict, int], None]]:
     mlflow.set_tracking_uri(tracking.tracking_uri())
     tracking._set_experiment(EXPERIMENT)
     mlflow.set_system_metrics_sampling_interval(cfg.train.system_metrics_every_s)
-    buffering = MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.get_raw()
-    MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(MLFLOW_ASYNC_BUFFERING_S)
-    try:
-        mlflow.start_run(run_name=name, log_system_metrics=True)
-        status = "FAILED"
+    with temporary_env({MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.name: str(MLFLOW_ASYNC_BUFFERING_S)}):
         try:
-            prov, _ = provenance(cfg.run.preset)
-            mlflow.set_tags(prov)
-            tracking.log_params(flatten(cfg))
-            yield lambda metrics, step: tracking.log_metrics(metrics, step=step)
-            status = "FINISHED"
+            mlflow.start_run(run_name=name, log_system_metrics=True)
+            status = "FAILED"
+            try:
+                prov, _ = provenance(cfg.run.preset)
+                mlflow.set_tags(prov)
+                tracking.log_params(flatten(cfg))
+                yield lambda metrics, step: tracking.log_metrics(metrics, step=step)
+                status = "FINISHED"
+            finally:
+                mlflow.flush_async_logging()
+                mlflow.end_run(status=status)  # stops the sampler (it logs its last sample) and ends the run
         finally:
-            mlflow.flush_async_logging()
-            mlflow.end_run(status=status)  # stops the sampler (it logs its last sample) and ends the run
-    finally:
-        mlflow.set_system_metrics_sampling_interval(None)
-        if buffering is None:
-            MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.unset()
-        else:
-            MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS.set(buffering)
+            mlflow.set_system_metrics_sampling_interval(None)
 
 
 SEGMENT_S = 2.0  # the in-run A/B's segments: a few buffer flushes (every 0.5 s) and MLflow batches (1 s) each
@@ -284,7 +274,7 @@ def compare_arms(
             log(
                 f"{preset} round {i + 1}/{rounds} (raw): "
                 + ", ".join(
-                    f"{a} {_median_or_nan(r[-1].get('segment_ratios')):.3f}/step "
+                    f"{a} {np.median(r[-1].get('segment_ratios') or [np.nan]):.3f}/step "
                     f"in-run, {r[-1]['steady_ms'] / ref['steady_ms']:.3f} across runs, "
                     f"{r[-1]['fixed_s'] - ref['fixed_s']:+.2f} s once"
                     for a, r in runs.items()
@@ -323,22 +313,11 @@ def compare_arms(
         "load_avg_before_after": [load_before, os.getloadavg()[0]],
         "compare_seconds": time.perf_counter() - t_start,
         "segment_s": segment_s,
-        "overhead_per_step": {},
-        "overhead_per_step_cpu": {},
-        "overhead_per_step_runs": {},
-        "overhead_per_step_segments": {},
-        "overhead_per_step_across_runs": {},
-        "overhead_per_step_across_runs_raw": {},
-        "fixed_cost_s": {},
-        "fixed_cost_s_raw": {},
-        "fixed_cost_s_rounds": {},
-        "fixed_cost_s_in_run": {},
-        "cpu_cost_s": {},
-        "cpu_cost_s_rounds": {},
-        "cpu_cost_s_spread": {},
-        "overhead_per_step_cpu_half_width": {},
-        "overhead_per_step_cpu_runs": {},
-        "overhead_per_step_cpu_spread": {},
+        # Filled in arm by arm below.
+        **{f"overhead_per_step{s}": {} for s in ("", "_cpu", "_runs", "_segments", "_across_runs", "_across_runs_raw")},
+        **{f"fixed_cost_s{s}": {} for s in ("", "_raw", "_rounds", "_in_run")},
+        **{f"cpu_cost_s{s}": {} for s in ("", "_rounds", "_spread")},
+        **{f"overhead_per_step_cpu{s}": {} for s in ("_half_width", "_runs", "_spread")},
         "per_arm": {},
     }
     cpu = lambda a: float(np.median([r["cpu_self_s"] + r["cpu_children_s"] for r in runs[a]]))  # noqa: E731
@@ -348,13 +327,9 @@ def compare_arms(
             "steady_step_ms_raw": med(arm, "steady_ms", False),
             # The span beyond the steps at the run's own steady rate: setup, teardown, the first rows.
             "in_run_fixed_s": med(arm, "fixed_s"),
-            "wall_s": med(arm, "wall_s"),
-            "setup_s": med(arm, "setup_s"),
-            "train_s": med(arm, "train_s"),
-            "teardown_s": med(arm, "teardown_s"),
+            **{k: med(arm, k) for k in ("wall_s", "setup_s", "train_s", "teardown_s")},
             "row_step_ms": med(arm, "row_ms"),
-            "cpu_self_s": med(arm, "cpu_self_s", False),
-            "cpu_children_s": med(arm, "cpu_children_s", False),
+            **{k: med(arm, k, False) for k in ("cpu_self_s", "cpu_children_s")},
             "probe_ms_median": 1000 * float(np.median([p for r in runs[arm] for p in r["probes"]])),
             "metrics_logged_per_run": med(arm, "metrics_logged", False),
             "rows_per_run": med(arm, "rows", False),
@@ -472,9 +447,7 @@ def logging_throughput(rows: int, metrics_per_row: int = 35, server_uri: Optiona
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.tracking", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = results.parser("tracking", __doc__)
     ap.add_argument(
         "--preset",
         default="smoke",
@@ -485,12 +458,7 @@ def main(argv=None) -> dict:
         "--arms", default=",".join(ARMS), help=f"comma-separated, the first is the reference (default {','.join(ARMS)})"
     )
     ap.add_argument("--rounds", type=int, default=5, help="rounds of every arm (default 5)")
-    ap.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="optimizer steps per run (default: 1000 for smoke, 200 otherwise)",
-    )
+    ap.add_argument("--steps", type=int, help="optimizer steps per run (default: 1000 for smoke, 200 otherwise)")
     ap.add_argument("--skip", type=float, default=0.2, help="fraction of a run's rows before the steady part")
     ap.add_argument(
         "--segment-s",
@@ -561,11 +529,11 @@ def main(argv=None) -> dict:
     return results.finish("tracking", res, args.save, argv)
 
 
-def reliable(res: dict) -> dict:
-    """Why each per-arm CPU figure cannot be reported, by figure (None: every arm can): the
-    per-step ratio by the range of its runs' medians, the per-run cost (a difference of two run
-    totals) by its rounds' range. One arm that cannot holds back the figure's every arm: a
-    figure is null or reported whole."""
+def headline(res: dict) -> dict:
+    """overhead_per_step_cpu and cpu_cost_s per tracked arm, each null where its spread within
+    this run says another run would not reproduce it: the per-step ratio by the range of its runs'
+    medians, the per-run cost (a difference of two run totals) by its rounds' range. One arm that
+    cannot holds back the figure's every arm: a figure is null or reported whole."""
     how = {
         "overhead_per_step_cpu": ("overhead_per_step_cpu_spread", "its runs' medians' max - min"),
         "cpu_cost_s": ("cpu_cost_s_spread", "the rounds' max - min"),
@@ -574,13 +542,7 @@ def reliable(res: dict) -> dict:
     for key, (spread, what) in how.items():
         arms = {arm: clock.spread_unreliable(v, res[spread][arm], what) for arm, v in res[key].items()}
         why[key] = "; ".join(f"{arm}: {reason}" for arm, reason in arms.items() if reason) or None
-    return why
-
-
-def headline(res: dict) -> dict:
-    """overhead_per_step_cpu and cpu_cost_s per tracked arm, each null where its spread within
-    this run says another run would not reproduce it."""
-    return results.figures({k: res[k] for k in ("overhead_per_step_cpu", "cpu_cost_s")}, reliable(res))
+    return results.figures({k: res[k] for k in how}, why)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,6 @@ non-zero.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 from typing import Optional
@@ -91,6 +90,15 @@ GOALS = {
     "rss_growth_mb_per_1k_steps": 5.0,
 }
 PARTS = ("host_reads", "drift", "leak", "overhead")
+FIGURES = (
+    "telemetry_overhead_per_step_cpu",
+    "telemetry_cpu_s_per_run",
+    "host_syncs_per_step",
+    "host_syncs_per_step_masked",
+    "step_time_drift_cpu",
+    "rss_growth_mb_per_1k_steps",
+    "rss_growth_mb_per_1k_steps_leak",
+)
 
 
 say = functools.partial(results.say, "trainer")
@@ -129,12 +137,9 @@ def prime_optimizer_state(opt: torch.optim.Optimizer) -> None:
 
 
 def host_syncs(steps: int = 40, log_every: Optional[int] = None, *overrides: str) -> dict:
-    """Every host read of a `smoke` run of `steps` optimizer steps (its log_every is 2 unless
-    given), per step: counted by pipeline/train/step_counters.count_host over the whole run
-    (Trainer.run: log steps, the last step's summary included), from every source (the model's
-    flow loop, the training loop, the optimizer, logging). Only the optimizer's host-resident
-    step counters (optimizer_host_tensors) are left out: reading one never waits for a device.
-    Their state is made before the run (prime_optimizer_state) so they are known from step 1."""
+    """host_syncs_per_step (the module docstring) of a `smoke` run of `steps` optimizer steps (its
+    log_every is 2 unless given). The optimizer's host-resident step counters, left out, are made
+    before the run (prime_optimizer_state) so they are known from step 1."""
     cfg, n = config("smoke", steps, *([f"train.log_every={log_every}"] if log_every else []), *overrides)
     x, y = synthetic(n)
     trainer = Trainer(cfg, x, y, progress=False)
@@ -209,10 +214,8 @@ def telemetry_overhead(
     probe: Optional[Probe] = None,
     segment_s: Optional[float] = None,
 ) -> dict:
-    """The train stage's logging (bench.tracking's `stage` arm: tracking.mlflow_run, params,
-    the metric buffer with system metrics every train.system_metrics_every_s) against tracking
-    off, on the `default` preset, split into a per-step part and a per-run fixed part (see
-    bench.tracking for how each is measured and normalised by the probes)."""
+    """The train stage's logging against tracking off, on the `default` preset: the module
+    docstring's telemetry_* figures (bench.tracking measures them)."""
 
     arms = ("off", "stage") + (("bare",) if bare else ())
     res = compare_arms(
@@ -226,46 +229,30 @@ def telemetry_overhead(
         log=say,
         segment_s=SEGMENT_S if segment_s is None else segment_s,
     )
+    # The stage arm's figures, renamed: overhead_per_step* -> telemetry_overhead_per_step*,
+    # fixed_cost_s* -> telemetry_fixed_s*, cpu_cost_s* -> telemetry_cpu_s_per_run*.
+    per_step = ("", "_cpu", "_runs", "_segments", "_across_runs", "_across_runs_raw")
     out = {
-        "telemetry_overhead_per_step": res["overhead_per_step"]["stage"],
-        "telemetry_overhead_per_step_cpu": res["overhead_per_step_cpu"]["stage"],
-        "telemetry_overhead_per_step_runs": res["overhead_per_step_runs"]["stage"],
-        "telemetry_overhead_per_step_segments": res["overhead_per_step_segments"]["stage"],
-        "telemetry_overhead_per_step_across_runs": res["overhead_per_step_across_runs"]["stage"],
-        "telemetry_overhead_per_step_across_runs_raw": res["overhead_per_step_across_runs_raw"]["stage"],
-        "telemetry_fixed_s": res["fixed_cost_s"]["stage"],
-        "telemetry_fixed_s_raw": res["fixed_cost_s_raw"]["stage"],
-        "telemetry_fixed_s_rounds": res["fixed_cost_s_rounds"]["stage"],
-        "telemetry_fixed_s_in_run": res["fixed_cost_s_in_run"]["stage"],
-        "telemetry_cpu_s_per_run": res["cpu_cost_s"]["stage"],
-        "telemetry_cpu_s_per_run_rounds": res["cpu_cost_s_rounds"]["stage"],
-        "telemetry_cpu_s_per_run_spread": res["cpu_cost_s_spread"]["stage"],
+        **{f"telemetry_overhead_per_step{s}": res[f"overhead_per_step{s}"]["stage"] for s in per_step},
+        **{f"telemetry_fixed_s{s}": res[f"fixed_cost_s{s}"]["stage"] for s in ("", "_raw", "_rounds", "_in_run")},
+        **{f"telemetry_cpu_s_per_run{s}": res[f"cpu_cost_s{s}"]["stage"] for s in ("", "_rounds", "_spread")},
         "telemetry_fixed_fraction_of_default_run": res.get("fixed_fraction_of_default_run", {}).get("stage"),
         # A whole default run's overhead as the two parts make it (context, no goal of its own).
         "telemetry_overhead": res.get("overhead_default_run", {}).get("stage"),
-        "default_run_steps": res["default_run_steps"],
-        "default_run_steps_source": res["default_run_steps_source"],
-        "default_run_s": res.get("default_run_s"),
-        "default_run_s_how": res.get("default_run_s_how"),
+        **{f"default_run_{k}": res.get(f"default_run_{k}") for k in ("steps", "steps_source", "s", "s_how")},
         "overhead_pairs": pairs,
         "overhead_steps_per_run": steps,
-        "overhead_log_every": res["log_every"],
-        "overhead_segment_s": res["segment_s"],
-        "overhead_system_metrics_every_s": res["system_metrics_every_s"],
-        "overhead_arms_same_work": res["arms_same_work"],
-        "overhead_threads": res["threads"],
-        "overhead_per_arm": res["per_arm"],
+        **{
+            f"overhead_{k}": res[k]
+            for k in ("log_every", "segment_s", "system_metrics_every_s", "arms_same_work", "threads", "per_arm")
+        },
         "overhead_probe_reference_ms": res["probe_reference_ms"],
         # The 1-minute load average: above the core count, other processes shared the run.
         "load_avg_before_after": res["load_avg_before_after"],
     }
     if bare:  # (across runs: the bare loop has no logger to switch on and off)
-        out.update(
-            {
-                "bare_loop_step_ms": res["per_arm"]["bare"]["steady_step_ms"],
-                "gradient_health_overhead": 1 / res["overhead_per_step"]["bare"],
-            }
-        )
+        out["bare_loop_step_ms"] = res["per_arm"]["bare"]["steady_step_ms"]
+        out["gradient_health_overhead"] = 1 / res["overhead_per_step"]["bare"]
     return out
 
 
@@ -280,10 +267,10 @@ def rss_slope_per_1k(rows: list[dict], after: int) -> float:
     return 1000 * float(np.polyfit(s, m, 1)[0])
 
 
-def median_between(rows: list[dict], key: str, lo: int, hi: int) -> float:
+def median_between(rows: list[dict], key: str, lo: int, hi: int, what: str = "rows") -> float:
     vals = [r[key] for r in rows if lo <= r["step"] <= hi]
     if not vals:
-        raise ValueError(f"no rows between steps {lo} and {hi}")
+        raise ValueError(f"no {what} between steps {lo} and {hi}")
     return float(np.median(vals))
 
 
@@ -295,14 +282,13 @@ def smoke_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
     probes: list[list] = []
     cpu: list[list] = []  # [step, this process's CPU seconds, the probes' taken out] at each row
     probe = Probe() if probe_every else None
-    seen, probe_cpu = [0], [0.0]
+    probe_cpu = [0.0]
 
     def on_log(metrics: dict, step: int) -> None:
         if "perf/step_ms" not in metrics:
             return
         cpu.append([step, time.process_time() - probe_cpu[0]])
-        seen[0] += 1
-        if probe and seen[0] % probe_every == 0:
+        if probe and len(cpu) % probe_every == 0:  # every probe_every rows
             c0 = time.process_time()
             probes.append([step, probe()])
             probe_cpu[0] += time.process_time() - c0
@@ -338,8 +324,8 @@ def fresh_run(steps: int, *overrides: str, probe_every: int = 0) -> dict:
 # One intra-op thread for the smoke runs. The smoke model's ops are too small to split: two
 # threads step slower than one, and with another busy process on the machine far slower still
 # (one waits at every parallel region for the other, descheduled), while one thread keeps its
-# pace. Drift and memory growth are about
-# the loop over time, not the thread count; one thread keeps other sessions' load out of them.
+# pace. Drift and memory growth are about the loop over time, not the thread count; one thread
+# keeps other sessions' load out of them.
 # (Those runs have processes of their own, so the setting never reaches the overhead runs.)
 SMOKE_THREADS = "train.threads=1"
 
@@ -350,13 +336,10 @@ DRIFT_PROBE_EVERY = 10
 
 
 def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> dict:
-    """Step-time drift and RSS slope of clean `smoke` runs (log_every 2: a row per 2 steps), each
-    in a fresh process. The machine is shared: other sessions' load during one 100-step window
-    and not the other moves the raw ratio (with two threads, runs here read 0.19, 63 and 0.016
-    while other sessions ran tests). So each run also takes a probe every DRIFT_PROBE_EVERY rows,
-    and step_time_drift is the late/early ratio of step time over the probes' median in the same
-    window: the machine's speed at those moments divided out. The figure is the median over
-    `repeats` runs, each listed; step_time_drift_raw is the same without the probes."""
+    """The module docstring's step_time_drift and RSS slope of `repeats` clean `smoke` runs, each in
+    a fresh process. The probes are there because the machine is shared: other sessions' load during
+    one 100-step window and not the other moves the raw ratio (with two threads, runs here read
+    0.19, 63 and 0.016 while other sessions ran tests)."""
     if steps < 500:
         raise ValueError(f"steps={steps}: the drift compares steps 400-500, so expected >= 500")
     runs, all_probes, threads = [], [], set()
@@ -367,12 +350,8 @@ def drift_and_rss(steps: int = 500, repeats: int = 5, rss_after: int = 100) -> d
         all_probes += [p for _, p in probes]
         threads.update(run.get("probe_threads", []))
         ms = {w: median_between(rows, "perf/step_ms", *lh) for w, lh in windows.items()}
-        probe_ms = {}
-        for w, (lo, hi) in windows.items():
-            inside = [p for s, p in probes if lo <= s <= hi]
-            if not inside:
-                raise ValueError(f"no probe between steps {lo} and {hi}")
-            probe_ms[w] = 1000 * float(np.median(inside))
+        probe_rows = [{"step": s, "s": p} for s, p in probes]
+        probe_ms = {w: 1000 * median_between(probe_rows, "s", *lh, what="probe") for w, lh in windows.items()}
         raw = ms["late"] / ms["early"]
         cpu_ms = {w: cpu_ms_per_step_between(run["cpu"], *lh) for w, lh in windows.items()} if run.get("cpu") else None
         runs.append(
@@ -436,9 +415,7 @@ def leak_rss(steps: int = 250, after: int = 100) -> dict:
 
 # ---------------------------------------------------------------------------- main
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(
-        prog="python -m bench.trainer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = results.parser("trainer", __doc__)
     ap.add_argument(
         "--pairs",
         type=int,
@@ -451,9 +428,7 @@ def main(argv=None) -> dict:
         default=200,
         help="optimizer steps per overhead run, default-preset model (default 200 = 40 rows)",
     )
-    ap.add_argument(
-        "--log-every", type=int, default=None, help="train.log_every of the overhead runs (default: the preset's, 5)"
-    )
+    ap.add_argument("--log-every", type=int, help="train.log_every of the overhead runs (default: the preset's, 5)")
     ap.add_argument("--sync-steps", type=int, default=40, help="smoke steps the host reads are counted over")
     ap.add_argument("--drift-steps", type=int, default=500, help="steps of the clean smoke run (>= 500)")
     ap.add_argument(
@@ -486,18 +461,10 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     threads = stage_threads() or torch.get_num_threads()  # the overhead runs' (the stage's) thread count
     probe = Probe(threads=threads)
-    res: dict = {
-        "device": f"cpu ({threads} threads)",
-        "threads": threads,
-        "torch": torch.__version__,
-        "goals": GOALS,
-    }
-    syncs: dict = {}
+    res: dict = {"device": f"cpu ({threads} threads)", "threads": threads, "torch": torch.__version__, "goals": GOALS}
 
     def host_reads() -> dict:
-        for le in (None, 5):
-            syncs[le] = host_syncs(args.sync_steps, le)
-        a, b = syncs[None], syncs[5]
+        a, b = host_syncs(args.sync_steps), host_syncs(args.sync_steps, 5)
         out = {
             # The loop the trainer picks on this device (train.flow_loop=auto: compact on a CPU).
             "host_syncs_per_step": a["host_syncs_per_step"],
@@ -550,23 +517,7 @@ def main(argv=None) -> dict:
         res.update(machine())
         res["probe"] = res.get("drift_probe", {})
     res["bench_seconds"] = time.perf_counter() - t0
-    res.update(
-        results.figures(
-            {
-                k: res.get(k)
-                for k in (
-                    "telemetry_overhead_per_step_cpu",
-                    "telemetry_cpu_s_per_run",
-                    "host_syncs_per_step",
-                    "host_syncs_per_step_masked",
-                    "step_time_drift_cpu",
-                    "rss_growth_mb_per_1k_steps",
-                    "rss_growth_mb_per_1k_steps_leak",
-                )
-            },
-            {"telemetry_cpu_s_per_run": per_run_unreliable(res)},
-        )
-    )
+    res.update(results.figures({k: res.get(k) for k in FIGURES}, {"telemetry_cpu_s_per_run": per_run_unreliable(res)}))
     return results.finish("trainer", res, args.save, argv)
 
 
