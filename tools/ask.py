@@ -55,10 +55,9 @@ ANSWER_LOADER = "mlflow.pyfunc.loaders.code_model"
 
 
 def train_run() -> dict:
-    """The train run of the model here: the one runs/train.json names (the last train stage
-    here), or, with no such file (a fresh clone that pulled the model with `dvc pull`: runs/ is
-    not in git), the run in the tracking store whose tag train.model_sha256 is the digest of the
-    model file in the workspace. An error saying what to do when there is none."""
+    """The run runs/train.json names (the last train stage here), or, with no such file (a fresh
+    clone that pulled the model with `dvc pull`: runs/ is not in git), the store's run whose tag
+    train.model_sha256 is the workspace model file's digest."""
     from pipeline.tracking import store as tracking
 
     path = tracking.run_file("train")
@@ -151,7 +150,7 @@ def run_model_id(client, run_id: str) -> str:
     """The id of the newest model logged to the run ("" if none): an evaluate run again logs a
     new one."""
     outputs = client.get_run(run_id).outputs
-    models = [o for o in (outputs.model_outputs if outputs else []) or []]
+    models = (outputs.model_outputs if outputs else None) or []
     if not models:
         return ""
     return max(models, key=lambda o: client.get_logged_model(o.model_id).creation_timestamp).model_id
@@ -192,13 +191,14 @@ def local_model(given: str | None):
         if path is None:
             return None, why
         model, why = open_local(path)
-        if model is not None and model.run_id != train["run_id"]:
+        if model is None:
+            return None, why
+        if model.run_id != train["run_id"]:
             return None, f"{path} holds the model of run {model.run_id}"
         recorded = train.get("model_sha256")
-        if model is not None and recorded and model.metadata.get("model_sha256") != recorded:
+        if recorded and model.metadata.get("model_sha256") != recorded:
             return None, f"{path} holds another model file than the train run's"
-        name = f"models:/{model.model_id}" if model is not None and model.model_id else f"run {train['run_id']}'s model"
-        return (model, name) if model is not None else (None, why)
+        return model, f"models:/{model.model_id}" if model.model_id else f"run {train['run_id']}'s model"
     if given.startswith("file://"):
         given = urllib.parse.unquote(urllib.parse.urlparse(given).path)
     elif ":/" in given:  # runs:/, models:/, a remote artifact URI
@@ -208,13 +208,6 @@ def local_model(given: str | None):
         return None, "it is not a local model directory"
     model, why = open_local(path)
     return (model, given) if model is not None else (None, why)
-
-
-def digest_cache() -> Path:
-    """Where ./dev ask keeps the teacher's weights digest between runs (the project's .cache/)."""
-    from pipeline.tracking import store as tracking
-
-    return tracking.project_root() / ".cache" / "teacher-weights-digest.json"
 
 
 def check_answer_model(uri: str, name: str | None = None):
@@ -255,7 +248,7 @@ UNKNOWN = (
 )
 
 
-def verdict(texts, values, confident, rule) -> str | None:
+def verdict(values, confident, rule) -> str | None:
     """The line before a question's answers when its top answer is not confident (None when it is)."""
     if confident is None or (isinstance(confident, float) and confident != confident):
         return UNKNOWN
@@ -284,7 +277,7 @@ def render(
         lines.append(f"Q: {q}")
         if was_cut:
             lines.append(f"  (truncated: the teacher read only its first {window or 'window of'} tokens of it)")
-        note = verdict(texts, values, ok, rule)
+        note = verdict(values, ok, rule)
         if note:
             lines.append(f"  {note}")
         for rank, (text, score) in enumerate(zip(texts, values), 1):
@@ -347,20 +340,6 @@ class CtrlC:
                 self._stop()
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="./dev ask", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("questions", nargs="+", metavar="QUESTION", help="one or more questions (quote each)")
-    ap.add_argument("-k", type=int, default=5, help="answers per question (default 5)")
-    ap.add_argument(
-        "--model",
-        metavar="URI",
-        help="an MLflow model URI or local directory (default: models:/<model_id> of runs/train.json's run)",
-    )
-    return ap
-
-
 def answer_all(args, predict, meta: dict, limits, tally: Tally, ctrl_c: CtrlC) -> None:
     """Ask every question through `predict` (a DataFrame of questions, params -> the answers), a
     batch at a time, printing each batch's answers as it is done."""
@@ -388,6 +367,7 @@ def answer_all(args, predict, meta: dict, limits, tally: Tally, ctrl_c: CtrlC) -
 
 def ask(args, tally: Tally, ctrl_c: CtrlC) -> int:
     from pipeline.serve.request import Limits, check_question
+    from pipeline.tracking import store as tracking
 
     limits = Limits.from_env()
     for i, q in enumerate(args.questions):  # before anything loads
@@ -397,12 +377,12 @@ def ask(args, tally: Tally, ctrl_c: CtrlC) -> int:
         from pipeline.serve.local_model import load_local
 
         print(f"[ask] loading {why} from {model.path}", file=sys.stderr)
-        answer_all(args, load_local(model, digest_cache()).answer, model.metadata, limits, tally, ctrl_c)
+        digests = tracking.project_root() / ".cache" / "teacher-weights-digest.json"  # the teacher's, kept between runs
+        answer_all(args, load_local(model, digests).answer, model.metadata, limits, tally, ctrl_c)
         return 0
     import mlflow
 
     from pipeline.serve.local_copy import model_dir
-    from pipeline.tracking import store as tracking
 
     store = tracking.tracking_uri()  # where runs:/ and models:/ URIs are looked up
     mlflow.set_tracking_uri(store)
@@ -431,7 +411,16 @@ def user_error(e: Exception) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     for k, v in QUIET_ENV.items():
         os.environ.setdefault(k, v)
-    ap = _parser()
+    ap = argparse.ArgumentParser(
+        prog="./dev ask", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("questions", nargs="+", metavar="QUESTION", help="one or more questions (quote each)")
+    ap.add_argument("-k", type=int, default=5, help="answers per question (default 5)")
+    ap.add_argument(
+        "--model",
+        metavar="URI",
+        help="an MLflow model URI or local directory (default: models:/<model_id> of runs/train.json's run)",
+    )
     args = ap.parse_args(argv)
     if args.k < 1:
         ap.error(f"-k {args.k}: expected 1 or more answers per question")

@@ -74,6 +74,19 @@ def _side_line(key: str, s: dict) -> str:
     return f"{key} = {s['label']}{arm}: {len(runs)} runs (seeds {seeds}): " + ", ".join(r["label"] for r in runs) + base
 
 
+def table_head(interval: str) -> str:
+    return f"{'metric':<12} {'A':>9} {'B':>9} {'B - A':>10}   {interval:<24} {'P(B>A)':>7}  outcome"
+
+
+def metric_row(m: str, r: dict, outcome: str) -> str:
+    """Metric `m`'s line of the table under table_head: the means, B - A, its interval, P(B>A), `outcome`."""
+    ci = format_interval(r["ci_low"], r["ci_high"], m, True)
+    return (
+        f"{m:<12} {format_metric(r['a'], m):>9} {format_metric(r['b'], m):>9} "
+        f"{format_metric(r['difference'], m, True):>10}   {ci:<24} {r['prob_b_better']:>7.2f}  {outcome}"
+    )
+
+
 def render(result: dict) -> str:
     a, b = result["a"], result["b"]
     if result.get("identical"):
@@ -86,17 +99,11 @@ def render(result: dict) -> str:
         f"({result['resamples']} resamples, seed {result['seed']}); the interval covers: {result['luck']['covers']}.",
         "",
     ]
-    head = f"{'metric':<12} {'A':>9} {'B':>9} {'B - A':>10}   {level + ' interval':<24} {'P(B>A)':>7}  outcome"
+    head = table_head(level + " interval")
     lines += [head, "-" * len(head)]
     for m, r in result["metrics"].items():
-        ci = format_interval(r["ci_low"], r["ci_high"], m, True)
-        outcome = r["outcome"]
-        if outcome == "inconclusive" and r["seeds_needed"]:
-            outcome += f" (~{r['seeds_needed']} seeds per arm)"
-        lines.append(
-            f"{m:<12} {format_metric(r['a'], m):>9} {format_metric(r['b'], m):>9} "
-            f"{format_metric(r['difference'], m, True):>10}   {ci:<24} {r['prob_b_better']:>7.2f}  {outcome}"
-        )
+        more = f" (~{r['seeds_needed']} seeds per arm)" if r["outcome"] == "inconclusive" and r["seeds_needed"] else ""
+        lines.append(metric_row(m, r, r["outcome"] + more))
     margins = ", ".join(f"{m} {r['margin']:g}" for m, r in result["metrics"].items())
     lines += [
         f"(P(B>A): the share of the interval's draws where B beats A; mse: lower is better. Equivalent: the "
@@ -142,18 +149,8 @@ def render_sweep(result: dict) -> str:
         f"interval and P(better than the top arm). The intervals cover: {result['covers']}.",
         "",
     ]
-    head = [
-        "rank",
-        "arm",
-        "seeds",
-        *result["swept_params"],
-        m,
-        "95 % interval",
-        "vs top",
-        "95 % interval",
-        "P",
-        "outcome",
-    ]
+    interval = "95 % interval"
+    head = ["rank", "arm", "seeds", *result["swept_params"], m, interval, "vs top", interval, "P", "outcome"]
     body = []
     for row in result["arms"]:
         mean = row["mean"]
@@ -197,9 +194,6 @@ def render_sweep(result: dict) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- command line
-
-
 def parse_margins(values: list[str], error) -> dict[str, float]:
     """--margin METRIC=VALUE, repeatable: a number >= 0 for a known metric."""
     out = {}
@@ -215,7 +209,7 @@ def parse_margins(values: list[str], error) -> dict[str, float]:
     return out
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="./dev compare", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -261,11 +255,6 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a quick look: do not record the decision in MLflow (pipeline/tracking/decisions.py)",
     )
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
     args = ap.parse_args(argv)
     if args.show < 0:
         ap.error(f"--show {args.show}: expected 0 or more")

@@ -47,8 +47,9 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.stats.decision_log import DECISIONS_DIR, name_taken
 from pipeline.stats.defaults import below_floor, preset_defaults
-from pipeline.stats.metrics import METRICS, format_interval, format_metric
+from pipeline.stats.metrics import METRICS
 from pipeline.stats.sequential import NAME_CHARS, run, say
+from tools.compare import metric_row, table_head
 from tools.options import add_bootstrap_options, add_overrides, fill_bootstrap_defaults
 
 DEFAULT_MAX_SEEDS = 5
@@ -58,15 +59,13 @@ def render(result: dict) -> str:
     m = result["metric"]
     d = result["decision"]
     second = result.get("first_decision") or {}
-    lines = [
-        *(
-            [
-                f"EXPLORATORY (second look): these runs were decided on {second.get('metric')} first "
-                f"(decision {second.get('name')!r}); what follows under {m} is not a decision."
-            ]
-            if result.get("exploratory")
-            else []
-        ),
+    lines = []
+    if result.get("exploratory"):
+        lines.append(
+            f"EXPLORATORY (second look): these runs were decided on {second.get('metric')} first "
+            f"(decision {second.get('name')!r}); what follows under {m} is not a decision."
+        )
+    lines += [
         f"Decision on {m}: B is {result['outcome'].upper()}"
         + ("" if result["outcome"] != "inconclusive" else " (no clear answer)")
         + f" after {result['rounds']} seed pair(s).",
@@ -83,17 +82,8 @@ def render(result: dict) -> str:
         f"Looks: {len(result['looks'])}, each at its own level from a 5 % alpha-spending plan over "
         f"{len(result['method']['levels'])} planned looks; the last at {d['level'] * 100:.2f} %.",
         "",
-        f"{'metric':<12} {'A':>9} {'B':>9} {'B - A':>10}   {'interval':<24} {'P(B>A)':>7}  outcome",
-    ]
-    for metric, r in result["metrics"].items():
-        ci = format_interval(r["ci_low"], r["ci_high"], metric, True)
-        mark = "  <- decides" if metric == m else ""
-        lines.append(
-            f"{metric:<12} {format_metric(r['a'], metric):>9} {format_metric(r['b'], metric):>9} "
-            f"{format_metric(r['difference'], metric, True):>10}   {ci:<24} {r['prob_b_better']:>7.2f}  "
-            f"{r['outcome']}{mark}"
-        )
-    lines += [
+        table_head("interval"),
+        *(metric_row(k, r, r["outcome"] + ("  <- decides" if k == m else "")) for k, r in result["metrics"].items()),
         f"(Only {m} decides; the other metrics are shown at the same level, for reading.)",
         "",
         d["verdict"],
@@ -107,18 +97,32 @@ def _arm_text(side: dict) -> str:
 
 
 def write(result: dict, directory: Path = DECISIONS_DIR) -> tuple[Path, Path]:
-    from pipeline.core.atomic import atomic_path, write_json
+    from pipeline.core.atomic import write_json, write_text
     from pipeline.report.decision_page import render_page
 
-    directory.mkdir(parents=True, exist_ok=True)
     json_path, html_path = directory / f"{result['name']}.json", directory / f"{result['name']}.html"
     write_json(json_path, result)
-    with atomic_path(html_path) as tmp:
-        Path(tmp).write_text(render_page(result), encoding="utf-8")
+    write_text(html_path, render_page(result))
     return json_path, html_path
 
 
-def _parser() -> argparse.ArgumentParser:
+def fill_defaults(args) -> None:
+    """The preset's decided metric and margin (pipeline/stats/defaults.py) where not given, with
+    how they were chosen; a margin given below the preset's floors is kept and said to be below."""
+    from pipeline.stats.seed_variance import load_references
+
+    refs = load_references()
+    chosen = preset_defaults(args.preset, refs)
+    args.metric_chosen = "given" if args.metric else f"the {args.preset} preset's default: {chosen.metric_why}"
+    args.metric = args.metric or chosen.metric
+    args.margin_why = "given" if args.margin is not None else chosen.why[args.metric]
+    args.margin = chosen.margins[args.metric] if args.margin is None else args.margin
+    ref = next((r for r in refs if r.preset == args.preset), None)
+    low = below_floor(ref, args.metric, args.margin)
+    args.notes = [low] if low else []
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="./dev decide", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -167,27 +171,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--show", type=int, default=10, help="flipped items listed each way (default 10)")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     ap.add_argument("--no-log", action="store_true", help="do not record the decision in MLflow")
-    return ap
-
-
-def fill_defaults(args) -> None:
-    """The preset's decided metric and margin (pipeline/stats/defaults.py) where not given, with
-    how they were chosen; a margin given below the preset's floors is kept and said to be below."""
-    from pipeline.stats.seed_variance import load_references
-
-    refs = load_references()
-    chosen = preset_defaults(args.preset, refs)
-    args.metric_chosen = "given" if args.metric else f"the {args.preset} preset's default: {chosen.metric_why}"
-    args.metric = args.metric or chosen.metric
-    args.margin_why = "given" if args.margin is not None else chosen.why[args.metric]
-    args.margin = chosen.margins[args.metric] if args.margin is None else args.margin
-    ref = next((r for r in refs if r.preset == args.preset), None)
-    low = below_floor(ref, args.metric, args.margin)
-    args.notes = [low] if low else []
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
     args = ap.parse_args(argv)
     if not args.sets and not args.baseline_rev:
         ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3), or --baseline REV")

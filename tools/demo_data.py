@@ -82,11 +82,6 @@ OLYMPICS_NO_REVERSE = frozenset(tuple(pair) for pair in _PHRASINGS["olympics_no_
 WORLD_CUP_REVERSE = frozenset(_PHRASINGS["world_cup_reverse"])
 
 
-# ---------------------------------------------------------------------------------------------
-# Helpers
-# ---------------------------------------------------------------------------------------------
-
-
 def _cap(s: str) -> str:
     return s[:1].upper() + s[1:]
 
@@ -108,10 +103,7 @@ def _slug(s: str) -> str:
 
 def _with_caps(fields: dict[str, str]) -> dict[str, str]:
     """Add a capitalized variant under the key with its first letter upper-cased."""
-    out = dict(fields)
-    for k, v in fields.items():
-        out[_cap(k)] = _cap(v)
-    return out
+    return {**fields, **{_cap(k): _cap(v) for k, v in fields.items()}}
 
 
 def _finish(text: str) -> str:
@@ -161,20 +153,14 @@ def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
             yield "currency", slug, {**base, "cur": currency}
         if language:
             yield "official_language", slug, {**base, "lang": language}
-    for number, symbol, name, period in ELEMENTS:
-        yield "element_symbol", _slug(name), {"el": name, "sym": symbol, "n": str(number), "per": str(period)}
-    for number, symbol, name, period in ELEMENTS:
-        yield (
-            "atomic_number",
-            _slug(name),
-            {
-                "el": name,
-                "sym": symbol,
-                "n": str(number),
-                "per": str(period),
-                "protons": "proton" if number == 1 else "protons",
-            },
-        )
+    elements = [
+        (_slug(name), {"el": name, "sym": symbol, "n": str(n), "per": str(period)})
+        for n, symbol, name, period in ELEMENTS
+    ]
+    for slug, fields in elements:
+        yield "element_symbol", slug, fields
+    for slug, fields in elements:
+        yield "atomic_number", slug, {**fields, "protons": "proton" if fields["n"] == "1" else "protons"}
     for (number, _, name, _), (number2, _, name2, _) in zip(ELEMENTS, ELEMENTS[1:]):
         fields = {"el": name, "n": str(number), "el2": name2, "n2": str(number2)}
         yield "element_next", _slug(name), fields
@@ -229,11 +215,6 @@ def _facts() -> Iterator[tuple[str, str, dict[str, str]]]:
 def fact_id(topic: str, slug: str) -> str:
     """The group id of a fact: every row asking it shares it (ids are `<fact>-q<n>`)."""
     return f"{topic.replace('_', '-')}-{slug}"
-
-
-# ---------------------------------------------------------------------------------------------
-# Public API
-# ---------------------------------------------------------------------------------------------
 
 
 def generate() -> list[dict]:

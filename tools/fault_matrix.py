@@ -58,6 +58,7 @@ class Case:
 # The report's full evidence, time and memory included (metrics/stability.json leaves those out:
 # it is a DVC metric and must be the same bits on every run).
 EVIDENCE = "reports/stability_evidence.json"
+REPORT_FILES = ("reports/stability.md", "reports/stability.html", "metrics/stability.json", EVIDENCE)
 FAULT_STEP = 15  # conf/fault/*.yaml
 # A wall-clock check failing where its case does not expect it is reported under "noise", not as
 # a problem: the matrix proves diagnoses, not the machine's quiet (see WALL_CLOCK_CHECKS).
@@ -228,13 +229,8 @@ CASES: tuple[Case, ...] = (
 def project_copy(dest: Path, src: Path = REPO_ROOT) -> Path:
     """What `git clone` would give, plus uncommitted work, as a fresh one-commit repository:
     tracked and untracked-but-not-ignored files, no outputs, no store."""
-    files = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=src,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split("\0")
+    listing = ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"]
+    files = subprocess.run(listing, cwd=src, capture_output=True, text=True, check=True).stdout.split("\0")
     for rel in filter(None, files):
         if (src / rel).is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -260,6 +256,12 @@ def clean_env() -> dict[str, str]:
         GIT_COMMITTER_EMAIL="fault-matrix@localhost",
     )
     return env
+
+
+def exp_run(project: Path, sets: Sequence[str], env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
+    """`dvc exp run -S SET ...` in `project`, its output captured."""
+    command = [sys.executable, "-m", "dvc", "exp", "run", *(a for s in sets for a in ("-S", s))]
+    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def judge(case: Case, evidence: dict) -> tuple[str, list[str], list[str], list[str]]:
@@ -295,16 +297,9 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
     problems found against the expectation, and (with out_dir) its report files copied out."""
     t0 = time.perf_counter()
     sets = [f"preset={case.preset}", f"fault={case.fault}", *case.overrides]
-    for stale in ("metrics/stability.json", EVIDENCE, "reports/stability.md", "reports/stability.html"):
+    for stale in REPORT_FILES:
         (project / stale).unlink(missing_ok=True)  # a failed run must not be judged on the last one's report
-    proc = subprocess.run(
-        [sys.executable, "-m", "dvc", "exp", "run", *(a for s in sets for a in ("-S", s))],
-        cwd=project,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = exp_run(project, sets, clean_env(), timeout)
     seconds = time.perf_counter() - t0
     log = (proc.stdout + proc.stderr)[-4000:]
     problems = []
@@ -321,7 +316,7 @@ def run_case(project: Path, case: Case, out_dir: Path | None = None, timeout: in
     if out_dir is not None:
         dest = out_dir / case.name.replace(":", "-")
         dest.mkdir(parents=True, exist_ok=True)
-        for rel in ("reports/stability.md", "reports/stability.html", "metrics/stability.json", EVIDENCE):
+        for rel in REPORT_FILES:
             shutil.copy2(project / rel, dest / Path(rel).name)
     verdict_line = next(
         (line for line in (project / "reports/stability.md").read_text().splitlines() if line.startswith("**Verdict")),
@@ -350,16 +345,14 @@ def run_matrix(
         results.append(res)
         if echo:
             status = "ok  " if not res["problems"] else "FAIL"
-            noise = (
-                f"\n       ~ failed {', '.join(res['noise'])} on this machine's timing (not judged)"
+            notes = (
+                [f"~ failed {', '.join(res['noise'])} on this machine's timing (not judged)"]
                 if res.get("noise")
-                else ""
+                else []
             )
-            echo(
-                f"{status} {case.name:<22} {res['seconds']:5.0f} s  {res.get('verdict_line', '')}"
-                + noise
-                + "".join(f"\n       ! {p}" for p in res["problems"])
-            )
+            notes += [f"! {p}" for p in res["problems"]]
+            line = f"{status} {case.name:<22} {res['seconds']:5.0f} s  {res.get('verdict_line', '')}"
+            echo(line + "".join(f"\n       {n}" for n in notes))
     return results
 
 

@@ -49,10 +49,9 @@ def find_chromium() -> str:
         return found
     if os.access("/usr/bin/chromium", os.X_OK):
         return "/usr/bin/chromium"
-    for name in CANDIDATES:
-        found = shutil.which(name)
-        if found:
-            return found
+    found = next(filter(None, map(shutil.which, CANDIDATES)), None)
+    if found:
+        return found
     raise PipelineError(
         "headless Chromium not found (looked for $CHROMIUM, /usr/bin/chromium and "
         f"{', '.join(CANDIDATES)} on PATH). Install Debian's package: "

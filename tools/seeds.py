@@ -51,7 +51,7 @@ def render(ref) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="./dev seeds", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -70,11 +70,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--tables", type=Path, metavar="DIR", help="keep each seed's item table in DIR")
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
     args = ap.parse_args(argv)
     if args.seeds < 2:
         ap.error(f"--seeds {args.seeds}: expected at least 2 (one seed has no spread)")

@@ -34,18 +34,6 @@ DEFAULT_PORT = 5001  # docs/serving.md's examples use it
 LIMIT_FLAGS = {"max_body_bytes": BODY_VAR, "max_rows": ROWS_VAR, "max_question_chars": CHARS_VAR}
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
-        prog="./dev serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--model", metavar="URI", help="an MLflow model URI or local directory (default: as ./dev ask)")
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    for flag, var in LIMIT_FLAGS.items():
-        ap.add_argument(f"--{flag.replace('_', '-')}", type=int, metavar="N", help=f"sets {var} (see above)")
-    return ap
-
-
 class Terminated(Exception):
     """SIGTERM, raised in the main thread so that the model's temporary copy is removed."""
 
@@ -90,11 +78,19 @@ def serve(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    ap = argparse.ArgumentParser(
+        prog="./dev serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", metavar="URI", help="an MLflow model URI or local directory (default: as ./dev ask)")
+    ap.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    for flag, var in LIMIT_FLAGS.items():
+        ap.add_argument(f"--{flag.replace('_', '-')}", type=int, metavar="N", help=f"sets {var} (see above)")
+    args = ap.parse_args(argv)
     for flag in LIMIT_FLAGS:
         value = getattr(args, flag)
         if value is not None and value < 1:
-            _parser().error(f"--{flag.replace('_', '-')} {value}: expected an integer >= 1")
+            ap.error(f"--{flag.replace('_', '-')} {value}: expected an integer >= 1")
     for k, v in QUIET_ENV.items():  # before MLflow and transformers are imported (serve imports them)
         os.environ.setdefault(k, v)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)

@@ -115,17 +115,13 @@ def _tail(log, lines: int = 30) -> str:
 def start_mlflow_server(
     backend_store_uri: str, artifacts_dir: Path, timeout: float = SERVER_START_TIMEOUT, port: int | None = None
 ) -> Iterator[str]:
-    """Run the real `mlflow server` (this venv's) on 127.0.0.1 and a free port; yield its base URL
-    (http://127.0.0.1:PORT) once it answers /health; kill its whole process group on exit.
-
-    `backend_store_uri`: the store the runs were logged to, e.g. sqlite:////abs/path/mlflow.db
-    (use an absolute path). `artifacts_dir`: where the server's artifact proxy reads and writes
-    (--artifacts-destination), so the server never creates ./mlartifacts in the repo; it is
-    created if missing. Runs logged straight to the store keep their own artifact locations.
-    `port`: this one rather than a free one (a server restarted where its clients expect it).
-
-    Raises RuntimeError (with the tail of the server's output) if the server exits early or does
-    not answer within `timeout` seconds."""
+    """Run the real `mlflow server` (mlflow_server_command) on 127.0.0.1 and a free port (or `port`:
+    a server restarted where its clients expect it); yield its base URL (http://127.0.0.1:PORT)
+    once it answers /health; kill its whole process group on exit. `backend_store_uri`: e.g.
+    sqlite:////abs/path/mlflow.db (an absolute path). `artifacts_dir`: where the server's artifact
+    proxy reads and writes, so that it never creates ./mlartifacts in the repo (runs logged straight
+    to the store keep their own artifact locations). Raises RuntimeError (with the tail of the
+    server's output) if the server exits early or does not answer within `timeout` seconds."""
     port = port or free_port()
     base_url = f"http://127.0.0.1:{port}"
     args = mlflow_server_command(backend_store_uri, artifacts_dir, port)
@@ -145,21 +141,9 @@ def mlflow_server_command(backend_store_uri: str, artifacts_dir: Path, port: int
         raise RuntimeError(
             f"no mlflow executable next to this Python ({mlflow_exe}); run with the project's venv (.venv/bin/python)"
         )
-    return [
-        str(mlflow_exe),
-        "server",
-        "--backend-store-uri",
-        backend_store_uri,
-        "--serve-artifacts",
-        "--artifacts-destination",
-        str(artifacts_dir),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-    ]
+    command = [str(mlflow_exe), "server", "--backend-store-uri", backend_store_uri, "--serve-artifacts"]
+    command += ["--artifacts-destination", str(artifacts_dir), "--host", "127.0.0.1", "--port", str(port)]
+    return command + ["--workers", str(workers)]
 
 
 def mlflow_server_env() -> dict[str, str]:
@@ -180,7 +164,10 @@ def serving(
     tests run, and a full pipe would block the server. The file is `log_path` (appended to, kept:
     a long-lived server's log) or a temp file. Raises RuntimeError (with the tail of that output)
     if the process exits early or `ready_url` does not answer within `timeout` seconds."""
-    with open_log(log_path) as log, kept_group() as keeper:
+    if log_path is not None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    log = tempfile.TemporaryFile(prefix="mlflow-serve-") if log_path is None else open(log_path, "ab")
+    with log, kept_group() as keeper:
         proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=keeper.pid
         )
@@ -189,14 +176,6 @@ def serving(
             yield proc
         finally:
             kill_group(keeper, reap=(proc,))
-
-
-def open_log(path: Path | None):
-    """`path` opened to append (binary), or a temp file that goes when closed."""
-    if path is None:
-        return tempfile.TemporaryFile(prefix="mlflow-serve-")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "ab")
 
 
 def run_in_foreground(args: list[str], env: dict | None = None, started: Callable | None = None) -> int:
@@ -228,30 +207,30 @@ def run_in_foreground(args: list[str], env: dict | None = None, started: Callabl
             signal.signal(sig, handler)
 
 
+def http_error(url: str) -> str | None:
+    """None when `url` answers HTTP 200, else what it answered or why it did not."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return None if resp.status == 200 else f"HTTP {resp.status}"
+    except (urllib.error.URLError, OSError) as e:
+        return str(e)
+
+
 def _wait_for_server(proc: subprocess.Popen, ready_url: str, timeout: float, log, args) -> None:
     deadline = time.monotonic() + timeout
-    last_error = "no answer yet"
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"{Path(args[0]).name} {args[1]} exited with status {proc.returncode} before answering "
-                f"{ready_url}.\nCommand: {' '.join(args)}\n"
-                f"Its output (last lines):\n{_tail(log)}"
-            )
-        try:
-            with urllib.request.urlopen(ready_url, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-                last_error = f"HTTP {resp.status}"
-        except (urllib.error.URLError, OSError) as e:
-            last_error = str(e)
+    while proc.poll() is None:
+        last_error = http_error(ready_url)
+        if last_error is None:
+            return
         if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"{Path(args[0]).name} {args[1]} did not answer {ready_url} within {timeout:g} s "
-                f"(last error: {last_error}).\nCommand: {' '.join(args)}\n"
-                f"Its output (last lines):\n{_tail(log)}"
-            )
+            what = f"did not answer {ready_url} within {timeout:g} s (last error: {last_error})"
+            break
         time.sleep(0.2)
+    else:
+        what = f"exited with status {proc.returncode} before answering {ready_url}"
+    raise RuntimeError(
+        f"{Path(args[0]).name} {args[1]} {what}.\nCommand: {' '.join(args)}\nIts output (last lines):\n{_tail(log)}"
+    )
 
 
 if __name__ == "__main__":

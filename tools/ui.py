@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import urllib.error
-import urllib.request
 
 from pipeline.core.errors import PipelineError
-from tools.servers import SERVER_ENV, SERVER_START_TIMEOUT, run_in_foreground
+from tools.servers import SERVER_ENV, SERVER_START_TIMEOUT, http_error, run_in_foreground
 
 POLL_S = 0.2
 
@@ -33,12 +31,8 @@ def wait_until_answering(proc, url: str, timeout: float) -> bool:
     `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
+        if http_error(url) is None:
+            return True
         if time.monotonic() > deadline:
             raise PipelineError(
                 f"the MLflow UI did not answer {url} within {timeout:g} s; stopped it (a slow machine: "

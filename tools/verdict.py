@@ -46,7 +46,7 @@ def run_smoke() -> str:
     return name
 
 
-def _parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="./dev verdict", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -67,11 +67,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_bootstrap_options(ap)
     ap.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
     args = ap.parse_args(argv)
     if args.smoke and args.run != WORKSPACE:
         ap.error("--smoke judges the experiment it runs: give no RUN with it")

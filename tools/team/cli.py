@@ -23,8 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -32,6 +30,7 @@ from filelock import FileLock, Timeout
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from tools.server_keeper import group_members
+from tools.servers import http_error
 from tools.team import stack
 from tools.team.layout import Layout, default_dir, port_in_use, prepare, read_settings
 
@@ -59,14 +58,6 @@ def running_state(layout: Layout) -> dict | None:
         except (OSError, ValueError):
             time.sleep(POLL_S)
     return {"pid": None, "groups": [], "ready": False}
-
-
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def tracking_uri(settings: dict) -> str:
@@ -114,7 +105,7 @@ def wait_until_ready(layout: Layout, settings: dict, proc: subprocess.Popen | No
         state = running_state(layout)
         if state is None and proc is None:
             raise PipelineError(f"the team stack stopped before MLflow answered:\n{log_tails(layout)}")
-        if state and state.get("ready") and answers(health):
+        if state and state.get("ready") and http_error(health) is None:
             return
         if time.monotonic() > deadline:
             if proc is not None:
@@ -214,7 +205,7 @@ def status(args) -> int:
         print(f"[team] no team stack runs in {layout.root}{known}", file=sys.stderr)
         return 1
     settings = {k: state.get(k) for k in ("mlflow_port", "postgres_port")}
-    healthy = bool(state.get("ready")) and answers(f"{tracking_uri(settings)}/health")
+    healthy = bool(state.get("ready")) and http_error(f"{tracking_uri(settings)}/health") is None
     print(
         f"team stack in {layout.root}: supervisor pid {state.get('pid')}, "
         f"{'MLflow answers' if healthy else 'MLflow does not answer (yet)'}"
@@ -244,7 +235,7 @@ def copy_store_command(args) -> int:
                 f"no team stack runs in {layout.root} to copy to: start it (`./dev team up`), or name the server "
                 "with --to http://HOST:PORT"
             )
-        dest = tracking_uri({k: state[k] for k in ("mlflow_port", "postgres_port")})
+        dest = tracking_uri(state)
     print(f"[team] copying the runs of {source} to {dest}", file=sys.stderr)
     try:
         summary = copy_store(source, dest, args.experiment, progress=not args.quiet)

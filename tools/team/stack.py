@@ -1,14 +1,8 @@
 """The team stack's supervisor: `python -m tools.team.stack DIR`, which `./dev team up` starts in
-a session of its own and leaves running, and `./dev team down` stops with SIGTERM.
-
-It holds DIR/run/stack.lock for as long as it lives (so there is one stack per folder, and a
-lock that is free means no stack, whatever a stale file says), then runs PostgreSQL and the
-MLflow server on it, each in a kept process group (tools/servers.py): the groups end with this
-process however it ends, SIGKILL included. It writes DIR/run/stack.json (its pid, the groups,
-`ready` once MLflow answers /health) and then waits. SIGTERM, SIGINT or SIGHUP stops MLflow
-first, then PostgreSQL with a fast shutdown (a checkpoint: nothing to replay at the next start).
-A server that dies on its own ends the stack too, with a line in DIR/logs/stack.log.
-"""
+a session of its own and leaves running, and `./dev team down` stops with SIGTERM (SIGINT or
+SIGHUP too). docs/team.md ("How it runs and stops") says what it holds, runs and writes: the
+folder's lock for as long as it lives, PostgreSQL and MLflow each in a kept process group
+(tools/servers.py), DIR/run/stack.json, MLflow stopped first and PostgreSQL with a fast shutdown."""
 
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
 """Whether a copy of a store (tools/team/copy_store.py) holds what the source holds, field by
-field: `./dev team copy-store --verify` and the tests call the same function.
-
-It finds each copy by its tag (`energy_flow.copied_from`), on its own, and compares: the
-experiment's tags; each run's name, start and end time, status, params, tags, every metric's
-full history (step, timestamp, value), dataset inputs (name, digest, source, schema, profile and
-their tags, the context among them), model inputs and outputs, artifacts (by SHA-256); each
-logged model's name, type, status, params, tags, metrics (with their dataset and run) and
-artifacts. What the copy changes on purpose (tools/team/store_ids.py) is mapped, not reported:
-its own two tags, the ids of the copied parent run and models, and the ids and location an
-MLmodel file names. What differs comes back as lines naming the run or model and the field.
+field: `./dev team copy-store --verify` and the tests call the same function. It finds each copy
+by its tag (`energy_flow.copied_from`), on its own, and compares the experiment's tags, each run
+(its info, params, tags, metric histories, dataset and model inputs, outputs, artifacts by
+SHA-256) and each logged model. What the copy changes on purpose (tools/team/store_ids.py) is
+mapped, not reported. What differs comes back as lines naming the run or model and the field.
 """
 
 from __future__ import annotations
@@ -104,10 +99,9 @@ def number(value: float) -> str:
 def run_differences(src, dst, run, copy, run_map: dict, model_map: dict, scratch: Path | None) -> list[str]:
     where = label(run)
     info, twin = run.info, copy.info
-    found = differ(where, "run name", info.run_name, twin.run_name)
-    found += differ(where, "start time", info.start_time, twin.start_time)
-    found += differ(where, "end time", info.end_time, twin.end_time)
-    found += differ(where, "status", info.status, twin.status)
+    found = []
+    for field in ("run_name", "start_time", "end_time", "status"):
+        found += differ(where, field.replace("_", " "), getattr(info, field), getattr(twin, field))
     found += differ(where, "params", run.data.params, copy.data.params)
     tags = {k: v for k, v in run.data.tags.items() if k not in OURS}
     if PARENT_RUN in tags:
