@@ -1,18 +1,12 @@
 """The answer bank: every distinct target text of the dataset with its teacher vector. build_bank
 makes it from the splits (Bank: what the evaluate stage scores retrieval against); the answer
 model carries the same bank (AnswerBank, bank_from_shards over train, val and test) saved to one
-`.npz` with no pickle in it.
-
-The file holds plain arrays: `vectors`, float32 (size, dim), unit length as build_bank makes
-them; `texts`, the UTF-8 bytes of a JSON list of the texts (uint8); and `groups`, the same for
-each text's group (embed.group_field: texts that are one fact in other words), so that
-`np.load(..., allow_pickle=False)` reads it. The groups let the model answer with distinct facts
-rather than one fact in several phrasings. Its digest (`bank_digest`) is a sha256 over the
-vectors' bytes, the texts and the groups, computed the same way on save and on load: the logged
-model records it, and a file whose content does not match is refused.
-
-A bank written before banks held groups has no `groups` array: it still loads, each text its own
-group, and its digest is the one it was logged with (the format without groups)."""
+`.npz` of plain arrays with no pickle in it (its layout: docs/serving.md). The groups let the model
+answer with distinct facts rather than one fact in several phrasings. Its digest (`bank_digest`)
+is a sha256 over the vectors' bytes, the texts and the groups, computed the same way on save and
+on load: the logged model records it, and a file whose content does not match is refused. A bank
+written before banks held groups still loads, each text its own group, with the digest it was
+logged with (the format without groups)."""
 
 from __future__ import annotations
 

@@ -2,21 +2,17 @@
 stage (pipeline/evaluate/abstention.py) and stored with the logged model, so that every answer
 says whether its top answer can be trusted.
 
-Two signals of the k distinct facts (pipeline/answer/ranking.py) decide it:
-- the score floor on the best fact's cosine: a question whose best fact scores under it is unlike
-  the questions the bank answers (a question about something the bank does not hold gets the
-  nearest texts of some other topic, at a low cosine);
-- the margin threshold on the best fact's cosine minus the second best fact's: among questions
-  the bank can answer, a clear winner is right far more often than a close call.
-Confident means both hold. A rule with no margin threshold (None) is one whose calibration
-reached no threshold with the target precision: never confident.
+Two signals of the k distinct facts (pipeline/answer/ranking.py) decide it, and confident means
+both hold: the best fact's cosine is at least the score floor (a question under it is unlike the
+questions the bank answers), and its margin over the second best fact at least the margin
+threshold (a clear winner is right far more often than a close call). A rule with no margin
+threshold (None) is never confident. Why these signals: docs/serving.md ("When it is confident").
 
 The rule travels with the model as an artifact of its own (RULE_FILE, JSON), and in its metadata
 under CONFIG_KEY with the calibration's figures; not in its model_config, which MLflow also logs
 as run params: a calibrated figure differs in every run, and would then lead the compare page's
-parallel-coordinates plot (it draws the first differing params, in name order). A model logged
-before answers carried a confidence has none, and its answers say confidence unknown (None)
-rather than guess."""
+parallel-coordinates plot. A model logged before answers carried a confidence has none, and its
+answers say confidence unknown (None) rather than guess."""
 
 from __future__ import annotations
 

@@ -1,22 +1,13 @@
 """Calibrating when the answer model may answer, on the validation split, and measuring the rule
-on held-out questions (pipeline/answer/confidence.py says what the rule is).
+on held-out questions (pipeline/answer/confidence.py says what the rule is; docs/serving.md, "When
+it is confident", why these two signals and their figures).
 
-calibrate(top, margin, right, target, keep):
-- score floor: the lowest best-fact cosine among the `keep` share of val's rightly answered
-  questions that score highest, so the floor refuses at most 1 - keep of them; a question under
-  it is unlike any the bank answers;
-- margin threshold: over the val questions at or above the floor, the lowest margin t such that
-  the top answer is right for at least `target` of the questions with margin >= t (cut only
-  between distinct margins: questions tied at t are all in or all out). None when no t reaches
-  the target: the model is never confident, and the stage says so.
-
-Why these two signals, measured on the default run's val split (docs/serving.md has the
-figures): the margin separates right from wrong top answers far better than the best cosine
-does, but a question about something absent from the bank often has a clear (wrong) winner, and
-only a low best cosine gives it away.
-
-The signals are measured on the path the served model takes for one question: predicted in a
-batch of one (max_active_flows is a per-batch budget, so the batch changes the prediction)."""
+calibrate(top, margin, right, target, keep): the score floor is the lowest best-fact cosine among
+the `keep` share of val's rightly answered questions that score highest; the margin threshold the
+lowest margin t, over the val questions at or above the floor, such that the top answer is right
+for at least `target` of those with margin >= t (cut only between distinct margins), None when no
+t reaches it. The signals are measured on the served path: one question per batch
+(max_active_flows is a per-batch budget, so the batch changes the prediction)."""
 
 from __future__ import annotations
 
@@ -170,14 +161,7 @@ def _finite(v: float) -> float | None:
     return float(v) if np.isfinite(v) else None
 
 
-def measure(
-    model,
-    shards: dict,
-    bank,
-    target: float,
-    keep: float,
-    out_of_bank: np.ndarray | None,
-) -> AnswerReport:
+def measure(model, shards: dict, bank, target: float, keep: float, out_of_bank: np.ndarray | None) -> AnswerReport:
     """Calibrate the rule on val and measure it on test and on the out-of-bank questions'
     embeddings `out_of_bank` (float32, as the served model embeds a question; None: none given),
     each predicted as the served model predicts one question (SERVED_BATCH). `bank`: the

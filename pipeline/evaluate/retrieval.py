@@ -1,25 +1,19 @@
 """Evaluation: per-item scores of the model and of three baselines on the same items, their
 means with paired-bootstrap 95 % confidence intervals, and the model's paired difference from each
-baseline.
+baseline (docs/evaluation.md).
 
 Retrieval is over a realistic bank: every distinct target text of the dataset, all splits (not
-only the split's own, which made top-5 trivial). Two ways of counting a hit:
-- exact: the row's own target text is among the k nearest bank texts (top1, top5);
-- group: any target text of the row's group is (group_top1, group_top5, mrr = mean 1/rank of the
-  best text of the group). A group (embed.group_field, the shipped data's `fact`) holds the rows
-  whose targets are one answer in other words, so "Afghanistan is a country in Asia." is not a
-  miss for "Afghanistan is in Asia.". Without a group field each text is its own group and the
-  group metrics equal the exact ones.
-Ranks count the bank texts scoring strictly higher (a tie counts for the prediction). Everything
-is computed for blocks of items with one matrix product each, never a per-item loop.
+only the split's own, which made top-5 trivial). A hit is exact when the row's own target text is
+among the k nearest bank texts (top1, top5), and by group when any target text of the row's group
+is (group_top1, group_top5, mrr = mean 1/rank of the group's best text): a group (embed.group_field)
+holds the rows whose targets are one answer in other words. Without a group field each text is its
+own group. Ranks count the bank texts scoring strictly higher (a tie counts for the prediction),
+for blocks of items with one matrix product each, never a per-item loop.
 
-Baselines, computed in the same stage so the comparison is like for like, none of them trained
-by gradient descent and none with any training luck (the same numbers for every seed):
-- identity: predict the input embedding itself (copy the question);
-- ridge: a linear map fitted on train in closed form, W = (X'X + alpha I)^-1 X'Y (with a bias);
-- nearest: the target of the training row whose input is nearest by cosine (look the question
-  up among the training questions and give that row's answer): what memorising the training
-  pairs alone achieves. A model that does not beat it has learned no more than a lookup table.
+Baselines, computed in the same stage so the comparison is like for like, none with any training
+luck: identity (the input embedding itself), ridge (a linear map fitted on train in closed form,
+W = (X'X + alpha I)^-1 X'Y, with a bias) and nearest (the target of the training row whose input
+is nearest by cosine: what memorising the training pairs alone achieves).
 """
 
 from __future__ import annotations

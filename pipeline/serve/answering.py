@@ -5,19 +5,14 @@ answerer.py wraps it as the MLflow pyfunc that is logged and served; ./dev ask l
 from a logged model's local directory (pipeline/serve/local_model.py) when that model's code is
 this checkout's, which spares it importing MLflow and opening the tracking store.
 
-answer: a DataFrame with a `question` column -> a DataFrame with, per row, `answers` (the k
-nearest distinct facts of the bank, each as its best-scoring text, best first: one fact in other
-words is one answer, pipeline/answer/ranking.py), `scores` (their cosines to the model's
-prediction), `confident` (whether the top answer passes the confidence rule calibrated on the
-validation split, pipeline/answer/confidence.py; None for a model logged without one) and
-`truncated` (the teacher read only the question's first max_seq_length tokens). A request over
-the limits (pipeline.serve.request.Limits, read from the environment at load time) is refused
-before anything is embedded. A question goes the way a row goes through the pipeline: embedded
-as the embed stage embeds texts (encode_texts: the teacher's raw vectors, not normalised, in
-embed.batch_size batches, longest first, then stored at the shards' dtype), mapped by the model
-in batches of train.batch_size as the evaluate stage predicts (max_active_flows is a budget per
-batch, so the batch size changes the flows per question and so the prediction), and scored
-against the evaluate stage's bank."""
+answer: a DataFrame with a `question` column -> per row `answers` (the k nearest distinct facts,
+best first, pipeline/answer/ranking.py), `scores`, `confident` (pipeline/answer/confidence.py) and
+`truncated` (docs/serving.md, the signature). A request over the limits (pipeline.serve.request.Limits,
+read from the environment at load time) is refused before anything is embedded. A question goes
+the way a row goes through the pipeline: embedded as the embed stage embeds texts (encode_texts:
+raw vectors in embed.batch_size batches, longest first, stored at the shards' dtype), mapped in
+batches of train.batch_size as the evaluate stage predicts (max_active_flows is a budget per
+batch, so the batch size changes the prediction), and scored against the evaluate stage's bank."""
 
 from __future__ import annotations
 

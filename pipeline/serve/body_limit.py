@@ -1,21 +1,16 @@
 """An ASGI wrapper that bounds a request's body before the app behind it reads it.
 
-MLflow's scoring server reads the whole body into memory (`await request.body()`), parses it and
-only then calls the model: a body of any size is held, and parsed, before the model's own limits
-run. BodyLimit sits in front of it: a body over `max_bytes` (by its Content-Length, or counted as
-it arrives when it has none) is answered with HTTP 413 and a JSON message in MLflow's error shape
-naming the limit, the body's size and how to raise it, and never reaches the app; a body within
-the limit is handed to the app whole, as it would have read it.
+MLflow's scoring server reads the whole body into memory, parses it and only then calls the
+model. BodyLimit sits in front of it: a body over `max_bytes` (by its Content-Length, or counted as
+it arrives) is answered with HTTP 413 and a JSON message in MLflow's error shape naming the limit,
+the body's size and how to raise it (docs/serving.md, "What a request may hold"); a body within
+the limit is handed to the app whole. The oversized body is read and dropped (constant memory)
+before the answer, so that a client that sends its whole body before reading the answer gets the
+413 rather than a reset connection; one that asked `Expect: 100-continue` is answered at once.
 
-The oversized body is read and dropped (constant memory) before the answer, so that a client
-that sends its whole body before reading the answer (most do) gets the 413 rather than a reset
-connection; a client that asked `Expect: 100-continue` is answered at once and sends nothing.
-
-It also gives MLflow's request timeout (a bare 504 "Request processing time exceeded limit") a
-message that says which setting it was and what to do, and cuts the echo of the whole request
-that MLflow puts before the model's refusal ("Failed to predict data '<every row>'. Error: ...")
-or after "not valid JSON" ("Input: <the body>"): the answer to a large bad request is the line
-that says what was wrong, not the request."""
+It also gives MLflow's bare 504 on a request timeout a message naming the setting, and cuts
+MLflow's echo of the whole request from a 400's message ("Failed to predict data '<every row>'.
+Error: ...", "Input: <the body>"): the answer to a large bad request is what was wrong, not the request."""
 
 from __future__ import annotations
 
@@ -46,12 +41,8 @@ def timeout_message(timeout_s: float | None) -> str:
     )
 
 
-def _error_body(message: str) -> bytes:
-    return json.dumps({"error_code": "INVALID_PARAMETER_VALUE", "message": message}).encode()
-
-
 async def _answer(send, status: int, message: str) -> None:
-    body = _error_body(message)
+    body = json.dumps({"error_code": "INVALID_PARAMETER_VALUE", "message": message}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,13 +1,9 @@
 """A logged answer model loaded straight from its local directory, without MLflow.
 
-Going through MLflow costs seconds before the first answer: importing it, opening the tracking
-store (its schema check reads every migration script), resolving runs:/ through the logged
-models, copying the model out, then pyfunc's checks. When the model is a local directory (the
-store's own artifact directory, which the evaluate stage records, or a --model path) and its code
-is this checkout's, the same Answerer (pipeline/serve/answering.py) is built from its MLmodel and
-artifacts here. The same checks run on load as under MLflow: the bank against its recorded
-digest, the teacher's weights against theirs.
-
+Going through MLflow costs seconds before the first answer (its import, the store's schema check,
+resolving runs:/, copying the model out). When the model is a local directory and its code is this
+checkout's, the same Answerer (pipeline/serve/answering.py) is built from its MLmodel and
+artifacts here, with the same checks on load (docs/serving.md, "Loading without MLflow").
 open_local says why not, instead, when the directory is not such a model; the caller then goes
 through MLflow, which runs the model's own code and gives its own messages."""
 

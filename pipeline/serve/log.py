@@ -2,13 +2,8 @@
 (or the run a stage adds to), named after the run (model_name: `smoke-lr-a-1a2b3c4d`, so the
 experiment's Models tab and the runs table's Models column say which run and preset each model
 is), so `models:/<model_id>` (runs/evaluate.json records it) or `runs:/<run_id>/<name>` loads it
-(mlflow.pyfunc.load_model) and serves it (mlflow models serve); or save the same model to a local
-directory (save_answer_model).
-
-The model holds no pickle: its code is answerer.py itself (models-from-code) plus the `pipeline`
-package (code_paths, so it loads without this repository); its artifacts are the trained model
-file (read with torch.load(weights_only=True)) and the answer bank (.npz read with
-allow_pickle=False and checked against the digest recorded here)."""
+and `mlflow models serve` serves it; or save the same model to a local directory
+(save_answer_model). The model holds no pickle (models-from-code; its files: docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -160,10 +155,9 @@ def log_answer_model(
     run.tracking=disabled, a rank other than 0, or optional and unreachable).
 
     model_path: the trained model file (models/model.pt); shard_dir: the shards it was trained on
-    (embed.out_dir: the bank and the teacher come from them); batch_size: train.batch_size (the
-    model predicts in batches of it); embed_batch_size: embed.batch_size (questions are embedded
-    in batches of it, as the shards' texts were); confidence: the rule the evaluate stage
-    calibrated on val, and calibration its figures (the model's metadata)."""
+    (the bank and the teacher come from them); batch_size, embed_batch_size: train's and embed's
+    (the model predicts, and embeds questions, in batches of them); confidence, calibration: as
+    _model_parts takes them."""
     import mlflow
     from mlflow.models import Model
 

@@ -2,16 +2,12 @@
 
 Importing sentence-transformers costs seconds of CPU before the first answer (it pulls in
 scikit-learn, scipy.stats and torch's compiler); the answer model needs only its encode. A
-teacher directory in the plain layout, a BERT transformer followed by mean pooling of its token
-vectors (and an optional L2 normalisation), and nothing else that changes what encode does, is
-run here with transformers alone: the same tokenizer call, model, pooling and batching as
+teacher directory in the plain layout (a BERT transformer, mean pooling of its token vectors, an
+optional L2 normalisation, nothing else) is run here with transformers alone, the same way as
 sentence-transformers' encode, so the vectors are the same (tests/test_plain_teacher.py compares
-the two). Any other directory, or a name that is not a local directory, is loaded by
-sentence-transformers as the embed stage loads it (pipeline/embed/teacher.py).
-
-PlainTeacher has what pipeline/embed/teacher.py uses of a
-SentenceTransformer (encode, max_seq_length, tokenizer, the embedding dimension), so encode_texts
-embeds a question the way the embed stage embedded the training texts."""
+the two); any other is loaded by sentence-transformers as the embed stage loads it. PlainTeacher
+has what pipeline/embed/teacher.py uses of a SentenceTransformer, so encode_texts embeds a
+question the way the embed stage embedded the training texts."""
 
 from __future__ import annotations
 

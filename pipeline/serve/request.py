@@ -1,14 +1,10 @@
 """What a request to the answer model must hold, its limits, its signature and its errors.
 
 An input the model cannot answer is refused with a message naming the column or row and what was
-expected. The errors are MlflowException(INVALID_PARAMETER_VALUE), which the REST server returns
-as HTTP 400 with the message (a plain exception would be a 500: the server's fault).
-
-The limits bound what one request may make the model do (Limits): questions per request and
-characters per question, checked before anything is embedded, and the request body's bytes,
-checked by the project's server before the body is parsed (pipeline/serve/body_limit.py). Each
-has an environment variable that raises it, read where the model is loaded (the server, or
-./dev ask), and a refusal names that variable, the limit and the request's value."""
+expected, as MlflowException(INVALID_PARAMETER_VALUE), which the REST server returns as HTTP 400
+(a plain exception would be a 500: the server's fault). The limits (Limits; docs/serving.md,
+"What a request may hold") each have an environment variable that raises them, read where the
+model is loaded, and a refusal names that variable, the limit and the request's value."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Every arm of the model experiment against the baseline of record: what the MLflow UI shows
-beside the raw means, so that no table invites a choice by them (pipeline/tracking/arms.py logs it).
-
-The baseline of record is an arm: by default the committed default run's (the item table at the
-git revision HEAD says which: pipeline/stats/item_tables.py), or the one the user names (any
-`./dev compare` side: a revision, an experiment, `arm:KEY`). Its runs are its replicates in the
-store, or that item table alone when the store holds none.
-
-For each arm (the model runs with an item table, grouped by the table's arm; replicates of a seed
-counted once, sweep.group_arms), per headline metric: its mean with an interval that covers the
-test items and the training seeds (decision.arm_interval), and its difference from the baseline
-(arm - baseline) with its interval and outcome (decision.compare_metric), the seed luck from both
-arms' replicates and the matching committed references, as `./dev compare` takes it."""
+beside the raw means, so that no table invites a choice by them (pipeline/tracking/arms.py logs
+it; docs/mlflow.md, "Decisions and arms"). The baseline of record is an arm: by default the
+committed default run's (the item table at HEAD), or any `./dev compare` side the user names; each
+arm's headline metrics get their means and differences from it with intervals over the items and
+the seeds, as `./dev compare` takes them."""
 
 from __future__ import annotations
 
@@ -68,8 +61,8 @@ def baseline_of_record(spec: str = DEFAULT_BASELINE) -> Baseline:
     return Baseline(source.meta.arm_digest, source.meta.arm_name, spec, source)
 
 
-def _values(arms: list[tuple[str, list[Source]]]) -> tuple[list[str], list[dict]]:
-    return shared_values([[predictor_table(s) for s in sources] for _, sources in arms])
+def _values(*arms: list[Source]) -> tuple[list[str], list[dict]]:
+    return shared_values([[predictor_table(s) for s in sources] for sources in arms])
 
 
 def _source(run: SweepRun) -> Source:
@@ -86,13 +79,15 @@ def against_baseline(runs: list[SweepRun], baseline: Baseline, *, resamples: int
     for arm in arms:
         sources = [_source(r) for r in arm.runs]
         is_base = arm.digest == baseline.digest
-        ids, (values, base_values) = _values([(arm.name, sources), (baseline.name, base_sources)])
+        ids, (values, base_values) = _values(sources, base_sources)
         compared = bool(ids) and not is_base
         if not ids:  # another test split (another preset's data): its own means, no difference
-            ids, (values,) = _values([(arm.name, sources)])
-        x = _arm_runs(arm.name, [r.seed for r in arm.runs], values, arm.digest)
+            ids, (values,) = _values(sources)
+        # The digests tell luck_for which committed reference covers each arm (only its own).
+        x = ArmRuns(arm.name, [r.seed for r in arm.runs], values, arm=arm.digest)
         metas = [r.meta for r in arm.runs] + ([s.meta for s in base_sources] if compared else [])
-        b = _arm_runs(baseline.name, [s.seed for s in base_sources], base_values, baseline.digest) if compared else None
+        seeds = [s.seed for s in base_sources]
+        b = ArmRuns(baseline.name, seeds, base_values, arm=baseline.digest) if compared else None
         luck = luck_for(*([b] if b else []), x, references=matching_references(metas))
         row = _row(arm, ids, luck)
         if not compared and not is_base:
@@ -106,13 +101,6 @@ def against_baseline(runs: list[SweepRun], baseline: Baseline, *, resamples: int
                 row["vs_baseline"][m] = d.as_dict()
         rows.append(row)
     return rows
-
-
-def _arm_runs(label: str, seeds: list, values: dict, digest: str) -> ArmRuns:
-    """One arm's runs; its digest tells luck_for which committed reference covers it, where
-    ArmRuns takes it (a reference covers its own arm: pipeline/stats/decision.py)."""
-    extra = {"arm": digest} if "arm" in getattr(ArmRuns, "__dataclass_fields__", {}) else {}
-    return ArmRuns(label, seeds, values, **extra)
 
 
 def _row(arm: Arm, ids: list[str], luck) -> dict:

@@ -1,12 +1,9 @@
 """A baseline from another git revision (`./dev decide --baseline REV`): did my code change help?
 
-Arm A is trained from the code of REV, arm B from the workspace. A runs in a git worktree of
-REV (`git worktree add --detach`, under .dvc/tmp/baselines/<commit>, which git ignores), with its
-own DVC experiment queue: DVC files an experiment under the commit it was made from, so A's
-experiments are REV's and B's the workspace commit's, and a later decision against the same REV
-reads A's back instead of training them again. The worktree keeps a DVC cache of its own: a
-stage output restored from the project's run cache would skip the train stage, whose MLflow run
-(runs/train.json, in the worktree's store) the evaluate stage needs; the data is in git.
+Arm A is trained from REV's code in a git worktree under .dvc/tmp/baselines/<commit>, with its
+own DVC queue and cache, arm B from the workspace (docs/decisions.md, "--baseline REV"). Its own
+cache: a stage output restored from the project's run cache would skip the train stage, whose
+MLflow run (runs/train.json, in the worktree's store) the evaluate stage needs.
 """
 
 from __future__ import annotations

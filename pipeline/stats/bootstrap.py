@@ -1,18 +1,12 @@
 """Paired bootstrap over test items: 95 % confidence intervals of a mean, and of the difference
-between two predictors scored on the same items, with a two-sided p-value.
+between two predictors scored on the same items, with a two-sided p-value. Paired: both means are
+taken on the same resample of the items, which share their difficulty, so the difference's interval
+is far narrower than two separate intervals would suggest.
 
-Why paired: two models scored on the same test items share the items' difficulty. Resampling the
-items once and taking both means on the same resample keeps that pairing, so the interval of the
-difference is far narrower than two separate intervals would suggest (on the shipped data the
-per-item top-1 outcomes of two predictors agree on most items).
-
-Deterministic on every machine: the resamples are drawn by numpy's PCG64 from the caller's seed, and the
-means are sums of per-item values weighted by integer resample counts, taken in one fixed order
-(no BLAS, whose summation order depends on the CPU). Values are rounded to 6 decimals when written.
-
-The number of resamples and the seed have no default here: they are the evaluate config's
-(evaluate.bootstrap_resamples, evaluate.bootstrap_seed), passed down by the evaluate stage and
-by the tools, so that every caller draws the same resamples as the stage does.
+Deterministic on every machine: numpy's PCG64 from the caller's seed, and means as sums of per-item
+values weighted by integer resample counts in one fixed order (no BLAS). The number of resamples
+and the seed have no default here: they are the evaluate config's (evaluate.bootstrap_resamples,
+evaluate.bootstrap_seed), so that every caller draws the same resamples as the stage does.
 """
 
 from __future__ import annotations

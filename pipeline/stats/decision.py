@@ -1,44 +1,11 @@
 """Is arm B better than arm A? An interval that covers both kinds of luck, and a decision from it.
 
 Each arm is one or more runs (replicates: the same arm, other seeds) scored on the same test
-items, or a baseline (identity, ridge, nearest: the same for every seed). For one metric:
-
-- the difference is B's mean minus A's mean, each the mean over its runs of the run's mean over
-  the items both arms share;
-- its interval covers the test items' luck and the training seeds' luck, in two levels:
-  * items: the paired bootstrap over items (bootstrap.resample_means) of the per-item difference of
-    the two arms' run-averaged values: paired by item, it also carries the items that flip
-    between seeds (pipeline/stats/seed_variance.py);
-  * seeds: each arm's mean is off by the mean of its runs' luck, variance run_var / runs
-    (seed_variance.SeedVar: the variance of a run's mean, pooled from the arms' own replicates
-    and the committed reference when it matches). Not bootstrapped: a bootstrap over 1 to 5 seeds
-    cannot see how uncertain that variance itself is, and its intervals come out too narrow.
-    Each item resample is paired with a t-distribution draw (the variance's degrees of freedom) scaled
-    to that standard deviation; the t quantiles are stratified and shuffled by a fixed seed, so
-    the result is deterministic. The run-mean variance holds the items that flip between seeds,
-    which the item bootstrap holds too: the item draws are shrunk by that part so that it counts
-    once (pipeline/stats/seed_variance.py).
-  Seeds are treated as independent between arms, even where both arms ran the same seeds: a
-  shared seed (same initial weights, same batch order) could only make two arms' luck alike
-  (correlation >= 0), which makes this interval wider than it need be, never narrower.
-- the outcome, at the interval's level:
-  * better / worse: the interval excludes 0;
-  * equivalent: the interval lies inside +-margin (a difference too small to matter; the
-    margin is the user's, with a default per metric: MARGINS);
-  * inconclusive: neither; with the seeds per arm that would likely settle it.
-  Where training luck is not covered (an arm of one run that no reference covers: a reference
-  covers the arm it was measured on, and an arm whose own runs pass a test of sharing its
-  spread, spread_shared), the outcome
-  is inconclusive whatever the interval: a difference inside the seed noise must never read as
-  "better". Its interval is then the items' alone, and says so. One run a side is one draw of
-  the seed's luck: it is not called better or worse for a gap within the widest gap between two
-  seeds of the reference, nor on a metric whose reference seeds split into modes unless the
-  difference is more than GUARD_MULTIPLE times that gap (single_run_within_gap, far_beyond_gap;
-  seed_variance.Reference.outliers).
-- the probability of improvement: the share of the draws where B beats A.
-
-`alpha_spending` gives the per-look levels that keep a sequence of looks (`./dev decide`, a look
-after each seed pair) at an overall error rate of at most alpha.
+items, or a baseline (the same for every seed). The difference of the arms' means gets an interval
+over the test items (a paired bootstrap, bootstrap.resample_means) and the training seeds (a
+stratified t draw of the run-mean spread, seed_variance.SeedVar); the outcome is better, worse,
+equivalent (inside +-margin) or inconclusive, with the guards for one run a side. The method, its
+assumptions and its tests: docs/decisions.md. `alpha_spending` plans the levels of sequential looks.
 """
 
 from __future__ import annotations
@@ -146,12 +113,9 @@ def spread_shared(x: ArmRuns, ref, metric: str) -> tuple[bool, str]:
 
 def luck_for(*arms: ArmRuns, references: Sequence = ()) -> Luck:
     """The seed luck each metric's comparison of the arms uses. The arms a reference covers
-    (spread_shared: its own arm, or one whose runs pass the test) share one spread: their own
-    replicates pooled with those references, over the items the arms share. An arm no reference
-    covers has only its own replicates (2 runs or more; with one the metric's seed luck is not
-    covered: another arm's spread is not its own). Where the two differ, the difference's seed
-    variance is the sum of each group's share, with Welch-Satterthwaite degrees of freedom
-    (combine)."""
+    (spread_shared) share one spread: their own replicates pooled with those references, over the
+    items the arms share. An arm no reference covers has only its own replicates (with one run its
+    seed luck is not covered). Separate groups' shares add up (combine)."""
     trained = [x for x in arms if not x.deterministic]
     if not trained:
         return Luck(needs_seeds=False)
@@ -341,11 +305,7 @@ def compare_metric(
 
 def single_run_within_gap(a: ArmRuns, b: ArmRuns, diff: float, gap: tuple[float, float, float] | None) -> bool:
     """A trained side of one run, and a gap no wider than the widest between two seeds of the
-    reference. The interval's seed draw assumes a seed's luck is spread like a bell; a preset's
-    seeds can split into modes instead (reference/seed_variance/smoke.json: two of its seeds lie
-    far below the others on cosine), and one run can fall in the other mode. With this guard and
-    the one for such modes, single-run A/A pairs of real smoke seeds are called better or worse at
-    most 5 % of the time (tests/test_replicates.py prints the rates)."""
+    reference: one run can fall in another mode of the seeds (docs/decisions.md, "One run a side")."""
     return single_run(a, b) and gap is not None and abs(diff) <= gap[0]
 
 
@@ -405,13 +365,7 @@ def compare_arms(
 
 
 def arm_interval(
-    x: ArmRuns,
-    metric: str,
-    var: SeedVar | None,
-    level: float = CONFIDENCE,
-    *,
-    resamples: int,
-    seed: int,
+    x: ArmRuns, metric: str, var: SeedVar | None, level: float = CONFIDENCE, *, resamples: int, seed: int
 ) -> tuple[float, float, float]:
     """(mean, low, high) of one arm's mean: the items' luck and (var given) its seeds'."""
     m = _arm_mean(x, metric)
@@ -431,12 +385,8 @@ def interval(sample: np.ndarray, level: float) -> tuple[float, float]:
 
 def alpha_spending(looks: int, alpha: float = 1 - CONFIDENCE) -> list[float]:
     """Per-look error rates for `looks` planned looks whose sum is alpha: by look k, alpha *
-    ln(1 + (e - 1) t) of it is spent, t = k / looks (a curve that spends a little more at the
-    early looks than at the late ones, and something at every look). Whatever the looks'
-    correlation, the chance that any look errs is at most the sum of their rates, so stopping at
-    the first decisive look keeps the error rate <= alpha: valid, and a little conservative.
-    Spending early lets a clear difference stop after a few seed pairs; a curve that saved
-    nearly all of alpha for the last look would make every early look all but blind."""
+    ln(1 + (e - 1) t) of it is spent, t = k / looks. Why this curve, and why stopping at the first
+    decisive look keeps the error rate <= alpha: docs/decisions.md ("./dev decide")."""
     if looks < 1:
         raise ValueError(f"looks must be >= 1; got {looks}")
     spent = [alpha * math.log(1 + (math.e - 1) * k / looks) for k in range(looks + 1)]

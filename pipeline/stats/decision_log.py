@@ -1,13 +1,7 @@
-"""What `./dev decide` has decided before: a small record per decision (reports/decisions/history.jsonl)
-so that a second look at the same runs under another metric is known for what it is, and so that
-decision pages never overwrite each other.
-
-The decided metric is fixed when a decision starts: its record (name, metric, the commit, the
-experiments it plans to train or read back per arm) is appended before the first run. A later
-decision whose experiments overlap an earlier one's on both arms (the same seeds of the same
-arms, from the same commit: `rep-<arm>-s<seed>` experiments are read back, not trained again) is a
-second look at those runs. If its metric is not the first decision's, it is metric shopping: it is
-labelled "exploratory (second look)" and its outcome is no decision.
+"""What `./dev decide` has decided before: a small record per decision (reports/decisions/history.jsonl),
+appended before its first run, so that a second look at the same runs (the same commit, sharing
+experiments of both arms) under another metric is known for what it is, labelled "exploratory",
+and so that decision pages never overwrite each other (docs/decisions.md, "One decided metric").
 """
 
 from __future__ import annotations

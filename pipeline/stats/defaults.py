@@ -1,20 +1,9 @@
 """Per-preset defaults of a decision: which metric decides and each metric's equivalence margin,
 chosen from the preset's committed seed-variance reference (reference/seed_variance/<preset>.json)
-and its test set, by one rule written down here (and in docs/decisions.md):
-
-- a margin is never below one test item's worth (1 / items, for a metric that is a share or a
-  mean over items of a value in [0, 1]: one item more or fewer moves it that much; a smaller
-  margin could only be met by chance), and never below SEED_SD_MULTIPLE run SDs of the reference
-  (sd_run_means: a difference smaller than what two seeds of one configuration routinely differ
-  by is not one to act on, and an interval over a few seeds can never fit inside a smaller
-  margin, so "equivalent" would be out of reach); and at least the generic margin
-  (decision.MARGINS) where that is wider;
-- the decided metric is the first of PREFERRED that is not at its floor on the preset: a rate whose
-  reference mean lies within FLOOR_ITEMS test items of 0 or of 1 (the smoke preset's group top-1
-  is 0 or 1 hit of its 62 test items) cannot move, so cannot decide.
-
-A preset with no reference gets group top-1 and the generic margins (decision.MARGINS), and a
-margin given by hand below these floors is kept but said to be below them (below_floor).
+and its test set by one rule (docs/decisions.md, "Per-preset defaults"): a margin is the largest of
+the generic one, one test item's worth (rates) and SEED_SD_MULTIPLE run SDs; the decided metric is
+the first of PREFERRED not within FLOOR_ITEMS test items of 0 or 1. A preset with no reference
+gets group top-1 and the generic margins; a margin given below the floors is said to be (below_floor).
 """
 
 from __future__ import annotations

@@ -19,12 +19,9 @@ Git revisions come before experiment names as in DVC itself (`dvc metrics diff` 
 the same way), so a branch and an experiment of one name mean the branch.
 
 A side of a comparison is one name or a set of replicates (runs of one arm, pipeline/core/arm.py):
-- `NAME,NAME,...`   several names, each as above;
-- a glob            DVC experiments of this commit whose names match (`rep-8cb0c8f0-s*`, quoted
-                    in a shell);
-- `arm:KEY`         every evaluated model run in the MLflow store whose arm (tag `arm`) has the
-                    digest that starts with KEY, or the name KEY (`arm:default`, `arm:8cb0c8f0`).
-Each table's metadata (item_tables.py) says its preset, arm, seed and data.
+`NAME,NAME,...`, a glob of DVC experiment names of this commit, or `arm:KEY` (every evaluated model
+run whose arm digest starts with KEY, or whose arm name is KEY). Each table's metadata
+(item_tables.py) says its preset, arm, seed and data.
 """
 
 from __future__ import annotations
@@ -235,15 +232,15 @@ def _from_dvc(name: str, root: Path, tried: list[str]) -> Source | None:
                 tried.append("not a DVC experiment there (dvc exp show lists them)")
                 return None
             sha, kind, what = scm.get_ref(str(ref)), "dvc-experiment", f"DVC experiment {name}"
-    table, meta = _read_at_rev(root, sha, f"{what} (commit {sha[:8]})")
-    return Source(name, name, kind, f"{what} (commit {sha[:8]}), {ITEMS_PATH}", table, meta=meta)
+    return _at_rev(root, name, kind, what, sha)
 
 
-def _read_at_rev(root: Path, sha: str, what: str):
+def _at_rev(root: Path, name: str, kind: str, what: str, sha: str) -> Source:
     """The item table at a commit: from DVC's cache when it is a DVC output there (or from git)."""
     import dvc.api
     from dvc.exceptions import DvcException, OutputNotFoundError, PathMissingError
 
+    what = f"{what} (commit {sha[:8]})"
     try:
         with dvc.api.open(ITEMS_PATH, repo=str(root), rev=sha, mode="rb") as f:
             raw = f.read()
@@ -257,7 +254,8 @@ def _read_at_rev(root: Path, sha: str, what: str):
             "missing one from the remote)"
         )
         raise CompareError(f"{what}: {why}") from None
-    return read_table(raw, what)
+    table, meta = read_table(raw, what)
+    return Source(name, name, kind, f"{what}, {ITEMS_PATH}", table, meta=meta)
 
 
 def quiet_mlflow() -> None:
@@ -448,14 +446,7 @@ def _glob(pattern: str, root: Path) -> list[Source]:
         raise CompareError(
             f"{pattern!r} matches no DVC experiment made from this commit ({head[:8]}; `dvc exp show` lists them)"
         )
-    out = []
-    for name, sha in shas:
-        table, meta = _read_at_rev(root, sha, f"DVC experiment {name} (commit {sha[:8]})")
-        out.append(
-            Source(name, name, "dvc-experiment", f"DVC experiment {name} (commit {sha[:8]}), {ITEMS_PATH}", table,
-                   meta=meta)
-        )  # fmt: skip
-    return out
+    return [_at_rev(root, name, "dvc-experiment", f"DVC experiment {name}", sha) for name, sha in shas]
 
 
 def _arm_side(spec: str, key: str) -> Side:

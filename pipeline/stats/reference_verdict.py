@@ -1,27 +1,10 @@
 """CI's verdict on a smoke run: the run compared with the committed smoke reference run by the
-rule `./dev compare` uses (decision.compare_arms: a paired bootstrap over the test items plus the
-training seeds' luck from reference/seed_variance/smoke.json, and its guards for one run a side),
-as a table per metric that a CI log prints and a GitHub Actions job summary shows, and a pass or
-a fail.
+rule `./dev compare` uses (decision.compare_arms, with the seed luck of
+reference/seed_variance/smoke.json), as a table per metric for a CI log and a GitHub Actions job
+summary, and a pass or a fail: a gating metric (GATES) whose outcome is "worse" fails it.
 
-Which metrics gate (GATES): cosine and mse. Both are continuous per item, so a change of the model
-moves every item a little and one run a side can resolve it: a smoke run with train.lr at a
-tenth of the preset's drops test cosine from 0.477 to 0.100, more than four times the widest gap
-between two of the reference's 20 seeds (0.087). mse gates too, for gross breakage: its seed
-spread on smoke is wide (another seed alone moved it by +0.0065), so only a large change of it is
-called worse. The retrieval rates cannot gate on smoke: top1 and group top-1 sit at their floor
-(0 or 1 hit of 62 test items), top5, group top-5 and mrr move by a few items between seeds (the
-reference's widest seed gaps: 3 items on the top-5 rates); one run's regression there is never
-told from luck. They are shown, and never fail the check. A gating metric fails the check when
-its outcome is "worse"; every other outcome (better, equivalent, inconclusive) passes: only
-"worse" says the change hurt beyond the luck of the items and the seeds.
-
-The question is whether the run could be a run of the reference's arm (the project as committed),
-so the reference's seed spread is the run's under that hypothesis: the smoke seed-variance
-reference is passed for both sides whatever the run's arm (a changed config is another arm, and a
-check that borrowed the spread only for the reference's own arm would never see a config
-regression). That keeps noise from failing the check; it says nothing of how much a changed arm
-varies, which is what `./dev decide` measures.
+Why cosine and mse gate and the retrieval rates do not, and why the reference's seed spread is
+passed for the run whatever its arm: docs/ci.md ("Which metrics gate, and why").
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Replicates through DVC's experiment queue: train seeds of one or more arms, wait, read the results.
 
-A replicate is one DVC experiment of an arm with its own `run.seed` (pipeline/core/arm.py: runs of
-one arm differ only in the seed). `./dev seeds` (tools/seeds.py) queues the seeds of one arm to
-measure its seed variance; `./dev decide` (tools/decide.py) queues seed pairs of two arms. Both go
-through this module:
-
-- `plan` names each replicate `rep-<arm digest>-s<seed>` (the arm's id as its tables and MLflow
-  tags carry it, arm_id): a name says which arm and seed it is, so an experiment of that name
-  already made from this commit (an earlier `./dev decide`, a run that was stopped) is read back
-  instead of trained again;
-- `Queue` queues them (`dvc exp run --queue -n NAME -S ...`), starts the workers (`dvc queue start
-  -j N`: each in its own copy of the project under .dvc/tmp/exps, logging to the project's MLflow
-  store), waits, and stops what it started on every exit path (Ctrl-C included: the experiments
-  still running are killed, none outlives the command);
-- `collect` reads an experiment's item table and training curve from its commit, through DVC's
-  cache, as `./dev compare` does.
-- `run_replicates` puts them together: each replicate read back when its experiment exists,
-  the others queued, waited for with a progress bar, and read.
+A replicate is one DVC experiment of an arm with its own `run.seed` (pipeline/core/arm.py), for
+`./dev seeds` (one arm's seed variance) and `./dev decide` (seed pairs of two arms). `plan` names
+each `rep-<arm id>-s<seed>`, so an experiment of that name already made from this commit is read
+back instead of trained again; `Queue` runs the others (`dvc queue start -j N`, each in a copy
+under .dvc/tmp/exps logging to the project's store) and stops what it started on every exit path;
+`collect` reads an experiment's item table and training curve from its commit, as `./dev compare`
+does; `run_replicates` puts them together.
 """
 
 from __future__ import annotations

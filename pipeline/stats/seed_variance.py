@@ -1,27 +1,11 @@
 """Training luck: how far a metric moves when only the training seed changes.
 
-Scores of runs of one arm (pipeline/core/arm.py) on the same test items form a runs x items table
-x[s, i]. Read it as a two-way layout, x[s, i] = mu + a_i + u_s + e_si:
-- a_i, the item: how hard it is. The paired bootstrap over items covers its luck (bootstrap.py);
-- u_s, the run: the seed's shift of the whole run (initialisation, batch order), the same on
-  every item. Its variance is what a bootstrap over items can never see: two runs of one config
-  differ by it on every test set;
-- e_si, seed x item: items that flip between seeds. A paired item bootstrap of two runs' per-item
-  differences already carries it (each item's difference holds both runs' e).
-So a comparison must add the variance of u to the item bootstrap, and no more: the spread of
-run means holds u and e (var(run means) = var(u) + var(e) / items), and e is in the bootstrap
-already. How it is added (decision.py): the seed part is drawn from the spread of run means,
-whose estimate is an exact scaled chi-square (a t distribution with runs - 1 degrees of freedom is
-then exact), and the item part is shrunk by the e it would count twice. Estimating var(u)
-alone by subtracting mean squares (the method of moments) is no substitute: with 2 or 3 runs it
-often comes out near 0, and intervals built on it are too narrow (tests/test_decision.py holds the
-A/A rate of the method used to at most 5 %).
-
-One run per arm cannot estimate it. The committed seed-variance reference does: for each shipped
-preset on the shipped data, the same estimate over >= 5 seeds of the preset itself
-(reference/seed_variance/<preset>.json, written by `./dev seeds`). A run matches a reference when
-its preset and its data digest (arm.data_digest: the test items and the teacher) are the
-reference's; estimates from several sources are pooled by their degrees of freedom.
+A runs x items table of one arm (pipeline/core/arm.py) read as x[s, i] = mu + a_i + u_s + e_si:
+the item, the run's shift of every item (what no item bootstrap sees) and the items that flip
+between seeds (which the paired item bootstrap carries already); decision.py adds the spread of
+run means to the item bootstrap so that e counts once. One run per arm cannot estimate it: the
+committed reference (reference/seed_variance/<preset>.json, `./dev seeds`) does, for a run whose
+preset and data digest are the reference's. Why this estimate and not another: docs/decisions.md.
 """
 
 from __future__ import annotations

@@ -142,17 +142,8 @@ def look_after(state: State, plan: Plan, args, rounds: int) -> Look | None:
     if not (state.results["A"] and state.results["B"]):
         return None
     a, b, _, _ = arms_so_far(state)
-    d = look(
-        plan.looks,
-        rounds,
-        a,
-        b,
-        args.metric,
-        matching_references(state),
-        args.margin,
-        resamples=args.resamples,
-        seed=args.seed,
-    )
+    refs = matching_references(state)
+    d = look(plan.looks, rounds, a, b, args.metric, refs, args.margin, resamples=args.resamples, seed=args.seed)
     return None if d is None else Look(rounds, d.level, d.as_dict())
 
 

@@ -1,26 +1,10 @@
 """Rank the arms of one sweep against its best: `./dev compare --sweep NAME`.
 
-A sweep is what one `dvc exp run --queue -S run.sweep=NAME -S 'train.lr=1e-3,3e-3' -S
-'run.seed=0,1,2' ...` queues (one experiment per combination). Every MLflow run its stages start or
-add to carries the tag `sweep.NAME`, whose value is the DVC experiment's name; this finds the
-sweep's model runs (tags.stage = 'train') by it, in every experiment of the project's store (or
-MLFLOW_TRACKING_URI), and reads each run's item table (evaluate/eval_items.parquet).
-
-It ranks arms, not runs: runs that differ only in run.seed are replicates of one arm
-(pipeline/core/arm.py; the item table's metadata says which), and an arm's figure is the mean over
-its replicates. For the ranking metric, over the test items all runs share:
-
-- each arm's mean, with an interval that covers the test items and the training seeds (the seed
-  spread pooled from every arm with several seeds, and the preset's committed seed-variance
-  reference when the runs' preset and data match it; decision.py);
-- each arm's difference from the top arm (arm - top), with its interval, the probability that the
-  arm beats the top one, and the outcome (worse / equivalent / inconclusive);
-- "best" only for a top arm that every other arm is worse than; otherwise the top arm is named
-  with the arms it is not separated from ("run more seeds");
-- the params that differ between the arms (what the sweep varied; the seed and labels left out).
-
-A run without an item table (diverged, failed or still running) is left out with a warning; with
-fewer than two arms left there is nothing to rank (exit 2).
+The sweep's model runs are found by their tag `sweep.NAME` in every experiment of the store, each
+with its item table; runs that differ only in run.seed are replicates of one arm, and each arm's
+mean and difference from the top arm get intervals over the items and the seeds (decision.py).
+"best" is said only for a top arm every other arm is worse than. What the ranking shows and how to
+read it: docs/experiments.md ("Ranking"). A run without an item table is left out with a warning.
 """
 
 from __future__ import annotations
@@ -175,12 +159,7 @@ def group_arms(runs: list[SweepRun]) -> list[Arm]:
 
 
 def rank(
-    found: Found,
-    metric: str = DEFAULT_METRIC,
-    *,
-    resamples: int,
-    seed: int,
-    margins: dict[str, float] | None = None,
+    found: Found, metric: str = DEFAULT_METRIC, *, resamples: int, seed: int, margins: dict[str, float] | None = None
 ) -> dict:
     """The ranking as one JSON-able dict (the arms best first; see the module doc)."""
     if metric not in METRICS:

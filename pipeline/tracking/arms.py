@@ -1,17 +1,8 @@
 """Arms and their comparison with the baseline of record, as MLflow shows them
-(rows from pipeline/stats/baseline.py; tracking may not import stats, so it takes them as dicts).
-
-- The arms experiment `<run.experiment>-arms` (default `energy-flow-arms`): one run per arm,
-  named after it and found again by its tag `arm.digest`, brought up to date each time: metrics
-  `replicates` and the headline means (`eval/test_group_top1`, `eval/test_cosine`); tags
-  `replicates` (`3 (seeds 0, 1, 2)`), the seed-covering interval of each mean
-  (`eval.test.group_top1 = 0.883 [0.857, 0.907]`), the difference from the baseline of record
-  (`vs_baseline.group_top1 = +0.007 [-0.008, +0.022] inconclusive`), `baseline`, `luck.covers`,
-  `run_ids`, and a description with links to its model runs.
-- Every evaluated model run of the arm: the same `vs_baseline.*` tags, `baseline` and
-  `arm.replicates`, so the model runs table holds the comparison beside the raw numbers.
-
-Only MLflow changes: no file the pipeline or DVC tracks."""
+(rows from pipeline/stats/baseline.py; tracking may not import stats, so it takes them as dicts):
+one run per arm in the experiment `<run.experiment>-arms`, found again by its tag `arm.digest`,
+and the same `vs_baseline.*` tags on every evaluated model run of the arm (docs/mlflow.md,
+"Decisions and arms", lists them). Only MLflow changes: no file the pipeline or DVC tracks."""
 
 from __future__ import annotations
 
@@ -27,12 +18,8 @@ def arms_experiment(model_experiment: str) -> str:
     return model_experiment + ARMS_SUFFIX
 
 
-def _digits(metric: str) -> int:
-    return 6 if metric == "mse" else 3
-
-
 def interval_text(metric: str, value: float, low: float, high: float, signed: bool = False) -> str:
-    n, sign = _digits(metric), "+" if signed else ""
+    n, sign = (6 if metric == "mse" else 3), "+" if signed else ""
     return f"{value:{sign}.{n}f} [{low:{sign}.{n}f}, {high:{sign}.{n}f}]"
 
 

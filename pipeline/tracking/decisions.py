@@ -1,27 +1,10 @@
 """A decision (`./dev compare A B`, `./dev decide`) recorded in the tracking store, where a
 researcher can find, filter and link it: one MLflow run per decision in the experiment
 `<run.experiment>-decisions` (default `energy-flow-decisions`), beside the model runs it judged.
-
-What the run holds (from the result dict pipeline/stats/compare.py or sequential.py returns; read
-with .get, so a field a newer version adds or an older one lacks does not break it):
-
-- params: `a`, `b` (what each side is), `change` (B's overrides beyond A's, or the two arms),
-  `metric` (the decided one; `none` for compare, which decides on none), `margin`, `method`,
-  `looks`, `level`, `resamples`, `seed`, `items`;
-- metrics, per compared metric m (one `/` each, as the model runs' keys): `m/difference`,
-  `m/ci_low`, `m/ci_high`, `m/prob_b_better`, `m/a`, `m/b`;
-- tags: `outcome` (the decision: the decided metric's; for compare, the outcomes counted),
-  `outcome.<m>` (each metric's: better, worse, equivalent, inconclusive), `interval.<m>`
-  (`+0.007 [-0.008, +0.022]`, one column in the table), `luck.covers` (which luck the intervals
-  cover, in words) and `luck.covers_seeds`, `a.run_ids` / `b.run_ids` (the MLflow model runs of
-  each arm's replicates), `a.arm` / `b.arm`, `a.seeds` / `b.seeds`, `exploratory` (a second look
-  at the same runs under another metric), `decision.kind` and the run's description;
-- artifacts: the decision page (reports/decisions/<name>.html and .json for decide; for compare
-  the result as `decision.json` and the printed table as `decision.txt`).
-
-The experiment gets a saved view of the decisions table (views.py). Logging a decision never
-fails the command that made it: an unreachable store is a warning (the decision is still printed
-and written)."""
+Its params, metrics, tags and artifacts: docs/mlflow.md ("Decisions and arms"). The result dict
+(pipeline/stats/compare.py or sequential.py) is read with .get, so a field a newer version adds
+or an older one lacks does not break it. Logging a decision never fails the command that made it:
+an unreachable store is a warning (the decision is still printed and written)."""
 
 from __future__ import annotations
 
@@ -34,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from pipeline.core.errors import PipelineError
+from pipeline.tracking.arms import interval_text
 from pipeline.tracking.redact import redact_text
 
 DECISIONS_SUFFIX = "-decisions"
@@ -63,14 +47,9 @@ def decisions_experiment(model_experiment: str) -> str:
     return model_experiment + DECISIONS_SUFFIX
 
 
-def _digits(metric: str) -> int:
-    return 6 if metric == "mse" else 3
-
-
 def _interval(metric: str, r: dict) -> str:
-    n = _digits(metric)
     try:
-        return f"{r['difference']:+.{n}f} [{r['ci_low']:+.{n}f}, {r['ci_high']:+.{n}f}]"
+        return interval_text(metric, r["difference"], r["ci_low"], r["ci_high"], signed=True)
     except (KeyError, TypeError, ValueError):
         return ""
 
@@ -273,11 +252,7 @@ def replicate_run_ids(client, model_experiment: str, side: dict) -> list[str]:
 
 
 def log_decision(
-    result: dict,
-    kind: str,
-    files: Iterable[Path] = (),
-    text: str | None = None,
-    model_experiment: str | None = None,
+    result: dict, kind: str, files: Iterable[Path] = (), text: str | None = None, model_experiment: str | None = None
 ) -> tuple[str, str] | str | None:
     """Record the decision as a run of the decisions experiment: (experiment id, run id), or why
     it was not (the store cannot be reached or refused it; the decision stands without it), or

@@ -1,49 +1,26 @@
 """The train stage's telemetry rows to MLflow, through MLflow's own asynchronous logging, with
-nothing lost while the tracking store is away.
-
-Why MLflow's queue and not a process of our own: on the default model, the main job, its cost
-against tracking off is within the goals (<= 1.03x per step, <= 2 % of a run once), and a
-writer process of our own would be many more lines to keep. Only the smoke model, whose rows come
-every few milliseconds, pays more: the queue's SQLAlchemy inserts are Python on threads of this
-process and hold the interpreter while the loop needs it; the smoke model is for CI, not timing.
-docs/mlflow.md quotes the figures from bench.tracking and bench.trainer.
+nothing lost while the tracking store is away. Why MLflow's queue and not a writer process of our
+own, what it costs and how an outage is handled: docs/mlflow.md ("Logging stays out of training's
+way", "When the tracking server is not there").
 
 What MLflow's queue does not do is keep values through an outage: a batch the store refuses is
-reported on its future and dropped. This module adds that:
+reported on its future and dropped. This module adds that: rows are handed to the queue every
+`flush_seconds` as one log_batch (up to 1000 values a call), each call's futures kept with its
+values; a refused batch is kept and sent again (every RETRY_S while the store is away); `sync()`
+(before each checkpoint) waits for every outcome and writes the values not stored to
+pending_dir()/<run_id>.jsonl, so a run resumed from that checkpoint cannot lose them; at the end
+(every path) the store gets FINAL_TRIES more tries, and what it still refuses stays in the file
+for `python -m pipeline.tracking.replay`. A SIGKILL loses the rows after the last sync: the
+resumed run logs those steps again.
 
-- Rows are held and handed to the queue every `flush_seconds` as one log_batch (up to 1000
-  values a call); each call's futures are kept with its values.
-- A batch the store refused is kept in memory and sent again (every RETRY_S while the store is
-  away, then with the next rows).
-- `sync()` (before each checkpoint) waits until every batch has an outcome; the values not
-  stored are then written to pending_dir()/<run_id>.jsonl (temp file, then rename) before sync
-  returns: a run resumed from that checkpoint cannot lose the rows before it. The
-  file is removed once the store has them all.
-- At the end (every path: an exception, Ctrl-C, SIGTERM) the rest is sent and the store gets
-  FINAL_TRIES more tries a second apart; what it still refuses stays in the file, and
-  `python -m pipeline.tracking.replay` stores it later (it skips values already stored, so a
-  replay never doubles a point).
+While the buffer is open (ENV_WHILE_OPEN; undone before the stage logs its model), MLflow's HTTP
+client tries each call once with a 10 s timeout (its 7 retries with back-off would hold the queue
+and every sync behind one unanswered call), and its queue does not buffer: buffering merges a
+second's batches into one call, and when that call fails MLflow reports the error on the first
+batch's future only (MLflow 3.17, RunBatch.complete); unbuffered, each future tells the truth.
 
-While the buffer is open, two of MLflow's settings change (the previous values come back when it
-closes, before the stage logs its model and artifacts):
-- its HTTP client tries each call once with a 10 s timeout (its default is 7 retries with
-  back-off, about 4 minutes by MLflow's own estimate, which would hold the queue and every
-  checkpoint's sync behind one unanswered call); the buffer's own resending replaces them;
-- its queue does not buffer (MLFLOW_ASYNC_LOGGING_BUFFERING_SECONDS unset; the stage's run sets
-  1 s). Buffering merges the batches of a second into one call, and when that call fails MLflow
-  reports the error on the first batch's future only: the others read as stored (MLflow 3.17,
-  RunBatch.complete). Unbuffered, each batch is its own call, picked up as soon as it is queued,
-  and its future tells the truth. A SIGKILL loses the rows after the last sync (at most a checkpoint
-interval): the resumed run logs those steps again.
-
-Keys are the telemetry's (telemetry/train_steps.csv); each value goes to MLflow under its
-metric_names key, and a column the table leaves out is not sent.
-
-System metrics (CPU and memory use; per GPU its use and memory) are sampled by MLflow's collectors
-from a thread of this process every `system_metrics_s` seconds, from the first row on (and once at
-the end), as `machine/...` metrics. Not before the first row: MLflow's compare page plots the
-first metric a run was given (in the order the store first saw them) against the params that
-differ, and that should be the training loss, not the CPU use.
+System metrics are sampled from the first row on, not before: MLflow's compare page plots the
+first metric a run was given, and that should be the training loss, not the CPU use.
 """
 
 from __future__ import annotations

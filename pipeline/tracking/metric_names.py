@@ -2,27 +2,12 @@
 appear on an MLflow run: one table, applied where values cross into MLflow (tracking.log_metrics,
 the train stage's metric buffer, the system-metrics sampler, the replay of pending values).
 
-Why a table and not the file keys as they are: MLflow 3.17's run page makes one chart section per
-key prefix (the key less its last `/` part) and draws a bar chart for any metric whose latest step
-is 0. With the file keys a model run had about 300 metrics in about 80 sections, led by bar charts
-of constants (bank size, bootstrap resamples), and each interval was three metrics. Here every
-MLflow key has exactly one `/`, its section says what the charts show, and the sections sort so
-that the training curves come first (`curves` sorts before every other section name):
-
-    curves/          loss, val loss and cosine, gradient norm, update ratio, step time, lr
-    eval/            the model's headline test (and val) metrics
-    eval_answers/    the answer model's abstention figures (when evaluate writes them)
-    eval_baselines/  the baselines' group top-1 and the model's paired difference from each
-    flow/ gradients/ machine/ memory/ range/ speed/ stability/   diagnostics
-
-Constants become tags (`TAGS`: the bank size, planned steps, the memory estimate's peak); the 95 %
-intervals of the headline metrics become tags like `eval.test.group_top1 = "0.883 [0.857, 0.907]"`
-(`INTERVAL_TAGS`), which the saved view shows as columns. Everything else a file holds stays in
-the run's JSON and CSV artifacts (metrics/eval.json, telemetry/train_steps.csv), not as a metric.
-
-A key of the project's own families that is not in the table is not logged (so a new telemetry
-column cannot add a chart section by accident: add it here); any other key (a notebook's, a test's)
-passes through as it is.
+Why a table, and its sections: docs/mlflow.md ("Metrics"). Every MLflow key has exactly one `/`,
+and `curves` sorts before every other section so the training curves come first. Constants
+become tags (`TAGS`), the headline 95 % intervals tags like `eval.test.group_top1 = "0.883 [0.857,
+0.907]"` (`INTERVAL_TAGS`). A key of the project's own families that is not in the table is not
+logged (a new telemetry column cannot add a chart section by accident: add it here); any other
+key (a notebook's, a test's) passes through as it is.
 """
 
 from __future__ import annotations

@@ -72,19 +72,14 @@ def pending_dir() -> Path:
 @dataclass
 class TrackingSession:
     """How one stage tracks, owned by the stage (stages/_cli.py opens one around each stage with
-    `active(TrackingSession())`); the functions of this module act on the session that is active.
+    `active(TrackingSession())`); the functions of this module act on the session that is active."""
 
-    enabled: on, unless run.tracking=disabled, or =optional with a server that does not answer;
-        off, every function here is a no-op and runs have no id ("").
-    sweep: run.sweep of the stage ("" = no sweep), tagged on every run it starts or adds to.
-    adding_to: the run the stage adds to (adding_to_run), while it does: every logging function
-        here goes there.
-    killed_runs: runs the stage ended KILLED (stages/_cli.py says so when a signal stops it)."""
-
+    # Off with run.tracking=disabled, or =optional and a server that does not answer: every
+    # function here is then a no-op, and runs have no id ("").
     enabled: bool = True
-    sweep: str = ""
-    adding_to: str = ""
-    killed_runs: list[str] = field(default_factory=list)
+    sweep: str = ""  # run.sweep of the stage ("" = none), tagged on every run it starts or adds to
+    adding_to: str = ""  # the run the stage adds to (adding_to_run), while it does: all logging goes there
+    killed_runs: list[str] = field(default_factory=list)  # ended KILLED (stages/_cli.py says so on a signal)
 
 
 # Which session is active. A context variable, not a module global: `active` scopes a session to
@@ -310,10 +305,9 @@ def mlflow_run(
     stage: str = "",
 ) -> Iterator[Any]:
     """Start (or, with run_id, resume: the train stage from its checkpoint) a run; end it
-    FINISHED, FAILED or KILLED on every path (KILLED for Ctrl-C and SIGTERM, which
-    stages/_cli.py turns into an exception), after the asynchronous metric queue is flushed:
-    MLflow's end_run does not wait for it, so a run could read FINISHED with its last metrics
-    still in flight. A stage that adds to another stage's run uses adding_to_run instead.
+    FINISHED, FAILED or KILLED on every path (_outcome), after the asynchronous metric queue is
+    flushed: MLflow's end_run does not wait for it, so a run could read FINISHED with its last
+    metrics still in flight. A stage that adds to another stage's run uses adding_to_run instead.
 
     With tracking off it yields a stand-in whose run id is "". A run_id of "" (a model trained
     with tracking off) starts a new run."""

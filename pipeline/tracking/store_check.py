@@ -2,13 +2,8 @@
 
 MLflow itself says a store is wrong only when the first run starts, after the stage's work, and in
 a traceback of its own. Here each answer is one line naming the variable, what it holds and what
-would be valid:
-- sqlite:///PATH: a SQLite database, or a file that is empty or not there yet (MLflow creates it);
-  a directory, or a file of other data (its first 16 bytes are not SQLite's header), is refused;
-- http(s)://HOST:PORT, a database URI (postgresql://, mysql://, mssql://), databricks;
-- a directory (a bare path or file://): MLflow 3 refuses its file store unless
-  MLFLOW_ALLOW_FILE_STORE=true, and then only an MLflow file store (an experiment's meta.yaml in
-  it), an empty directory or a new one is one: anything else (file:///etc) is not a store of runs.
+would be valid (VALID). A directory store (a bare path or file://) is one only with
+MLFLOW_ALLOW_FILE_STORE=true, as in MLflow 3, and only if it is an MLflow file store, empty or new.
 """
 
 from __future__ import annotations

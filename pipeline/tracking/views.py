@@ -1,14 +1,9 @@
-"""The MLflow UI's saved view of the model experiment: the runs table with the columns models are
-compared by (test group top-1, then the headline test metrics and the paired difference from
-ridge each with its 95 % interval, the stability verdict, the preset, the dataset, the logged
-model and the overrides that make the run), best group top-1 first.
-
-MLflow 3.17's runs table shows no metric or tag column until someone picks them (a run has about
-50 metrics: curves, diagnostics, eval), and no URL parameter picks columns. A view saved as the
-experiment tag `mlflow.sharedViewState.<key>` does: the link
-`#/experiments/<id>/runs?viewStateShareKey=evaluation` (what `./dev ui` prints) opens it. An
-interval is a tag (`eval.test.group_top1 = "0.883 [0.857, 0.907]"`, metric_names.INTERVAL_TAGS):
-one column reads as value and interval, where three metric columns would not.
+"""The MLflow UI's saved views: the model experiment's runs table with the columns models are
+compared by (VIEW_TAG; grouped by arm: ARMS_VIEW_TAG), best group top-1 first, and the decisions'
+and arms' tables. MLflow 3.17's runs table shows no metric or tag column until someone picks them,
+and no URL parameter picks columns; a view saved as the experiment tag
+`mlflow.sharedViewState.<key>` does, opened by the link `./dev ui` prints (docs/mlflow.md, "Looking
+at it"). An interval is a tag (metric_names.INTERVAL_TAGS): one column reads as value and interval.
 """
 
 from __future__ import annotations
@@ -64,16 +59,7 @@ def view_state(grouped: bool = False) -> dict:
     tags = [f"tags.`{k}`" for k in TAGS]
     attributes = [f"attributes.`{k}`" for k in ATTRIBUTES]
     last = [f"tags.`{k}`" for k in LAST_TAGS]
-    order = [
-        "attributes.`Run Name`",
-        "runDateAndNestInfo",
-        *metrics,
-        *intervals,
-        *tags,
-        *attributes,
-        *last,
-        "duration",
-    ]
+    order = ["attributes.`Run Name`", "runDateAndNestInfo", *metrics, *intervals, *tags, *attributes, *last, "duration"]
     widths = {
         "attributes.`Run Name`": WIDTHS["run_name"],
         "runDateAndNestInfo": WIDTHS["created"],
@@ -100,22 +86,13 @@ def view_state(grouped: bool = False) -> dict:
 
 def view_tag_value(now_ms: int | None = None, grouped: bool = False) -> str:
     """The tag's value: the envelope the UI reads (name, times, the state as a JSON string)."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    name = "Arms" if grouped else "Evaluation"
-    envelope = {"name": name, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(view_state(grouped))}
-    return json.dumps(envelope)
+    return _envelope("Arms" if grouped else "Evaluation", view_state(grouped), now_ms)
 
 
 def ensure_view(client, experiment_id: str, tags: dict) -> None:
     """Save the views on the experiment, or bring older ones up to date (their columns changed)."""
     for tag, grouped in ((VIEW_TAG, False), (ARMS_VIEW_TAG, True)):
-        current = tags.get(tag)
-        try:
-            same = current is not None and json.loads(json.loads(current)["state"]) == view_state(grouped)
-        except (ValueError, KeyError, TypeError):
-            same = False
-        if not same:
-            client.set_experiment_tag(experiment_id, tag, view_tag_value(grouped=grouped))
+        _ensure(client, experiment_id, tags, tag, "Arms" if grouped else "Evaluation", view_state(grouped))
 
 
 def runs_url(base: str, experiment_id: str, view: str = VIEW_KEY) -> str:
@@ -164,9 +141,12 @@ def _ensure(client, experiment_id: str, tags: dict, tag: str, name: str, state: 
     except (ValueError, KeyError, TypeError):
         same = False
     if not same:
-        now_ms = int(time.time() * 1000)
-        envelope = {"name": name, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)}
-        client.set_experiment_tag(experiment_id, tag, json.dumps(envelope))
+        client.set_experiment_tag(experiment_id, tag, _envelope(name, state))
+
+
+def _envelope(name: str, state: dict, now_ms: int | None = None) -> str:
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    return json.dumps({"name": name, "createdAt": now_ms, "updatedAt": now_ms, "state": json.dumps(state)})
 
 
 # The arms experiment (pipeline/tracking/arms.py): one row per arm, its replicate count, each
