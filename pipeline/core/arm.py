@@ -5,13 +5,10 @@ replicates, and the spread of their metrics is the luck of the training run. Com
 is what a researcher means by "did my change help"; comparing two runs of one arm measures luck.
 
 What is left out of the arm, so that it names the same arm wherever and however the run was made:
-the seed itself, and each key the schema (pipeline/core/config/schema.py) declares a LABEL (a
-preset's values are in the other keys, so `preset=default` and the same values reached by
-overrides are one arm) or OPERATIONAL (how and where a run is carried out, not what it computes:
-the flow loop's form and CUDA graphs change the last bits of the numerics, not what is learned; a
-file the input limits let in is read the same whatever they are; the report judges a run). A key
-declared with no role is part of the arm: a new parameter splits arms until it is declared
-otherwise, rather than silently merging runs that differ in it.
+the seed itself, and each key the schema declares a LABEL (`preset=default` and the same values
+reached by overrides are one arm) or OPERATIONAL (the flow loop's form and CUDA graphs change the
+last bits of the numerics, not what is learned; the report judges a run); docs/architecture.md,
+"Roles". A key declared with no role is part of the arm.
 
 The data is part of the arm by content, not by path: `data_digest` of the shards' manifest (each
 split's texts and the teacher), so the same config on an edited dataset is another arm.

@@ -1,19 +1,10 @@
-"""torch.distributed for the stages: which rank this process is, its process group, and the launch.
+"""torch.distributed for the stages: which rank this process is, its process group, and the launch
+(docs/training.md, "Distributed training and embedding").
 
-A stage runs distributed in one of two ways, both on PyTorch's own engine:
-- `torchrun ... -m stages.train` (any torchrun arguments, multi-node included): torchrun sets
-  RANK / WORLD_SIZE / LOCAL_RANK and the rendezvous; the stage joins that group.
-- `python -m stages.train` with `train.nproc` (or `embed.nproc`) > 1, which is how `dvc repro`
-  runs it: the stage starts torchrun's launcher itself (torch.distributed.launcher.elastic_launch,
-  a standalone rendezvous on this machine, no restarts) with the same arguments, and exits with
-  the code of the rank that failed first (2 for a config error, 143 for SIGTERM, ...). The
-  ranks die with the launcher however it ends (each sets the parent-death signal at startup:
-  pipeline/core/lifetime.py), and torchrun's files and the ranks' temp files go into a directory
-  of the launch's own, removed when it ends (or by the next launch, when it was killed).
-
-The backend follows the device: nccl on CUDA, gloo on CPU. Only rank 0 talks: the other ranks
-log warnings and errors only, each line prefixed with its rank (`[train rank 1] ...`), and show
-no progress bar.
+A stage runs under `torchrun ... -m stages.train` (it joins torchrun's group), or, with
+`train.nproc` (or `embed.nproc`) > 1, starts torchrun's launcher itself (elastic_launch, a
+standalone rendezvous on this machine, no restarts) and exits with the code of the rank that
+failed first. The backend follows the device: nccl on CUDA, gloo on CPU. Only rank 0 talks.
 """
 
 from __future__ import annotations
@@ -37,7 +28,6 @@ log = logging.getLogger(__name__)
 # A rank that waits longer than this in a collective is stuck (a peer died without torchrun
 # noticing): fail instead of hanging a CI job for torch's default 30 minutes.
 TIMEOUT = datetime.timedelta(minutes=10)
-# What the launch's temp directory is called, in the system temp directory.
 LAUNCH_DIR_PREFIX = "energy-flow-launch-"
 # torchrun's agent gives the ranks this long to stop after its signal before it kills them.
 AGENT_STOP_WAIT = 30
@@ -68,12 +58,7 @@ class Dist:
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place across ranks (sum, max or min); a no-op for one process. Returns the tensor."""
         if self.enabled:
-            ops = {
-                "sum": torch.distributed.ReduceOp.SUM,
-                "max": torch.distributed.ReduceOp.MAX,
-                "min": torch.distributed.ReduceOp.MIN,
-            }
-            torch.distributed.all_reduce(tensor, op=ops[op])
+            torch.distributed.all_reduce(tensor, op=getattr(torch.distributed.ReduceOp, op.upper()))
         return tensor
 
     def broadcast_text(self, text: str = "") -> str:
@@ -196,19 +181,13 @@ def configure_rank_output(stage: str, place: Dist) -> str:
 def launch(nproc: int, module: str, args: Sequence[str], stage: str) -> int:
     """Run `python -m module args` in `nproc` processes on this machine under torchrun's launcher;
     return the exit code of the first rank that failed (0 when all succeeded)."""
-    with lifetime.private_temp_dir(LAUNCH_DIR_PREFIX) as tmp, _rank_env(tmp):
-        # This process waits for the ranks' stops, then torchrun's kill: its own stop gets longer.
-        lifetime.set_stop_grace(2 * AGENT_STOP_WAIT + lifetime.STOP_GRACE)
-        return _launch(nproc, module, args, stage, tmp)
-
-
-@contextlib.contextmanager
-def _rank_env(tmp) -> Iterator[None]:
-    """The environment torchrun passes on to the ranks (it copies this process's): the launcher's
-    pid, for the parent-death signal, and TMPDIR, so that what the ranks leave in their temp
-    directory goes with the launch's."""
-    with temporary_env({lifetime.PARENT_ENV: str(os.getpid()), "TMPDIR": str(tmp)}):
-        yield
+    with lifetime.private_temp_dir(LAUNCH_DIR_PREFIX) as tmp:
+        # The environment torchrun copies to the ranks: the launcher's pid, for the parent-death
+        # signal, and TMPDIR, so that what the ranks leave in their temp directory goes with the launch's.
+        with temporary_env({lifetime.PARENT_ENV: str(os.getpid()), "TMPDIR": str(tmp)}):
+            # This process waits for the ranks' stops, then torchrun's kill: its own stop gets longer.
+            lifetime.set_stop_grace(2 * AGENT_STOP_WAIT + lifetime.STOP_GRACE)
+            return _launch(nproc, module, args, stage, tmp)
 
 
 def _launch(nproc: int, module: str, args: Sequence[str], stage: str, tmp) -> int:

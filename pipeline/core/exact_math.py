@@ -1,12 +1,9 @@
 """Arithmetic that gives the same bits on every CPU, where torch's own kernel does not.
 
-ATen sends a CPU float tensor's sqrt to MKL's vector math. Under MKL_CBWR=COMPATIBLE (the
-portable setting, pipeline/core/numerics.py) MKL's kernel for it, float and double alike, starts
-from the RSQRTPS instruction and refines it: RSQRTPS's bits are the CPU vendor's own, and the
-refined root is off by one unit in the last place for some inputs, so the same run gives other
-numbers on an Intel and an AMD machine. (MKL's tanh, the other vector-math function a run calls,
-is built from exact instructions only.) numpy's sqrt is the IEEE instruction, correctly rounded
-on every x86 CPU. Torch is imported inside, as this package must not load it before `pin()`.
+ATen sends a CPU float tensor's sqrt to MKL's vector math, whose kernel under the portable
+setting starts from the RSQRTPS instruction, whose bits are the CPU vendor's own
+(docs/evaluation.md); numpy's sqrt is the IEEE instruction, correctly rounded on every x86 CPU.
+Torch is imported inside, as this package must not load it before `pin()`.
 """
 
 from __future__ import annotations

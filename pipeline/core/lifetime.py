@@ -1,25 +1,17 @@
 """How long a process of ours lives, and what it leaves: no process outlives the command that
-started it, and the temp directory of a process that was killed is removed by the next one.
+started it, and the temp directory of a process that was killed is removed by the next one
+(docs/training.md, "Nothing outlives the launcher").
 
-- The parent-death signal (Linux `prctl(PR_SET_PDEATHSIG)`): a child asks the kernel for SIGTERM
-  when its parent dies, however the parent died (SIGKILL, a memory limit, a timeout's kill).
-  torchrun starts its workers in sessions of their own, so a signal to the launcher's process
-  group never reaches them, and a killed launcher leaves them to init; this reaches them.
-  `die_with_parent` sets it, then checks that the parent is still the one expected: a parent
-  that died between the child's start and the call sends no signal. A parent names itself to
-  its child in ENERGY_FLOW_PARENT_PID (`child_env`); a stage process reads it first thing
-  (`follow_parent`, from stages/startup.py). The kernel sends the signal when the parent
+- The parent-death signal (Linux `prctl(PR_SET_PDEATHSIG)`, `die_with_parent`): torchrun starts
+  its workers in sessions of their own, so a signal to the launcher's process group never reaches
+  them, and a killed launcher leaves them to init; this reaches them. A parent names itself to its
+  child in ENERGY_FLOW_PARENT_PID (`child_env`). The kernel sends the signal when the parent
   *thread* that started the child ends, so a child is started from the main thread.
 - A bound on a stop (`bound_stops`): once SIGTERM or Ctrl-C has come, the process ends within
-  `STOP_GRACE` seconds, even when its main thread is stuck where Python cannot raise (a
-  collective whose peer is gone, a server that does not answer). The stage's own clean stop
-  (a checkpoint, the MLflow run ended KILLED) has that long.
-- Private temp directories, named with their owner's pid: removed when the owner is done, and,
-  when it was killed before it could, by the next one to make such a directory (as
-  pipeline/core/atomic.py does with a killed writer's temp files). A stage process makes one
-  its TMPDIR (`use_private_temp_dir`), so that nothing it or a library it uses puts in the temp
-  directory (torch's compile cache, MLflow's artifact copies, torchrun's logs, the ranks' files)
-  outlives it; `private_temp_dir` is one for a block of code.
+  `STOP_GRACE` seconds, even when its main thread is stuck where Python cannot raise.
+- Private temp directories named with their owner's pid (`use_private_temp_dir` as the process's
+  TMPDIR, `private_temp_dir` for a block): removed when the owner is done, or, when it was
+  killed, by the next one to make such a directory (as pipeline/core/atomic.py does with temps).
 
 Nothing here runs at import: a stage process calls it from stages/startup.py.
 """

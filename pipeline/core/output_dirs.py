@@ -1,27 +1,10 @@
 """Where a stage may write, and what it may replace: outputs never destroy inputs.
 
-Every directory a stage writes into or replaces is named by a config key (OUTPUTS). Before any
-work, `check_outputs(cfg, stage)` resolves each of them (`..` and symlinks followed) and refuses,
-naming the key, its value and where it resolves:
-- the project root, a directory that holds the project, or one that is, contains or lies inside
-  a part of the project (.git, conf/, pipeline/, stages/, tests/, ...) or any `.git`;
-- one that contains or lies inside an input (the dataset's files) or another output (another
-  key's directory, or metrics/, telemetry/, reports/, where the stages write fixed files);
-- for the stage's own outputs: an existing file where a directory goes, and an existing
-  directory the stage did not create.
-
-A directory a stage creates carries a mark: a small file (MARK) naming what it holds. A stage
-writes into, or replaces, only a directory that carries its own kind's mark, or is empty, or holds
-nothing but files that stage writes (a directory made before marks existed, then marked). The
-embed stage replaces its shard directory as a whole, so there the mark is not enough: a file in
-it that the shards' manifest does not list (something a person put there) stops the stage.
-
-DVC deletes a stage's outputs before it runs, and `dvc exp run` first force-checks-out every
-output, deleting whatever is at an output path it has no record of: an output whose place came
-from a parameter (`dvc exp run -S train.out_dir=docs`) would lose docs/ before any stage could
-object. So dvc.yaml declares the DVC outputs at fixed paths (DVC_OUTPUTS), and under DVC (it sets
-DVC_STAGE) a stage refuses embed.out_dir / train.out_dir anywhere else; run by hand, a stage may
-write wherever these rules allow.
+Every directory a stage writes into or replaces is named by a config key (OUTPUTS);
+`check_outputs(cfg, stage)` refuses, before any work and naming the key, one placed where it
+would overwrite or delete what is not its own, and a directory a stage creates carries its mark
+(MARK). docs/bad-inputs.md ("Paths that are let in, and outputs that never destroy inputs") lists
+the rules, and why under DVC (DVC_STAGE set) embed.out_dir and train.out_dir stay at DVC_OUTPUTS.
 """
 
 from __future__ import annotations
@@ -89,23 +72,17 @@ MODEL = Kind("model", "train", "the trained model", replaces=False, files=("mode
 CHECKPOINTS = Kind("checkpoints", "train", "resumable checkpoints", replaces=False, files=("last.pt",))
 
 
-@dataclass(frozen=True)
-class Output:
-    key: str
-    kind: Kind
-
-
 # What dvc.yaml declares as the `outs` of embed and train (tests/test_output_dirs.py holds the two
 # to each other).
 DVC_OUTPUTS = {"embed.out_dir": "data/shards", "train.out_dir": "models"}
 
-OUTPUTS = (
-    Output("embed.out_dir", SHARDS),
-    Output("embed.cache_dir", EMBEDDING_CACHE),
-    Output("train.out_dir", MODEL),
-    Output("train.checkpoint_dir", CHECKPOINTS),
-)
-KIND_OF_KEY = {o.key: o.kind for o in OUTPUTS}
+# key -> what its directory holds
+OUTPUTS = {
+    "embed.out_dir": SHARDS,
+    "embed.cache_dir": EMBEDDING_CACHE,
+    "train.out_dir": MODEL,
+    "train.checkpoint_dir": CHECKPOINTS,
+}
 
 
 # --------------------------------------------------------------------------- marks
@@ -113,21 +90,13 @@ KIND_OF_KEY = {o.key: o.kind for o in OUTPUTS}
 
 def mark_text(kind: Kind) -> str:
     """The mark's content: fixed per kind, so identical runs give identical DVC outputs."""
-    return (
-        json.dumps(
-            {
-                "kind": kind.name,
-                "made_by": f"the energy-flow {kind.stage} stage",
-                "note": f"this directory holds {kind.what}; the {kind.stage} stage made it, writes into it"
-                f"{' and replaces it as a whole' if kind.replaces else ''}. A stage writes only "
-                "into a directory it made (this file says so), an empty one, or one holding only "
-                "its own files.",
-            },
-            indent=2,
-            sort_keys=True,
-        )
-        + "\n"
+    note = (
+        f"this directory holds {kind.what}; the {kind.stage} stage made it, writes into it"
+        f"{' and replaces it as a whole' if kind.replaces else ''}. A stage writes only into a directory it "
+        "made (this file says so), an empty one, or one holding only its own files."
     )
+    mark = {"kind": kind.name, "made_by": f"the energy-flow {kind.stage} stage", "note": note}
+    return json.dumps(mark, indent=2, sort_keys=True) + "\n"
 
 
 def write_mark(directory: Path, kind: Kind) -> None:
@@ -198,7 +167,7 @@ def ownership_problem(directory: Path, kind: Kind) -> str | None:
     names = sorted(n for n in os.listdir(directory) if n != MARK)
     found = read_mark(directory)
     if found is not None and found != kind.name:
-        made = next((k for k in (SHARDS, EMBEDDING_CACHE, MODEL, CHECKPOINTS) if k.name == found), None)
+        made = next((k for k in OUTPUTS.values() if k.name == found), None)
         holds = f"{made.what}, marked by the {made.stage} stage" if made else f"a mark it cannot read ({MARK})"
         return f"holds {holds}, not {kind.what}"
     if found is None:
@@ -319,7 +288,7 @@ def layout_problems(cfg) -> list[tuple[str, str, Path, str]]:
     overwrite or delete something that is not its own (see the module doc); from config alone,
     except for expanding embed.dataset's glob. Empty when all is well."""
     root = REPO_ROOT.resolve()
-    outputs = [(o.key, str(v), _resolve(str(v))) for o in OUTPUTS if (v := OmegaConf.select(cfg, o.key))]
+    outputs = [(key, str(v), _resolve(str(v))) for key in OUTPUTS if (v := OmegaConf.select(cfg, key))]
     fixed = [(f"{d}/ (where the stages write fixed files)", root / d) for d in FIXED_OUTPUT_DIRS]
     inputs = _dataset_paths(str(cfg.embed.dataset))
     problems: dict[str, tuple[str, str, Path, str]] = {}
@@ -358,16 +327,12 @@ def layout_problems(cfg) -> list[tuple[str, str, Path, str]]:
                 continue
             if other_key in changed and key not in changed:  # blame the other one, from its side
                 other_value = next(v for k, v, _ in placed if k == other_key)
-                problems[other_key] = (
-                    other_key,
-                    other_value,
-                    other,
-                    f"{_related(other, path)} another output: {key} ({path})",
-                )
+                problem = f"{_related(other, path)} another output: {key} ({path})"
+                problems[other_key] = (other_key, other_value, other, problem)
             else:
                 shown = other_key if other_key.endswith(")") else f"{other_key} ({other})"
                 problems[key] = (key, value, path, f"{how} another output: {shown}")
-    return [problems[o.key] for o in OUTPUTS if o.key in problems]
+    return [problems[key] for key in OUTPUTS if key in problems]
 
 
 def check_outputs(cfg, stage: str) -> None:
@@ -378,7 +343,7 @@ def check_outputs(cfg, stage: str) -> None:
         for key, declared in DVC_OUTPUTS.items():
             value = str(OmegaConf.select(cfg, key))
             if _resolve(value) != _resolve(declared):
-                stage_of = KIND_OF_KEY[key].stage
+                stage_of = OUTPUTS[key].stage
                 raise ConfigError(
                     f"parameter '{key}' = {value!r}: under DVC (dvc repro, dvc exp run) the {stage_of} stage's output "
                     f"is {declared}, as dvc.yaml declares it; DVC would neither track nor restore {value}. Set "
@@ -386,7 +351,7 @@ def check_outputs(cfg, stage: str) -> None:
                     f"(python -m stages.{stage_of} {key}={value})"
                 )
     problems = [
-        _message(key, value, path, problem, _layout_advice(KIND_OF_KEY[key], key))
+        _message(key, value, path, problem, _layout_advice(OUTPUTS[key], key))
         for key, value, path, problem in layout_problems(cfg)
     ]
     if len(problems) == 1:
@@ -394,11 +359,11 @@ def check_outputs(cfg, stage: str) -> None:
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)
         raise ConfigError(f"{len(problems)} output directories are misplaced:\n{listing}")
-    for out in OUTPUTS:
-        value = OmegaConf.select(cfg, out.key)
-        if out.kind.stage != stage or not value:
+    for key, kind in OUTPUTS.items():
+        value = OmegaConf.select(cfg, key)
+        if kind.stage != stage or not value:
             continue
         path = _resolve(str(value))
-        problem = ownership_problem(path, out.kind)
+        problem = ownership_problem(path, kind)
         if problem:
-            raise ConfigError(_message(out.key, str(value), path, problem, _ownership_advice(out.kind, out.key)))
+            raise ConfigError(_message(key, str(value), path, problem, _ownership_advice(kind, key)))

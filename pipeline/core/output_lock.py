@@ -1,14 +1,11 @@
 """One writer at a time per output: an advisory lock that names its holder.
 
 Two stages writing one output at once would interleave, and the later would silently win. Before
-any work a stage takes, for each output it writes, a lock: filelock's FileLock (flock) on a hidden
-file beside the output (`.<name>.lock`), holding the writer's pid, host, command and start time. A
-second writer fails at once with a message naming the first. filelock leaves the file on release;
-we remove it while still holding it (filelock's acquire sees an unlinked file and takes the one at
-the path instead), so a writer that ended leaves none. One killed with SIGKILL leaves it, but the
-kernel has released its flock, so the next writer takes it over (and removes it in turn). A lock
-file is never put inside an output (DVC hashes those) nor anywhere but beside one of our outputs
-(never beside the dataset).
+any work a stage takes, for each output it writes, filelock's FileLock (flock) on a hidden file
+beside it (`.<name>.lock`, docs/bad-inputs.md) naming the holder. filelock leaves the file on
+release; we remove it while still holding it (filelock's acquire sees an unlinked file and takes
+the one at the path instead). A lock file is never put inside an output (DVC hashes those) nor
+anywhere but beside one of our outputs (never beside the dataset).
 
 The stage that starts ranks under torchrun holds the locks for all of them: it sets HELD_ENV, and
 a rank that finds it set takes none (its own attempt would fail against its launcher's lock)."""
@@ -53,15 +50,6 @@ def _command() -> str:
     return shown if len(shown) <= _COMMAND_CHARS else shown[: _COMMAND_CHARS - 3] + "..."
 
 
-def _holder() -> dict:
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "command": _command(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-
-
 def _describe(dest: Path, shown: str) -> str:
     try:
         holder = json.loads(lock_path(dest).read_text("utf-8"))
@@ -75,8 +63,10 @@ def _describe(dest: Path, shown: str) -> str:
 
 def _write_holder(fd: int) -> None:
     """filelock's on_acquired: this process, in place of the last holder's record."""
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "command": _command()}
+    holder["started"] = time.strftime("%Y-%m-%d %H:%M:%S")
     os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(_holder()).encode("utf-8"), 0)
+    os.pwrite(fd, json.dumps(holder).encode("utf-8"), 0)
 
 
 def _acquire(dest: Path, shown: str) -> FileLock:

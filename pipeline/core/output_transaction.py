@@ -7,12 +7,8 @@
     # here every output is the new one; had anything raised, every one would be the previous one
 
 Each destination's parent directory gets a hidden staging directory (same file system, so every
-move is a rename), `.<stage>-outputs.<pid>.<random>.staging`, made when the transaction opens: an
-output directory that cannot be written to fails then, before any work. The writers write into
-it; `commit` checks that every staged output is there and fits its place (a file never replaces a
-directory), then swaps them in one by one, keeping each previous version aside (a hard link for a
-file, so the destination is never missing; a rename for a directory). If a swap fails, the ones
-already made are undone in reverse and the previous outputs are as they were.
+move is a rename; docs/bad-inputs.md), made when the transaction opens: an output directory that
+cannot be written to fails then, before any work.
 
 A process killed mid-commit leaves its staging directory with a journal (JOURNAL: "committing",
 then "committed") and the previous versions in it. The next transaction of the same stage in the
@@ -34,13 +30,11 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from pipeline.core.atomic import current_umask, disk_full_error, is_disk_full
-from pipeline.core.errors import DiskFull, PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.core.lifetime import process_exists
 
 JOURNAL = "journal.json"
 _PREVIOUS = ".previous"  # suffix of a destination's previous version inside the staging directory
-
-
 # `.<stage>-outputs.<pid>.<8 hex>.staging`
 STAGING_NAME = re.compile(r"\.([a-z]+)-outputs\.(\d+)\.[0-9a-f]{8}\.staging")
 
@@ -164,10 +158,6 @@ class OutputTransaction:
             self._staged[dest] = self._staging_for(dest.parent) / dest.name
         return self._staged[dest]
 
-    def staged(self, dest: str | os.PathLike) -> Path | None:
-        """The staged path of `dest`, or None when the stage does not write it."""
-        return self._staged.get(Path(os.path.abspath(dest)))
-
     def now(self, dest: str | os.PathLike) -> Path:
         """Where `dest`'s new content is until the commit: its staged path, or inside the staged
         directory of an ancestor, or `dest` itself when this transaction does not write it."""
@@ -275,11 +265,6 @@ class OutputTransaction:
         path = Path(getattr(e, "path", None) or getattr(e, "filename", None) or "")
         return next((d for d, s in self._staged.items() if path == s or s in path.parents), None)
 
-    def disk_full(self, e: BaseException, dest: Path) -> DiskFull:
-        """A full disk while staging `dest`, named by `dest` (not its staged path)."""
-        kept = f"the {self.stage} stage's previous outputs are left as they were and its partial ones removed"
-        return disk_full_error(dest, e, kept)
-
 
 @contextlib.contextmanager
 def outputs(stage: str, dests: Iterable[str | os.PathLike] = ()) -> Iterator[OutputTransaction]:
@@ -292,8 +277,9 @@ def outputs(stage: str, dests: Iterable[str | os.PathLike] = ()) -> Iterator[Out
     except BaseException as e:
         tx.abort()
         dest = tx.staged_dest_of(e) if is_disk_full(e) else None
-        if dest is not None:
-            raise tx.disk_full(e, dest) from e
+        if dest is not None:  # named by `dest`, not its staged path
+            kept = f"the {stage} stage's previous outputs are left as they were and its partial ones removed"
+            raise disk_full_error(dest, e, kept) from e
         raise
     else:
         tx.commit()

@@ -2,19 +2,12 @@
 
 `preflight(cfg, stage, processes, costs)` runs in stages/_cli.py's run_stage after the config and
 the output directories are checked, in the process that would start the work (the one process,
-or the launcher before torchrun starts the ranks). It refuses:
-
-- more processes (train.nproc, embed.nproc) than there are usable cores on a CPU device, or GPUs
-  on CUDA: processes beyond the cores only take turns, and each holds a whole copy of the model;
-- more intra-op threads (train.threads) than usable cores. Refused rather than clamped: the thread
-  count splits the sums of every product (pipeline/core/numerics.py), so a silently lowered count
-  would give other numbers than the config asked for;
-- and, through the stage's own `costs` (its memory estimate), memory that the node cannot give:
-  `check_memory` compares processes x what one needs with the limit of this process's own cgroup
-  or MemAvailable, and each process with its rlimit (pipeline/core/resources.py).
-
-Each refusal names the key to lower and the numbers (needed against available, and who said so).
-A stage's `costs` may also warn, once, about what will take longer than a day (`warn_duration`).
+or the launcher before torchrun starts the ranks). It refuses more processes than usable cores
+(CPU) or GPUs (CUDA): beyond the cores they only take turns, and each holds a whole copy of the
+model; more intra-op threads than usable cores, refused rather than clamped, as the thread count
+splits the sums of every product (pipeline/core/numerics.py); and, through the stage's own
+`costs` (`check_memory`), memory that the node cannot give. Each refusal names the key to lower
+and the numbers; `costs` may also warn about what will take longer than a day (`warn_duration`).
 """
 
 from __future__ import annotations

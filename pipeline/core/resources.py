@@ -1,16 +1,11 @@
 """What this process may spend: memory (the machine's, its own cgroup's, its rlimits) and cores
 (its CPU affinity, its cgroup's CPU quota), each with the file or call that said so.
 
-Why the process's own cgroup and not the root of /sys/fs/cgroup: inside a container or a
-scheduler's job the root files say "no limit" while the limit sits on the process's own cgroup
-(or on one of its ancestors). /proc/self/cgroup names that cgroup, for cgroup v2 (`0::/path`)
-and for each v1 hierarchy (`N:memory:/path`, `N:cpu,cpuacct:/path` when co-mounted);
-/proc/self/mountinfo says where each hierarchy is mounted and which of its cgroups the mount
-shows (a container sees its own cgroup as the mount's root). Every cgroup from the process's own
-up to the mount is read and the tightest limit wins, because any ancestor's limit applies to
-everything below it.
-
-Every reader takes its /proc and /sys paths as arguments so that tests build fake trees.
+The process's own cgroup, not the root of /sys/fs/cgroup: inside a container or a scheduler's job
+the root files say "no limit" while the limit sits on the process's own cgroup or an ancestor
+(/proc/self/cgroup names it, v2 and each v1 hierarchy; /proc/self/mountinfo says where each is
+mounted). Every cgroup from the process's own up to the mount is read and the tightest limit
+wins. Every reader takes its /proc and /sys paths as arguments so that tests build fake trees.
 """
 
 from __future__ import annotations
@@ -118,11 +113,8 @@ def cgroup_dirs(
 def _read_int(path: Path) -> Optional[int]:
     try:
         text = path.read_text().strip()
-    except OSError:
-        return None
-    try:
         return None if text in ("", "max") else int(text.split()[0])
-    except ValueError:
+    except (OSError, ValueError):
         return None
 
 
@@ -141,14 +133,11 @@ def _stat(path: Path, key: str) -> int:
 
 
 def rss_mb() -> float:
-    """This process's resident memory, MB."""
     return psutil.Process().memory_info().rss / MB
 
 
 @dataclass(frozen=True)
 class MemoryLimit:
-    """A limit on memory and what is left under it."""
-
     headroom: int  # bytes that can still be allocated under it
     limit: int  # the limit itself, bytes
     source: str  # the file or call that set it, for a message
@@ -162,7 +151,7 @@ def cgroup_memory(
     memory.limit_in_bytes, from its own cgroup up), with its headroom: the limit less what that
     cgroup uses, the inactive page cache left out (the kernel reclaims it before the OOM killer
     acts, as `docker stats` counts it). None when no cgroup sets one."""
-    best: Optional[MemoryLimit] = None
+    found: list[MemoryLimit] = []
     candidates = [
         (V2, ("memory.max", "memory.high"), "memory.current", "inactive_file"),
         ("memory", ("memory.limit_in_bytes",), "memory.usage_in_bytes", "total_inactive_file"),
@@ -174,10 +163,8 @@ def cgroup_memory(
                 if limit is None or limit >= NO_LIMIT:
                     continue
                 used = max(0, (_read_int(d / usage_file) or 0) - _stat(d / "memory.stat", stat_key))
-                found = MemoryLimit(max(0, limit - used), limit, f"{d / name} limit {_fmt(limit)}")
-                if best is None or found.headroom < best.headroom:
-                    best = found
-    return best
+                found.append(MemoryLimit(max(0, limit - used), limit, f"{d / name} limit {_fmt(limit)}"))
+    return min(found, key=lambda m: m.headroom, default=None)
 
 
 def rlimit_memory(
@@ -188,15 +175,13 @@ def rlimit_memory(
     (address space for AS, the data segment for DATA). None when neither is set."""
     proc = process or psutil.Process()
     info = proc.memory_info()
-    best: Optional[MemoryLimit] = None
+    found: list[MemoryLimit] = []
     for name, used in (("RLIMIT_AS", info.vms), ("RLIMIT_DATA", getattr(info, "data", info.vms))):
         soft, _ = getrlimit(getattr(resource, name))
         if soft in (resource.RLIM_INFINITY, -1) or soft >= NO_LIMIT:
             continue
-        found = MemoryLimit(max(0, soft - used), soft, f"{name} {_fmt(soft)} (ulimit/prlimit)", per_process=True)
-        if best is None or found.headroom < best.headroom:
-            best = found
-    return best
+        found.append(MemoryLimit(max(0, soft - used), soft, f"{name} {_fmt(soft)} (ulimit/prlimit)", per_process=True))
+    return min(found, key=lambda m: m.headroom, default=None)
 
 
 @dataclass(frozen=True)
@@ -238,25 +223,19 @@ def cgroup_cpu_quota(
 ) -> Optional[tuple[float, str]]:
     """(cores the tightest CPU quota of this process's cgroups allows, the file), or None: v2
     cpu.max ("QUOTA PERIOD" or "max PERIOD"), v1 cpu.cfs_quota_us / cpu.cfs_period_us (-1: none)."""
-    best: Optional[tuple[float, str]] = None
-
-    def take(cores: float, where: str) -> None:
-        nonlocal best
-        if cores > 0 and (best is None or cores < best[0]):
-            best = (cores, where)
-
+    found: list[tuple[float, str]] = []
     for d in cgroup_dirs(V2, proc_cgroup, mountinfo, root):
         try:
             quota, _, period = (d / "cpu.max").read_text().strip().partition(" ")
         except OSError:
             continue
         if quota != "max" and period:
-            take(int(quota) / int(period), f"{d / 'cpu.max'} {quota} {period}")
+            found.append((int(quota) / int(period), f"{d / 'cpu.max'} {quota} {period}"))
     for d in cgroup_dirs("cpu", proc_cgroup, mountinfo, root):
         quota, period = _read_int(d / "cpu.cfs_quota_us"), _read_int(d / "cpu.cfs_period_us")
         if quota is not None and quota > 0 and period:
-            take(quota / period, f"{d / 'cpu.cfs_quota_us'} {quota} / cpu.cfs_period_us {period}")
-    return best
+            found.append((quota / period, f"{d / 'cpu.cfs_quota_us'} {quota} / cpu.cfs_period_us {period}"))
+    return min((f for f in found if f[0] > 0), key=lambda f: f[0], default=None)
 
 
 def usable_cores(

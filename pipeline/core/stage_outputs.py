@@ -16,12 +16,8 @@ def _again(stage: str) -> str:
     return f"it is written by the {stage} stage: run it again (dvc repro {stage})"
 
 
-def _output_of(stage: str) -> str:
-    return f"the {stage} stage's output"
-
-
 def read_json(path: str | Path, stage: str, expect: type = dict) -> Any:
-    path = check_readable_inside(path, _output_of(stage))
+    path = check_readable_inside(path, f"the {stage} stage's output")
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -41,7 +37,7 @@ def read_json(path: str | Path, stage: str, expect: type = dict) -> Any:
 def read_csv(path: str | Path, stage: str, required: tuple[str, ...] = ()):
     import pandas as pd
 
-    path = check_readable_inside(path, _output_of(stage))
+    path = check_readable_inside(path, f"the {stage} stage's output")
     try:
         frame = pd.read_csv(path)
     except FileNotFoundError:

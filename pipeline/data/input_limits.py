@@ -5,10 +5,8 @@ A dataset file is read whole into memory, and a parser's memory grows with more 
 bytes: every column of a CSV costs pandas an object of its own, every JSON key a Python string.
 So the file's size is checked before it is read, its line lengths (CSV, TSV, JSON Lines: one row
 a line) before it is parsed, its header's columns (CSV, TSV, Parquet) before the rows are, and its
-rows as soon as they are known (Parquet: from its footer, before reading). The values come from
-embed.max_input_mb, embed.max_line_kb, embed.max_input_columns and embed.max_input_rows
-(conf/config.yaml says why each default is far above any real dataset); None is no bound (a
-library call that passes none)."""
+rows as soon as they are known (Parquet: from its footer, before reading). conf/config.yaml says
+why each default is far above any real dataset; None is no bound (a library call that passes none)."""
 
 from __future__ import annotations
 
@@ -45,7 +43,6 @@ def _raise(key: str, limit: float, unit: str) -> str:
 
 
 def check_size(path: Path, size: int, limits: InputLimits) -> None:
-    """Before anything is read: the file's bytes."""
     if limits.max_mb is not None and size > limits.max_mb * _MB:
         raise DatasetError(
             f"{path}: {size / _MB:,.1f} MB, more than embed.max_input_mb = {limits.max_mb:g} MB; refused "

@@ -1,24 +1,18 @@
 """Batches of (input, target) embeddings straight from (memory-mapped) arrays.
 
-A torch DataLoader over a Dataset would call __getitem__ once per row and collate in Python;
-on millions of small rows that dominates the step time. Here each batch is one fancy-index
-gather per array, which numpy does in C and which reads a memory map only where needed. The
-arrays may be ndarrays (memory maps included) or pipeline.data.shards.ShardedArray, whose take()
-gathers across shard files; either way a batch comes back as float32 (float16 shards are widened
-a batch at a time), so anonymous memory stays at a few batches whatever the dataset's size.
+A torch DataLoader over a Dataset would call __getitem__ once per row and collate in Python; here
+each batch is one fancy-index gather per array (ndarrays, memory maps, or ShardedArray's take()),
+in C, reading a memory map only where needed; a batch comes back as float32 (float16 shards are
+widened a batch at a time), so anonymous memory stays at a few batches whatever the dataset's size.
 
 With prefetch=N one background thread gathers (and, with pin_memory on CUDA, pins) the next N
-batches while the consumer works on the current one. Order and contents are identical with and
-without it; the thread stops when the consumer stops (end, break, close, exception), and an
-exception in the thread is raised in the consumer.
+batches; order and contents are identical without it, the thread stops when the consumer stops,
+and an exception in the thread is raised in the consumer.
 
-In distributed training each rank has its own loader over the same arrays with its `rank` and
-`world_size`: the epoch's order is the same on every rank (it depends on seed and epoch only), and
-rank r takes batches r, r + world_size, r + 2 * world_size, ... of it, so the ranks read disjoint
-rows and together see what one process would. With even=True (training) every rank gets the same
-number of batches (DDP needs that: a rank with one batch more would wait forever for the others in
-its gradient all-reduce), and the up to world_size - 1 batches left over are dropped, as drop_last
-drops a partial batch; with even=False (evaluation) nothing is dropped.
+In distributed training (docs/training.md) rank r takes batches r, r + world_size, ... of the same
+epoch order. With even=True (training) every rank gets the same number of batches (DDP needs that:
+a rank with one batch more would wait forever in its gradient all-reduce), the up to world_size - 1
+left over dropped as drop_last drops a partial batch; with even=False (evaluation) none is dropped.
 """
 
 from __future__ import annotations
@@ -61,12 +55,8 @@ class BatchLoader:
             raise ValueError(f"batch_size={batch_size!r}; expected a positive integer")
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"prefetch={prefetch!r}; expected an integer >= 0 (batches prepared ahead)")
-        self.inputs = inputs
-        self.targets = targets
-        self.batch_size = int(batch_size)
-        self.shuffle = shuffle
-        self.seed = int(seed)
-        self.drop_last = drop_last
+        self.inputs, self.targets, self.batch_size = inputs, targets, int(batch_size)
+        self.shuffle, self.seed, self.drop_last = shuffle, int(seed), drop_last
         # Pinning needs a CUDA runtime; without one it would raise, and there is nothing to gain.
         self.pin_memory = bool(pin_memory) and torch.cuda.is_available()
         self.prefetch = int(prefetch)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.core.atomic import DiskFull, disk_full_error, is_disk_full, write_json
+from pipeline.core.atomic import DiskFull, current_umask, disk_full_error, is_disk_full, write_json
 from pipeline.core.errors import ConfigError, ShardError
 from pipeline.core.output_dirs import SHARDS, ownership_problem, remove_stale_siblings, write_mark
 from pipeline.data.shards import (
@@ -123,12 +123,8 @@ def _write_texts(path: Path, frame: pd.DataFrame) -> None:
     # The group column (which targets are one answer in other words) is optional in the frame:
     # without it each target text is its own group.
     groups = frame["group"] if "group" in frame.columns else frame["target_text"]
-    table = pa.table(
-        {
-            **{c: pa.array([str(v) for v in frame[c]], type=pa.string()) for c in TEXT_COLUMNS},
-            GROUP_COLUMN: pa.array([str(v) for v in groups], type=pa.string()),
-        }
-    )
+    columns = {**{c: frame[c] for c in TEXT_COLUMNS}, GROUP_COLUMN: groups}
+    table = pa.table({c: pa.array([str(v) for v in values], type=pa.string()) for c, values in columns.items()})
     pq.write_table(table, path)
 
 
@@ -154,26 +150,19 @@ def write_shards(
 ) -> dict:
     """Write all splits and the manifest, replacing `out_dir` as a whole; return the manifest.
 
-    Each split's (count, dim) inputs and targets are written as consecutive shard files of at
-    most `rows_per_shard` rows, in `dtype` (float32 or float16), converting one shard at a time
-    so the split is never held twice in memory. Everything is written into a fresh directory
-    beside `out_dir` and swapped in at the end, so a killed run leaves either the previous
-    shards or the new ones, never a mix. The arrays are read in KINDS order per shard, shard
-    by shard, split by split (the embed stage's plan of encode calls relies on this order).
+    Each split's (count, dim) inputs and targets become consecutive shard files of at most
+    `rows_per_shard` rows in `dtype`, converted one shard at a time so the split is never held
+    twice in memory. The arrays are read in KINDS order per shard, shard by shard, split by split
+    (the embed stage's plan of encode calls relies on this order).
 
-    `place` (a pipeline.core.distributed.Dist with more than one rank): every rank calls this with
-    the same arguments and writes its share of the shard files (shard n of all splits counted
-    together goes to rank n % world) into rank 0's temporary directory, recording their sha256
-    in a per-rank file there; after a barrier rank 0 writes the texts files and the manifest,
-    exactly as one process would, and swaps the directory in. `extra` is read on rank 0 only.
-    Every rank returns the manifest. On an error the temporary directory is removed (by each
-    failing rank: peers fail too, at their next collective); a full disk (ENOSPC/EDQUOT) is raised
-    as atomic.DiskFull naming the file whose write failed.
-
-    The new directory carries the shards' mark (pipeline/core/output_dirs.py), and an existing
-    `out_dir` is replaced only if it is the shards' own (marked, empty, or holding a manifest and
-    the files it lists): anything else is refused, before any file is written. A symlinked
-    `out_dir` is followed: the directory it points to is replaced, the link stays."""
+    `place` (a Dist with more than one rank): every rank calls this with the same arguments and
+    writes its share of the shard files (shard n of all splits counted together goes to rank
+    n % world) into rank 0's temporary directory; after a barrier rank 0 writes the texts files
+    and the manifest, exactly as one process would, and swaps the directory in. `extra` is read on
+    rank 0 only. On an error the temporary directory is removed; a full disk is raised as DiskFull
+    naming the file whose write failed. An existing `out_dir` is replaced only if it is the shards'
+    own (output_dirs.ownership_problem), checked before any file is written; a symlinked `out_dir`
+    is followed: the directory it points to is replaced, the link stays."""
     out_dir = Path(out_dir).resolve()
     rank, world = (place.rank, place.world_size) if place is not None else (0, 1)
     main = rank == 0
@@ -279,9 +268,7 @@ def _new_dir_beside(out_dir: Path) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_siblings(out_dir, SHARDS)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(tmp, 0o777 & ~mask)  # mkdtemp makes 0700; the shard dir should look like any other
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; the shard dir should look like any other
     write_mark(tmp, SHARDS)
     return tmp
 

@@ -37,18 +37,14 @@ MANIFEST = "manifest.json"
 TEXT_COLUMNS = ("id", "input_text", "target_text")
 GROUP_COLUMN = "group"  # optional on read: shards written before it existed have none
 DTYPES = ("float32", "float16")
-_CHUNK = 1 << 20  # hash in 1 MiB chunks: shard files can be many GiB
 _HINT = "run the embed stage to (re)create the shards"
 _SHARD_FILE = "the shards' file (embed.out_dir)"
 KINDS = ("inputs", "targets")  # the arrays of a shard, in the order they are written
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    with open(path, "rb") as f:  # read a block at a time: shard files can be many GiB
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def dataset_digest(files: list[Path]) -> str:
@@ -401,7 +397,7 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
             "the embed stage (it refuses a dataset that leaves a split empty and says what to change)"
         )
     dim, dtype = int(manifest["dim"]), np.dtype(manifest["dtype"])
-    names = [texts_name] + [s[k] for s in shards for k in ("inputs", "targets")]
+    names = [texts_name] + [s[k] for s in shards for k in KINDS]
     for name in names:
         check_readable_inside(shard_dir / name, _SHARD_FILE)
         if not (shard_dir / name).is_file():
@@ -414,7 +410,7 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
             _verify_file(shard_dir, name, manifest)
     texts = _load_texts(shard_dir / texts_name, count)
     arrays = {}
-    for kind in ("inputs", "targets"):
+    for kind in KINDS:
         parts, first_row = [], 0
         for s in shards:
             part = _load_array(shard_dir / s[kind], s["rows"], dim, dtype)
@@ -423,14 +419,5 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
             parts.append(part)
             first_row += s["rows"]
         arrays[kind] = ShardedArray(parts, dim, dtype, names=[s[kind] for s in shards])
-    return SplitShard(
-        split=split,
-        ids=texts["id"],
-        input_texts=texts["input_text"],
-        target_texts=texts["target_text"],
-        groups=texts[GROUP_COLUMN],
-        inputs=arrays["inputs"],
-        targets=arrays["targets"],
-        dim=dim,
-        count=count,
-    )
+    columns = (texts[c] for c in (*TEXT_COLUMNS, GROUP_COLUMN))  # ids, input_texts, target_texts, groups
+    return SplitShard(split, *columns, arrays["inputs"], arrays["targets"], dim, count)

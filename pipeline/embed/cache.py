@@ -1,20 +1,15 @@
-"""Content-addressed embedding cache: each distinct text is embedded once per teacher.
+"""Content-addressed embedding cache: each distinct text is embedded once per teacher (docs/data.md).
 
 Layout: <root>/<teacher key>/part-<n>.parquet, columns `key` (16-byte binary: the first 128 bits
 of the text's UTF-8 sha256) and `embedding` (fixed-size list of float32, the teacher's dim).
 Parts are only ever added (written to a temp name, then renamed), so a killed run leaves at most
-a stray temp file and never a half-written part; a re-run after appending 1 % new rows embeds
-and writes only those.
-
-The teacher key hashes what determines the vectors (name, dim, max_seq_length, the config's and
-the weights' sha256, and the numerics they were made under: pipeline/core/numerics.vectors_tag), not
-the path, so a cache moves between machines with its model, and a portable run never reuses a
-vector made natively.
+a stray temp file and never a half-written part. The teacher key hashes what determines the
+vectors (_KEY_FIELDS, the numerics included: pipeline/core/numerics.vectors_tag), not the path,
+so a cache moves between machines with its model, and a portable run never reuses a native vector.
 
 A cached vector can differ from a fresh encode of the same text by ~1.5e-7, because a text's
 batch neighbours change BLAS blocking (bench.data: embed_max_abs_diff, the bundled teacher at two
-batch sizes); with
-the cache, every later run reuses the first vector exactly.
+batch sizes); with the cache, every later run reuses the first vector exactly.
 """
 
 from __future__ import annotations

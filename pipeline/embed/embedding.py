@@ -59,14 +59,8 @@ def prepare_pairs(embed_cfg, allow_external_paths: bool = False) -> PreparedPair
     if skipped:
         # Read the supported files, and say which others were there: a .txt of pairs renamed by
         # mistake must not vanish silently.
-        log.warning(
-            "read %d file(s) of %s; skipped %d: %s",
-            len(files),
-            embed_cfg.dataset,
-            len(skipped),
-            "; ".join(f"{Path(p).name} ({why})" for p, why in skipped),
-        )
-    n_files = len(files)
+        listing = "; ".join(f"{Path(p).name} ({why})" for p, why in skipped)
+        log.warning("read %d file(s) of %s; skipped %d: %s", len(files), embed_cfg.dataset, len(skipped), listing)
     rows_read = len(df) + skipped_empty
     n_dup = int(df.duplicated(subset=["input_text", "target_text"]).sum())
     if embed_cfg.drop_duplicates:
@@ -84,7 +78,7 @@ def prepare_pairs(embed_cfg, allow_external_paths: bool = False) -> PreparedPair
     df = df.assign(split=assign_splits(df, dict(embed_cfg.splits), salt=embed_cfg.split_salt, key=embed_cfg.split_key))
     counts = df.split.value_counts().to_dict()
     stats = {
-        "files": n_files,
+        "files": len(files),
         "files_skipped": len(skipped),
         "rows_read": rows_read,
         "rows_skipped_empty": skipped_empty,
@@ -97,25 +91,15 @@ def prepare_pairs(embed_cfg, allow_external_paths: bool = False) -> PreparedPair
     return PreparedPairs(df, stats, files)
 
 
-def _source(embed_cfg, files: list) -> str:
-    return str(files[0]) if len(files) == 1 else f"{len(files)} files of embed.dataset = {embed_cfg.dataset!r}"
-
-
 def check_usable(df: pd.DataFrame, stats: dict, embed_cfg, files: list) -> None:
     """Data that parses but cannot train and evaluate a model stops here, before the teacher
     loads: a split with no rows (evaluate would write an empty metrics file), or every input or
     every target the same text (a constant to learn, one candidate to retrieve)."""
-    source = _source(embed_cfg, files)
-    used = stats["rows_used"]
-    how = (
-        f"{used} row{'' if used == 1 else 's'} used of {stats['rows_read']} read from {source}"
-        + (
-            f", {stats['duplicates_dropped']} repeated (input, target) pairs dropped"
-            if stats["duplicates_dropped"]
-            else ""
-        )
-        + (f", {stats['rows_skipped_empty']} with empty text skipped" if stats["rows_skipped_empty"] else "")
-    )
+    source = str(files[0]) if len(files) == 1 else f"{len(files)} files of embed.dataset = {embed_cfg.dataset!r}"
+    used, dropped, skipped = stats["rows_used"], stats["duplicates_dropped"], stats["rows_skipped_empty"]
+    how = f"{used} row{'' if used == 1 else 's'} used of {stats['rows_read']} read from {source}"
+    how += f", {dropped} repeated (input, target) pairs dropped" if dropped else ""
+    how += f", {skipped} with empty text skipped" if skipped else ""
     for split in REQUIRED_SPLITS:
         n, frac = stats.get(f"rows_{split}", 0), float(embed_cfg.splits.get(split, 0))
         if n == 0:
@@ -124,11 +108,7 @@ def check_usable(df: pd.DataFrame, stats: dict, embed_cfg, files: list) -> None:
                 f"split '{split}' has 0 rows ({how}; embed.splits.{split} = {frac:g}): train and evaluate need rows in "
                 f"train, val and test. Add rows (a {frac:g} share needs about {need} or more rows to hold one), "
                 f"or raise embed.splits.{split}"
-                + (
-                    ", or set embed.drop_duplicates=false if the repeats are meant"
-                    if stats["duplicates_dropped"]
-                    else ""
-                )
+                + (", or set embed.drop_duplicates=false if the repeats are meant" if dropped else "")
             )
     for column, key in (("target_text", "embed.target_field"), ("input_text", "embed.input_field")):
         distinct = df[column].nunique()
@@ -219,12 +199,9 @@ class StreamedEmbeddings:
 
 # --------------------------------------------------------------------------- split across ranks
 #
-# One process makes vectors as write_shards reads them: each read of a shard's inputs or targets
-# encodes, in one call, the distinct texts of those rows that neither the cache nor an earlier
-# read had. A text's vector depends on the texts it is encoded with (~1.5e-7, see
-# pipeline/embed/cache.py), so N processes give one process's bits only if they make those same
-# calls: every rank plans them (plan_encodes, without encoding anything), the ranks share out
-# their chunks (embed_share), and then every rank writes its shards from the cache alone.
+# N processes give one process's bits only if they make its encode calls (pipeline/embed/ranks.py):
+# every rank plans them (plan_encodes), the ranks share out their chunks (embed_share), and then
+# every rank writes its shards from the cache alone.
 
 
 class _KnownKeys:
@@ -316,15 +293,12 @@ def embed_share(
     mine = [u for u, r in zip(units, owner) if r == rank]
     keys: list[bytes] = []
     vectors: list[np.ndarray] = []
-    done = 0
-    with tqdm(
-        total=sum(len(idx) for _, idx in mine), unit="text", desc="embed", disable=not progress, mininterval=1.0
-    ) as bar:
+    total = sum(len(idx) for _, idx in mine)
+    with tqdm(total=total, unit="text", desc="embed", disable=not progress, mininterval=1.0) as bar:
         for k, idx in mine:
             texts = [calls[k][i] for i in idx]
             vectors.append(encode(texts))
             keys.extend(text_key(t) for t in texts)
-            done += len(texts)
             bar.update(len(texts))
             if len(keys) >= flush_rows:
                 with _writing_cache(cache):
@@ -333,7 +307,7 @@ def embed_share(
         if keys:
             with _writing_cache(cache):
                 cache.put(keys, np.concatenate(vectors))
-    return {"chunks": len(mine), "texts": done}
+    return {"chunks": len(mine), "texts": total}
 
 
 def cache_only(texts: list[str]) -> np.ndarray:

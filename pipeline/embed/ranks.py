@@ -1,13 +1,13 @@
 """Embedding with several processes (embed.nproc=N, or under torchrun) that write what one process
 writes, byte for byte.
 
-A text's vector depends on the texts encoded with it, so every rank first plans the encode calls
-one process would make (shard by shard, inputs then targets, the texts not cached yet), then
-encodes its share of their chunks into the embedding cache (a temporary one with
-embed.cache_dir=""); after a barrier each rank writes its share of the shard files from the
-cache, and rank 0 writes the texts and the manifest and swaps the directory in. With one process
-the vectors are made shard by shard as the shards are written. Every rank must see the same
-filesystem (one machine, or a shared one)."""
+A text's vector depends on the texts encoded with it (~1.5e-7, pipeline/embed/cache.py), so every
+rank first plans the encode calls one process would make (shard by shard, inputs then targets, the
+texts not cached yet), then encodes its share of their chunks into the embedding cache (a
+temporary one with embed.cache_dir=""); after a barrier each rank writes its share of the shard
+files from the cache, and rank 0 writes the texts and the manifest and swaps the directory in.
+With one process the vectors are made shard by shard as the shards are written. Every rank must
+see the same filesystem (one machine, or a shared one)."""
 
 from __future__ import annotations
 
@@ -32,16 +32,12 @@ from pipeline.embed.teacher import encode_chunk, encode_chunks, encode_texts
 log = logging.getLogger(__name__)
 
 # A text's vector must not depend on the threads encoding it (2 ranks of 1 thread must write what 1
-# process of 2 writes). Under the portable numerics (pipeline/core/numerics.py, the default) that holds
-# because the thread count is fixed (OMP_NUM_THREADS, 1 unless set; every rank too): MKL's
-# COMPATIBLE branch, the one that gives the same bits on Intel and AMD, has no strict mode, and
-# its products do depend on the thread count. Natively (ENERGY_FLOW_NUMERICS=native) it is MKL's
-# strict CNR mode instead: every product gives the same bits whatever the number of threads.
-# Without either, some of the smoke preset's texts came out apart in the last bits with 1 and 2
-# threads (the first difference: a BERT layer's output Linear, where MKL splits its long sums by
-# thread). Strict mode's cost was lost in timing noise on those texts. Set only for `python -m stages.embed`
-# (DVC, torchrun's ranks), as MKL reads it at its first product (set later, it has no effect); a
-# value set by the user is kept.
+# process of 2 writes). Under the portable numerics (the default) the thread count is fixed, as
+# MKL's COMPATIBLE branch has no strict mode; natively it is MKL's strict CNR mode, whose products
+# give the same bits whatever the number of threads (without either, some smoke texts differed
+# in the last bits with 1 and 2 threads, first in a BERT layer's output Linear; strict mode's cost
+# was lost in timing noise). Set only for `python -m stages.embed` (DVC, torchrun's ranks), as MKL
+# reads it at its first product; a value set by the user is kept.
 STRICT_GEMM = ("MKL_CBWR", "AUTO,STRICT")
 
 
@@ -104,16 +100,10 @@ def embed_streamed(e, splits: dict, teacher, cache: EmbeddingCache, ident: dict,
     the cache dedups texts across shards and runs."""
     encode = lambda texts: encode_texts(teacher, texts, e.batch_size)  # noqa: E731
     stats: dict = {}
-    arrays = {
-        name: (
-            part,
-            *(
-                StreamedEmbeddings(part[col].tolist(), encode, cache, ident["dim"], stats)
-                for col in ("input_text", "target_text")
-            ),
-        )
-        for name, part in splits.items()
-    }
+    arrays = {}
+    for name, part in splits.items():
+        texts = (part.input_text.tolist(), part.target_text.tolist())
+        arrays[name] = (part, *(StreamedEmbeddings(t, encode, cache, ident["dim"], stats) for t in texts))
     manifest = write_shards(
         repo_path(e.out_dir), arrays, ident, rows_per_shard=e.rows_per_shard, dtype=e.dtype, extra=extra
     )

@@ -76,8 +76,7 @@ def teacher_identity(name: str, model) -> dict:
 
 def weights_digest(model_dir: Path) -> str | None:
     """sha256 over the weight files of a local model directory (one read of the files: cheap next
-    to embedding), so
-    a fine-tuned copy under the same name gets its own cache; None for a hub name."""
+    to embedding), so a fine-tuned copy under the same name gets its own cache; None for a hub name."""
     if not model_dir.is_dir():
         return None
     files = sorted(p for p in model_dir.rglob("*") if p.is_file() and p.suffix in (".safetensors", ".bin", ".pt"))

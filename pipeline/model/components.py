@@ -72,9 +72,8 @@ class EnergyCarrier(nn.Module):
             new_hidden.append(inp)
         lateral = self.max_lateral * torch.tanh(self.lateral(inp))
         # min_forward > 0 bounds the trip: every flow reaches z = D within ceil(D / min_forward) steps.
-        fwd = self.min_forward + (self.max_forward - self.min_forward) * torch.sigmoid(self.forward_head(inp)).squeeze(
-            1
-        )
+        gate = torch.sigmoid(self.forward_head(inp)).squeeze(1)
+        fwd = self.min_forward + (self.max_forward - self.min_forward) * gate
         # Residual: the carried energy is updated, not replaced, so what the input put into a flow
         # survives the trip (replacing it made every prediction collapse to the targets mean).
         energy = torch.tanh(energy + self.energy(inp).squeeze(1))

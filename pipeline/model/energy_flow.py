@@ -1,26 +1,14 @@
 """The vectorised energy-flow model: all B*F flows of a batch move as one tensor.
 
-The only Python loop is over flow steps, and it comes in two forms that compute the same thing
-(tests/test_flow_loops.py holds them to it, outputs and gradients):
-
-- **compact** (the CPU's): finished flows are compacted out, so a flow step costs what its live
-  flows cost. Each flow step costs one host read: the size of the live set (boolean-mask indexing
-  must know it to allocate); the adaptive-stop check reuses that number.
-- **masked** (the GPU's): every flow stays in the tensors to the end, finished ones masked out of
-  the deposits; the stopping rule is decided on the device. No host read inside the loop, and the
-  same shapes every batch, so a GPU never waits for the host and the whole loop can be captured
-  as a CUDA graph (pipeline/train/cuda_graph.py). It does the work of all flows at every step: on
-  a CPU, where work is time, that costs more than the reads it saves.
-
-`flow_loop` picks one ("auto": masked on CUDA, compact elsewhere); with masked, `fixed_steps`
-runs exactly that many flow steps (the trainer's choice, from the steps batches have needed) and
-reports in `unfinished` whether flows were still travelling: the compacting loop would have gone
-on, so the trainer does not apply that batch's update.
-
-The stopping rule is the prototype's (docs/prototype.md): it first ran a fixed 50 flow steps,
-then stopped once 95 % of flows had finished for 3 steps (at most 50) and reported 99 %
-done within 6 steps, 8.33x faster; bench.adaptive_stop measures ours on the seed preset (6 steps
-a batch against a fixed 50-step loop's 50: 7.9-8.6x less CPU time).
+The only Python loop is over flow steps, in two forms that compute the same thing (docs/gpu.md;
+tests/test_flow_loops.py holds them to it, outputs and gradients): **compact** (the CPU's), where
+finished flows are compacted out at one host read per flow step, and **masked** (the GPU's), where
+every flow stays to the end, masked out of the deposits, with no host read inside the loop (so it
+can be captured as a CUDA graph). `flow_loop` picks one ("auto": masked on CUDA, compact
+elsewhere); with masked, `fixed_steps` runs exactly that many flow steps and reports in
+`unfinished` whether flows were still travelling: the compacting loop would have gone on, so the
+trainer does not apply that batch's update. The stopping rule is the prototype's
+(docs/prototype.md).
 """
 
 from __future__ import annotations
@@ -56,8 +44,6 @@ class FlowOutput:
 
 
 RANGE_KEYS = tuple(f"{what}_{stat}" for what in ("energy", "hidden", "surface") for stat in ("min", "max", "rms"))
-
-
 FLOW_LOOPS = ("auto", "compact", "masked")
 MASKED_CHECK_EVERY = 4  # flow steps between the host checks of a masked loop run to max_steps
 
@@ -286,11 +272,9 @@ class EnergyFlowModel(nn.Module):
         """Every flow stays; `live` masks the finished ones and `running` says whether the
         compacting loop would still be going. Each flow's step is a function of its own row
         only, so the rows of finished flows compute on without touching the live ones, and
-        everything they would add is multiplied by zero.
-
-        With fixed_steps: exactly that many flow steps and no host read. Without: up to
-        max_steps, with a host read every MASKED_CHECK_EVERY flow steps to stop once done
-        (evaluation, and training before the trainer has chosen fixed_steps)."""
+        everything they would add is multiplied by zero. Without fixed_steps: up to max_steps,
+        with a host read every MASKED_CHECK_EVERY flow steps to stop once done (evaluation, and
+        training before the trainer has chosen fixed_steps)."""
         x, y, z, energy, hidden, sample = flows
         dev, dt = x.device, energy.dtype
         live = torch.ones(n_total, dtype=torch.bool, device=dev)

@@ -96,12 +96,8 @@ def _check_config_keys(path: Path, model_cfg) -> None:
     unknown, lacking = sorted(set(model_cfg) - takes), sorted(required - set(model_cfg))
     if unknown or lacking:
         what = "; ".join(
-            s
-            for s in (
-                f"keys the model does not take: {unknown}" if unknown else "",
-                f"lacks required keys: {lacking}" if lacking else "",
-            )
-            if s
+            ([f"keys the model does not take: {unknown}"] if unknown else [])
+            + ([f"lacks required keys: {lacking}"] if lacking else [])
         )
         raise PipelineError(
             f"{path}: its model_config does not fit this version's model ({what}); expected the "

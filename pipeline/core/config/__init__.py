@@ -1,18 +1,10 @@
-"""Configuration: each parameter's facts in one place, loaded and checked before a stage works.
+"""Configuration: each parameter's facts in one place (docs/architecture.md, "Configuration: one
+home per parameter"), loaded and checked before a stage works.
 
-- default value: conf/config.yaml (Hydra's primary config; DVC composes params.yaml from it);
-- type, range, one-line meaning, a range that depends on other values (`rule`), role and the
-  stages that list it: the field's declaration in pipeline/core/config/schema.py (`param(...)`);
-- choices: the StrEnums of pipeline/core/config/choices.py.
-`python -m stages.<name> --help` prints all four for the parameters the stage reads (describe.py).
-
-The source a stage reads is `params.yaml` at the repository root: it is what DVC tracks, and
-`dvc exp run -S ...` (Hydra composition enabled in `.dvc/config`) rewrites it from `conf/`. A stage
-composes it with Hydra (compose.py), applies command-line overrides in Hydra's grammar
-(`train.lr=0.01`), and merges the result onto the schema, so an unknown key, a wrong type or an
-impossible value stops the stage before any work, naming the key. `preset=NAME` or `fault=NAME`
-on a stage's command line composes `conf/` with that preset / fault instead, exactly as
-`dvc exp run -S preset=NAME` does (a fault alone keeps params.yaml's preset).
+A stage composes `params.yaml` (what DVC tracks), or `conf/` when `preset=NAME` or `fault=NAME` is
+given, with Hydra (compose.py), applies command-line overrides in Hydra's grammar
+(`train.lr=0.01`), and merges the result onto the schema (schema.py), so an unknown key, a wrong
+type or an impossible value stops the stage before any work, naming the key.
 """
 
 from __future__ import annotations

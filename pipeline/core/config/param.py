@@ -97,19 +97,14 @@ def _type_rule(kind: Any, value: Any) -> str | None:
 
 
 class Role(enum.Flag):
-    """What a key is to a run besides its value. A key with no role makes the run: it is part of
-    the arm (pipeline/core/arm.py), so a new key splits arms until it is declared otherwise,
-    rather than silently pooling runs that differ in it as replicates."""
+    """What a key is to a run besides its value (docs/architecture.md, "Roles"). A key with no role
+    makes the run: it is part of the arm (pipeline/core/arm.py), so a new key splits arms until it
+    is declared otherwise, rather than silently pooling runs that differ in it as replicates."""
 
     ARM = 0
-    # Names a run, makes nothing (run.preset, run.experiment, run.sweep, run.tracking): never in a
-    # run's name (run_label.py) nor its arm.
-    LABEL = enum.auto()
-    # How or where a run is carried out, not what it computes (paths, processes, batch sizes of
-    # the teacher, cadences, threads, device, input limits, the flow loop's form...): out of the arm.
-    OPERATIONAL = enum.auto()
-    # A train key a resumed run may change: left out of the checkpoint's fingerprint.
-    RESUME_NEUTRAL = enum.auto()
+    LABEL = enum.auto()  # names a run, makes nothing: in neither a run's name (run_label.py) nor its arm
+    OPERATIONAL = enum.auto()  # how or where a run is carried out, not what it computes: out of the arm
+    RESUME_NEUTRAL = enum.auto()  # a train key a resumed run may change: out of the checkpoint's fingerprint
 
 
 LABEL, OPERATIONAL, RESUME_NEUTRAL = Role.LABEL, Role.OPERATIONAL, Role.RESUME_NEUTRAL
@@ -176,9 +171,8 @@ class Parameter:
 
     @property
     def type_name(self) -> str:
-        args = [a for a in typing.get_args(self.type) if a is not type(None)]
-        name = getattr(args[0] if args else self.type, "__name__", str(self.type))
-        return f"{name} or null" if args else name
+        name = getattr(self.base_type, "__name__", str(self.type))
+        return f"{name} or null" if self.base_type is not self.type else name
 
 
 def parameters(
@@ -197,7 +191,6 @@ def parameters(
 
 
 def keys_with(role: Role, schema: type) -> frozenset[str]:
-    """The keys of `schema` declared with (any of) `role`."""
     return frozenset(p.key for p in parameters(schema) if p.role & role)
 
 

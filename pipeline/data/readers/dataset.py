@@ -23,6 +23,8 @@ from pipeline.data.readers.files import dataset_listing, not_found
 from pipeline.data.readers.json_objects import read_json, read_jsonl
 from pipeline.data.readers.parquet import read_parquet
 
+ROLE_KEYS = ("embed.input_field", "embed.target_field", "embed.id_field", "embed.group_field")  # named in messages
+
 
 def read_pairs(
     path: str | os.PathLike,
@@ -45,10 +47,7 @@ def read_pairs(
     Field names may be dotted paths (`"question.text"`) into nested JSON objects or Parquet
     struct columns; a key or column literally named with the dots wins over the nested lookup.
     `id_field` None or "" means no id column: ids are content hashes of (input, target).
-    `delimiter` is the CSV/TSV field separator: "" = the format's own (',' for csv, tab for tsv),
-    "tab" or "\\t" = tab, else one character (embed.delimiter).
-    `limits` (pipeline/data/input_limits.py): the file's size is checked before it is read, its
-    lines and columns before it is parsed, its rows as soon as they are known.
+    `delimiter`: embed.delimiter (resolve_delimiter); `limits`: pipeline/data/input_limits.py.
     """
     path = Path(path)
     id_field = id_field or None
@@ -70,14 +69,9 @@ def read_pairs(
         if size == 0:
             raise DatasetError(f"{path}: empty file (0 bytes); expected a {fmt} dataset")
         check_size(path, size, limits)
-        roles = {}
+        roles: dict[str, str] = {}
         group_field = group_field or None
-        for field, key in (
-            (input_field, "embed.input_field"),
-            (target_field, "embed.target_field"),
-            (id_field, "embed.id_field"),
-            (group_field, "embed.group_field"),
-        ):
+        for field, key in zip((input_field, target_field, id_field, group_field), ROLE_KEYS):
             if field is not None:
                 roles.setdefault(field, key)
         fields = list(roles)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline.core.config.schema import DELIMITER
 from pipeline.core.errors import ConfigError, DatasetError
 from pipeline.data.readers.common import Table, close_name, detail, first_line, id_hint, repeated_name, role
 
@@ -21,15 +22,9 @@ def resolve_delimiter(delimiter: str | None, fmt: str) -> str:
     """The CSV/TSV field separator embed.delimiter names ("" = the format's own)."""
     if not delimiter:
         return "\t" if fmt == "tsv" else ","
-    if delimiter in ("tab", "\\t", "\t"):
-        return "\t"
-    if len(delimiter) == 1 and delimiter not in '"\r\n' and not delimiter.isalnum():
-        return delimiter
-    raise ConfigError(
-        f"embed.delimiter = {delimiter!r}: expected one character that is not a letter, digit, "
-        "quote or newline (e.g. ';' or '|'), 'tab', or '' for the format's own (',' for csv, "
-        "tab for tsv)"
-    )
+    if not DELIMITER.allows(delimiter):
+        raise ConfigError(f"embed.delimiter = {delimiter!r}: expected {DELIMITER.expected}")
+    return "\t" if delimiter in ("tab", "\\t") else delimiter
 
 
 def _sep_name(sep: str) -> str:

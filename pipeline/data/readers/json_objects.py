@@ -63,7 +63,7 @@ class _DupDict(dict):
 class JsonLoader:
     def __init__(self):
         self.found_dup = False
-        self.decoder = json.JSONDecoder(object_pairs_hook=self.hook)  # one for all lines of a file
+        self.loads = json.JSONDecoder(object_pairs_hook=self.hook).decode  # one decoder for all lines of a file
 
     def hook(self, pairs: list[tuple[str, Any]]) -> dict:
         d = dict(pairs)
@@ -73,9 +73,6 @@ class JsonLoader:
             d.dup_key = next(k for k, _ in pairs if k in seen or seen.add(k))
             self.found_dup = True
         return d
-
-    def loads(self, text: str) -> Any:
-        return self.decoder.decode(text)
 
 
 def _find_dup(obj: Any) -> tuple[str, str] | None:
