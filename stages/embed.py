@@ -63,6 +63,7 @@ def run(cfg) -> dict:
 def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
     e, df, main = cfg.embed, prepared.frame, place.is_main
     ident = teacher_identity(e.teacher, teacher)
+    tracked = contextlib.nullcontext()
     if main:
         source_sha = dataset_digest(prepared.files)
         distinct = list(dict.fromkeys([*df.input_text, *df.target_text]))
@@ -76,22 +77,10 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
                 teacher.max_seq_length,
                 teacher.max_seq_length,
             )
-    tracked = (
-        tracking.mlflow_run(
-            tracking.run_name(cfg),
-            cfg.run.preset,
-            tracking.embed_experiment(cfg.run.experiment),  # not among the model runs (store.py)
-            tags={
-                "stage": "embed",
-                "dataset.sha256": source_sha[:16],
-                **tracking.overrides_tag(cfg),
-                **device_tags(teacher.device),
-            },
-            stage="embed",
-        )
-        if main
-        else contextlib.nullcontext()
-    )
+        tags = {"stage": "embed", "dataset.sha256": source_sha[:16], **tracking.overrides_tag(cfg)}
+        tags.update(device_tags(teacher.device))
+        experiment = tracking.embed_experiment(cfg.run.experiment)  # not among the model runs (store.py)
+        tracked = tracking.mlflow_run(tracking.run_name(cfg), cfg.run.preset, experiment, tags=tags, stage="embed")
     with tracked as run:
         extra = None
         if main:
@@ -110,12 +99,8 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
                 "stats": {**prepared.stats, "distinct_texts": n_distinct, "texts_truncated": n_truncated},
             }
         t0 = time.perf_counter()
-        splits = {
-            name: df.loc[(df.split == name).to_numpy(), ["id", "input_text", "target_text", "group"]].reset_index(
-                drop=True
-            )
-            for name in e.splits
-        }
+        cols = ["id", "input_text", "target_text", "group"]
+        splits = {name: df.loc[(df.split == name).to_numpy(), cols].reset_index(drop=True) for name in e.splits}
         manifest, cache_stats = embed_splits(e, splits, teacher, ident, extra, place)
         seconds = time.perf_counter() - t0  # embedding and writing the shards: they interleave
         if main:

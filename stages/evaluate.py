@@ -38,13 +38,7 @@ from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, check_readable_inside,
 from pipeline.core.preflight import Need, check_memory
 from pipeline.data.shards import load_manifest, open_split, sha256_file
 from pipeline.evaluate import abstention
-from pipeline.evaluate.retrieval import (
-    BASELINES,
-    evaluate_split,
-    predictions,
-    ridge_fit,
-    sample_table,
-)
+from pipeline.evaluate.retrieval import BASELINES, evaluate_split, predictions, ridge_fit, sample_table
 from pipeline.model.model_file import check_input_dim, load_model
 from pipeline.serve.log import log_answer_model, logged_model_record, model_name
 from pipeline.stats.bootstrap import resample_bytes, verdict
@@ -64,6 +58,7 @@ EVAL_JSON = METRICS_DIR / "eval.json"
 SAMPLES_CSV = REPORTS_DIR / "eval_samples.csv"
 ITEMS_PARQUET = REPORTS_DIR / "eval_items.parquet"
 SPLITS = ("val", "test")
+SECTIONS = "run, embed.out_dir, embed.batch_size, train.out_dir, train.batch_size, evaluate"
 
 
 def run(cfg) -> dict:
@@ -114,12 +109,7 @@ def _run(cfg, tx) -> dict:
         if split == "test":
             test_items, test_estimates = items, estimates
     answers = abstention.measure(
-        model,
-        shards,
-        bank,
-        ev.answer_precision,
-        ev.answer_floor_keep,
-        out_of_bank_inputs(cfg, manifest),
+        model, shards, bank, ev.answer_precision, ev.answer_floor_keep, out_of_bank_inputs(cfg, manifest)
     )
     metrics.update(answers.metrics)
     if answers.rule.margin_threshold is None:
@@ -152,12 +142,8 @@ def _run(cfg, tx) -> dict:
                 answers.calibration,
                 *model_label(run, str(cfg.run.preset)),
             )
-            tracking.set_tags(
-                {
-                    "eval.ci_covers": covered,
-                    **({"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {}),
-                }
-            )
+            bank_tag = {"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {}
+            tracking.set_tags({"eval.ci_covers": covered, **bank_tag})
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
             update_note()
             for path in (EVAL_JSON, ITEMS_PARQUET, SAMPLES_CSV):
@@ -257,14 +243,7 @@ def costs(cfg, processes: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage(
-        "evaluate",
-        __doc__,
-        "run, embed.out_dir, embed.batch_size, train.out_dir, train.batch_size, evaluate",
-        run,
-        argv,
-        costs=costs,
-    )
+    return run_stage("evaluate", __doc__, SECTIONS, run, argv, costs=costs)
 
 
 if __name__ == "__main__":

@@ -114,17 +114,13 @@ def train_and_record(cfg, place) -> dict:
         resume_run = None  # the checkpoint's run is not in this store: the weights resume, the run is new
     embed_run = embed_run_of(cfg)
     claim(model_dir, MODEL, "train.out_dir")  # checked before any work; made and marked now
+    tags = {**run_tags(cfg, manifest, embed_run, fp, place), **tracking.overrides_tag(cfg)}
     # Written aside and put in place together when the run ends well (pipeline/core/output_transaction.py):
     # a failure anywhere keeps the previous run's model, checkpoint, telemetry and metrics. Within
     # the MLflow run, so that a failed commit ends the run FAILED.
     with (
         tracking.mlflow_run(
-            tracking.run_name(cfg),
-            cfg.run.preset,
-            cfg.run.experiment,
-            run_id=resume_run,
-            tags={**run_tags(cfg, manifest, embed_run, fp, place), **tracking.overrides_tag(cfg)},
-            stage="train",
+            tracking.run_name(cfg), cfg.run.preset, cfg.run.experiment, run_id=resume_run, tags=tags, stage="train"
         ) as run,
         outputs("train", [*destinations(model_dir), tracking.run_file("train")]) as tx,
     ):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.report.checks.result import STATUSES
+from pipeline.report.checks.result import STATUS_RANK
 from pipeline.report.checks.suite import CHECK_ORDER, headline_verdict
 from pipeline.report.units import fmt
 
@@ -35,10 +35,9 @@ STATUS_COLOURS = {"pass": "#2e7d32", "warn": "#b26a00", "fail": "#c62828", "skip
 
 def ordered_checks(result: Mapping) -> list[tuple[str, Mapping]]:
     """fail, warn, skip, pass; canonical order within a status (whatever order result has)."""
-    rank = {s: i for i, s in enumerate(STATUSES)}
     canon = {n: i for i, n in enumerate(CHECK_ORDER)}
     items = list(result["checks"].items())
-    return sorted(items, key=lambda kv: (rank.get(kv[1]["status"], 4), canon.get(kv[0], len(canon))))
+    return sorted(items, key=lambda kv: (STATUS_RANK.get(kv[1]["status"], 4), canon.get(kv[0], len(canon))))
 
 
 def verdict_parts(result: Mapping) -> tuple[str, str]:
@@ -46,13 +45,8 @@ def verdict_parts(result: Mapping) -> tuple[str, str]:
     then warnings)."""
     checks = ordered_checks(result)
     by = {s: [n for n, c in checks if c["status"] == s] for s in ("fail", "warn", "skip")}
-    parts = []
-    if by["fail"]:
-        parts.append("failed: " + ", ".join(by["fail"]))
-    if by["warn"]:
-        parts.append("warnings: " + ", ".join(by["warn"]))
-    if by["skip"]:
-        parts.append("skipped: " + ", ".join(by["skip"]))
+    labels = {"fail": "failed", "warn": "warnings", "skip": "skipped"}
+    parts = [f"{labels[s]}: " + ", ".join(names) for s, names in by.items() if names]
     applicable = [n for n, c in checks if c["status"] != "n/a"]
     rest = "; ".join(parts) if parts else f"all {len(applicable)} checks passed"
     return headline_verdict(result).upper(), rest
@@ -96,8 +90,8 @@ def eval_table(eval_metrics: Mapping) -> tuple[list[str], list[list[str]]]:
                 else ""
             )
             cells[(split, model, metric)] = fmt(float(value)) + ci
-    models = [m for m in EVAL_MODELS] + sorted({m for _, m, _ in cells} - set(EVAL_MODELS))
-    metrics = [m for m in EVAL_METRICS] + sorted({m for _, _, m in cells} - set(EVAL_METRICS))
+    models = list(EVAL_MODELS) + sorted({m for _, m, _ in cells} - set(EVAL_MODELS))
+    metrics = list(EVAL_METRICS) + sorted({m for _, _, m in cells} - set(EVAL_METRICS))
     cols = [(s, m) for s in EVAL_SPLITS for m in models if any(k[:2] == (s, m) for k in cells)]
     metrics = [m for m in metrics if any((s, mo, m) in cells for s, mo in cols)]
     header = ["metric"] + [f"{s} {m}" for s, m in cols]

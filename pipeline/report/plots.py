@@ -141,18 +141,10 @@ def plot_grad_norm(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     ax.axhspan(p["grad_warning"], p["grad_critical"], color=ZONE_COLOURS["warning"], alpha=0.18, lw=0, label="warning")
     ax.axhspan(p["grad_critical"], hi, color=ZONE_COLOURS["critical"], alpha=0.18, lw=0, label="critical")
     # The exploded zone has no y value: a red band along the top edge holds the non-finite rows.
-    ax.add_patch(
-        Rectangle(
-            (0, 0.94),
-            1,
-            0.06,
-            transform=ax.transAxes,
-            color=ZONE_COLOURS["exploded"],
-            alpha=0.15,
-            lw=0,
-            label="exploded",
-        )
+    band = Rectangle(
+        (0, 0.94), 1, 0.06, transform=ax.transAxes, color=ZONE_COLOURS["exploded"], alpha=0.15, lw=0, label="exploded"
     )
+    ax.add_patch(band)
     steps = df["step"].to_numpy()
     ax.plot(steps[ok], norms[ok], lw=1, color="#1f77b4", label="global norm")
     if "grad/clipped_norm" in df.columns:
@@ -190,14 +182,8 @@ def plot_memory(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
         if isinstance(fit, dict):
             x = np.array([fit["first_step"], fit["last_step"]], dtype=float)
             y = fit["intercept"] + fit["slope_mb_per_1k_steps"] / 1000 * x
-            ax.plot(
-                x,
-                y,
-                ls="--",
-                lw=1.5,
-                color=line.get_color(),
-                label=f"fit {fit['slope_mb_per_1k_steps']:+.1f} MB/1k steps (p={fit['p_value']:.2g})",
-            )
+            label = f"fit {fit['slope_mb_per_1k_steps']:+.1f} MB/1k steps (p={fit['p_value']:.2g})"
+            ax.plot(x, y, ls="--", lw=1.5, color=line.get_color(), label=label)
     if "mem/device_peak_mb" in df.columns and np.nanmax(np.abs(df["mem/device_peak_mb"].to_numpy()), initial=0) > 0:
         ax.plot(df["step"], df["mem/device_peak_mb"], lw=0.8, alpha=0.5, color="grey", label="mem/device_peak_mb")
     ax.legend(loc="best", fontsize=8)
@@ -282,13 +268,8 @@ def plot_adaptive_steps(df: pd.DataFrame, events, p: Mapping) -> Figure | None:
     d = df[["step", "flow/steps_used"]][np.isfinite(df["flow/steps_used"].to_numpy())]
     ax.plot(d["step"], d["flow/steps_used"], lw=0.8, alpha=0.6, color="#1f77b4", label="flow/steps_used")
     if len(d) >= 20:  # a rolling median shows the trend through per-batch jitter
-        ax.plot(
-            d["step"],
-            d["flow/steps_used"].rolling(20, min_periods=1).median(),
-            lw=1.5,
-            color="#ff7f0e",
-            label="rolling median (20 rows)",
-        )
+        trend = d["flow/steps_used"].rolling(20, min_periods=1).median()
+        ax.plot(d["step"], trend, lw=1.5, color="#ff7f0e", label="rolling median (20 rows)")
     ax.legend(loc="best", fontsize=8)
     return fig
 

@@ -26,6 +26,7 @@ from pipeline.train.step_health import NONFINITE, OVERRUN, SPIKE, decode_kind
 log = logging.getLogger(__name__)
 
 EVENT_LOG_MAX = 10  # events printed one by one; the rest are counted (all are in the events file)
+COUNTERS = ("consecutive_skips", "skipped_total", "spikes_total", "overruns_total")  # into a checkpoint
 
 
 def skips(code: int, skip_spikes: bool) -> bool:
@@ -130,15 +131,10 @@ class StepEvents(TrainPart):
 
     def state_dict(self) -> dict:
         """The checkpoint's counters (the events themselves go in beside them)."""
-        return {
-            "consecutive_skips": self.consecutive_skips,
-            "skipped_total": self.skipped_total,
-            "spikes_total": self.spikes_total,
-            "overruns_total": self.overruns_total,
-        }
+        return {k: getattr(self, k) for k in COUNTERS}
 
     def load_state_dict(self, counters: dict) -> None:
-        """The counts; the events themselves are the result's, restored with it."""
-        self.consecutive_skips, self.skipped_total = counters["consecutive_skips"], counters["skipped_total"]
-        self.spikes_total = counters["spikes_total"]
-        self.overruns_total = counters.get("overruns_total", 0)
+        """The counts (overruns_total 0 in a checkpoint from before it was counted); the events
+        themselves are the result's, restored with it."""
+        for k in COUNTERS:
+            setattr(self, k, counters.get(k, 0) if k == "overruns_total" else counters[k])

@@ -165,20 +165,15 @@ class MemoryEstimate:
         """MLflow metrics, `split/name` as every other metric of the run: each part (the fields in
         MB), the peaks, then the checkpoint."""
         mb = [f.name for f in dataclasses.fields(self) if f.name.endswith("_mb") and f.name != "checkpoint_mb"]
-        parts = {n.removesuffix("_mb"): getattr(self, n) for n in mb}
-        for name in ("peak_mb", "peak_worst_mb", "host_peak_mb", "device_peak_mb", "checkpoint_mb"):
-            parts[name.removesuffix("_mb")] = getattr(self, name)
-        out = {f"mem/estimate_{k}_mb": float(v) for k, v in parts.items()}
-        out.update(
-            {
-                "mem/estimate_parameters": float(self.parameters),
-                "mem/estimate_flow_steps": float(self.flows * self.steps_expected),
-                "mem/estimate_flow_steps_worst": float(self.flows * self.step_bound),
-                "mem/estimate_bytes_per_flow_step": float(self.bytes_per_flow_step),
-                "mem/estimate_processes": float(self.processes),
-            }
-        )
-        return out
+        mb += ["peak_mb", "peak_worst_mb", "host_peak_mb", "device_peak_mb", "checkpoint_mb"]
+        return {
+            **{f"mem/estimate_{name}": float(getattr(self, name)) for name in mb},
+            "mem/estimate_parameters": float(self.parameters),
+            "mem/estimate_flow_steps": float(self.flows * self.steps_expected),
+            "mem/estimate_flow_steps_worst": float(self.flows * self.step_bound),
+            "mem/estimate_bytes_per_flow_step": float(self.bytes_per_flow_step),
+            "mem/estimate_processes": float(self.processes),
+        }
 
     def parts(self, where: str = "all") -> str:
         """The peak's sum, part by part (what the log line and the refusal show). `where`: "host"

@@ -35,15 +35,8 @@ MIN_SPIKE_HISTORY = MIN_SPIKE_WINDOW
 
 def decode_kind(code: int) -> Optional[str]:
     """nan_loss / inf_loss / nan_grad / inf_grad for a non-finite step (loss first), else None."""
-    if code & NAN_LOSS:
-        return "nan_loss"
-    if code & INF_LOSS:
-        return "inf_loss"
-    if code & NAN_GRAD:
-        return "nan_grad"
-    if code & INF_GRAD:
-        return "inf_grad"
-    return None
+    kinds = ((NAN_LOSS, "nan_loss"), (INF_LOSS, "inf_loss"), (NAN_GRAD, "nan_grad"), (INF_GRAD, "inf_grad"))
+    return next((kind for bit, kind in kinds if code & bit), None)
 
 
 class SpikeDetector:
@@ -115,18 +108,9 @@ class StepHealth:
         self.device = device
         self.spikes = SpikeDetector(spike_window, spike_k, device)
         # The code's bits in the order of measure()'s flags: the loss's and the norm's, then one per module.
+        module_bits = [1 << (MODULE_SHIFT + i) for i in range(len(self.modules))]
         self._code_bits = torch.tensor(
-            [
-                NAN_LOSS,
-                INF_LOSS,
-                NAN_GRAD,
-                INF_GRAD,
-                SPIKE,
-                OVERRUN,
-                *(1 << (MODULE_SHIFT + i) for i in range(len(self.modules))),
-            ],
-            dtype=torch.long,
-            device=device,
+            [NAN_LOSS, INF_LOSS, NAN_GRAD, INF_GRAD, SPIKE, OVERRUN, *module_bits], dtype=torch.long, device=device
         )
         # Distributed training: an element-wise max of the flags over ranks (Dist.all_reduce), so
         # a non-finite value or a spike on any rank skips the step on every rank.
@@ -136,7 +120,6 @@ class StepHealth:
 
     @classmethod
     def from_config(cls, model: nn.Module, t, device: torch.device, agree=None) -> "StepHealth":
-        """From train.* (`t`)."""
         keys = ("grad_clip", "grad_warning", "grad_critical", "spike_window", "spike_k", "skip_spikes")
         return cls(model, **{k: t[k] for k in keys}, device=device, agree=agree)
 

@@ -13,6 +13,8 @@ import psutil
 import torch
 
 from pipeline.model.energy_flow import RANGE_KEYS
+from pipeline.train.step_counters import SAMPLE_KEYS
+from pipeline.train.step_health import ZONES
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -34,10 +36,7 @@ STEP_COLUMNS = (
     "grad/nonfinite_steps",
     "grad/update_ratio",
     "grad/zone",
-    "grad/steps_healthy",
-    "grad/steps_warning",
-    "grad/steps_critical",
-    "grad/steps_exploded",
+    *(f"grad/steps_{z}" for z in ZONES),
     "amp/scale",
     "perf/step_ms",
     *(f"perf/{p}_ms" for p in PHASES),
@@ -48,11 +47,7 @@ STEP_COLUMNS = (
     # From the latest sampled step (step_counters; sample_due says when): host reads and aten ops
     # per step, every source; on CUDA kernels per step, their mean duration and the fraction of
     # the step the GPU was busy (NaN elsewhere; perf/busy_synthetic = 1 when a fault made them up).
-    "perf/host_syncs",
-    "perf/ops",
-    "perf/kernels",
-    "perf/kernel_us",
-    "perf/gpu_busy",
+    *(f"perf/{k}" for k in SAMPLE_KEYS),
     "perf/busy_synthetic",
     "flow/steps_used",
     "flow/flow_steps",
@@ -189,7 +184,7 @@ def device_row(sample, step_s: float, steps_used: float, faults, device: torch.d
         figures = faults.device_figures(figures, device.type)
     return {
         "perf/flow_step_ms": 1000 * step_s / steps_used if steps_used > 0 else math.nan,
-        **{f"perf/{k}": float(figures[k]) for k in ("host_syncs", "ops", "kernels", "kernel_us", "gpu_busy")},
+        **{f"perf/{k}": float(figures[k]) for k in SAMPLE_KEYS},
         "perf/busy_synthetic": float(figures.get("busy_synthetic", 0.0)),
     }
 

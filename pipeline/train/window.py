@@ -26,7 +26,6 @@ class TelemetryWindow(TrainPart):
         self.open()
 
     def open(self) -> None:
-        """Start a window now: every count at zero."""
         self.steps = self.skipped = self.overruns = self.samples = 0
         self.flow_steps = self.steps_used = 0
         self.lr = 0.0  # the highest LR an update of the window applied
@@ -90,7 +89,7 @@ class TelemetryWindow(TrainPart):
         phases = tr.timer.take()
         alloc, peak = device_memory_mb(self.device)
         release_free_heap()  # (before "mem/rss_mb": see telemetry.release_free_heap)
-        row = {
+        return {
             "step": tr.step,
             "epoch": tr.epoch,
             "train/loss": metrics.pop("train/loss"),
@@ -109,4 +108,3 @@ class TelemetryWindow(TrainPart):
             "mem/device_allocated_mb": alloc,
             "mem/device_peak_mb": peak,
         }
-        return row

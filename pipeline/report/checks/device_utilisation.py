@@ -84,7 +84,6 @@ def device_causes(fig: Mapping[str, float], p: Mapping) -> list[dict]:
 
 
 def check_device_utilisation(df: pd.DataFrame, p: Mapping) -> CheckResult:
-    """Was the GPU kept busy? (The module's docstring says how it is judged.)"""
     if DEVICE_BUSY not in df.columns:
         return CheckResult("skip", common.not_logged(DEVICE_BUSY), {}, say.not_logged_fix(DEVICE_BUSY))
     if not np.isfinite(df[DEVICE_BUSY].to_numpy()).any():
@@ -111,5 +110,5 @@ def check_device_utilisation(df: pd.DataFrame, p: Mapping) -> CheckResult:
     # One flag per cause as well: the evidence file keeps numbers and flags, not text.
     named = {c["name"] for c in causes}
     evidence.update({cause.replace("-", "_"): cause in named for cause in DEVICE_CAUSES})
-    summary = say.summary(busy, len(d), warn, fail, passed, causes, say.numbers(fig), synthetic)
+    summary = say.summary(evidence, passed, causes, say.numbers(fig))
     return CheckResult(status, summary, evidence, say.fix(passed, causes))

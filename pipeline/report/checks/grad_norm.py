@@ -45,17 +45,8 @@ def zone_step_fractions(df: pd.DataFrame, p: Mapping) -> tuple[dict[str, float],
         if total > 0:
             return {z: n / total for z, n in counts.items()}, int(total), say.SOURCE_COUNTS
     zones = grad_zones(df["grad/global_norm"].to_numpy(), p)
-    n = len(df)
-    return (
-        {
-            "healthy": float((zones["healthy"] | zones["low"]).mean()),
-            "warning": float(zones["warning"].mean()),
-            "critical": float(zones["critical"].mean()),
-            "exploded": float(zones["exploded"].mean()),
-        },
-        n,
-        say.SOURCE_ROWS,
-    )
+    zones["healthy"] = zones["healthy"] | zones.pop("low")
+    return {z: float(mask.mean()) for z, mask in zones.items()}, len(df), say.SOURCE_ROWS
 
 
 def check_grad_norm(df: pd.DataFrame, p: Mapping) -> CheckResult:
@@ -75,14 +66,14 @@ def check_grad_norm(df: pd.DataFrame, p: Mapping) -> CheckResult:
     evidence: dict[str, Any] = {f"frac_{z}": f for z, f in frac.items()}
     evidence["steps"] = n_steps
     evidence["source"] = source
-    evidence["frac_low_rows"] = float(grad_zones(norms, p)["low"].mean())
+    zones = grad_zones(norms, p)
+    evidence["frac_low_rows"] = float(zones["low"].mean())
     evidence["median_norm"] = float(np.median(finite)) if finite.size else float("nan")
     evidence["max_norm"] = float(peak.max()) if peak.size else float("nan")
     bad_rows = np.zeros(len(df), dtype=bool)
     for z in ("critical", "exploded"):
         if ZONE_COUNT_COLUMNS[z] in df.columns:
             bad_rows |= df[ZONE_COUNT_COLUMNS[z]].to_numpy() > 0
-    zones = grad_zones(norms, p)
     bad_rows |= zones["critical"] | zones["exploded"]
     bad_steps = df["step"].to_numpy()[bad_rows]
     if bad_steps.size:
@@ -95,11 +86,8 @@ def check_grad_norm(df: pd.DataFrame, p: Mapping) -> CheckResult:
         if ok.any():  # clipping scales to max_norm, so clipped < pre-clip norm means it acted
             evidence["clip_fraction"] = float((clipped[ok] < norms[ok] * (1 - 1e-6)).mean())
     evidence["frac_critical_of_finite"] = critical
-    if critical > p["grad_max_critical_fraction"]:
-        status = "fail"
-    elif frac["warning"] > WARN_FRACTION:
-        status = "warn"
-    else:
-        status = "pass"
+    status = (
+        "fail" if critical > p["grad_max_critical_fraction"] else "warn" if frac["warning"] > WARN_FRACTION else "pass"
+    )
     summary = say.summary(frac, critical, n_steps, evidence["median_norm"], evidence["max_norm"], p)
     return CheckResult(status, summary, evidence, say.FIX)

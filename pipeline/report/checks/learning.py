@@ -26,6 +26,7 @@ from pipeline.report.checks.wording import learning as say
 HEADLINE = "group_top1"  # what "better than a baseline" is judged on (the evaluate stage's headline)
 LEARNING_BASELINES = ("identity", "ridge", "nearest")
 EVIDENCE_METRICS = ("group_top1", "group_top5", "mrr", "cosine", "top1", "top5")
+DIFFERENCE_PARTS = ("", "ci95_low", "ci95_high", "p_value")  # the model's paired difference from a baseline
 
 
 def loss_drop(df: pd.DataFrame | None) -> tuple[float, float, float] | None:
@@ -43,7 +44,6 @@ def loss_drop(df: pd.DataFrame | None) -> tuple[float, float, float] | None:
 
 
 def check_learning(eval_metrics: Mapping | None, p: Mapping, df: pd.DataFrame | None = None) -> CheckResult:
-    """The module's docstring says how the run is judged."""
     if not eval_metrics:
         return CheckResult("skip", say.NO_METRICS, {}, say.NO_METRICS_FIX)
     split = next((s for s in ("test", "val") if f"eval/{s}/model/cosine" in eval_metrics), None)
@@ -72,22 +72,17 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping, df: pd.DataFrame | 
     said, worse_than = [], []
     for b in LEARNING_BASELINES:
         for metric in dict.fromkeys((headline, "cosine")):
-            d = [get(f"model_vs_{b}", metric, part) for part in ("", "ci95_low", "ci95_high", "p_value")]
+            d = [get(f"model_vs_{b}", metric, part) for part in DIFFERENCE_PARTS]
             if not all(math.isfinite(x) for x in d):
                 continue
             evidence.update(
-                {
-                    f"vs_{b}_{metric}": d[0],
-                    f"vs_{b}_{metric}_ci95_low": d[1],
-                    f"vs_{b}_{metric}_ci95_high": d[2],
-                    f"vs_{b}_{metric}_p_value": d[3],
-                }
+                {f"vs_{b}_{metric}" + (f"_{part}" if part else ""): x for part, x in zip(DIFFERENCE_PARTS, d)}
             )
             interval = say.interval(d)
             if d[1] > 0:
-                said.append(say.beats(b, metric, interval))
+                said.append(say.compared("beats", b, metric, interval))
             elif d[2] < 0:
-                said.append(say.trails(b, metric, interval))
+                said.append(say.compared("trails", b, metric, interval))
                 if metric == headline:
                     worse_than.append((b, interval))
             else:

@@ -140,7 +140,6 @@ def regression_movers(df: pd.DataFrame, reg: Mapping, p: Mapping, half_rows: int
 
 
 def check_loss_regression(df: pd.DataFrame, p: Mapping) -> CheckResult:
-    """The smoothed loss held above its running best (the module's docstring says more)."""
     scan = regression_scan(df, p)
     if isinstance(scan, str):
         return CheckResult("skip", say.skip_summary(scan), {"reason": scan}, say.skip_fix(MIN_REGRESSION_ROWS))
@@ -173,20 +172,10 @@ def check_loss_regression(df: pd.DataFrame, p: Mapping) -> CheckResult:
     unrecovered = [r for r in regressions if not r["recovered"]]
     worst = max(regressions, key=lambda r: r["peak_rise"])
     movers = regression_movers(df, worst, p, (window - 1) // 2)
-    evidence.update(
-        {
-            "unrecovered_regressions": len(unrecovered),
-            "start_step": worst["start_step"],
-            "peak_step": worst["peak_step"],
-            "peak_loss": worst["peak_loss"],
-            "best_loss": worst["best_loss"],
-            "peak_ratio": worst["peak_loss"] / worst["best_loss"],
-            "peak_rise": worst["peak_rise"],
-            "rise_loss": worst["rise_loss"],
-            "duration": worst["duration"],
-            "recovered": worst["recovered"],
-        }
-    )
+    evidence["unrecovered_regressions"] = len(unrecovered)
+    evidence.update({k: worst[k] for k in ("start_step", "peak_step", "peak_loss", "best_loss")})
+    evidence["peak_ratio"] = worst["peak_loss"] / worst["best_loss"]
+    evidence.update({k: worst[k] for k in ("peak_rise", "rise_loss", "duration", "recovered")})
     if worst["recovered"]:
         evidence["recovery_step"] = worst["recovery_step"]
     if movers:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from pipeline.core.config import MIN_SPIKE_WINDOW
 from pipeline.report.checks.result import CheckResult
-from pipeline.report.checks.telemetry import finite_number, finite_rows, positive
+from pipeline.report.checks.telemetry import finite_number, finite_rows
 from pipeline.report.checks.wording import common
 from pipeline.report.checks.wording import loss_spikes as say
 
@@ -92,7 +92,7 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
     ratios += [
         (float(e["loss"]) / float(e["threshold"]), int(e["step"]))
         for e in spike_events
-        if positive(e.get("threshold")) and finite_number(e.get("loss"))
+        if finite_number(e.get("threshold")) and e["threshold"] > 0 and finite_number(e.get("loss"))
     ]
     worst_ratio, worst_step = max(ratios) if ratios else (float("nan"), spike_steps[0])
     severe = sorted({st for r, st in ratios if r >= p["spike_fail_factor"]})
@@ -116,12 +116,5 @@ def check_loss_spikes(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Map
         evidence["largest_spike_loss"] = float(largest["loss"])
         evidence["largest_spike_sigma"] = float(largest["sigma"])
     status = "fail" if unrecovered or severe else "warn"
-    summary = say.summary(
-        spike_steps,
-        (worst_ratio, worst_step) if ratios else None,
-        len(unrecovered),
-        evidence["tail_median_loss"],
-        len(severe),
-        p["spike_fail_factor"],
-    )
+    summary = say.summary(spike_steps, evidence, bool(ratios))
     return CheckResult(status, summary, evidence, say.FIX)

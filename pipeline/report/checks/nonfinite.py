@@ -20,14 +20,9 @@ def nonfinite_steps(df: pd.DataFrame, events: Sequence[Mapping] | None) -> list[
     records: dict[int, dict] = {}
     for e in events or ():
         if e.get("kind") in NONFINITE_KINDS and e.get("step") is not None:
+            step = int(e["step"])
             records.setdefault(
-                int(e["step"]),
-                {
-                    "step": int(e["step"]),
-                    "kind": e["kind"],
-                    "module": e.get("module"),
-                    "action": e.get("action") or "-",
-                },
+                step, {"step": step, "kind": e["kind"], "module": e.get("module"), "action": e.get("action") or "-"}
             )
     if "train/loss" in df.columns:
         loss = df["train/loss"].to_numpy()

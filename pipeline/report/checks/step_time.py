@@ -84,22 +84,11 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> CheckResult:
         "early_median_ms": early_ms,
         "steady_median_ms": steady_ms,
     }
-    if per_flow:
-        evidence.update(
-            early_flow_step_ms=early_judged,
-            steady_flow_step_ms=steady_judged,
-            step_ratio=step_ratio,  # context: what the ratio per training step would have said
-        )
-    evidence.update(
-        {
-            "ratio": ratio,
-            "max_ratio": max_ratio,
-            "spearman_rho": float(rho),
-            "spearman_p": float(rho_p),
-            "early_steps": f"{int(early['step'].iloc[0])}-{int(early['step'].iloc[-1])}",
-            "steady_steps": f"{int(steady['step'].iloc[0])}-{int(steady['step'].iloc[-1])}",
-        }
-    )
+    if per_flow:  # step_ratio: context, what the ratio per training step would have said
+        evidence.update(early_flow_step_ms=early_judged, steady_flow_step_ms=steady_judged, step_ratio=step_ratio)
+    evidence.update(ratio=ratio, max_ratio=max_ratio, spearman_rho=float(rho), spearman_p=float(rho_p))
+    evidence["early_steps"] = f"{int(early['step'].iloc[0])}-{int(early['step'].iloc[-1])}"
+    evidence["steady_steps"] = f"{int(steady['step'].iloc[0])}-{int(steady['step'].iloc[-1])}"
     if "perf/samples_per_s" in df.columns:  # throughput: the same slices, the number people quote
         evidence["early_samples_per_s"] = median_at(df, "perf/samples_per_s", early["step"])
         evidence["steady_samples_per_s"] = median_at(df, "perf/samples_per_s", steady["step"])
@@ -109,9 +98,7 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> CheckResult:
     status = "fail" if ratio > max_ratio else "pass"
     trend = say.trend(rho, rho_p)
     if per_flow:
-        summary = say.per_flow_summary(
-            steady_judged, early_judged, ratio, max_ratio, steady_ms, early_ms, step_ratio, flow_ratio, trend
-        )
+        summary = say.per_flow_summary(evidence, trend)
         # The other way round: a step's work that does not scale with its flow steps (optimizer,
         # data, the layers around the lattice) spread over fewer flow steps raises the time per
         # flow step with nothing slower. When the step itself is within the limit, a warning.
@@ -120,7 +107,7 @@ def check_step_time(df: pd.DataFrame, p: Mapping) -> CheckResult:
             summary += say.FEWER_FLOW_STEPS
             fix = say.FEWER_FLOW_STEPS_FIX
         return CheckResult(status, summary, evidence, fix)
-    summary = say.per_step_summary(steady_ms, early_ms, ratio, max_ratio, trend)
+    summary = say.per_step_summary(evidence, trend)
     # Without the time per flow step, a rise the flow steps account for is a warning that says so,
     # not a failure.
     if status == "fail" and flow_ratio is not None and ratio <= max_ratio * flow_ratio:

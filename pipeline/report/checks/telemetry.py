@@ -26,7 +26,6 @@ def after_warmup(df: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
 
 
 def finite_rows(df: pd.DataFrame, col: str) -> pd.DataFrame:
-    """Rows of (step, col) where col is finite."""
     d = df[["step", col]]
     return d[np.isfinite(d[col].to_numpy())]
 
@@ -34,7 +33,3 @@ def finite_rows(df: pd.DataFrame, col: str) -> pd.DataFrame:
 def finite_number(v: Any) -> bool:
     """A real, finite number (not a bool, not a string): what an event or a metric may hold."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def positive(v: Any) -> bool:
-    return finite_number(v) and v > 0

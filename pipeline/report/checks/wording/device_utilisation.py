@@ -81,19 +81,12 @@ def no_gpu(col: str, numbers_text: str) -> str:
     )
 
 
-def summary(
-    busy: float,
-    rows: int,
-    warn: float,
-    fail: float,
-    passed: bool,
-    causes: Sequence[Mapping[str, str]],
-    numbers_text: str,
-    synthetic: bool,
-) -> str:
+def summary(e: Mapping, passed: bool, causes: Sequence[Mapping[str, str]], numbers_text: str) -> str:
+    """From the check's evidence."""
     text = (
-        f"The GPU ran kernels {100 * busy:.0f} % of the sampled steps' wall time (median of {rows} rows; "
-        f"warns below {100 * warn:.0f} %, fails below {100 * fail:.0f} %)"
+        f"The GPU ran kernels {100 * e['busy_fraction']:.0f} % of the sampled steps' wall time (median of "
+        f"{e['rows']} rows; warns below {100 * e['warn_below_fraction']:.0f} %, fails below "
+        f"{100 * e['fail_below_fraction']:.0f} %)"
     )
     if passed:
         text += (f"; {numbers_text}" if numbers_text else "") + "."
@@ -101,7 +94,7 @@ def summary(
         text += ": " + "; ".join(f"{c['name']}, {c['said']}" for c in causes) + "."
     else:
         text += f": cause not identified ({numbers_text or 'no sampled-step counts logged'})."
-    if synthetic:
+    if e["synthetic"]:
         text += " " + SYNTHETIC_SAID
     return text
 

@@ -29,12 +29,9 @@ def interval(d: Sequence[float]) -> str:
     return f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
 
 
-def beats(baseline: str, metric: str, iv: str) -> str:
-    return f"beats {baseline} on {metric_name(metric)} by {iv}"
-
-
-def trails(baseline: str, metric: str, iv: str) -> str:
-    return f"trails {baseline} on {metric_name(metric)} by {iv}"
+def compared(verb: str, baseline: str, metric: str, iv: str) -> str:
+    """'beats ridge on group top-1 by ...' (verb: beats or trails)."""
+    return f"{verb} {baseline} on {metric_name(metric)} by {iv}"
 
 
 def no_difference(baseline: str, metric: str, iv: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from pipeline.report.checks.wording.common import steps_text
 
@@ -25,18 +25,12 @@ def clean(rows: int, k: float, window: int) -> str:
     return f"No loss spike in {rows:,} logged steps (loss > mean + {k:g}·std of the trailing {window} losses)."
 
 
-def summary(
-    spike_steps: Sequence[int],
-    worst: tuple[float, int] | None,
-    unrecovered: int,
-    tail_median_loss: float,
-    severe: int,
-    fail_factor: float,
-) -> str:
-    top = f" (worst at step {worst[1]}: {worst[0]:.3g}x the trailing mean loss)" if worst else ""
+def summary(spike_steps: Sequence[int], e: Mapping, ranked: bool) -> str:
+    """From the check's evidence; `ranked`: some spike has a ratio to the trailing mean."""
+    top = f" (worst at step {e['max_ratio_step']}: {e['max_ratio']:.3g}x the trailing mean loss)" if ranked else ""
     outcome = "loss recovered"
-    if unrecovered:
-        outcome = f"{unrecovered} not recovered (last-10 % median {tail_median_loss:.4g})"
-    why = f"; {severe} at >= {fail_factor:g}x (fails)" if severe else ""
+    if e["unrecovered"]:
+        outcome = f"{e['unrecovered']} not recovered (last-10 % median {e['tail_median_loss']:.4g})"
+    why = f"; {e['severe']} at >= {e['fail_factor']:g}x (fails)" if e["severe"] else ""
     at = "step" if len(spike_steps) == 1 else "steps"
     return f"{len(spike_steps)} loss spike(s) at {at} {steps_text(spike_steps)}{top}; {outcome}{why}."

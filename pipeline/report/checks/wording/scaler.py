@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Mapping
+
 NO_SCALER = "No GradScaler in this run (fp32 or bf16 train in full range: nothing to scale)."
 
 
-def summary(
-    first: float,
-    lowest: float,
-    lowest_step: int,
-    final: float,
-    backoffs: int,
-    fraction: float,
-    total: int,
-    limit: float,
-    growths: int,
-    collapsed: bool,
-    min_scale: float,
-) -> str:
+def summary(e: Mapping, collapsed: bool, p: Mapping) -> str:
+    """From the check's evidence."""
     return (
-        f"Loss scale {first:g} -> min {lowest:g} (step {lowest_step}) -> final {final:g}; "
-        f"{backoffs} overflow backoff(s) ({100 * fraction:.1f} % of {total:,} steps, limit "
-        f"{100 * limit:g} %), {growths} growth(s)"
-        + (f"; scale fell below {min_scale:g}: gradients overflow even unscaled" if collapsed else "")
+        f"Loss scale {e['first_scale']:g} -> min {e['min_scale']:g} (step {e['min_scale_step']}) -> final "
+        f"{e['final_scale']:g}; {e['backoffs']} overflow backoff(s) ({100 * e['backoff_fraction']:.1f} % of "
+        f"{e['total_steps']:,} steps, limit {100 * p['scaler_max_backoff_fraction']:g} %), {e['growths']} growth(s)"
+        + (f"; scale fell below {p['scaler_min_scale']:g}: gradients overflow even unscaled" if collapsed else "")
         + "."
     )
 

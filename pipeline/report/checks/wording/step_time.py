@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Mapping
+
 FIX = (
     "Step time grows: look for per-step host syncs (.item()/.cpu()/printing a tensor every step "
     "— accumulate on device, sync every log_every steps), torch.cuda.empty_cache() in the loop "
@@ -40,29 +42,22 @@ def trend(rho: float, rho_p: float) -> str:
     return f"Spearman rho={rho:.2f} (p={rho_p:.2g})"
 
 
-def per_flow_summary(
-    steady_judged: float,
-    early_judged: float,
-    ratio: float,
-    max_ratio: float,
-    steady_ms: float,
-    early_ms: float,
-    step_ratio: float,
-    flow_ratio: float | None,
-    trend_text: str,
-) -> str:
+def per_flow_summary(e: Mapping, trend_text: str) -> str:
+    """From the check's evidence (judged per flow step)."""
+    flow_ratio = e.get("flow_steps_ratio")
     more = f", with {flow_ratio:.2f}x the flow steps per training step" if flow_ratio is not None else ""
     return (
-        f"Steady-state median time per flow step {steady_judged:.3g} ms is {ratio:.2f}x the early median "
-        f"{early_judged:.3g} ms (limit {max_ratio:g}x); per training step {steady_ms:.1f} ms is "
-        f"{step_ratio:.2f}x the early {early_ms:.1f} ms{more}; {trend_text}."
+        f"Steady-state median time per flow step {e['steady_flow_step_ms']:.3g} ms is {e['ratio']:.2f}x the early "
+        f"median {e['early_flow_step_ms']:.3g} ms (limit {e['max_ratio']:g}x); per training step "
+        f"{e['steady_median_ms']:.1f} ms is {e['step_ratio']:.2f}x the early {e['early_median_ms']:.1f} ms{more}; "
+        f"{trend_text}."
     )
 
 
-def per_step_summary(steady_ms: float, early_ms: float, ratio: float, max_ratio: float, trend_text: str) -> str:
+def per_step_summary(e: Mapping, trend_text: str) -> str:
     return (
-        f"Steady-state median step time {steady_ms:.1f} ms is {ratio:.2f}x the early median "
-        f"{early_ms:.1f} ms (limit {max_ratio:g}x); {trend_text}."
+        f"Steady-state median step time {e['steady_median_ms']:.1f} ms is {e['ratio']:.2f}x the early median "
+        f"{e['early_median_ms']:.1f} ms (limit {e['max_ratio']:g}x); {trend_text}."
     )
 
 
