@@ -6,10 +6,12 @@ ways DVC runs them, all tracked in the repo's one MLflow store (mlflow.db at its
 - `smoke-b`: `dvc exp run --temp` (train.lr 0.01), in a copy under .dvc/tmp/exps;
 - `smoke-c`: `dvc exp run --queue`, then `dvc queue start` (train.lr 0.001), in a queue worker.
 
-It is made once per session (about two minutes on 2 cores) and read by tests/test_e2e.py and
-tests/test_experiments.py. Tests that change the workspace (a plain `dvc repro` after an edit,
-a killed train stage) come last in test_e2e.py; the experiments themselves live in git refs and
-the store, which those tests only add to."""
+`smoke_workspace` is the first of them alone (about 40 s on 2 cores): what the default suite's
+end-to-end checks read (tests/test_e2e.py). The other two come with `smoke_experiments` (about two
+minutes more), for the slow tier's checks that compare experiments (test_compare.py,
+test_experiments.py, test_verdict_e2e.py). Each is made once per session. Tests that change the
+workspace (a plain `dvc repro` after an edit, a killed train stage) come last in test_e2e.py; the
+experiments themselves live in git refs and the store, which those tests only add to."""
 
 from __future__ import annotations
 
@@ -231,11 +233,16 @@ def wait_for_queue(root: Path, env: dict, name: str, timeout: float = 600) -> No
 
 
 @pytest.fixture(scope="session")
-def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
+def smoke_workspace(tmp_path_factory) -> SmokeExperiments:
     root = project_copy(tmp_path_factory.mktemp("project"))
     env = smoke_reference.reference_env()
     log = sh(dvc("exp", "run", "-n", "smoke-a", "-S", "preset=smoke"), root, env)
-    smoke_a = smoke_reference.collect(root)
+    return SmokeExperiments(root, env, log, smoke_reference.collect(root))
+
+
+@pytest.fixture(scope="session")
+def smoke_experiments(smoke_workspace) -> SmokeExperiments:
+    root, env = smoke_workspace.root, smoke_workspace.env
     # The --temp and the queued experiment run side by side (each its own copy of the project,
     # as a queue with -j 2 runs them): on 2 cores that is about one experiment's time saved.
     sh(
@@ -259,7 +266,7 @@ def smoke_experiments(tmp_path_factory) -> SmokeExperiments:
             temp.kill()
             temp.communicate()
     assert temp.returncode == 0, f"{' '.join(temp_cmd)} failed ({temp.returncode}):\n{temp_out[-6000:]}"
-    return SmokeExperiments(root, env, log, smoke_a)
+    return smoke_workspace
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 selected through `dvc exp run -S preset=smoke` (Hydra composition), every stage run by DVC, the
 outputs, metrics and MLflow runs checked, a second `dvc repro` that re-runs only the report, a plain
 `dvc repro` after an edit, and a killed train stage that resumes. The repository is the session's
-`smoke_experiments` (tests/conftest.py); the tests that change its workspace come last."""
+`smoke_workspace` (tests/conftest.py); the tests that change its workspace come last, and they are
+slow (each runs a stage or the pipeline again: about two minutes together on 2 cores)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def project(smoke_experiments):
-    return smoke_experiments.root, smoke_experiments.env, smoke_experiments.workspace_log
+def project(smoke_workspace):
+    return smoke_workspace.root, smoke_workspace.env, smoke_workspace.workspace_log
 
 
 def test_every_stage_ran_and_wrote_its_outputs(project):
@@ -100,13 +101,13 @@ def test_metrics_are_finite_and_named_split_slash_metric(project):
         assert isinstance(stab[check]["pass"], bool), check
 
 
-def test_the_smoke_run_matches_the_committed_reference(smoke_experiments):
+def test_the_smoke_run_matches_the_committed_reference(smoke_workspace):
     """Loss at every logged step, eval point metrics and shard digests of smoke-a against
     tests/smoke_reference.json, at tolerances that pass thread-count noise and fail a real
     numerics change (tools/reference.py has the measurements)."""
     from tools import reference as smoke_reference
 
-    problems, notes = smoke_reference.compare(smoke_reference.load(), smoke_experiments.smoke_a)
+    problems, notes = smoke_reference.compare(smoke_reference.load(), smoke_workspace.smoke_a)
     assert not problems, "\n".join(problems + notes + [smoke_reference.REFRESH_HINT])
 
 
@@ -170,6 +171,7 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
     assert "data/rows_used" in embed_run.data.metrics
 
 
+@pytest.mark.slow
 def test_second_repro_reruns_only_the_report_and_changes_no_output(project):
     """Nothing changed: embed, train and evaluate are skipped. The report stage is
     `always_changed` (its time and memory checks read telemetry/train_perf.*, which DVC does not
@@ -217,6 +219,7 @@ def test_a_change_to_the_report_leaves_train_and_evaluate_up_to_date(project):
             path.write_bytes(original)
 
 
+@pytest.mark.slow
 def test_report_judges_time_and_memory_only_when_measured_under_its_own_settings(project):
     """The train stage labels telemetry/train_perf.json with its settings' digest. The report of
     the run that made it judges memory and step time; handed another run's file (as after DVC
@@ -245,6 +248,7 @@ def test_report_judges_time_and_memory_only_when_measured_under_its_own_settings
     assert json.loads((root / "metrics/stability.json").read_text()) == stability
 
 
+@pytest.mark.slow
 def test_dvc_exp_run_pointing_an_output_at_a_users_directory_deletes_nothing(project):
     """`dvc exp run` force-checks-out every output before running, deleting whatever is at an
     output path it has no record of: were dvc.yaml's outs `${train.out_dir}`, notes/ would be gone
@@ -277,6 +281,7 @@ def test_dvc_exp_run_pointing_an_output_at_a_users_directory_deletes_nothing(pro
     assert (root / "models/model.pt").is_file() and (notes / "thesis.md").is_file()
 
 
+@pytest.mark.slow
 def test_plain_repro_after_an_edit_reruns_train_evaluate_report_not_embed_and_is_tracked(project):
     """No `dvc exp run`: the user edits params.yaml and runs `dvc repro`. A new model run lands in
     the same store, with no experiment name, dirty (params.yaml differs from the commit)."""
@@ -301,6 +306,7 @@ def test_plain_repro_after_an_edit_reruns_train_evaluate_report_not_embed_and_is
     assert_clean_tags(run.data.tags)
 
 
+@pytest.mark.slow
 def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
     """`kill -9` of the train stage, then the stage again: it resumes from its last checkpoint,
     continues the same MLflow run, finishes it and removes the checkpoint."""
@@ -336,6 +342,7 @@ def test_sigkilled_train_stage_resumes_in_the_same_mlflow_run(project):
     assert [r.info.run_id for r in same] == [run_id]  # the restart made no second run
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_train_stage_sends_its_metrics_and_ends_the_run_killed(project):
     """A scheduler's SIGTERM mid-training: the stage finishes the step in flight, writes a
     checkpoint of it and exits 143; the buffered telemetry is in MLflow and the run reads KILLED

@@ -6,7 +6,7 @@ MLflow; and the real MLflow UI shows them in headless Chromium, through one `mlf
 runs table `./dev ui` links to (eval columns, best first), the compare page (two of them side by
 side, and what differs) and a logged model's page (its dataset and eval metrics); screenshots in
 test-artifacts/ (tests/helpers/; tests/test_mlflow_browser.py checks that harness on synthetic runs).
-The experiments are the session's `smoke_experiments` (tests/conftest.py)."""
+The experiments are the session's `smoke_experiments` (tests/conftest.py); the slow tier runs them."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pipeline.tracking.metric_names import mlflow_key
 from tests.conftest import EXPERIMENTS, dvc, sh
 from tests.helpers.verdicts import assert_clean_tags
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # three smoke experiments: about three minutes on 2 cores
 
 # The numbers a researcher compares first; each is in a DVC metrics file (under its file key) and
 # in the MLflow run (under mlflow_key's name).
