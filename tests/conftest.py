@@ -6,10 +6,10 @@ ways DVC runs them, all tracked in the repo's one MLflow store (mlflow.db at its
 - `smoke-b`: `dvc exp run --temp` (train.lr 0.01), in a copy under .dvc/tmp/exps;
 - `smoke-c`: `dvc exp run --queue`, then `dvc queue start` (train.lr 0.001), in a queue worker.
 
-`smoke_workspace` is the first of them alone (about 40 s on 2 cores): what the default suite's
-end-to-end checks read (tests/test_e2e.py). The other two come with `smoke_experiments` (about two
-minutes more), for the slow tier's checks that compare experiments (test_compare.py,
-test_experiments.py, test_verdict_e2e.py). Each is made once per session. Tests that change the
+`smoke_workspace` is the first of them alone (one smoke run): what the default suite's
+end-to-end checks read (tests/test_e2e.py). The other two come with `smoke_experiments` (two runs
+more), for the slow tier's checks that compare experiments (test_compare.py, test_experiments.py,
+test_verdict_e2e.py). Each is made once per session. Tests that change the
 workspace (a plain `dvc repro` after an edit, a killed train stage) come last in test_e2e.py; the
 experiments themselves live in git refs and the store, which those tests only add to."""
 

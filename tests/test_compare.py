@@ -358,7 +358,7 @@ def _compare_in(root, env, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.slow  # reads the three smoke experiments (tests/conftest.py: about three minutes to make)
+@pytest.mark.slow  # reads the three smoke experiments (tests/conftest.py: three smoke runs to make)
 def test_two_smoke_experiments_compared_by_name_and_by_mlflow_run_id(smoke_experiments):
     from mlflow.tracking import MlflowClient
 

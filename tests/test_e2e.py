@@ -3,7 +3,7 @@ selected through `dvc exp run -S preset=smoke` (Hydra composition), every stage 
 outputs, metrics and MLflow runs checked, a second `dvc repro` that re-runs only the report, a plain
 `dvc repro` after an edit, and a killed train stage that resumes. The repository is the session's
 `smoke_workspace` (tests/conftest.py); the tests that change its workspace come last, and they are
-slow (each runs a stage or the pipeline again: about two minutes together on 2 cores)."""
+slow (each runs a stage or the pipeline again)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from pipeline.tracking.metric_names import mlflow_key
 from tests.conftest import EXPERIMENTS, dvc, sh
 from tests.helpers.verdicts import assert_clean_tags
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # three smoke experiments: about three minutes on 2 cores
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # reads the three smoke experiments (three smoke runs to make)
 
 # The numbers a researcher compares first; each is in a DVC metrics file (under its file key) and
 # in the MLflow run (under mlflow_key's name).

@@ -27,7 +27,7 @@ def verdict(root, env, *args: str, summary=None) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
-@pytest.mark.slow  # reads the three smoke experiments (tests/conftest.py: about three minutes to make)
+@pytest.mark.slow  # reads the three smoke experiments (tests/conftest.py: three smoke runs to make)
 def test_the_smoke_experiments_verdicts_go_to_the_job_summary(smoke_experiments, tmp_path):
     root, env = smoke_experiments.root, smoke_experiments.env
     summary = tmp_path / "step_summary.md"
