@@ -1,6 +1,7 @@
 """How benchmarks time their work so that their ratios hold on a shared machine: arms of one
 process in its CPU seconds, interleaved, the median of the per-pair ratios; a ratio across thread
-or process counts only in wall time, and only on a quiet machine (docs/benchmarks.md, "Figures
+or process counts only in wall time, and only on a quiet machine (two threads doing the same work
+in half the wall time spend the same CPU seconds, plus their waiting; docs/benchmarks.md, "Figures
 that hold on a busy machine")."""
 
 from __future__ import annotations

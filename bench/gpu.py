@@ -96,8 +96,19 @@ WHY_PROFILE = (
 )
 WHY_GRAPH = f"{NEEDS_CUDA}: a CUDA graph captures GPU kernels"
 GPU_FIGURES = ("kernels_per_step", "kernel_us_mean", "gpu_busy", "cuda_syncs_per_step")
-FIGURES = ("step_ms", "step_ms_mean", "flow_steps_per_batch", "ms_per_flow_step", "host_syncs_per_step", "ops_per_step")
-FIGURES += (*GPU_FIGURES, "gflop_per_step", "achieved_gflops", "matmul_peak_gflops", "fraction_of_matmul_peak")
+FIGURES = (
+    "step_ms",
+    "step_ms_mean",
+    "flow_steps_per_batch",
+    "ms_per_flow_step",
+    "host_syncs_per_step",
+    "ops_per_step",
+    *GPU_FIGURES,
+    "gflop_per_step",
+    "achieved_gflops",
+    "matmul_peak_gflops",
+    "fraction_of_matmul_peak",
+)
 
 
 say = functools.partial(results.say, "gpu")
@@ -256,8 +267,14 @@ def flow_steps_per_batch(rows: list[dict]) -> float:
 
 
 def overrides_for(preset: str, precision: str, device: torch.device, variant: dict) -> list[str]:
-    out = [f"preset={preset}", f"train.device={device.type}", "train.checkpoint_every=0", "train.epochs=1"]
-    return out + [f"train.precision={precision}", *(f"train.{k}={v}" for k, v in variant.items() if v is not None)]
+    out = [
+        f"preset={preset}",
+        f"train.device={device.type}",
+        "train.checkpoint_every=0",
+        "train.epochs=1",
+        f"train.precision={precision}",
+    ]
+    return out + [f"train.{k}={v}" for k, v in variant.items() if v is not None]
 
 
 def run_case(preset: str, precision: str, device: torch.device, variant: dict, *, warmup: int, steps: int) -> dict:

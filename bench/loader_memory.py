@@ -126,7 +126,8 @@ def loader_memory(big_rows: int, small_rows: int, scratch: Path, prefetch) -> di
     out: dict = {}
     try:
         for label, rows in (("small", small_rows), ("big", big_rows)):
-            t0, shards = time.perf_counter(), work / f"shards-{rows}"
+            shards = work / f"shards-{rows}"
+            t0 = time.perf_counter()
             manifest = write_synthetic(shards, rows, work)
             write_s = time.perf_counter() - t0
             args = ["-m", "bench.data", "--loader-child", str(shards), "--prefetch", str(prefetch)]

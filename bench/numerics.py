@@ -230,8 +230,16 @@ def worker_steps(steps: int) -> dict:
 def make_shards(where: Path) -> str:
     out = where / "smoke"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    args = [sys.executable, "-m", "stages.embed", "preset=smoke", f"embed.out_dir={out}", "embed.cache_dir="]
-    args += ["run.allow_external_paths=true", "run.tracking=disabled"]
+    args = [
+        sys.executable,
+        "-m",
+        "stages.embed",
+        "preset=smoke",
+        f"embed.out_dir={out}",
+        "embed.cache_dir=",
+        "run.allow_external_paths=true",
+        "run.tracking=disabled",
+    ]
     proc = subprocess.run(args, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode:
         raise RuntimeError(f"embed stage failed:\n{proc.stderr[-3000:]}")

@@ -49,8 +49,15 @@ def worker(out: str, preset: str, steps: int, threads: int, device: str) -> None
     """One rank (under torchrun): `steps` optimizer steps of `preset` on synthetic data; rank 0
     writes the arm's figures to `out`."""
     place = distributed.from_env()
-    overrides = [f"preset={preset}", f"train.device={device}", "train.checkpoint_every=0", "train.epochs=1"]
-    cfg = load_config([*overrides, f"train.threads={threads}", "train.log_every=5"])
+    overrides = [
+        f"preset={preset}",
+        f"train.device={device}",
+        "train.checkpoint_every=0",
+        "train.epochs=1",
+        f"train.threads={threads}",
+        "train.log_every=5",
+    ]
+    cfg = load_config(overrides)
     x, y = synthetic(steps * cfg.train.batch_size * cfg.train.grad_accum * place.world_size)
     with distributed.process_group(torch.device(device)) as place:
         result = train_model(cfg, x, y, progress=False, place=place)
@@ -71,9 +78,24 @@ def run_arm(nproc: int, preset: str, steps: int, threads: int, device: str) -> d
     torchrun = Path(sys.executable).parent / "torchrun"
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         out = Path(tmp) / "arm.json"
-        cmd = [str(torchrun), "--standalone", "--nproc_per_node", str(nproc), "-m", "bench.scaling"]
-        cmd += ["--worker", str(out), "--preset", preset, "--steps", str(steps), "--threads", str(threads)]
-        cmd += ["--device", device]
+        cmd = [
+            str(torchrun),
+            "--standalone",
+            "--nproc_per_node",
+            str(nproc),
+            "-m",
+            "bench.scaling",
+            "--worker",
+            str(out),
+            "--preset",
+            preset,
+            "--steps",
+            str(steps),
+            "--threads",
+            str(threads),
+            "--device",
+            device,
+        ]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
         env.pop("OMP_NUM_THREADS", None)  # torchrun would pin it to 1; train.threads decides here
         t0 = time.perf_counter()

@@ -3,19 +3,29 @@
 tests/smoke_reference.json holds what `dvc exp run -S preset=smoke` on the shipped data gives:
 the training loss at every logged step, the evaluate stage's point metrics, and each shard file's
 sha256 (with, for the vector files, two sums that survive a last-bit change). The default suite
-runs that experiment once anyway (tests/conftest.py, `smoke_experiments`) and compares it here.
+runs that experiment once anyway (tests/conftest.py, `smoke_workspace`) and compares it here.
 
-The tolerances come from `./dev reference` runs (AMD EPYC, torch 2.13.0; docs/evaluation.md gives
-the figures): two threads, the native setting, ATen's scalar kernels and MKL's own path moved the
-loss and metrics in their last digits only and the vector files' sums by < 1e-6 relative (noise
-that must pass); AdamW's eps 1e-8 -> 1e-7 moved the loss by 1.7e-5 relative at the 4th logged step,
-up to 2.2e-3 later, and val group top-5 by -0.016 (a change that must fail). So the loss and the
-vector files' sums must agree to 1e-5 relative, the metrics to 1e-4 (any flipped retrieval fails),
-and text files (Parquet) bit for bit. A vector file whose sha256 differs but whose sums agree
-passes, with a note.
+Tolerances, from `./dev reference` runs of the smoke experiment under each setting below (AMD EPYC,
+torch 2.13.0); re-run it the same way to check them on another machine:
+- Noise that must pass. Against the portable setting on one thread, two threads
+  (OMP_NUM_THREADS=2, train.threads=2), the native setting, ATen's scalar kernels
+  (ATEN_CPU_CAPABILITY=default) and MKL's own path (MKL_CBWR=AUTO) moved the logged loss and the
+  eval metrics only in their last digits (the metrics' rounding), and changed the bits of some of
+  the vector files (their sums move by < 1e-6 relative when the values move by their last bits:
+  tests/test_smoke_reference.py).
+- A change that must fail. AdamW's eps 1e-8 -> 1e-7 (`eps=1e-7` passed to the AdamW built in
+  pipeline/train/optimizer.py), a real numerics change of the kind a refactor makes by accident, moved
+  the loss by 1.7e-5 relative at the 4th logged step and by up to 2.2e-3 later, and val group
+  top-5 by -0.016 (one item).
+So the loss and the vector files' sums must agree to 1e-5 relative (well above the noise), the metrics to
+1e-4 (a fraction of one test item: any flipped retrieval fails), and text files (Parquet) bit for
+bit. A vector file whose sha256 differs but whose sums agree passes, with a note.
 
-`./dev reference --refresh` writes it (and the run's item table, reference/smoke_items.parquet, that
-`./dev verdict` compares a smoke run with) after a change whose effect on the numbers is intended.
+Refresh it on purpose, after a change whose effect on the numbers is intended:
+    ./dev reference --refresh      (runs the smoke experiment in a copy of the project, ~1 min)
+It also writes the run's item table to reference/smoke_items.parquet, what CI's smoke verdict
+compares a smoke run with item by item (`./dev verdict`, pipeline/stats/reference_verdict.py).
+`./dev reference` alone runs it and prints the comparison.
 """
 
 from __future__ import annotations

@@ -141,9 +141,21 @@ def mlflow_server_command(backend_store_uri: str, artifacts_dir: Path, port: int
         raise RuntimeError(
             f"no mlflow executable next to this Python ({mlflow_exe}); run with the project's venv (.venv/bin/python)"
         )
-    command = [str(mlflow_exe), "server", "--backend-store-uri", backend_store_uri, "--serve-artifacts"]
-    command += ["--artifacts-destination", str(artifacts_dir), "--host", "127.0.0.1", "--port", str(port)]
-    return command + ["--workers", str(workers)]
+    return [
+        str(mlflow_exe),
+        "server",
+        "--backend-store-uri",
+        backend_store_uri,
+        "--serve-artifacts",
+        "--artifacts-destination",
+        str(artifacts_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+    ]
 
 
 def mlflow_server_env() -> dict[str, str]:
