@@ -77,8 +77,12 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
                 teacher.max_seq_length,
                 teacher.max_seq_length,
             )
-        tags = {"stage": "embed", "dataset.sha256": source_sha[:16], **tracking.overrides_tag(cfg)}
-        tags.update(device_tags(teacher.device))
+        tags = {
+            "stage": "embed",
+            "dataset.sha256": source_sha[:16],
+            **tracking.overrides_tag(cfg),
+            **device_tags(teacher.device),
+        }
         experiment = tracking.embed_experiment(cfg.run.experiment)  # not among the model runs (store.py)
         tracked = tracking.mlflow_run(tracking.run_name(cfg), cfg.run.preset, experiment, tags=tags, stage="embed")
     with tracked as run:

@@ -82,7 +82,14 @@ def run(cfg) -> dict:
     # fails half-way leaves the previous one whole.
     with outputs("report", [*REPORT_FILES, EVIDENCE_JSON, STABILITY_JSON, REPORTS_DIR / "plots"]) as tx:
         result = build_report(
-            cfg, run_id, inputs.steps, inputs.events, inputs.train_metrics, inputs.eval_metrics, inputs.unmeasured, tx
+            cfg,
+            run_id,
+            inputs.steps,
+            inputs.events,
+            inputs.train_metrics,
+            inputs.eval_metrics,
+            unmeasured=inputs.unmeasured,
+            tx=tx,
         )
         with tracking.adding_to_run(run_id, "report"):
             log_report(result, tx)

@@ -58,7 +58,12 @@ class Dist:
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In place across ranks (sum, max or min); a no-op for one process. Returns the tensor."""
         if self.enabled:
-            torch.distributed.all_reduce(tensor, op=getattr(torch.distributed.ReduceOp, op.upper()))
+            ops = {
+                "sum": torch.distributed.ReduceOp.SUM,
+                "max": torch.distributed.ReduceOp.MAX,
+                "min": torch.distributed.ReduceOp.MIN,
+            }
+            torch.distributed.all_reduce(tensor, op=ops[op])
         return tensor
 
     def broadcast_text(self, text: str = "") -> str:

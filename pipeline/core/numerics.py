@@ -1,12 +1,30 @@
-"""Portable CPU numerics: the same bits on an Intel and an AMD x86 machine (docs/evaluation.md says
-which library picks its code by the CPU, and what each setting below pins).
+"""Portable CPU numerics: the same bits on an Intel and an AMD x86 machine.
 
-`pin()` sets defaults in the environment before torch is imported (PORTABLE: MKL's COMPATIBLE
-branch, ATen and oneDNN at AVX2, OpenBLAS at Haswell, one intra-op thread, since MKL's COMPATIBLE
-branch has no thread-count-independent mode); a value the user set is never overridden, and
-`ENERGY_FLOW_NUMERICS=native` turns it all off (reproducible on this machine only). A stage
-process calls `pin()` first thing (stages/startup.py); its children inherit the environment.
-bench/numerics.py measures what each setting changes and costs.
+A CPU run's floating-point results depend on the machine through four libraries, each of which
+picks its code by the CPU it finds:
+- MKL (matrix products, and ATen's exp / tanh / erf / sqrt, which go through MKL's vector math):
+  its fast kernels by vendor and ISA; it takes its AVX-512 paths on Intel CPUs only. Its sqrt
+  differs by vendor on every branch, so the code that needs one takes exact_math.exact_sqrt.
+- ATen's own vectorised kernels (softmax, reductions, Sleef transcendentals): by
+  torch.backends.cpu.get_cpu_capability(), AVX2 or AVX-512 widths.
+- oneDNN (fp16/bf16 on CPU): by ISA.
+- numpy's OpenBLAS (evaluate's ridge baseline): a kernel per CPU family.
+And on the number of threads, which splits the sums of a product or a reduction.
+
+`pin()` makes every one of them take one path on any x86-64 CPU with AVX2 (Intel Haswell and
+later, AMD Zen and later), by setting defaults in the environment before torch is imported:
+MKL_CBWR=COMPATIBLE (MKL's conditional-numerical-reproducibility branch meant for "Intel and
+compatible" processors; its AVX2/AVX512 branches fall back to AUTO on a non-Intel CPU),
+MKL_DYNAMIC=FALSE, ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, OPENBLAS_CORETYPE=Haswell;
+and `threads()` gives the fixed intra-op thread count that a stage uses when none is configured
+(MKL's COMPATIBLE branch has no thread-count-independent "strict" mode). bench/numerics.py
+measures what each of these changes and what the setting costs.
+
+A value the user set is never overridden. `ENERGY_FLOW_NUMERICS=native` turns it all off (each
+library picks its fastest path for this CPU, and threads are the machine's cores): faster,
+reproducible on this machine only. A stage process calls `pin()` (stages/startup.py) before it imports
+torch, so every stage, DVC's and torchrun's processes included, gets it (the environment is
+inherited by child processes too).
 """
 
 from __future__ import annotations
@@ -28,7 +46,7 @@ PORTABLE = {
     "OPENBLAS_CORETYPE": "Haswell",
     "OMP_NUM_THREADS": "1",
 }
-PORTABLE_THREADS = 1  # a fixed count: see the module doc
+PORTABLE_THREADS = 1  # a fixed count: see the module doc (MKL's COMPATIBLE branch has no strict mode)
 
 
 def mode(environ: MutableMapping[str, str] | None = None) -> str:

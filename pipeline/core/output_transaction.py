@@ -7,8 +7,12 @@
     # here every output is the new one; had anything raised, every one would be the previous one
 
 Each destination's parent directory gets a hidden staging directory (same file system, so every
-move is a rename; docs/bad-inputs.md), made when the transaction opens: an output directory that
-cannot be written to fails then, before any work.
+move is a rename), `.<stage>-outputs.<pid>.<random>.staging`, made when the transaction opens: an
+output directory that cannot be written to fails then, before any work. The writers write into
+it; `commit` checks that every staged output is there and fits its place (a file never replaces a
+directory), then swaps them in one by one, keeping each previous version aside (a hard link for a
+file, so the destination is never missing; a rename for a directory). If a swap fails, the ones
+already made are undone in reverse and the previous outputs are as they were.
 
 A process killed mid-commit leaves its staging directory with a journal (JOURNAL: "committing",
 then "committed") and the previous versions in it. The next transaction of the same stage in the

@@ -113,8 +113,11 @@ def cgroup_dirs(
 def _read_int(path: Path) -> Optional[int]:
     try:
         text = path.read_text().strip()
+    except OSError:
+        return None
+    try:
         return None if text in ("", "max") else int(text.split()[0])
-    except (OSError, ValueError):
+    except ValueError:
         return None
 
 

@@ -419,5 +419,14 @@ def open_split(shard_dir: str | os.PathLike, split: str, verify: bool = True, ne
             parts.append(part)
             first_row += s["rows"]
         arrays[kind] = ShardedArray(parts, dim, dtype, names=[s[kind] for s in shards])
-    columns = (texts[c] for c in (*TEXT_COLUMNS, GROUP_COLUMN))  # ids, input_texts, target_texts, groups
-    return SplitShard(split, *columns, arrays["inputs"], arrays["targets"], dim, count)
+    return SplitShard(
+        split=split,
+        ids=texts["id"],
+        input_texts=texts["input_text"],
+        target_texts=texts["target_text"],
+        groups=texts[GROUP_COLUMN],
+        inputs=arrays["inputs"],
+        targets=arrays["targets"],
+        dim=dim,
+        count=count,
+    )

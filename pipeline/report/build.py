@@ -1,5 +1,8 @@
-"""Build the stability report from a run's telemetry, and log it to the run's MLflow run (the
-report stage's work, after evaluate or, for a run that diverged, started by the train stage)."""
+"""Build the stability report from a run's telemetry, and log it to the run's MLflow run.
+
+Used by the report stage (after evaluate) and by the train stage when training diverges: a run
+that blew up is the one that most needs a diagnosis, and it never reaches the report stage.
+"""
 
 from __future__ import annotations
 

@@ -23,7 +23,11 @@ UNITS: tuple[tuple[str, str, float], ...] = (
     ("fail_factor", "x", 1.0),
     ("scale", "(loss scale)", 1.0),
     ("flow_steps", "flow-steps per batch (live flows summed over steps)", 1.0),
-    *((k, "flow steps per batch", 1.0) for k in ("median_steps", "min_steps", "max_steps", "step_cap", "steps_used")),
+    ("median_steps", "flow steps per batch", 1.0),
+    ("min_steps", "flow steps per batch", 1.0),
+    ("max_steps", "flow steps per batch", 1.0),
+    ("step_cap", "flow steps per batch", 1.0),
+    ("steps_used", "flow steps per batch", 1.0),
     ("_norm", "(L2 norm)", 1.0),
     ("_rise", "%", 100.0),  # loss_regression: the smoothed loss above its running best, a fraction
     ("regressions", "regression(s)", 1.0),

@@ -3,7 +3,8 @@ chosen from the preset's committed seed-variance reference (reference/seed_varia
 and its test set by one rule (docs/decisions.md, "Per-preset defaults"): a margin is the largest of
 the generic one, one test item's worth (rates) and SEED_SD_MULTIPLE run SDs; the decided metric is
 the first of PREFERRED not within FLOOR_ITEMS test items of 0 or 1. A preset with no reference
-gets group top-1 and the generic margins; a margin given below the floors is said to be (below_floor).
+gets group top-1 and the generic margins; a margin given below the floors is kept, and said to be
+below them (below_floor).
 """
 
 from __future__ import annotations

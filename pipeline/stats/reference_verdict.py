@@ -3,8 +3,11 @@ rule `./dev compare` uses (decision.compare_arms, with the seed luck of
 reference/seed_variance/smoke.json), as a table per metric for a CI log and a GitHub Actions job
 summary, and a pass or a fail: a gating metric (GATES) whose outcome is "worse" fails it.
 
-Why cosine and mse gate and the retrieval rates do not, and why the reference's seed spread is
-passed for the run whatever its arm: docs/ci.md ("Which metrics gate, and why").
+Why cosine and mse gate and the retrieval rates do not: docs/ci.md ("Which metrics gate, and
+why"). The reference's seed spread is passed for the run whatever its arm: the question is whether
+the run could be a run of the reference's arm (the project as committed), and a check that
+borrowed the spread only for the reference's own arm would never see a config regression (docs/ci.md,
+"What it catches, and what it does not").
 """
 
 from __future__ import annotations

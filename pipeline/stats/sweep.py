@@ -161,7 +161,7 @@ def group_arms(runs: list[SweepRun]) -> list[Arm]:
 def rank(
     found: Found, metric: str = DEFAULT_METRIC, *, resamples: int, seed: int, margins: dict[str, float] | None = None
 ) -> dict:
-    """The ranking as one JSON-able dict (the arms best first; see the module doc)."""
+    """The ranking as one JSON-able dict, the arms best first (docs/experiments.md, "Ranking")."""
     if metric not in METRICS:
         raise CompareError(f"--metric {metric!r}: expected one of {', '.join(METRICS)}")
     warnings_ = list(found.warnings)

@@ -134,7 +134,7 @@ class StepEvents(TrainPart):
         return {k: getattr(self, k) for k in COUNTERS}
 
     def load_state_dict(self, counters: dict) -> None:
-        """The counts (overruns_total 0 in a checkpoint from before it was counted); the events
-        themselves are the result's, restored with it."""
-        for k in COUNTERS:
-            setattr(self, k, counters.get(k, 0) if k == "overruns_total" else counters[k])
+        """The counts; the events themselves are the result's, restored with it."""
+        self.consecutive_skips, self.skipped_total = counters["consecutive_skips"], counters["skipped_total"]
+        self.spikes_total = counters["spikes_total"]
+        self.overruns_total = counters.get("overruns_total", 0)  # 0 in a checkpoint from before it was counted

@@ -120,6 +120,7 @@ class StepHealth:
 
     @classmethod
     def from_config(cls, model: nn.Module, t, device: torch.device, agree=None) -> "StepHealth":
+        """From train.* (`t`)."""
         keys = ("grad_clip", "grad_warning", "grad_critical", "spike_window", "spike_k", "skip_spikes")
         return cls(model, **{k: t[k] for k in keys}, device=device, agree=agree)
 

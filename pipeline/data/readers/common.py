@@ -4,7 +4,6 @@ format reader returns and the hints its messages end with."""
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -122,14 +121,21 @@ def read_text(path: Path, fmt: str, limits: InputLimits = NO_LIMITS) -> str:
 # plus a function that labels a row index for messages (JSONL adds the line number).
 
 
-@dataclass
 class Table:
-    columns: dict[str, list[Any]]
-    n_rows: int
-    label: Callable[[int], str] = lambda i: f"row {i + 1}"
-    type_note: dict[str, str] = field(default_factory=dict)
-    # Why a row's field is empty, when the format can say more (a CSV row with too few fields).
-    empty_note: Callable[[int, str], str] = lambda i, name: ""
+    def __init__(
+        self,
+        columns: dict[str, list[Any]],
+        n_rows: int,
+        label: Callable[[int], str] | None = None,
+        type_note: dict[str, str] | None = None,
+        empty_note: Callable[[int, str], str] | None = None,
+    ):
+        self.columns = columns
+        self.n_rows = n_rows
+        self.label = label or (lambda i: f"row {i + 1}")
+        self.type_note = type_note or {}
+        # Why a row's field is empty, when the format can say more (a CSV row with too few fields).
+        self.empty_note = empty_note or (lambda i, field: "")
 
 
 def role(field: str, roles: dict[str, str]) -> str:

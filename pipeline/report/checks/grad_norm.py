@@ -86,8 +86,11 @@ def check_grad_norm(df: pd.DataFrame, p: Mapping) -> CheckResult:
         if ok.any():  # clipping scales to max_norm, so clipped < pre-clip norm means it acted
             evidence["clip_fraction"] = float((clipped[ok] < norms[ok] * (1 - 1e-6)).mean())
     evidence["frac_critical_of_finite"] = critical
-    status = (
-        "fail" if critical > p["grad_max_critical_fraction"] else "warn" if frac["warning"] > WARN_FRACTION else "pass"
-    )
+    if critical > p["grad_max_critical_fraction"]:
+        status = "fail"
+    elif frac["warning"] > WARN_FRACTION:
+        status = "warn"
+    else:
+        status = "pass"
     summary = say.summary(frac, critical, n_steps, evidence["median_norm"], evidence["max_norm"], p)
     return CheckResult(status, summary, evidence, say.FIX)

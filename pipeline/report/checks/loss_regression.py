@@ -172,10 +172,20 @@ def check_loss_regression(df: pd.DataFrame, p: Mapping) -> CheckResult:
     unrecovered = [r for r in regressions if not r["recovered"]]
     worst = max(regressions, key=lambda r: r["peak_rise"])
     movers = regression_movers(df, worst, p, (window - 1) // 2)
-    evidence["unrecovered_regressions"] = len(unrecovered)
-    evidence.update({k: worst[k] for k in ("start_step", "peak_step", "peak_loss", "best_loss")})
-    evidence["peak_ratio"] = worst["peak_loss"] / worst["best_loss"]
-    evidence.update({k: worst[k] for k in ("peak_rise", "rise_loss", "duration", "recovered")})
+    evidence.update(
+        {
+            "unrecovered_regressions": len(unrecovered),
+            "start_step": worst["start_step"],
+            "peak_step": worst["peak_step"],
+            "peak_loss": worst["peak_loss"],
+            "best_loss": worst["best_loss"],
+            "peak_ratio": worst["peak_loss"] / worst["best_loss"],
+            "peak_rise": worst["peak_rise"],
+            "rise_loss": worst["rise_loss"],
+            "duration": worst["duration"],
+            "recovered": worst["recovered"],
+        }
+    )
     if worst["recovered"]:
         evidence["recovery_step"] = worst["recovery_step"]
     if movers:

@@ -59,6 +59,11 @@ def check_scaler(df: pd.DataFrame, events: Sequence[Mapping] | None, p: Mapping)
         evidence["first_backoff_step"] = backoff_steps[0]
         evidence["backoff_steps"] = common.steps_text(backoff_steps)
     collapsed = scale[i_min] < p["scaler_min_scale"]
-    status = "fail" if collapsed or fraction > p["scaler_max_backoff_fraction"] else "warn" if backoff_steps else "pass"
+    if collapsed or fraction > p["scaler_max_backoff_fraction"]:
+        status = "fail"
+    elif backoff_steps:
+        status = "warn"
+    else:
+        status = "pass"
     summary = say.summary(evidence, collapsed, p)
     return CheckResult(status, summary, evidence, say.fix(collapsed))
