@@ -1,5 +1,6 @@
-"""evaluate: the trained model and three baselines (identity; ridge fitted on train; nearest, the
-answer of the nearest training question) scored on the same val and test items: cosine, MSE,
+"""evaluate: the trained model and four baselines (identity; ridge fitted on train; nearest, the
+answer of the nearest training question; mlp, the baseline stage's MLP of the model's size, its
+replicates' mean) scored on the same val and test items: cosine, MSE,
 exact-text and group retrieval (top-1, top-5, MRR) over a bank of every distinct target text of the
 dataset; on test each with a paired bootstrap 95 % CI, and the model's paired difference from each
 baseline (CI and p-value).
@@ -30,6 +31,8 @@ import pandas as pd
 
 from pipeline.answer.bank import build_bank
 from pipeline.answer.prediction import predict
+from pipeline.baselines.files import MLP_FILE, load_mlps
+from pipeline.baselines.mlp import predict as mlp_predict
 from pipeline.core import resources
 from pipeline.core.arm import arm_of, data_digest
 from pipeline.core.atomic import atomic_path, write_json
@@ -42,6 +45,7 @@ from pipeline.evaluate.retrieval import BASELINES, evaluate_split, predictions, 
 from pipeline.model.model_file import check_input_dim, load_model
 from pipeline.serve.log import log_answer_model, logged_model_record, model_name
 from pipeline.stats.bootstrap import resample_bytes, verdict
+from pipeline.stats.defaults import preset_defaults
 from pipeline.stats.item_tables import TableMeta, write_items
 from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS
 from pipeline.stats.seed_variance import find_reference
@@ -79,6 +83,8 @@ def _run(cfg, tx) -> dict:
         s: open_split(shard_dir, s, need_rows=why)
         for s, why in (("train", "to fit the ridge baseline on"), ("val", "to evaluate on"), ("test", "to evaluate on"))
     }
+    mlps = load_mlps(repo_path(MLP_FILE))
+    check_mlp_data(mlps, manifest, shard_dir)
     bank = build_bank([shards[s] for s in ("train", "val", "test")])
     w = ridge_fit(shards["train"].inputs, shards["train"].targets, cfg.evaluate.ridge_alpha)
     ev = cfg.evaluate
@@ -90,6 +96,8 @@ def _run(cfg, tx) -> dict:
         "eval/bank_size": bank.size,
         "eval/bootstrap_resamples": ev.bootstrap_resamples,
         "eval/test/seed_reference_seeds": len(reference.seeds) if reference else 0,
+        # What "equivalent" means in the learning check: the preset's margins (pipeline/stats/defaults.py).
+        **{f"eval/test/margin/{m}": v for m, v in preset_defaults(str(cfg.run.preset)).margins.items()},
     }
     for split in SPLITS:
         # The batch size the model trained with: max_active_flows caps flows per *batch*, so a
@@ -104,6 +112,7 @@ def _run(cfg, tx) -> dict:
             ev.bootstrap_seed,
             with_ci=split == "test",
             seed_luck=reference.metrics if reference and split == "test" else None,
+            replicates={"mlp": [(r.seed, mlp_predict(r.module, shards[split].inputs)) for r in mlps.replicates]},
         )
         metrics.update(flat)
         if split == "test":
@@ -120,7 +129,7 @@ def _run(cfg, tx) -> dict:
         )
     write_json(tx.path(EVAL_JSON), metrics)
     with atomic_path(tx.path(ITEMS_PARQUET)) as tmp:
-        write_items(test_items, tmp, table_meta(cfg, payload, manifest))
+        write_items(test_items, tmp, table_meta(cfg, payload, manifest, mlps))
     with atomic_path(tx.path(SAMPLES_CSV)) as tmp:
         pd.DataFrame(
             sample_table(test_items, bank, ev.samples),
@@ -145,6 +154,7 @@ def _run(cfg, tx) -> dict:
             bank_tag = {"eval.bank_sha256": logged.metadata["bank_sha256"]} if logged else {}
             tracking.set_tags({"eval.ci_covers": covered, **bank_tag})
             tracking.log_metrics(metrics, model_id=getattr(logged, "model_id", None), dataset=dataset)
+            log_mlp(mlps, int(table_meta(cfg, payload, manifest).seed))
             update_note()
             for path in (EVAL_JSON, ITEMS_PARQUET, SAMPLES_CSV):
                 tracking.log_artifact_file(tx.path(path), "evaluate")
@@ -195,12 +205,47 @@ def covers(reference, preset: str) -> str:
     )
 
 
-def table_meta(cfg, payload: dict, manifest: dict) -> TableMeta:
+def table_meta(cfg, payload: dict, manifest: dict, mlps=None) -> TableMeta:
     """What the item table came from. The seed is the one the model file records (the model's
-    own), the arm and preset the config's: under DVC both are the params.yaml that trained it."""
+    own), the arm and preset the config's: under DVC both are the params.yaml that trained it;
+    `mlps`, the MLP baseline's replicates in it (their arm and seeds)."""
     arm = arm_of(cfg, manifest)
     seed = (payload.get("extra") or {}).get("seed", cfg.run.seed)
-    return TableMeta(str(cfg.run.preset), arm.digest, arm.name, int(seed), data_digest(manifest))
+    data = data_digest(manifest)
+    trained = {}
+    if mlps is not None:
+        trained["mlp"] = {"arm": mlps.digest(), "name": mlps.describe(), "seeds": mlps.seeds}
+    return TableMeta(str(cfg.run.preset), arm.digest, arm.name, int(seed), data, trained)
+
+
+def check_mlp_data(mlps, manifest: dict, shard_dir) -> None:
+    """Before any scoring: the MLP baseline was trained on these very shards."""
+    if mlps.data != data_digest(manifest):
+        from pipeline.core.errors import PipelineError
+
+        raise PipelineError(
+            f"{MLP_FILE} was trained on other shards (data digest {mlps.data}) than those in {shard_dir} "
+            f"({data_digest(manifest)}): train it on these (dvc repro baseline; by hand: python -m stages.baseline "
+            "embed.out_dir=...)"
+        )
+
+
+def log_mlp(mlps, model_seed: int) -> None:
+    """The MLP baseline on the model's run: its size (tags baseline.mlp.*) and the training curves
+    of its replicate with the model's seed (the first one if none has it), per epoch."""
+    s = mlps.shape
+    tracking.log_metrics(
+        {
+            "baseline/mlp/params": s.params,
+            "baseline/mlp/model_params": mlps.model_params,
+            "baseline/mlp/hidden": s.hidden,
+            "baseline/mlp/skip": int(s.skip),
+            "baseline/mlp/seeds": len(mlps.replicates),
+        }
+    )
+    rep = next((r for r in mlps.replicates if r.seed == model_seed), mlps.replicates[0])
+    for row in rep.history:
+        tracking.log_metrics({f"baseline/mlp/{k}": v for k, v in row.items() if k != "epoch"}, step=int(row["epoch"]))
 
 
 def summary_lines(estimates: dict, bank_size: int, items: int, covered: str = "test items") -> list[str]:

@@ -3,6 +3,7 @@ intervals that cover the luck of the test items and of the training seeds.
 
     ./dev compare A B [--margin METRIC=VALUE ...] [--show N] [--json]
     ./dev compare A --baseline ridge      # A's model(s) against a baseline scored beside them
+    ./dev compare A --baseline mlp        # ... against the MLP of the model's size (its replicates' seeds)
     ./dev compare --sweep NAME [--metric group_top1] [--json]   # rank a sweep's arms (pipeline/stats/sweep.py)
     python -m tools.compare A B           # the same, with the environment already active
 
@@ -53,7 +54,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.stats import sweep
 from pipeline.stats.compare import DEFAULT_SHOW, compare
 from pipeline.stats.decision import MARGINS
-from pipeline.stats.item_sources import Side, load_side
+from pipeline.stats.item_sources import TRAINED_BASELINES, Side, baseline_replicates, load_side
 from pipeline.stats.metrics import METRICS, format_interval, format_metric
 from tools.options import add_bootstrap_options, fill_bootstrap_defaults
 
@@ -220,8 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--baseline",
         metavar="NAME",
-        help="with A alone: a baseline scored beside A's model(s) by the evaluate stage (identity, ridge, nearest) "
-        "as A, A's model(s) as B",
+        help="with A alone: a baseline scored beside A's model(s) by the evaluate stage (identity, ridge, nearest, "
+        "or mlp: the MLP of the model's size, its replicates with their seed luck) as A, A's model(s) as B",
     )
     ap.add_argument(
         "--margin",
@@ -293,7 +294,12 @@ def _sides(args) -> tuple[Side, Side]:
     a = load_side(args.a)
     if args.baseline:
         b = a
-        a = Side(a.spec, a.sources, args.baseline)
+        if args.baseline in TRAINED_BASELINES:  # its replicates, a source each
+            a = Side(
+                a.spec, baseline_replicates(a.sources, args.baseline), args.baseline, name=f"{a.label}:{args.baseline}"
+            )
+        else:
+            a = Side(a.spec, a.sources, args.baseline)
     else:
         b = load_side(args.b)
     if a.label == b.label:

@@ -7,7 +7,8 @@ is what a researcher means by "did my change help"; comparing two runs of one ar
 What is left out of the arm, so that it names the same arm wherever and however the run was made:
 the seed itself, and each key the schema declares a LABEL (`preset=default` and the same values
 reached by overrides are one arm) or OPERATIONAL (the flow loop's form and CUDA graphs change the
-last bits of the numerics, not what is learned; the report judges a run); docs/architecture.md,
+last bits of the numerics, not what is learned; the report judges a run) or RIVAL (the learned
+baseline's settings: they make the rival, not the model); docs/architecture.md,
 "Roles". A key declared with no role is part of the arm.
 
 The data is part of the arm by content, not by path: `data_digest` of the shards' manifest (each
@@ -26,7 +27,7 @@ from pipeline.core.config.param import Role, keys_with
 from pipeline.core.config.schema import Config
 
 SEED_KEY = "run.seed"
-_OUT = Role.LABEL | Role.OPERATIONAL
+_OUT = Role.LABEL | Role.OPERATIONAL | Role.RIVAL
 NOT_ARM_KEYS = keys_with(_OUT, Config) | {SEED_KEY}
 # A section declared out (report) leaves out a key of it the schema no longer declares (an older run's) too.
 NOT_ARM_SECTIONS = tuple(f"{f.name}." for f in dataclasses.fields(Config) if f.metadata["role"] & _OUT)

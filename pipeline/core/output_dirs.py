@@ -43,7 +43,7 @@ PROJECT_PARTS = (
     ".mlflow-pending",
 )
 # Where stages write fixed files (dvc.yaml): a configured output directory must not overlap them.
-FIXED_OUTPUT_DIRS = ("metrics", "telemetry", "reports")
+FIXED_OUTPUT_DIRS = ("metrics", "telemetry", "reports", "baselines")
 _SHOWN = 3  # files named in a message when a directory holds more
 
 

@@ -122,6 +122,7 @@ def _launcher_holds() -> bool:
 _STAGE_OUTPUTS = {
     "embed": ("embed.out_dir",),
     "train": ("train.out_dir", "train.checkpoint_dir", "metrics/train.json"),
+    "baseline": ("metrics/baseline.json",),
     "evaluate": ("metrics/eval.json",),
     "report": ("metrics/stability.json",),
 }

@@ -10,10 +10,13 @@ holds the rows whose targets are one answer in other words. Without a group fiel
 own group. Ranks count the bank texts scoring strictly higher (a tie counts for the prediction),
 for blocks of items with one matrix product each, never a per-item loop.
 
-Baselines, computed in the same stage so the comparison is like for like, none with any training
-luck: identity (the input embedding itself), ridge (a linear map fitted on train in closed form,
-W = (X'X + alpha I)^-1 X'Y, with a bias) and nearest (the target of the training row whose input
-is nearest by cosine: what memorising the training pairs alone achieves).
+Baselines, computed in the same stage so the comparison is like for like: identity (the input
+embedding itself), ridge (a linear map fitted on train in closed form, W = (X'X + alpha I)^-1 X'Y,
+with a bias) and nearest (the target of the training row whose input is nearest by cosine: what
+memorising the training pairs alone achieves), none with any training luck; and mlp, the learned
+baseline of the model's size (pipeline/baselines/), trained once per seed by the baseline stage:
+its per-item values are the means over its replicates, and its intervals cover its seeds' luck,
+measured from them.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import torch.nn.functional as F
 
 from pipeline.answer.bank import Bank
 from pipeline.stats.bootstrap import Estimate, intervals, p_value, resample_means
-from pipeline.stats.metrics import METRICS, item_metrics
-from pipeline.stats.seed_variance import with_seed_luck
+from pipeline.stats.metrics import METRICS, SCORE_COLUMNS, item_metrics
+from pipeline.stats.seed_variance import SeedVar, components, with_seed_luck
 
 PREDICTORS = ("model", "identity", "ridge", "nearest")
-BASELINES = PREDICTORS[1:]
+UNTRAINED = PREDICTORS[1:]  # the same for every seed
+TRAINED = ("mlp",)  # replicated: one per seed (the baseline stage)
+BASELINES = UNTRAINED + TRAINED
 TOP_K = 5  # bank ids kept per item in the item table
 _SCORE_CELLS = 8_000_000  # items x bank scores held at once: 32 MB of float32
 
@@ -80,6 +85,7 @@ def summarise(
     seed: int,
     with_ci: bool = True,
     seed_luck: dict | None = None,
+    replicated: dict[str, dict[str, np.ndarray]] | None = None,
 ) -> tuple[dict[str, float], dict[str, Estimate]]:
     """Means with 95 % CIs for every predictor and metric, and model - baseline paired differences
     with CI and p-value, all from one set of bootstrap resamples of the items (so all are paired).
@@ -88,8 +94,13 @@ def summarise(
 
     seed_luck (metric -> seed_variance.SeedVar, from the preset's committed reference): the
     model's intervals (its mean, and its differences from the baselines) then cover the training
-    seed's luck too, added to the item draws as pipeline/stats/decision.py does; the baselines have none. The
-    flat metrics say which: eval/<split>/ci_covers_seeds is 1 or 0."""
+    seed's luck too, added to the item draws as pipeline/stats/decision.py does. The flat metrics
+    say which: eval/<split>/ci_covers_seeds is 1 or 0.
+    replicated (a trained baseline -> metric -> its replicates x items values): its per_item
+    entry is their mean over replicates, and its intervals carry its seed spread measured from
+    them (weight 1 / replicates); its difference from the model carries both models' seed luck
+    when seed_luck is given (eval/<split>/model_vs_<name>/ci_covers_seeds 1), else its own only."""
+    replicated = replicated or {}
     if not with_ci:
         flat = {
             metric_key(split, who, m): round(float(np.mean(vals[m])), 6)
@@ -110,11 +121,11 @@ def summarise(
             names.append((f"model_vs_{b}", m))
     values = np.stack(columns, axis=1)
     means = resample_means(values, resamples, seed)
-    if seed_luck:
-        for j, (who, m) in enumerate(names):
-            if (who == "model" or who.startswith("model_vs_")) and m in seed_luck:
-                centre = float(values[:, j].mean())
-                means[:, j] = with_seed_luck(means[:, j], centre, len(values), seed_luck[m], 1.0, seed)
+    for j, (who, m) in enumerate(names):
+        luck = _luck(who, m, seed_luck or {}, replicated, len(values))
+        if luck is not None:
+            centre = float(values[:, j].mean())
+            means[:, j] = with_seed_luck(means[:, j], centre, len(values), luck[0], luck[1], seed)
     lows, highs = intervals(means)
     flat, estimates = {}, {}
     for j, (who, m) in enumerate(names):
@@ -125,12 +136,38 @@ def summarise(
             flat[metric_key(split, who, m, "" if part == "value" else part)] = round(v, 6)
     flat[f"eval/{split}/items"] = len(values)
     flat[f"eval/{split}/ci_covers_seeds"] = int(bool(seed_luck))
+    for name, vals in replicated.items():
+        flat[f"eval/{split}/{name}/replicates"] = len(next(iter(vals.values())))
+        flat[f"eval/{split}/model_vs_{name}/ci_covers_seeds"] = int(bool(seed_luck))
     return flat, estimates
 
 
-def item_table(shard, bank: Bank, scores: dict[str, dict[str, np.ndarray]]) -> pd.DataFrame:
+def _luck(who: str, metric: str, model: dict, replicated: dict, items: int) -> tuple[SeedVar, float] | None:
+    """(seed spread, weight) a column's draws carry, or None: the model's from its reference
+    (weight 1, one run), a trained baseline's from its replicates (1 / replicates), a difference
+    the sum of its sides' (pipeline/stats/decision.py: combine)."""
+    from pipeline.stats.decision import combine
+
+    def trained(name: str) -> tuple[SeedVar, float] | None:
+        x = replicated.get(name, {}).get(metric)
+        return (components(x), 1.0 / len(x)) if x is not None and len(x) >= 2 else None
+
+    if who == "model":
+        return (model[metric], 1.0) if metric in model else None
+    if not who.startswith("model_vs_"):
+        return trained(who)
+    parts = [p for p in (((model[metric], 1.0) if metric in model else None), trained(who[len("model_vs_") :])) if p]
+    if not parts:
+        return None
+    return combine(parts, items), sum(w for _, w in parts)
+
+
+def item_table(
+    shard, bank: Bank, scores: dict[str, dict[str, np.ndarray]], replicates: dict[str, list] | None = None
+) -> pd.DataFrame:
     """One row per item: its id, group and texts; the model's rank, group rank, cosine, mse and
-    top bank ids; each baseline's rank, group rank, cosine and mse (columns <baseline>_...)."""
+    top bank ids; each baseline's rank, group rank, cosine and mse (columns <baseline>_...), a
+    trained baseline's per replicate (<name>.<seed>_..., replicate_columns)."""
     model = scores["model"]
     bank_ids = np.asarray(bank.ids, dtype=object)
     table = {
@@ -146,9 +183,18 @@ def item_table(shard, bank: Bank, scores: dict[str, dict[str, np.ndarray]]) -> p
     }
     for b, sc in scores.items():
         if b != "model":
-            for c in ("rank", "group_rank", "cosine", "mse"):
+            for c in SCORE_COLUMNS:
                 table[f"{b}_{c}"] = sc[c]
+    for name, reps in (replicates or {}).items():
+        for seed, sc in reps:
+            for c in SCORE_COLUMNS:
+                table[f"{replicate_predictor(name, seed)}_{c}"] = sc[c]
     return pd.DataFrame(table)
+
+
+def replicate_predictor(name: str, seed: int) -> str:
+    """The item table's predictor name of a trained baseline's replicate: `mlp.3` for seed 3."""
+    return f"{name}.{int(seed)}"
 
 
 RIDGE_CHUNK = 65536  # rows per block of X'X: 65536 x 385 float64 = 190 MiB at most, whatever the split's size
@@ -217,12 +263,20 @@ def evaluate_split(
     seed: int,
     with_ci: bool = True,
     seed_luck: dict | None = None,
+    replicates: dict[str, list[tuple[int, np.ndarray]]] | None = None,
 ) -> tuple[dict[str, float], dict[str, Estimate], pd.DataFrame]:
-    """(flat metrics with CIs, estimates by who/metric, item table) for one split."""
+    """(flat metrics with CIs, estimates by who/metric, item table) for one split. `replicates`:
+    a trained baseline's outputs per seed, [(seed, outputs)], scored as one predictor (summarise)."""
     scores = {who: score_items(pred, shard, bank) for who, pred in preds.items()}
     per_item = {who: item_metrics(sc) for who, sc in scores.items()}
-    flat, estimates = summarise(name, per_item, resamples, seed, with_ci, seed_luck)
-    return flat, estimates, item_table(shard, bank, scores)
+    rep_scores = {b: [(s, score_items(p, shard, bank)) for s, p in reps] for b, reps in (replicates or {}).items()}
+    replicated = {}
+    for b, reps in rep_scores.items():
+        values = [item_metrics(sc) for _, sc in reps]
+        replicated[b] = {m: np.stack([v[m] for v in values]) for m in METRICS}
+        per_item[b] = {m: x.mean(axis=0) for m, x in replicated[b].items()}
+    flat, estimates = summarise(name, per_item, resamples, seed, with_ci, seed_luck, replicated)
+    return flat, estimates, item_table(shard, bank, scores, rep_scores)
 
 
 def sample_table(items: pd.DataFrame, bank: Bank, n: int) -> list[dict]:

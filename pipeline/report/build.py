@@ -90,6 +90,7 @@ def log_report(result: Mapping, tx: OutputTransaction | None = None) -> None:
             "stability.verdict": headline_verdict(result),
             "stability.failed": ",".join(result["failed"]) or "none",
             "stability.warned": ",".join(warned) or "none",
+            **strongest_tag(result),
         }
     )
     tracking.log_metrics(summary_metrics(result))
@@ -100,6 +101,22 @@ def log_report(result: Mapping, tx: OutputTransaction | None = None) -> None:
     tracking.log_artifact_file(now(STABILITY_JSON), "report")
     tracking.log_artifact_file(now(EVIDENCE_JSON), "report")
     update_note()
+
+
+def strongest_tag(result: Mapping) -> dict[str, str]:
+    """The learning check's word on the strongest baseline, as the tag learning.vs_strongest (the
+    run's description shows it): `equivalent to mlp on group_top1: +0.004 [-0.007, +0.014]`."""
+    e = (result["checks"].get("learning") or {}).get("evidence") or {}
+    if "vs_strongest_standing" not in e:
+        return {}
+    words = {"ahead": "ahead of", "behind": "BEHIND", "equivalent": "equivalent to", "undecided": "undecided against"}
+    seeds = "" if e.get("vs_strongest_covers_seeds") else ", training luck not covered on both sides"
+    return {
+        "learning.vs_strongest": (
+            f"{words[e['vs_strongest_standing']]} {e['strongest_baseline']} on {e['headline']}: "
+            f"{e['vs_strongest']:+.3f} [{e['vs_strongest_ci95_low']:+.3f}, {e['vs_strongest_ci95_high']:+.3f}]{seeds}"
+        )
+    }
 
 
 def verdict_line(result: Mapping) -> str:

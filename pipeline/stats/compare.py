@@ -8,7 +8,7 @@ import numpy as np
 
 from pipeline.stats.decision import CONFIDENCE, ArmRuns, compare_arms
 from pipeline.stats.defaults import preset_defaults
-from pipeline.stats.item_sources import CompareError, Side, predictor_table, shared_values
+from pipeline.stats.item_sources import TRAINED_BASELINES, CompareError, Side, predictor_table, shared_values
 from pipeline.stats.metrics import METRICS, format_interval, format_metric, round6
 from pipeline.stats.seed_variance import matching_references
 
@@ -34,8 +34,8 @@ def compare(
     """Everything `./dev compare` prints, as one JSON-able dict."""
     a.check("A")
     b.check("B")
-    tables_a = [predictor_table(s, a.predictor) for s in a.sources]
-    tables_b = [predictor_table(s, b.predictor) for s in b.sources]
+    tables_a = [predictor_table(s, _predictor(a, s)) for s in a.sources]
+    tables_b = [predictor_table(s, _predictor(b, s)) for s in b.sources]
     ids, (values_a, values_b) = shared_values([tables_a, tables_b])
     warnings_ = [*a.warnings, *b.warnings]
     if not ids:
@@ -62,7 +62,13 @@ def compare(
             ),
         }
     arm_a, arm_b = (
-        ArmRuns(x.label, [s.seed for s in x.sources], v, deterministic=x.predictor != "model", arm=x.arm_digest)
+        ArmRuns(
+            x.label,
+            [s.seed for s in x.sources],
+            v,
+            deterministic=x.predictor not in ("model", *TRAINED_BASELINES),
+            arm=x.arm_digest,
+        )
         for x, v in ((a, values_a), (b, values_b))
     )
     refs = references_for(a, b) if references is None else references
@@ -100,6 +106,11 @@ def compare(
         "metrics": with_verdicts(decisions, a.label, b.label, luck.covers_seeds),
         "flipped": flipped(arm_a, arm_b, ids, tables_a[0], show),
     }
+
+
+def _predictor(side: Side, source) -> str:
+    """The predictor of `source` the side compares: a trained baseline's replicate its own (mlp.3)."""
+    return source.predictor if side.predictor in TRAINED_BASELINES else side.predictor
 
 
 def identical(tables_a: list, tables_b: list) -> bool:

@@ -267,6 +267,42 @@ def quiet_mlflow() -> None:
 # --------------------------------------------------------------------------- comparing
 
 
+TRAINED_BASELINES = ("mlp",)  # baselines with replicates in the table (pipeline/evaluate/retrieval.py: TRAINED)
+
+
+def baseline_replicates(sources: list[Source], name: str) -> list[Source]:
+    """A trained baseline's replicates in the sources' item tables, one Source each (predictor
+    `mlp.<seed>`, the baseline's arm and seed in its meta), each (arm, seed) once: the MLP of seed
+    1 trained beside the model of seed 0 and beside that of seed 1 is one model."""
+    from pipeline.stats.item_tables import TableMeta
+
+    out, seen = [], set()
+    for s in sources:
+        found = (s.meta.baselines.get(name) if s.meta is not None else None) or None
+        if found is None:
+            raise CompareError(
+                f"{s.label}: its item table holds no {name} replicates (written before the {name} baseline, or by "
+                f"another tool): re-run the evaluate stage (dvc repro) to score it beside the model"
+            )
+        for seed in found["seeds"]:
+            if (found["arm"], seed) in seen:
+                continue
+            seen.add((found["arm"], seed))
+            meta = TableMeta(s.meta.preset, found["arm"], found["name"], int(seed), s.meta.data)
+            out.append(
+                Source(
+                    s.name,
+                    f"{s.label}:{name}.{seed}",
+                    s.kind,
+                    f"{s.description}, {name} seed {seed}",
+                    s.table,
+                    predictor=f"{name}.{int(seed)}",
+                    meta=meta,
+                )
+            )
+    return out
+
+
 def predictor_table(source: Source, predictor: str = "model") -> pd.DataFrame:
     """id, input, target and the four score columns of one predictor (the model, or a baseline's
     <name>_rank... columns) of the source's table, checked."""

@@ -7,6 +7,8 @@ compared on its own (a file, a git revision, a DVC experiment) knows as much as 
             replicates, differing only in their seed
     seed    the training seed (run.seed) the model was trained with
     data    the shards' content digest (arm.data_digest): which test items, which teacher
+    baselines  the trained baselines whose replicates the table holds (mlp: its arm, a name, its
+            seeds; columns mlp.<seed>_rank, ...)
 
 Nothing run-specific (no run id, no time): identical runs write identical files.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +34,27 @@ class TableMeta:
     arm_name: str
     seed: int
     data: str
+    baselines: dict = field(default_factory=dict, hash=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": META_FORMAT,
             "preset": self.preset,
             "arm": {"digest": self.arm_digest, "name": self.arm_name},
             "seed": self.seed,
             "data": self.data,
         }
+        return {**out, "baselines": self.baselines} if self.baselines else out
 
     @classmethod
     def from_dict(cls, d: dict) -> TableMeta:
-        return cls(str(d["preset"]), str(d["arm"]["digest"]), str(d["arm"]["name"]), int(d["seed"]), str(d["data"]))
+        baselines = {
+            str(name): {"arm": str(b["arm"]), "name": str(b.get("name", name)), "seeds": [int(s) for s in b["seeds"]]}
+            for name, b in (d.get("baselines") or {}).items()
+        }
+        return cls(
+            str(d["preset"]), str(d["arm"]["digest"]), str(d["arm"]["name"]), int(d["seed"]), str(d["data"]), baselines
+        )
 
 
 def write_items(table: pd.DataFrame, path: str | Path, meta: TableMeta) -> None:

@@ -17,7 +17,19 @@ import re
 from typing import Mapping
 
 # Key families the project writes: a key of these not in the table is not logged.
-PROJECT_PREFIXES = ("train/", "val/", "grad/", "amp/", "perf/", "flow/", "range/", "mem/", "eval/", "stability/")
+PROJECT_PREFIXES = (
+    "train/",
+    "val/",
+    "grad/",
+    "amp/",
+    "perf/",
+    "flow/",
+    "range/",
+    "mem/",
+    "eval/",
+    "stability/",
+    "baseline/",
+)
 PROJECT_KEYS = ("step", "epoch")
 SYSTEM_PREFIX = "system/"  # MLflow's system-metrics collectors
 
@@ -36,11 +48,19 @@ EVAL = {
     "eval/val/model/group_top1": "eval/val_group_top1",
     "eval/val/model/cosine": "eval/val_cosine",
 }
-BASELINES = ("ridge", "nearest", "identity")
+BASELINES = ("mlp", "ridge", "nearest", "identity")
 EVAL_BASELINES = {
     **{f"eval/test/{b}/group_top1": f"eval_baselines/{b}_group_top1" for b in BASELINES},
     **{f"eval/test/model_vs_{b}/group_top1": f"eval_baselines/model_vs_{b}_group_top1" for b in BASELINES},
+    "eval/test/mlp/cosine": "eval_baselines/mlp_cosine",
+    "eval/test/model_vs_mlp/cosine": "eval_baselines/model_vs_mlp_cosine",
     "eval/test/model_vs_ridge/cosine": "eval_baselines/model_vs_ridge_cosine",
+}
+# The MLP baseline's training, per epoch (its replicate of the model's seed; stages/baseline.py).
+BASELINE_CURVES = {
+    "baseline/mlp/train/loss": "baseline_mlp/train_loss",
+    "baseline/mlp/val/loss": "baseline_mlp/val_loss",
+    "baseline/mlp/val/cosine": "baseline_mlp/val_cosine",
 }
 # The answer model's abstention figures (written by evaluate where it calibrates a threshold).
 EVAL_ANSWERS = {
@@ -79,7 +99,7 @@ DIAGNOSTICS = {
     "perf/embed_seconds": "perf/embed_seconds",
     "perf/texts_per_s": "perf/texts_per_s",
 }
-METRICS: Mapping[str, str] = {**CURVES, **EVAL, **EVAL_ANSWERS, **EVAL_BASELINES, **DIAGNOSTICS}
+METRICS: Mapping[str, str] = {**CURVES, **EVAL, **EVAL_ANSWERS, **EVAL_BASELINES, **BASELINE_CURVES, **DIAGNOSTICS}
 # Per module: grad/<module>/norm.
 _MODULE_NORM = re.compile(r"^grad/([A-Za-z0-9_]+)/norm$")
 # MLflow's samplers: CPU and memory use, and per GPU its use and memory (disk and network stay out).
@@ -108,10 +128,16 @@ TAGS = {
     "mem/available_host_mb": "memory.available_host_mb",
     "mem/available_device_mb": "memory.available_device_mb",
     "stability/checks_run": "stability.checks_run",
+    "eval/test/mlp/replicates": "eval.test.mlp.replicates",
+    "eval/test/model_vs_mlp/ci_covers_seeds": "eval.test.vs_mlp.covers_seeds",
+    **{f"baseline/mlp/{k}": f"baseline.mlp.{k}" for k in ("params", "model_params", "hidden", "skip", "seeds")},
 }
 # The headline intervals: the value and its 95 % interval in one tag (three metrics before).
 INTERVAL_TAGS = {
     **{f"eval/test/model/{m}": f"eval.test.{m}" for m in HEADLINE},
+    "eval/test/mlp/group_top1": "eval.test.mlp.group_top1",
+    "eval/test/model_vs_mlp/group_top1": "eval.test.vs_mlp.group_top1",
+    "eval/test/model_vs_mlp/cosine": "eval.test.vs_mlp.cosine",
     "eval/test/model_vs_ridge/group_top1": "eval.test.vs_ridge.group_top1",
     "eval/test/model_vs_ridge/cosine": "eval.test.vs_ridge.cosine",
 }

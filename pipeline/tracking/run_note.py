@@ -16,9 +16,10 @@ NOTE_TAG = "mlflow.note.content"
 HEADLINES = (
     ("eval.test.group_top1", "group top-1"),
     ("eval.test.cosine", "cosine"),
-    ("eval.test.vs_ridge.group_top1", "group top-1 minus ridge's"),
+    ("eval.test.vs_mlp.group_top1", "group top-1 minus the MLP baseline's"),
 )
 MORE = (
+    ("eval.test.vs_ridge.group_top1", "group top-1 minus ridge's"),
     ("eval.test.group_top5", "group top-5"),
     ("eval.test.mrr", "MRR"),
     ("eval.test.top1", "exact top-1"),
@@ -40,6 +41,8 @@ def note_text(tags: Mapping[str, str]) -> str:
     else:
         status = tags.get("stage.evaluate.status")
         headline = f"Not evaluated{f' (evaluate: {status})' if status else ' yet'}."
+    if tags.get("learning.vs_strongest"):
+        headline += f" Against the strongest baseline: **{tags['learning.vs_strongest']}**."
     verdict = tags.get("stability.verdict")
     if verdict:
         headline += f" Stability: **{verdict}**."

@@ -105,9 +105,10 @@ class Role(enum.Flag):
     LABEL = enum.auto()  # names a run, makes nothing: in neither a run's name (run_label.py) nor its arm
     OPERATIONAL = enum.auto()  # how or where a run is carried out, not what it computes: out of the arm
     RESUME_NEUTRAL = enum.auto()  # a train key a resumed run may change: out of the checkpoint's fingerprint
+    RIVAL = enum.auto()  # makes a learned baseline (pipeline/baselines/), not the model: out of the model's arm
 
 
-LABEL, OPERATIONAL, RESUME_NEUTRAL = Role.LABEL, Role.OPERATIONAL, Role.RESUME_NEUTRAL
+LABEL, OPERATIONAL, RESUME_NEUTRAL, RIVAL = Role.LABEL, Role.OPERATIONAL, Role.RESUME_NEUTRAL, Role.RIVAL
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from pipeline.core.config.param import (
     PATH,
     POSITIVE_INT,
     RESUME_NEUTRAL,
+    RIVAL,
     SEED,
     Range,
     Rule,
@@ -68,6 +69,8 @@ MAX_BOOTSTRAP_RESAMPLES = 10_000_000
 
 
 SPLIT_NAMES = ("train", "val", "test")
+# The train keys the baseline stage reads too: the MLP is trained with the model's loss and schedule.
+BASELINE = ("baseline",)
 
 
 class SplitFractions:
@@ -112,7 +115,7 @@ class RunConfig:
     preset: str = param(
         NAME, "the preset this config was composed with (conf/preset/); an MLflow tag", role=LABEL, stages=("evaluate",)
     )
-    seed: int = param(SEED, "seed of the run's random draws", stages=("train", "evaluate", "report"))
+    seed: int = param(SEED, "seed of the run's random draws", stages=("train", "baseline", "evaluate", "report"))
     experiment: str = param(NAME, "MLflow experiment name (embed runs go to NAME-embed)", role=LABEL)
     tracking: Tracking = param(
         doc="required: a tracking server (MLFLOW_TRACKING_URI) that does not answer stops the stage at "
@@ -267,24 +270,26 @@ class GradScalerConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = param(POSITIVE_INT, "passes over the train split")
-    batch_size: int = param(POSITIVE_INT, "rows per micro-batch (per process)")
+    epochs: int = param(POSITIVE_INT, "passes over the train split", stages=BASELINE)
+    batch_size: int = param(POSITIVE_INT, "rows per micro-batch (per process)", stages=BASELINE)
     prefetch: int = param(
         at_least(0, why="batches gathered ahead; 0 = off"),
         "batches gathered ahead on a background thread",
         role=OPERATIONAL,
     )
     grad_accum: int = param(POSITIVE_INT, "micro-batches per optimizer step: effective batch = batch_size * grad_accum")
-    lr: float = param(finite_above(0, "a finite number"), "peak learning rate")
-    warmup_steps: int = param(at_least(0), "linear LR warm-up steps, then cosine decay to 10 %")
-    weight_decay: float = param(at_least(0), "AdamW weight decay")
-    grad_clip: float = param(at_least(0, why="0 = no clipping"), "max global grad norm")
-    cosine_weight: float = param(at_least(0), "loss = MSE + cosine_weight * (1 - cos) + nce_weight * InfoNCE")
+    lr: float = param(finite_above(0, "a finite number"), "peak learning rate", stages=BASELINE)
+    warmup_steps: int = param(at_least(0), "linear LR warm-up steps, then cosine decay to 10 %", stages=BASELINE)
+    weight_decay: float = param(at_least(0), "AdamW weight decay", stages=BASELINE)
+    grad_clip: float = param(at_least(0, why="0 = no clipping"), "max global grad norm", stages=BASELINE)
+    cosine_weight: float = param(
+        at_least(0), "loss = MSE + cosine_weight * (1 - cos) + nce_weight * InfoNCE", stages=BASELINE
+    )
     # InfoNCE over the batch's targets (in-batch negatives) trains what retrieval scores: being
     # nearer the own answer than the others.
-    nce_weight: float = param(at_least(0, why="0 = no InfoNCE term"), "weight of the InfoNCE term")
+    nce_weight: float = param(at_least(0, why="0 = no InfoNCE term"), "weight of the InfoNCE term", stages=BASELINE)
     nce_temperature: float = param(
-        within(0, 10, "(]", why="logits are cosine / temperature"), "temperature of the InfoNCE logits"
+        within(0, 10, "(]", why="logits are cosine / temperature"), "temperature of the InfoNCE logits", stages=BASELINE
     )
     # auto times fp32 against bf16 on CUDA because bf16 is not faster for every model (its kernels
     # are as many and as small); a CPU run stays fp32 so it gives the same numbers on every CPU.
@@ -503,12 +508,26 @@ class ReportConfig:
 
 
 @dataclass
+class BaselineConfig:
+    """The learned baseline (pipeline/baselines/): an MLP of the model's parameter count, trained by
+    the baseline stage with train's loss, optimizer, schedule, batch size and epochs."""
+
+    mlp_seeds: int = param(
+        at_least(2, "an integer", "its seed luck is measured from its own replicates"),
+        "MLP replicates: seeds run.seed, run.seed + 1, ...",
+    )
+
+
+@dataclass
 class Config:
     run: RunConfig = section(RunConfig)
     embed: EmbedConfig = section(EmbedConfig, stages=("embed", "evaluate"))
-    model: ModelConfig = section(ModelConfig, stages=("train", "evaluate", "report"))
+    # (the baseline stage sizes the MLP from the model's config)
+    model: ModelConfig = section(ModelConfig, stages=("train", "baseline", "evaluate", "report"))
     train: TrainConfig = section(TrainConfig, stages=("train", "evaluate", "report"))
     fault: FaultConfig = section(FaultConfig, stages=("train", "evaluate", "report"))
     evaluate: EvaluateConfig = section(EvaluateConfig, stages=("evaluate",))
     # The report judges a run, it does not make it: its thresholds are out of the arm.
     report: ReportConfig = section(ReportConfig, role=OPERATIONAL, stages=("report",))
+    # The rival's settings make the MLP, not the model: out of the model's arm.
+    baseline: BaselineConfig = section(BaselineConfig, role=RIVAL, stages=("baseline",))

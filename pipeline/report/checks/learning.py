@@ -1,12 +1,17 @@
 """learning: did training teach the model anything, and is it better than the evaluate stage's
-baselines (copying the input; the best linear map; the answer of the nearest training question)?
-On the test split (val when there is none), by the headline metric, group top-1:
+baselines (copying the input; the best linear map; the answer of the nearest training question;
+an MLP of its size trained as it is)? On the test split (val when there is none), by the headline
+metric, group top-1:
 
 - fail: the model's predictions are not finite, or its training loss fell by less than
   learning_min_drop between the first and last logged rows (it learned nothing);
 - warn: it is worse than a baseline on group top-1 (the paired difference's interval lies
   below 0): a stable run, but not a model to use;
 - pass: otherwise.
+The summary names the strongest baseline on the headline metric and says where the model stands
+against it, in one of four words (`standing`): ahead (the interval lies above 0), behind (below
+0: a warning), equivalent (inside +-the preset's margin, eval/<split>/margin/<metric>), or
+undecided; ahead and equivalent need an interval that covers both sides' training seeds.
 Every difference is the evaluate stage's, with its interval, said in words; so is what the
 intervals cover (the test items, and the training seed when the preset's seed-variance
 reference matched: eval/<split>/ci_covers_seeds)."""
@@ -24,7 +29,8 @@ from pipeline.report.checks.telemetry import finite_number
 from pipeline.report.checks.wording import learning as say
 
 HEADLINE = "group_top1"  # what "better than a baseline" is judged on (the evaluate stage's headline)
-LEARNING_BASELINES = ("identity", "ridge", "nearest")
+LEARNING_BASELINES = ("identity", "ridge", "nearest", "mlp")
+TRAINED = ("mlp",)  # baselines with seed luck of their own (replicates): eval/<split>/model_vs_<b>/ci_covers_seeds
 EVIDENCE_METRICS = ("group_top1", "group_top5", "mrr", "cosine", "top1", "top5")
 DIFFERENCE_PARTS = ("", "ci95_low", "ci95_high", "p_value")  # the model's paired difference from a baseline
 
@@ -41,6 +47,17 @@ def loss_drop(df: pd.DataFrame | None) -> tuple[float, float, float] | None:
     k = max(1, min(3, len(loss) // 2))
     first, last = float(np.median(loss[:k])), float(np.median(loss[-k:]))
     return first, last, (first - last) / abs(first) if first else 0.0
+
+
+def standing(d: list[float], covered: bool, margin: float | None) -> str:
+    """Where the model stands against a baseline from their difference [value, low, high]."""
+    if d[2] < 0:
+        return "behind"
+    if covered and d[1] > 0:
+        return "ahead"
+    if covered and margin is not None and math.isfinite(margin) and -margin <= d[1] and d[2] <= margin:
+        return "equivalent"
+    return "undecided"
 
 
 def check_learning(eval_metrics: Mapping | None, p: Mapping, df: pd.DataFrame | None = None) -> CheckResult:
@@ -87,6 +104,7 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping, df: pd.DataFrame | 
                     worse_than.append((b, interval))
             else:
                 said.append(say.no_difference(b, metric, interval))
+    strongest = say.strongest(headline, *_strongest(eval_metrics, split, headline, get, covers_seeds, evidence))
     drop = loss_drop(df)
     if drop is not None:
         evidence.update(loss_first=drop[0], loss_last=drop[1], loss_drop=drop[2])
@@ -106,5 +124,36 @@ def check_learning(eval_metrics: Mapping | None, p: Mapping, df: pd.DataFrame | 
     else:
         status = "pass"
         summary += say.not_worse(headline)
-    summary += say.comparisons(said) + say.luck(covers_seeds, ref_seeds)
+    summary += strongest + say.comparisons(said) + say.luck(covers_seeds, ref_seeds)
     return CheckResult(status, summary, evidence, fix)
+
+
+def _strongest(eval_metrics: Mapping, split: str, headline: str, get, covers_seeds: bool, evidence: dict):
+    """(name, its value, the model's difference from it, whether that interval covers both
+    sides' seeds, the margin, where the model stands, the baseline's replicates) of the strongest
+    baseline on `headline`; its entries go into `evidence` too. All None without baselines."""
+    found = [(b, get(b, headline)) for b in LEARNING_BASELINES if math.isfinite(get(b, headline))]
+    if not found:
+        return (None,) * 7
+    name, value = max(found, key=lambda kv: kv[1])
+    d = [get(f"model_vs_{name}", headline, part) for part in DIFFERENCE_PARTS]
+    if not all(math.isfinite(x) for x in d[:3]):
+        return name, value, None, False, None, None, None
+    covered = (
+        bool(eval_metrics.get(f"eval/{split}/model_vs_{name}/ci_covers_seeds", 0)) if name in TRAINED else covers_seeds
+    )
+    margin = eval_metrics.get(f"eval/{split}/margin/{headline}")
+    margin = float(margin) if finite_number(margin) else None
+    where = standing(d, covered, margin)
+    replicates = int(eval_metrics.get(f"eval/{split}/{name}/replicates", 0) or 0) or None
+    evidence.update(
+        strongest_baseline=name,
+        strongest_value=value,
+        vs_strongest=d[0],
+        vs_strongest_ci95_low=d[1],
+        vs_strongest_ci95_high=d[2],
+        vs_strongest_covers_seeds=covered,
+        vs_strongest_standing=where,
+        margin=margin if margin is not None else float("nan"),
+    )
+    return name, value, d, covered, margin, where, replicates

@@ -14,9 +14,10 @@ NOTHING_LEARNED_FIX = (
     "of epochs, and that skipped steps (nonfinite) did not eat the run."
 )
 WORSE_FIX = (
-    "The model is worse than a baseline that needs no training: train longer (train.epochs), widen the "
-    "model (model.output_hidden, lattice size), or add the linear path (model.residual=linear); the smoke "
-    "preset is expected to stop here."
+    "The model is worse than a baseline (one that needs no training, or the MLP of its size): train longer "
+    "(train.epochs), widen the model (model.output_hidden, lattice size), or add the linear path "
+    "(model.residual=linear); ./dev compare workspace --baseline mlp shows where; the smoke preset is expected "
+    "to stop here."
 )
 
 
@@ -78,3 +79,34 @@ def not_worse(metric: str) -> str:
 
 def comparisons(said: Sequence[str]) -> str:
     return " The model " + "; ".join(said) + "." if said else ""
+
+
+STANDING = {
+    "ahead": "the model is ahead of it",
+    "behind": "the model is BEHIND it",
+    "equivalent": "the model is equivalent to it",
+    "undecided": "undecided",
+}
+
+
+def strongest(metric, name, value, d, covered, margin, where, replicates) -> str:
+    """' Strongest baseline: mlp (5 seeds), group top-1 0.876: the model is equivalent to it (+0.004
+    [-0.007, +0.014], within +-0.011; the interval covers the test items and both sides' seeds).'"""
+    if name is None:
+        return ""
+    seeds = f" ({replicates} seeds)" if replicates else ""
+    text = f" Strongest baseline on {metric_name(metric)}: {name}{seeds}, {value:.3f}"
+    if d is None:
+        return text + "."
+    within = f", within +-{margin:g}" if where == "equivalent" and margin is not None else ""
+    if where == "undecided":
+        why = (
+            "the interval straddles 0 and is wider than the margin"
+            if covered
+            else "training luck is not covered on both sides (no seed-variance reference for the model)"
+        )
+        within = f"; {why}"
+    cover = (
+        "the test items and both sides' training seeds" if covered else "the test items, not both sides' training seeds"
+    )
+    return f"{text}: {STANDING[where]} ({interval(d)}{within}; the interval covers {cover})."
