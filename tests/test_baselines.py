@@ -45,8 +45,59 @@ def make_shard(n: int = 40, dim: int = 16, seed: int = 0, split: str = "test") -
     )
 
 
-def test_the_baselines_are_identity_ridge_and_nearest():
-    assert BASELINES == ("identity", "ridge", "nearest")
+def test_the_baselines_are_identity_ridge_nearest_and_the_trained_mlp():
+    assert BASELINES == ("identity", "ridge", "nearest", "mlp")
+
+
+def _replicates(test, k: int, noise: float, seed: int = 7) -> list[tuple[int, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [(s, (test.targets + rng.normal(0, noise, size=test.targets.shape)).astype(np.float32)) for s in range(k)]
+
+
+def test_a_trained_baseline_is_the_mean_of_its_replicates_with_their_seed_spread():
+    test, train = make_shard(seed=3), make_shard(80, seed=4, split="train")
+    rng = np.random.default_rng(2)
+    model_pred = (test.targets + rng.normal(0, 0.3, size=test.targets.shape)).astype(np.float32)
+    preds = predictions(model_pred, test, ridge_fit(train.inputs, train.targets, 1.0), train)
+    bank = build_bank([train, test])
+    reps = _replicates(test, 3, 0.3)
+    flat, est, items = evaluate_split("test", preds, test, bank, **BOOTSTRAP, replicates={"mlp": reps})
+    each = [item_metrics(score_items(p, test, bank)) for _, p in reps]
+    for m in METRICS:  # the mean over replicates of the per-item values
+        assert flat[f"eval/test/mlp/{m}"] == round(float(np.mean([e[m].mean() for e in each])), 6)
+    assert flat["eval/test/mlp/replicates"] == 3 and flat["eval/test/model_vs_mlp/ci_covers_seeds"] == 0
+    # Every replicate in the item table, under its seed; no column of the mean.
+    assert {f"mlp.{s}_{c}" for s in range(3) for c in ("rank", "group_rank", "cosine", "mse")} <= set(items.columns)
+    assert "mlp_rank" not in items.columns
+    # Its interval carries its replicates' spread: wider than the item bootstrap of the same means alone.
+    alone, _, _ = evaluate_split("test", {**preds, "mlp": reps[0][1]}, test, bank, **BOOTSTRAP)
+
+    def width(f, key):
+        return f[f"{key}/ci95_high"] - f[f"{key}/ci95_low"]
+
+    assert width(flat, "eval/test/mlp/cosine") > 0 and est["mlp/cosine"].low < est["mlp/cosine"].value
+
+
+def test_the_model_against_the_mlp_covers_both_models_seeds_only_with_the_models_reference():
+    test, train = make_shard(seed=3), make_shard(80, seed=4, split="train")
+    model_pred = (test.targets + np.random.default_rng(2).normal(0, 0.3, size=test.targets.shape)).astype(np.float32)
+    preds = predictions(model_pred, test, ridge_fit(train.inputs, train.targets, 1.0), train)
+    bank = build_bank([train, test])
+    reps = {"mlp": _replicates(test, 4, 0.3)}
+    luck = {m: SeedVar(0.01**2, 7, 0.02**2, len(test.ids)) for m in METRICS}
+    mlp_only, _, _ = evaluate_split("test", preds, test, bank, **BOOTSTRAP, replicates=reps)
+    both, _, _ = evaluate_split("test", preds, test, bank, **BOOTSTRAP, seed_luck=luck, replicates=reps)
+    covers = "eval/test/model_vs_mlp/ci_covers_seeds"
+    assert mlp_only[covers] == 0 and both[covers] == 1
+
+    def width(f, key):
+        return f[f"{key}/ci95_high"] - f[f"{key}/ci95_low"]
+
+    key = "eval/test/model_vs_mlp/cosine"
+    assert width(both, key) > width(mlp_only, key)  # the model's seed luck added to the MLP's
+    assert both[key] == mlp_only[key]  # the difference itself stays
+    # The MLP's own interval does not depend on the model's reference.
+    assert width(both, "eval/test/mlp/cosine") == width(mlp_only, "eval/test/mlp/cosine")
 
 
 def test_nearest_is_the_target_of_the_most_similar_training_input_across_blocks(monkeypatch):

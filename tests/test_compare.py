@@ -451,3 +451,44 @@ def test_identical_inputs_say_identical_and_stop(tmp_path, capsys):
     assert result["identical"] and "metrics" not in result
     other = write(tmp_path, "c", table(200, 0.5, seed=5), meta("a", 1))
     assert not run_json(capsys, a, other)[0]["identical"]
+
+
+def with_mlp(df: pd.DataFrame, seeds, hit_rate: float, cos_mean: float) -> pd.DataFrame:
+    """The table with an MLP baseline's replicates (mlp.<seed>_... columns), each seed a little
+    different, a replicate of one seed the same in every table that holds it."""
+    df = df.copy()
+    for s in seeds:
+        rep = table(len(df), hit_rate + 0.005 * (s - 2), seed=900 + s, cos_mean=cos_mean, ids=df["id"])
+        for c in ("rank", "group_rank", "cosine", "mse"):
+            df[f"mlp.{s}_{c}"] = rep[c].to_numpy()
+    return df
+
+
+def mlp_meta(seed: int, mlp_seeds) -> TableMeta:
+    trained = {"mlp": {"arm": "mlp-abc", "name": "MLP 8-4-8", "seeds": list(mlp_seeds)}}
+    return TableMeta("smoke", "adigest", "smoke a", seed, "d1", trained)
+
+
+def test_a_model_against_its_mlp_baseline_counts_the_mlps_replicates_and_their_seed_luck(
+    tmp_path, capsys, reference_dir
+):
+    paths = []
+    for s in (0, 1):
+        df = with_mlp(table(400, 0.62 + 0.01 * s, seed=10 + s, cos_mean=0.6), range(s, s + 3), 0.5, 0.55)
+        paths.append(write(tmp_path, f"a-s{s}", df, mlp_meta(s, range(s, s + 3))))
+    result, _ = run_json(capsys, ",".join(paths), "--baseline", "mlp", "--no-log")
+    # Seeds 0-2 beside the model of seed 0 and 1-3 beside that of seed 1: seeds 0, 1, 2, 3, once each.
+    assert [r["seed"] for r in result["a"]["runs"]] == [0, 1, 2, 3]
+    assert result["a"]["predictor"] == "mlp" and result["a"]["arm"]["digest"] == "mlp-abc"
+    # Both sides have replicates: the interval covers both models' seeds, measured from them.
+    assert result["luck"]["covers_seeds"] and "4 runs of" in result["luck"]["covers"]
+    assert result["metrics"]["group_top1"]["outcome"] == "better"
+    # One model run and no reference: the MLP's seeds are covered, the model's are not.
+    result, _ = run_json(capsys, paths[0], "--baseline", "mlp", "--no-log")
+    assert len(result["a"]["runs"]) == 3 and not result["luck"]["covers_seeds"]
+
+
+def test_a_table_without_mlp_replicates_says_to_re_evaluate(tmp_path, capsys):
+    path = write(tmp_path, "old", table(50, 0.6, seed=1), meta("a", 0))
+    rc, _, err = run_main(capsys, path, "--baseline", "mlp", "--no-log")
+    assert rc == 2 and "holds no mlp replicates" in err and "re-run the evaluate stage" in err

@@ -427,3 +427,60 @@ def test_the_runs_table_gets_a_handful_of_stability_numbers_not_the_evidence():
     failed = summary_metrics(result("unstable", "fail", "fail", "warn", "pass"))
     assert failed["stability/verdict_code"] == 2 and failed["stability/failed_checks"] == 2
     assert failed["stability/checks_run"] == 4
+
+
+def _vs_mlp(value, low, high, covers=1, mlp=0.60, margin=0.011):
+    return {
+        **EVAL,
+        "eval/test/model/group_top1": 0.61,
+        "eval/test/ridge/group_top1": 0.55,
+        "eval/test/model_vs_ridge/group_top1": 0.06,
+        "eval/test/model_vs_ridge/group_top1/ci95_low": 0.03,
+        "eval/test/model_vs_ridge/group_top1/ci95_high": 0.09,
+        "eval/test/model_vs_ridge/group_top1/p_value": 0.001,
+        "eval/test/mlp/group_top1": mlp,
+        "eval/test/mlp/replicates": 5,
+        "eval/test/model_vs_mlp/group_top1": value,
+        "eval/test/model_vs_mlp/group_top1/ci95_low": low,
+        "eval/test/model_vs_mlp/group_top1/ci95_high": high,
+        "eval/test/model_vs_mlp/group_top1/p_value": 0.4,
+        "eval/test/model_vs_mlp/ci_covers_seeds": covers,
+        "eval/test/margin/group_top1": margin,
+    }
+
+
+@pytest.mark.parametrize(
+    "diff, covers, status, words",
+    [
+        ((0.02, 0.012, 0.03), 1, "pass", "the model is ahead of it (+0.020 [+0.012, +0.030]"),
+        ((0.002, -0.006, 0.009), 1, "pass", "the model is equivalent to it (+0.002 [-0.006, +0.009], within +-0.011"),
+        ((0.004, -0.007, 0.014), 1, "pass", "undecided (+0.004 [-0.007, +0.014]; the interval straddles 0"),
+        ((-0.03, -0.05, -0.01), 1, "warn", "the model is BEHIND it (-0.030 [-0.050, -0.010]"),
+        # Ahead on the items alone, the model's seed luck not covered: not called ahead.
+        ((0.02, 0.012, 0.03), 0, "pass", "undecided (+0.020 [+0.012, +0.030]; training luck is not covered"),
+        ((0.002, -0.006, 0.009), 0, "pass", "undecided"),
+    ],
+)
+def test_the_learning_check_says_where_the_model_stands_against_the_strongest_baseline(diff, covers, status, words):
+    from pipeline.report.checks import check_learning
+
+    res = check_learning(_vs_mlp(*diff, covers=covers), resolve_params(PARAMS))
+    assert res["status"] == status, res["summary"]
+    assert "Strongest baseline on group top-1: mlp (5 seeds), 0.600: " + words in res["summary"], res["summary"]
+    e = res["evidence"]
+    assert e["strongest_baseline"] == "mlp" and e["vs_strongest"] == diff[0]
+    assert e["vs_strongest_covers_seeds"] == bool(covers)
+    if status == "warn":
+        assert "worse than mlp" in res["summary"] and res["fix"]
+
+
+def test_the_strongest_baseline_is_the_one_highest_on_the_headline():
+    from pipeline.report.checks import check_learning
+
+    ev = _vs_mlp(0.002, -0.006, 0.009, mlp=0.50)  # ridge (0.55) is now the strongest
+    res = check_learning({**ev, "eval/test/ci_covers_seeds": 1}, resolve_params(PARAMS))
+    assert res["evidence"]["strongest_baseline"] == "ridge"
+    # ridge has no training luck: its comparison covers the seeds when the model's reference did.
+    assert "Strongest baseline on group top-1: ridge, 0.550: the model is ahead of it" in res["summary"]
+    res = check_learning(ev, resolve_params(PARAMS))  # without the model's reference: not called ahead
+    assert "ridge, 0.550: undecided" in res["summary"]
