@@ -434,3 +434,46 @@ def test_decide_against_a_baseline_revision_trains_a_from_that_commit(tmp_path_f
     assert result["baseline_commit"] and result["outcome"] in ("equivalent", "inconclusive")
     assert all(n.startswith(f"base-{result['baseline_commit'][:8]}-") for n in result["a"]["experiments"])
     assert (root / ".dvc" / "tmp" / "baselines" / result["baseline_commit"][:12] / ".git").exists()
+
+
+def with_mlp_runner(offset: float):
+    """run_replicates without DVC: B's seed s is the real smoke run of seed s % 20, holding an MLP
+    baseline's replicates of seeds s .. s + 2 whose cosine is the model's of another seed + offset."""
+    from pipeline.stats.item_tables import TableMeta, read_items
+    from pipeline.stats.replicates import Result
+
+    def run_replicates(reps, jobs, root=None, label="decide"):
+        out = []
+        for rep in reps:
+            assert rep.arm == "B", "--against mlp trains B only"
+            table, meta = read_items(FIXTURES / f"seed-{rep.seed % 20}.parquet")
+            for s in range(rep.seed, rep.seed + 3):
+                other, _ = read_items(FIXTURES / f"seed-{(s + 7) % 20}.parquet")
+                for c in ("rank", "group_rank", "cosine", "mse"):
+                    table[f"mlp.{s}_{c}"] = other[c].to_numpy() + (offset if c == "cosine" else 0)
+            trained = {
+                "mlp": {"arm": "mlp-0123456789", "name": "MLP 384-8-384", "seeds": list(range(rep.seed, rep.seed + 3))}
+            }
+            meta = TableMeta(meta.preset, meta.arm_digest, meta.arm_name, rep.seed, meta.data, trained)
+            out.append(Result(rep, table, meta, None, f"{rep.name}-commit", []))
+        return out
+
+    return run_replicates
+
+
+@pytest.mark.unit
+def test_against_mlp_trains_only_the_model_and_decides_it_against_the_pooled_mlp_replicates(tmp_path, monkeypatch):
+    monkeypatch.setattr(sequential, "run_replicates", with_mlp_runner(-0.2))
+    result = sequential.run(decide_args(tmp_path, against="mlp"))
+    assert result["against"] == "mlp" and result["outcome"] == "better", result["looks"]
+    # B is the smoke reference's arm: a look from round 1 (whose single run the guard of the smoke
+    # seeds' two modes holds back), the MLP's replicates pooled as A, each seed once.
+    assert result["method"]["first_look"] == 1 and result["rounds"] <= 2
+    assert result["a"]["seeds"] == list(range(result["rounds"] + 2))
+    assert result["a"]["arm"]["digest"] == "mlp-0123456789" and result["a"]["experiments"] == result["b"]["experiments"]
+    assert "against mlp" in result["change"] and "-vs-mlp" in result["name"]
+    # An MLP level with the model: never better; replicates pool (seeds 0-2, 1-3, ... each once).
+    monkeypatch.setattr(sequential, "run_replicates", with_mlp_runner(0.0))
+    level = sequential.run(decide_args(tmp_path, against="mlp", max_seeds=3))
+    assert level["outcome"] != "better"
+    assert level["a"]["seeds"] == list(range(level["rounds"] + 2))

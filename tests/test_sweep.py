@@ -445,3 +445,39 @@ def _rank(root, env, name: str) -> dict:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
+
+
+def with_mlp(df: pd.DataFrame, seeds, hit_rate: float, digest: str) -> tuple[pd.DataFrame, dict]:
+    """The table with an MLP's replicates (mlp.<seed>_...) and the metadata naming them."""
+    df = df.copy()
+    for s in seeds:
+        rep = table(len(df), hit_rate + 0.004 * (s - 2), seed=700 + s + 50 * len(digest), ids=df["id"])
+        for c in ("rank", "group_rank", "cosine", "mse"):
+            df[f"mlp.{s}_{c}"] = rep[c].to_numpy()
+    return df, {"mlp": {"arm": digest, "name": f"MLP {digest}", "seeds": list(seeds)}}
+
+
+def mlp_run(name, lr, hit_rate, seed, mlp_rate, digest):
+    df, trained = with_mlp(
+        table(800, hit_rate, seed=seed * 13 + int(hit_rate * 100)), range(seed, seed + 3), mlp_rate, digest
+    )
+    r = run(name, df, lr, seed=seed)
+    r.meta = TableMeta("smoke", r.meta.arm_digest, r.meta.arm_name, seed, "data", trained)
+    return r
+
+
+@pytest.mark.unit
+def test_each_arm_is_held_against_its_own_mlp_and_the_sweeps_strongest():
+    runs = [mlp_run(f"a-{s}", "0.001", 0.70, s, 0.60, "mlp-aaa") for s in (0, 1, 2)]
+    runs += [mlp_run(f"b-{s}", "0.01", 0.45, s, 0.40, "mlp-bbb") for s in (0, 1, 2)]
+    result = sweep.rank(found(*runs), resamples=RESAMPLES, seed=SEED)
+    by = {row["arm"]["name"]: row for row in result["arms"]}
+    a, b = by["smoke lr=0.001"], by["smoke lr=0.01"]
+    # Each arm's own MLP: the replicates beside its runs, each seed once (seeds 0-4).
+    assert a["vs_mlp"]["mlp_seeds"] == [0, 1, 2, 3, 4] and a["vs_mlp"]["mlp"].endswith("[aaa]")
+    assert a["vs_mlp"]["outcome"] == "better" and a["vs_mlp"]["covers_seeds"]
+    # The strongest MLP is arm a's: arm b, above its own MLP, is far below it.
+    assert result["best_mlp"].endswith("[aaa]") and b["vs_best_mlp"]["mlp"].endswith("[aaa]")
+    assert b["vs_best_mlp"]["outcome"] == "worse"
+    text = cmp.render_sweep(result)
+    assert "Against the MLP baseline of the model's size" in text and "strongest" in text

@@ -185,6 +185,23 @@ def render_sweep(result: dict) -> str:
 
     lines += [line(head).rstrip(), "-" * len(line(head).rstrip())]
     lines += [line(r).rstrip() for r in body]
+    if any("vs_mlp" in row for row in result["arms"]):
+        lines += [
+            "",
+            f"Against the MLP baseline of the model's size, on {m} (arm - MLP, 95 % interval over the items and both",
+        ]
+        lines += [
+            f"sides' seeds): its own (trained beside the arm's runs) and the sweep's strongest ({result['best_mlp']}):"
+        ]
+        for row in result["arms"]:
+            parts = []
+            for key, what in (("vs_mlp", "own"), ("vs_best_mlp", "strongest")):
+                d = row.get(key)
+                if d:
+                    iv = format_interval(d["ci_low"], d["ci_high"], m, True)
+                    diff = f"{format_metric(d['difference'], m, True)} {iv}"
+                    parts.append(f"{what} {format_metric(d['a'], m)}: {diff} {d['outcome']}")
+            lines.append(f"  {row['arm']['name']}: " + "; ".join(parts))
     if result["best"]:
         lines.append(f"Best: {result['best']}, worse than it on {m}: every other arm (its interval excludes 0).")
     else:

@@ -1,12 +1,14 @@
 """Did a change help? Train seed pairs of the baseline and of the change until the answer is clear.
 
     ./dev decide -S train.lr=1e-3 [-S KEY=VALUE ...] [--preset default] [--baseline-set KEY=VALUE ...]
+    ./dev decide --against mlp [-S KEY=VALUE ...]   # the model (with the changes) against its MLP baseline
                  [--metric METRIC] [--margin VALUE] [--max-seeds 5] [--first-seed 0] [-j 2]
                  [--name NAME] [--keep-unstable] [--baseline REV] [--resamples N] [--seed S] [--json]
 
 A is the preset as conf/ composes it (with --baseline-set overrides, if any); B is A with the -S
 changes. With --baseline REV, A is trained from the code of git revision REV (a git worktree of it:
-pipeline/stats/baseline_rev.py) and B from the workspace. Each round queues one seed of each arm
+pipeline/stats/baseline_rev.py) and B from the workspace. With --against mlp, A is the MLP baseline
+of B's own runs (pipeline/baselines/) and only B is trained. Each round queues one seed of each arm
 through DVC's experiment queue (`dvc exp run --queue`, `dvc queue start -j N`;
 pipeline/stats/replicates.py), the same seed for both
 (`run.seed` = first seed + round), waits for them, and looks at the difference in --metric with an
@@ -139,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         "workspace: did my code change help? -S is then optional",
     )
     ap.add_argument(
+        "--against",
+        choices=("mlp",),
+        help="decide B (the preset, with -S changes if any) against its MLP baseline: only B is trained, a seed a "
+        "round; A is the MLP of the model's size its runs hold (baseline.mlp_seeds replicates each)",
+    )
+    ap.add_argument(
         "--metric",
         choices=METRICS,
         help="the metric that decides (default: the preset's, pipeline/stats/defaults.py: group_top1 on default, "
@@ -172,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     ap.add_argument("--no-log", action="store_true", help="do not record the decision in MLflow")
     args = ap.parse_args(argv)
-    if not args.sets and not args.baseline_rev:
-        ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3), or --baseline REV")
+    if not args.sets and not args.baseline_rev and not args.against:
+        ap.error("give the change to decide on: -S KEY=VALUE (e.g. -S train.lr=1e-3), --baseline REV, or --against mlp")
     if args.max_seeds < 1 or args.jobs < 1:
         ap.error("--max-seeds and -j must be >= 1")
     if args.margin is not None and args.margin < 0:

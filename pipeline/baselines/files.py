@@ -85,7 +85,11 @@ def load_mlps(path: str | Path) -> MLPFile:
     except FileNotFoundError:
         raise PipelineError(f"{path} not found; {_AGAIN}") from None
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a damaged file
-        raise PipelineError(f"{path}: not a readable baseline file ({type(e).__name__}: {e}); {_AGAIN}") from None
+        # (Only the kind: torch's text advises weights_only=False, which would run what the file holds.)
+        raise PipelineError(
+            f"{path}: not a readable baseline file (torch could not load it as weights only: {type(e).__name__}); "
+            f"{_AGAIN}"
+        ) from None
     try:
         if payload.get("format") != FORMAT or payload.get("kind") != "mlp":
             raise ValueError(f"format {payload.get('format')!r}, kind {payload.get('kind')!r}; expected {FORMAT}, mlp")

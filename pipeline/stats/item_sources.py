@@ -303,6 +303,21 @@ def baseline_replicates(sources: list[Source], name: str) -> list[Source]:
     return out
 
 
+def pooled_replicates(tables: list[tuple[pd.DataFrame, object]], ids: list[str], name: str = "mlp") -> dict:
+    """A trained baseline's replicates in (item table, TableMeta) pairs, pooled by the baseline's
+    arm: {arm digest: (seeds, metric -> (replicates, items) over `ids`)}, each seed once (an MLP
+    trained beside two model runs is one model). Tables whose meta names none are skipped."""
+    found: dict[str, dict[int, pd.DataFrame]] = {}
+    for table, meta in tables:
+        b = meta.baselines.get(name) if meta is not None else None
+        for s in (b or {}).get("seeds", []):
+            seeds = found.setdefault(b["arm"], {})
+            if s not in seeds:
+                source = Source(name, f"{name}.{s}", "table", "", table)
+                seeds[s] = predictor_table(source, f"{name}.{int(s)}")
+    return {d: (sorted(seeds), runs_values([seeds[s] for s in sorted(seeds)], ids)) for d, seeds in found.items()}
+
+
 def predictor_table(source: Source, predictor: str = "model") -> pd.DataFrame:
     """id, input, target and the four score columns of one predictor (the model, or a baseline's
     <name>_rank... columns) of the source's table, checked."""

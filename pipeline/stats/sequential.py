@@ -1,6 +1,8 @@
 """A sequential decision between two arms (`./dev decide`): seed pairs of A and B trained through
 DVC's queue (replicates.py), a look after each pair at the level its alpha-spending plan gives
-(decision.SequentialPlan), and a stop at the first look that is not inconclusive."""
+(decision.SequentialPlan), and a stop at the first look that is not inconclusive. Against the MLP
+baseline (`--against mlp`) only B is trained, a seed a round: A is the MLP replicates its runs'
+item tables hold (each seed once), so the model against its rival is decided the same way."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.stats import baseline_rev, decision_log
 from pipeline.stats.compare import flipped, with_verdicts
 from pipeline.stats.decision import CONFIDENCE, ArmRuns, SequentialPlan, compare_arms, look
-from pipeline.stats.item_sources import predictor_table, shared_values
+from pipeline.stats.item_sources import pooled_replicates, predictor_table, shared_values
 from pipeline.stats.metrics import LOWER_IS_BETTER, METRICS
 from pipeline.stats.replicates import config_digest, head, run_replicates
 from pipeline.stats.replicates import plan as plan_replicates
@@ -42,6 +44,7 @@ class Plan:
     looks: SequentialPlan
     baseline: str | None = None  # --baseline REV: the commit A is trained from (B: the workspace)
     a_prefix: str = "rep"  # A's experiment names: rep-<arm>-s<seed>, or base-<commit>-<arm>-s<seed>
+    against: str | None = None  # --against mlp: A is B's runs' MLP baseline, not trained by a round of its own
 
 
 @dataclass
@@ -72,8 +75,13 @@ def make_plan(args) -> Plan:
     change, b_first = split_seed(args.sets)
     a_sets, b_sets = base, [*base, *change]
     rev = getattr(args, "baseline_rev", None)
+    against = getattr(args, "against", None)
+    if against:
+        if rev:
+            raise PipelineError("--against mlp decides B against its MLP baseline: give no --baseline REV with it")
+        a_sets = b_sets  # (what A's MLP was trained beside)
     commit = baseline_rev.resolve(REPO_ROOT, rev) if rev else None
-    same = config_digest(a_sets) == config_digest(b_sets) and commit is None  # another commit: other code
+    same = config_digest(a_sets) == config_digest(b_sets) and commit is None and not against
     if b_first is None:
         b_first = args.first_seed + (AA_SEED_OFFSET if same else 0)
     n = args.max_seeds
@@ -82,6 +90,7 @@ def make_plan(args) -> Plan:
     # 2 runs of its own for its seed spread. The alpha is planned over the looks from the earliest.
     refs = [r for r in load_references() if r.preset == args.preset]
     first = 1 if refs and commit is None and all(reference_arm(sets, refs) for sets in (a_sets, b_sets)) else 2
+    # (--against: A, the MLP, has its replicates from B's first run; B needs the reference or 2 runs.)
     if n < first:
         why = (
             f"B ({' '.join(change)}) is another arm than the one the {args.preset} preset's seed-variance reference "
@@ -101,6 +110,7 @@ def make_plan(args) -> Plan:
         SequentialPlan(n, first),
         commit,
         f"base-{commit[:8]}" if commit else "rep",
+        against,
     )
 
 
@@ -114,7 +124,9 @@ def reference_arm(sets: list[str], refs: list) -> bool:
     return any(arm_digest(flat, r.data) == r.arm.get("digest") for r in refs)
 
 
-def arms_so_far(state: State) -> tuple[ArmRuns, ArmRuns, list[str], list]:
+def arms_so_far(state: State, against: str | None = None) -> tuple[ArmRuns, ArmRuns, list[str], list]:
+    if against:
+        return _against_baseline(state, against)
     tables = {k: [predictor_table(r.source()) for r in state.results[k]] for k in ("A", "B")}
     ids, values = shared_values(list(tables.values()))
     a, b = (
@@ -124,6 +136,21 @@ def arms_so_far(state: State) -> tuple[ArmRuns, ArmRuns, list[str], list]:
     if state.b_code_differs and b.arm is not None:
         b.arm = f"{b.arm}@workspace"  # the same config on other code: no reference speaks for it
     return a, b, ids, tables["A"][0]
+
+
+def _against_baseline(state: State, name: str) -> tuple[ArmRuns, ArmRuns, list[str], list]:
+    """B's runs, and as A the trained baseline `name` their item tables hold, pooled over them."""
+    tables = [predictor_table(r.source()) for r in state.results["B"]]
+    ids, (values,) = shared_values([tables])
+    b = ArmRuns("B", [r.replicate.seed for r in state.results["B"]], values, arm=arm_of_results(state.results["B"]))
+    pooled = pooled_replicates([(r.items, r.meta) for r in state.results["B"]], ids, name)
+    if len(pooled) != 1:
+        raise PipelineError(
+            f"B's item tables hold {'no' if not pooled else 'several'} {name} baseline(s) "
+            f"({', '.join(pooled) or 'written before it'}): one is needed to decide against"
+        )
+    digest, (seeds, a_values) = next(iter(pooled.items()))
+    return ArmRuns("A", seeds, a_values, arm=digest), b, ids, tables[0]
 
 
 def arm_of_results(results: list) -> str | None:
@@ -139,16 +166,16 @@ def matching_references(state: State) -> list:
 def look_after(state: State, plan: Plan, args, rounds: int) -> Look | None:
     """The look after `rounds` seed pairs (decision.look): None when none is due (or an arm has no
     run left, its replicates having failed their stability check)."""
-    if not (state.results["A"] and state.results["B"]):
+    if not ((state.results["A"] or plan.against) and state.results["B"]):
         return None
-    a, b, _, _ = arms_so_far(state)
+    a, b, _, _ = arms_so_far(state, plan.against)
     refs = matching_references(state)
     d = look(plan.looks, rounds, a, b, args.metric, refs, args.margin, resamples=args.resamples, seed=args.seed)
     return None if d is None else Look(rounds, d.level, d.as_dict())
 
 
 def final_table(state: State, args, level: float) -> tuple[dict, dict]:
-    a, b, ids, texts = arms_so_far(state)
+    a, b, ids, texts = arms_so_far(state, getattr(args, "against", None))
     refs = matching_references(state)
     decisions, luck = compare_arms(
         a, b, refs, level, {args.metric: args.margin}, METRICS, resamples=args.resamples, seed=args.seed
@@ -203,7 +230,7 @@ def begin(args, plan: Plan) -> dict:
     run, and whether it is a second look at runs an earlier decision judged on another metric."""
     directory = getattr(args, "decisions_dir", None) or decision_log.DECISIONS_DIR
     commit = head(REPO_ROOT)
-    a_exps = [r.name for r in plan_replicates(plan.a_prefix, "A", plan.a_sets, plan.a_seeds)]
+    a_exps = [] if plan.against else [r.name for r in plan_replicates(plan.a_prefix, "A", plan.a_sets, plan.a_seeds)]
     b_exps = [r.name for r in plan_replicates("rep", "B", plan.b_sets, plan.b_seeds)]
     first = decision_log.first_look(directory, commit, a_exps, b_exps)
     name = args.name or decision_log.unique_name(directory, default_name(plan))
@@ -229,11 +256,15 @@ def run(args) -> dict:
     arm_b = " ".join(plan.b_sets[1:]) or "(no change)"
     if plan.baseline is not None:
         arm_a, arm_b = f"{arm_a} at commit {plan.baseline[:12]}", f"{arm_b} in the workspace"
+    if plan.against:
+        arm_a, arm_b = f"the {plan.against} baseline beside B's runs", f"{arm_a} {' '.join(args.sets)}".strip()
     start = begin(args, plan)
     say(
         f"A: {arm_a} | B: {arm_b} "
         + (
-            "(the same arm: an A/A comparison, B on other seeds)"
+            "(the model against its rival: only B is trained)"
+            if plan.against
+            else "(the same arm: an A/A comparison, B on other seeds)"
             if plan.same_arm
             else "(other code)"
             if plan.baseline is not None and plan.a_sets == plan.b_sets
@@ -255,13 +286,11 @@ def run(args) -> dict:
         say(f"A is trained from commit {plan.baseline[:12]} (git worktree {a_root}); B from the workspace")
     for k in range(args.max_seeds):
         reps = [
-            *plan_replicates(plan.a_prefix, "A", plan.a_sets, [plan.a_seeds[k]]),
+            *([] if plan.against else plan_replicates(plan.a_prefix, "A", plan.a_sets, [plan.a_seeds[k]])),
             *plan_replicates("rep", "B", plan.b_sets, [plan.b_seeds[k]]),
         ]
-        say(
-            f"round {k + 1}/{args.max_seeds}: A seed {plan.a_seeds[k]} ({reps[0].name}), "
-            f"B seed {plan.b_seeds[k]} ({reps[1].name})"
-        )
+        shown = [f"{r.arm} seed {r.seed} ({r.name})" for r in reps]
+        say(f"round {k + 1}/{args.max_seeds}: " + ", ".join(shown))
         keep = bool(getattr(args, "keep_unstable", False))
         rounds = k + 1
         for rep, res in zip(reps, train_round(reps, a_root, args.jobs)):
@@ -289,7 +318,7 @@ def run(args) -> dict:
         if lk.decision["outcome"] != "inconclusive":
             outcome = lk.decision["outcome"]
             break
-    if not (state.results["A"] and state.results["B"]):
+    if not ((state.results["A"] or plan.against) and state.results["B"]):
         raise PipelineError(
             "every replicate of an arm failed its stability check and was left out: "
             + ", ".join(x["experiment"] for x in state.left_out)
@@ -310,14 +339,16 @@ def run(args) -> dict:
         "exploratory": start["exploratory"],
         "first_decision": start["first_decision"],
         "commit": start["commit"],
-        "change": [s for s in plan.b_sets if s not in plan.a_sets],
+        "change": [s for s in plan.b_sets if s not in plan.a_sets]
+        or ([f"against {plan.against}"] if plan.against else []),
+        "against": plan.against,
         "baseline_commit": plan.baseline,
         "outcome": outcome or "inconclusive",
         "outcome_at_last_look": (last.decision["outcome"] if last else "inconclusive"),
         "rounds": rounds,  # seed pairs trained (a replicate left out still counts its round)
         "max_seeds": args.max_seeds,
         "same_arm": plan.same_arm,
-        "a": arm_dict("A", plan.a_sets, state.results["A"]),
+        "a": against_dict(plan, state) if plan.against else arm_dict("A", plan.a_sets, state.results["A"]),
         "b": arm_dict("B", plan.b_sets, state.results["B"]),
         "method": {
             "interval": "paired bootstrap over test items + t-distribution draw of the seed spread "
@@ -354,6 +385,20 @@ def arm_dict(key: str, sets: list[str], results: list) -> dict:
     }
 
 
+def against_dict(plan: Plan, state: State) -> dict:
+    """A when it is B's runs' baseline: its arm and seeds, and the runs that hold it."""
+    a, _, _, _ = _against_baseline(state, plan.against)
+    meta = next(r.meta for r in state.results["B"] if r.meta is not None)
+    return {
+        "label": "A",
+        "overrides": plan.b_sets,
+        "arm": {"digest": a.arm, "name": meta.baselines[plan.against]["name"]},
+        "seeds": a.seeds,
+        "experiments": [r.replicate.name for r in state.results["B"]],
+        "commits": [r.rev for r in state.results["B"]],
+    }
+
+
 def curves(state: State) -> dict:
     """Each arm's training loss per logged step, per seed (for the page's plot)."""
     out = {}
@@ -370,7 +415,7 @@ def default_name(plan: Plan) -> str:
     changed = [s.partition("=") for s in plan.b_sets[len(plan.a_sets) :]]
     change = "-".join(f"{key.split('.')[-1]}={value}" for key, _, value in changed) or "same"
     base = plan.a_sets[0].split("=", 1)[1]
-    against = f"-vs-{plan.baseline[:8]}" if plan.baseline else ""
+    against = f"-vs-{plan.baseline[:8]}" if plan.baseline else f"-vs-{plan.against}" if plan.against else ""
     return re.sub(f"[^{NAME_CHARS}]+", "_", f"{base}-{change}{against}")[:80]
 
 

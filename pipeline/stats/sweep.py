@@ -3,7 +3,10 @@
 The sweep's model runs are found by their tag `sweep.NAME` in every experiment of the store, each
 with its item table; runs that differ only in run.seed are replicates of one arm, and each arm's
 mean and difference from the top arm get intervals over the items and the seeds (decision.py).
-"best" is said only for a top arm every other arm is worse than. What the ranking shows and how to
+"best" is said only for a top arm every other arm is worse than. Each arm is also held against the
+MLP baseline (pipeline/baselines/): its own, the MLP trained beside its runs (the same size and
+training), and the strongest MLP of the sweep (the best recipe any arm gave it), each a decision
+over the items and both sides' seeds (`vs_mlp`, `vs_best_mlp`). What the ranking shows and how to
 read it: docs/experiments.md ("Ranking"). A run without an item table is left out with a warning.
 """
 
@@ -228,6 +231,19 @@ def rank(
             d = compare_metric(values[top], v, metric, luck, CONFIDENCE, margin, resamples=resamples, seed=seed)
             row["difference_from_top"] = d.as_dict()
         rows.append(row)
+    mlps = mlp_arms(arms, table_of, ids)
+    best_mlp = None
+    if mlps:
+        best_mlp = max(mlps.values(), key=lambda x: float(x.values[metric].mean()) * (1 if higher else -1))
+    for row, j in zip(rows, order):
+        arm, v = arms[j], values[j]
+        own = mlps.get(_mlp_digest(arm))
+        for key, rival in (("vs_mlp", own), ("vs_best_mlp", best_mlp)):
+            if rival is not None:
+                refs = matching_references(r.meta for r in arm.runs)
+                pair = luck_for(rival, v, references=refs)
+                d = compare_metric(rival, v, metric, pair, CONFIDENCE, margin, resamples=resamples, seed=seed)
+                row[key] = {"mlp": rival.label, "mlp_seeds": rival.seeds, "covers": pair.describe(), **d.as_dict()}
     others = [r["difference_from_top"]["outcome"] for r in rows if not r["top"]]
     separated = all(o == "worse" for o in others)
     rows[0]["best"] = separated
@@ -248,10 +264,27 @@ def rank(
         "difference": "arm - top",
         "swept_params": swept,
         "best": rows[0]["arm"]["name"] if separated else None,
+        "best_mlp": best_mlp.label if best_mlp is not None else None,
         "not_separated_from_top": tied,
         "arms": rows,
         "skipped": skipped,
         "warnings": warnings_,
+    }
+
+
+def _mlp_digest(arm: Arm) -> str | None:
+    found = {r.meta.baselines["mlp"]["arm"] for r in arm.runs if r.meta is not None and "mlp" in r.meta.baselines}
+    return found.pop() if len(found) == 1 else None
+
+
+def mlp_arms(arms: list[Arm], table_of: dict, ids: list[str]) -> dict[str, ArmRuns]:
+    """The MLP baselines in the arms' item tables, by their arm digest, each seed once."""
+    from pipeline.stats.item_sources import pooled_replicates
+
+    pairs = [(run.table, run.meta) for arm in arms for run in arm.runs]
+    return {
+        digest: ArmRuns(f"mlp [{digest[4:]}]", seeds, values, arm=digest)
+        for digest, (seeds, values) in pooled_replicates(pairs, ids).items()
     }
 
 
