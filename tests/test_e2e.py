@@ -150,10 +150,19 @@ def test_mlflow_store_holds_the_embed_run_and_the_model_run(project):
         "stability/verdict_code",
         "stability/failed_checks",
         "eval_baselines/model_vs_nearest_group_top1",
+        "eval_baselines/model_vs_mlp_group_top1",
+        "baseline_mlp/val_cosine",
     ):
         assert key in m and math.isfinite(m[key]), key
+    # The MLP baseline on the model's run: its size and replicates, and the learning check's word on
+    # the strongest baseline (also in the run's description).
+    tags = model_run.data.tags
+    assert tags["baseline.mlp.seeds"] == "3" and int(tags["baseline.mlp.params"]) > 0
+    assert tags["eval.test.vs_mlp.group_top1"].count("[") == 1
+    assert " on " in tags["learning.vs_strongest"] and "strongest baseline" in tags["mlflow.note.content"]
     # One chart section per key prefix on the run page: one '/' per key; the intervals are tags.
-    assert [k for k in m if k.count("/") != 1] == [] and len(m) <= 60, sorted(m)
+    # (a bound on the keys, so that a new telemetry column cannot flood the page: 62 with the MLP baseline)
+    assert [k for k in m if k.count("/") != 1] == [] and len(m) <= 70, sorted(m)
     assert model_run.data.tags["eval.test.group_top1"].count("[") == 1
     assert model_run.data.tags["run.overrides"].startswith("preset=smoke")
     assert "**smoke-a**" in model_run.data.tags["mlflow.note.content"]

@@ -100,7 +100,8 @@ def test_evaluate_bootstrap_needs_are_refused(tmp_path, monkeypatch):
     with pytest.raises(ResourceError) as e:
         evaluate_stage.costs(cfg, 1)
     msg = str(e.value)
-    assert "10,000,000 resamples x 49 metrics x 8 bytes, twice, over 599 test items" in msg
+    # 7 metrics x (the model, four baselines, the model minus each baseline)
+    assert "10,000,000 resamples x 63 metrics x 8 bytes, twice, over 599 test items" in msg
     assert "lower evaluate.bootstrap_resamples" in msg and "/sys/fs/cgroup/x/memory.max" in msg
     evaluate_stage.costs(
         load_config(["run.allow_external_paths=true", f"embed.out_dir={shards}"]), 1
