@@ -31,11 +31,13 @@ def project(smoke_workspace):
 
 def test_every_stage_ran_and_wrote_its_outputs(project):
     root, _, out = project
-    for stage in ("embed", "train", "evaluate", "report"):
+    for stage in ("embed", "train", "baseline", "evaluate", "report"):
         assert f"Running stage '{stage}'" in out
     for rel in (
         "data/shards/manifest.json",
         "models/model.pt",
+        "baselines/mlp.pt",
+        "metrics/baseline.json",
         "runs/train.json",
         "runs/embed.json",
         "telemetry/train_steps.csv",
@@ -189,11 +191,13 @@ def test_second_repro_reruns_only_the_report_and_changes_no_output(project):
     lock = (root / "dvc.lock").read_bytes()
     stability = (root / "metrics/stability.json").read_bytes()
     out = sh([sys.executable, "-m", "dvc", "repro"], root, env)
-    ran = [s for s in ("embed", "train", "evaluate", "report") if f"Running stage '{s}'" in out]
+    ran = [s for s in ("embed", "train", "baseline", "evaluate", "report") if f"Running stage '{s}'" in out]
     assert ran == ["report"], out
     assert (root / "dvc.lock").read_bytes() == lock and (root / "metrics/stability.json").read_bytes() == stability
     status = sh([sys.executable, "-m", "dvc", "status"], root, env)
-    assert "always changed" in status and not [s for s in ("embed:", "train:", "evaluate:") if s in status], status
+    assert "always changed" in status and not [
+        s for s in ("embed:", "train:", "baseline:", "evaluate:") if s in status
+    ], status
 
 
 def test_renaming_the_mlflow_experiment_reruns_no_stage(project):

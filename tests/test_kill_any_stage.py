@@ -33,7 +33,7 @@ from tools.fault_matrix import clean_env, project_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-STAGES = ("embed", "train", "evaluate", "report")
+STAGES = ("embed", "train", "baseline", "evaluate", "report")
 SEED = random.SystemRandom().randrange(10**6)
 # Values that differ between any two runs: the run ids, and wall-clock figures.
 VOLATILE = ("train/seconds", "perf/", "mem/", "train/resumed_from_step")
@@ -78,6 +78,7 @@ def assert_outputs_whole(root: Path) -> None:
         assert manifest["splits"]
     for path in (
         "metrics/train.json",
+        "metrics/baseline.json",
         "metrics/eval.json",
         "metrics/stability.json",
         "runs/train.json",
@@ -90,6 +91,8 @@ def assert_outputs_whole(root: Path) -> None:
             pd.read_csv(root / path)
     if (root / "models/model.pt").exists():
         torch.load(root / "models/model.pt", weights_only=True)
+    if (root / "baselines/mlp.pt").exists():
+        torch.load(root / "baselines/mlp.pt", weights_only=True)
     # A SIGKILLed writer cannot remove its temp file, but it is a hidden `.<name>.*.tmp`, never at
     # an output's own path (DVC removes a stage's outputs before running it again, and the next
     # atomic write of a file that is not an output removes a dead writer's temps).
@@ -99,7 +102,7 @@ def assert_outputs_whole(root: Path) -> None:
 
 def assert_no_temp_files_in_outputs(root: Path) -> None:
     """What DVC caches after the final repro holds no temp file."""
-    for out in ("data/shards", "models", "reports", "metrics", "telemetry"):
+    for out in ("data/shards", "models", "baselines", "reports", "metrics", "telemetry"):
         assert not list((root / out).rglob("*.tmp")), out
 
 
@@ -162,7 +165,8 @@ def test_outputs_equal_an_uninterrupted_run(runs):
     wb = torch.load(b / "models/model.pt", weights_only=True)["state_dict"]
     for k in wa:
         assert torch.equal(wa[k], wb[k]), (k, context)
-    for name in ("train", "eval", "stability"):
+    assert (a / "baselines/mlp.pt").read_bytes() == (b / "baselines/mlp.pt").read_bytes(), context
+    for name in ("train", "baseline", "eval", "stability"):
         ja = json.loads((a / f"metrics/{name}.json").read_text())
         jb = json.loads((b / f"metrics/{name}.json").read_text())
         if name == "stability":

@@ -82,15 +82,21 @@ def test_a_fresh_clone_pulls_the_pushed_run_and_compares_asks_and_plots_without_
     print(f"fresh clone to a finished compare: {without_remote:.1f} s without the remote, "
           f"{with_remote:.1f} s with `dvc pull` from it")  # fmt: skip
 
-    for out in ("data/shards", "models/model.pt", "telemetry/train_steps.csv", "reports/eval_samples.csv"):
+    for out in (
+        "data/shards",
+        "models/model.pt",
+        "baselines/mlp.pt",
+        "telemetry/train_steps.csv",
+        "reports/eval_samples.csv",
+    ):
         assert (bob / out).exists(), f"{out} was not pulled"
     assert not (bob / "runs").exists(), "runs/ is not in git: ask must work without it"
     status = sh(*DVC, "status", cwd=bob, env=env).stdout
     # The report stage is always_changed by design (dvc.yaml): every other stage is up to date.
-    assert all(f"{stage}:" not in status for stage in ("embed", "train", "evaluate")), status
+    assert all(f"{stage}:" not in status for stage in ("embed", "train", "baseline", "evaluate")), status
     repro = sh(*DVC, "repro", "evaluate", cwd=bob, env=env).stdout
     assert "Running stage" not in repro, repro
-    for stage in ("embed", "train", "evaluate"):
+    for stage in ("embed", "train", "baseline", "evaluate"):
         assert f"Stage '{stage}' didn't change, skipping" in repro, repro
 
     question = "What is the capital of France?"
