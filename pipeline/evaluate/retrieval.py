@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from pipeline.answer.bank import Bank
 from pipeline.stats.bootstrap import Estimate, intervals, p_value, resample_means
+from pipeline.stats.item_tables import replicate_predictor
 from pipeline.stats.metrics import METRICS, SCORE_COLUMNS, item_metrics
 from pipeline.stats.seed_variance import SeedVar, components, with_seed_luck
 
@@ -167,7 +168,7 @@ def item_table(
 ) -> pd.DataFrame:
     """One row per item: its id, group and texts; the model's rank, group rank, cosine, mse and
     top bank ids; each baseline's rank, group rank, cosine and mse (columns <baseline>_...), a
-    trained baseline's per replicate (<name>.<seed>_..., replicate_columns)."""
+    trained baseline's per replicate (<name>.<seed>_...: item_tables.replicate_predictor)."""
     model = scores["model"]
     bank_ids = np.asarray(bank.ids, dtype=object)
     table = {
@@ -190,11 +191,6 @@ def item_table(
             for c in SCORE_COLUMNS:
                 table[f"{replicate_predictor(name, seed)}_{c}"] = sc[c]
     return pd.DataFrame(table)
-
-
-def replicate_predictor(name: str, seed: int) -> str:
-    """The item table's predictor name of a trained baseline's replicate: `mlp.3` for seed 3."""
-    return f"{name}.{int(seed)}"
 
 
 RIDGE_CHUNK = 65536  # rows per block of X'X: 65536 x 385 float64 = 190 MiB at most, whatever the split's size

@@ -41,7 +41,7 @@ import pandas as pd
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
-from pipeline.stats.item_tables import read_items
+from pipeline.stats.item_tables import read_items, replicate_predictor
 from pipeline.stats.metrics import METRICS, SCORE_COLUMNS, item_metrics
 
 ITEMS_PATH = "reports/eval_items.parquet"  # in the repository (a DVC output of evaluate)
@@ -292,11 +292,11 @@ def baseline_replicates(sources: list[Source], name: str) -> list[Source]:
             out.append(
                 Source(
                     s.name,
-                    f"{s.label}:{name}.{seed}",
+                    f"{s.label}:{replicate_predictor(name, seed)}",
                     s.kind,
                     f"{s.description}, {name} seed {seed}",
                     s.table,
-                    predictor=f"{name}.{int(seed)}",
+                    predictor=replicate_predictor(name, seed),
                     meta=meta,
                 )
             )
@@ -313,8 +313,8 @@ def pooled_replicates(tables: list[tuple[pd.DataFrame, object]], ids: list[str],
         for s in (b or {}).get("seeds", []):
             seeds = found.setdefault(b["arm"], {})
             if s not in seeds:
-                source = Source(name, f"{name}.{s}", "table", "", table)
-                seeds[s] = predictor_table(source, f"{name}.{int(s)}")
+                source = Source(name, replicate_predictor(name, s), "table", "", table)
+                seeds[s] = predictor_table(source, replicate_predictor(name, s))
     return {d: (sorted(seeds), runs_values([seeds[s] for s in sorted(seeds)], ids)) for d, seeds in found.items()}
 
 

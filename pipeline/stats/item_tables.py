@@ -57,6 +57,12 @@ class TableMeta:
         )
 
 
+def replicate_predictor(name: str, seed: int) -> str:
+    """The item table's predictor name of a trained baseline's replicate: `mlp.3` for seed 3 (its
+    columns mlp.3_rank, mlp.3_group_rank, ...)."""
+    return f"{name}.{int(seed)}"
+
+
 def write_items(table: pd.DataFrame, path: str | Path, meta: TableMeta) -> None:
     """`table` as parquet at `path` (the caller makes it atomic), with `meta` in its metadata."""
     import pyarrow as pa
