@@ -8,8 +8,9 @@ them, so that the model against it is a decision whose interval covers both mode
 Writes baselines/mlp.pt (every replicate's weights and per-epoch history) and metrics/baseline.json
 (its size against the model's, its replicates' val loss and cosine). Logs nothing itself: the
 evaluate stage scores it beside identity, ridge and nearest and logs it to the model's MLflow run
-(baseline_mlp/... curves, baseline.mlp.* tags). DVC caches it: a change to the model's training that leaves
-its inputs alone does not retrain it."""
+(its scores, baseline.mlp.* tags, its training per epoch as baseline/mlp_history.json). DVC
+caches it: a change to the model's training that leaves its
+inputs alone does not retrain it."""
 
 from __future__ import annotations
 

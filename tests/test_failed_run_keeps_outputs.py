@@ -143,6 +143,7 @@ def test_two_embeds_into_one_directory_the_second_is_refused_naming_the_first(tm
 
     root = project_copy(tmp_path)
     before = sorted(p.name for p in (root / "data").iterdir())
+    raw_before = sorted(p.name for p in (root / "data" / "raw").iterdir())
     env = {**clean_env(), "ENERGY_FLOW_RUNS_DIR": str(root / "runs")}
     cmd = [sys.executable, "-m", "stages.embed", "preset=smoke", "run.tracking=disabled"]
     first = subprocess.Popen(cmd, cwd=root, env=env, stderr=subprocess.PIPE, text=True)
@@ -160,4 +161,4 @@ def test_two_embeds_into_one_directory_the_second_is_refused_naming_the_first(tm
     assert (root / "data" / "shards" / "manifest.json").is_file()
     # The shards and nothing else: no lock, no staging directory.
     assert sorted(p.name for p in (root / "data").iterdir()) == sorted({*before, "shards"})
-    assert sorted(p.name for p in (root / "data" / "raw").iterdir()) == ["qa_pairs.csv"]
+    assert sorted(p.name for p in (root / "data" / "raw").iterdir()) == raw_before
