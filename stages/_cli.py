@@ -83,7 +83,25 @@ def run_stage(
     logging.basicConfig(level=logging.INFO, format=f"[{name}] %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     name = distributed.configure_rank_output(name, place)
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+        return _run(name, stage, module, place, args, body, nproc_key, costs)
+    except BaseException as e:
+        # A SIGTERM outside the body's own handling (while the stage reported an error, or
+        # ended: a rank the launcher stops because another rank failed first gets one there), or
+        # one that a library's cleanup turned into an error of its own (Hydra's config reader
+        # closes a file it never opened). The stage's own message, if any, is out; the stop
+        # says nothing more.
+        stop = _terminated_in(e)
+        if stop is None:
+            raise
+        return 128 + stop.signum
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(name, stage, module, place, args, body, nproc_key, costs) -> int:
     cfg = None
     session = tracking.TrackingSession()  # this stage's own: nothing carries over to the next stage
     with tracking.active(session):
@@ -130,9 +148,38 @@ def run_stage(
             what = _stopped_what(stage, cfg, session) if place.is_main else ""
             print(f"[{name}] stopped by {signal.Signals(signum).name}{what}", file=sys.stderr)
             return 128 + signum
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        except Exception as e:
+            if not _from_mlflow(e):
+                raise
+            # The tracking store refused a request the checks before the work could not foresee
+            # (a run deleted meanwhile, a permission): what it said, in one line.
+            from pipeline.tracking.redact import redact_text
+
+            said = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            print(
+                f"[{name}] error: the MLflow tracking store {redact_text(tracking.tracking_uri())} refused: "
+                f"{redact_text(said)[:500]} ({type(e).__name__}); the stage stopped there",
+                file=sys.stderr,
+            )
+            return 1
         return 0
+
+
+def _terminated_in(e: BaseException | None) -> Terminated | None:
+    """The SIGTERM behind `e`: `e` itself, or the exception it was raised while handling."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Terminated):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _from_mlflow(e: BaseException) -> bool:
+    """An error MLflow raised (mlflow.exceptions.MlflowException and its kinds, RestException),
+    told apart without importing MLflow into every stage's start."""
+    return any(c.__module__.split(".")[0] == "mlflow" for c in type(e).__mro__)
 
 
 def _stopped_what(stage: str, cfg, session: tracking.TrackingSession) -> str:
@@ -154,4 +201,8 @@ def _stopped_what(stage: str, cfg, session: tracking.TrackingSession) -> str:
 
 
 def _raise_terminated(signum, frame):
+    # One stop is enough: further SIGTERMs (a launcher stopping every rank, then again) are
+    # ignored while the stage flushes and ends its run and prints one line; run_stage puts the
+    # previous handler back when it returns. SIGINT and SIGKILL still end it at once.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Terminated(signum)
