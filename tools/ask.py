@@ -121,6 +121,7 @@ def default_model_uri() -> tuple[str, str]:
     Not runs:/<run_id>/model: MLflow resolves that by the logged model's name, which is the
     run's own (pipeline.serve.log.model_name)."""
     from pipeline.tracking import store as tracking
+    from pipeline.tracking.redact import redact_text
 
     info, path = train_run(), tracking.run_file("train")
     named = f"which {path} names" if path.is_file() else "found by its model file's digest"
@@ -134,7 +135,7 @@ def default_model_uri() -> tuple[str, str]:
     except MlflowException:
         elsewhere = f" ({path} says it was logged to {recorded}: set MLFLOW_TRACKING_URI to it)" if recorded else ""
         raise PipelineError(
-            f"run {info['run_id']}, {named}, is not in the tracking store {uri}{elsewhere}; "
+            f"run {info['run_id']}, {named}, is not in the tracking store {redact_text(uri)}{elsewhere}; "
             "run ./dev repro to train and log a model here, or pass --model URI"
         ) from None
     model_id = run_model_id(MlflowClient(uri), info["run_id"])
@@ -161,7 +162,6 @@ def recorded_model_dir(train: dict) -> tuple[Path | None, str]:
     runs/evaluate.json, "") or (None, why there is none to use)."""
     from pipeline.core.stage_outputs import read_json
     from pipeline.tracking import store as tracking
-    from pipeline.tracking.redact import redact_text
 
     path = tracking.run_file("evaluate")
     if not path.is_file():
@@ -172,12 +172,16 @@ def recorded_model_dir(train: dict) -> tuple[Path | None, str]:
         return None, str(e)
     if rec.get("run_id") != train["run_id"]:
         return None, f"{path} is of another run than {tracking.run_file('train')}"
-    if rec.get("tracking_uri") != redact_text(tracking.tracking_uri()):
+    if tracking.recorded_store(rec) != tracking.store_key():
         return None, f"{path} is of another tracking store"
     model_dir = rec.get("model_dir")
-    if not isinstance(model_dir, str) or not model_dir or not Path(model_dir).is_dir():
+    if not isinstance(model_dir, str) or not model_dir:
         return None, "the store keeps the model elsewhere"
-    return Path(model_dir), ""
+    # Relative: inside the project (pipeline/serve/log.py), wherever the checkout is now.
+    found = tracking.project_root() / model_dir
+    if not found.is_dir():
+        return None, "the store keeps the model elsewhere"
+    return found, ""
 
 
 def local_model(given: str | None):
@@ -226,8 +230,10 @@ def check_answer_model(uri: str, name: str | None = None):
     except (MlflowException, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise PipelineError(
-            f"no MLflow model at {name} ({first}); expected the answer model the pipeline logs as `model` "
-            "(run ./dev repro), or a --model URI that holds one"
+            f"no MLflow model at {name} ({first}); expected the answer model the evaluate stage logs to the "
+            "model's run (models:/<model id>, as `./dev ask` with no --model finds it, or runs:/<run id>/<model "
+            "name>: the name is `<preset>-<run name>-<run id's first 8>`, docs/serving.md), a directory made with "
+            "mlflow.pyfunc.save_model, or run ./dev repro to log one"
         ) from None
     loader = (info.flavors.get("python_function") or {}).get("loader_module")
     schema = info.signature.inputs if info.signature else None

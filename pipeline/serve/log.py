@@ -207,8 +207,20 @@ def logged_model_record(info) -> dict:
         "model_uri": info.model_uri,
         "tracking_uri": tracking.tracking_uri(),
         "model_sha256": (info.metadata or {}).get("model_sha256", ""),
-        "model_dir": str(model_dir) if model_dir is not None and (model_dir / "MLmodel").is_file() else "",
+        "model_dir": _portable(model_dir) if model_dir is not None and (model_dir / "MLmodel").is_file() else "",
     }
+
+
+def _portable(model_dir: Path) -> str:
+    """`model_dir` relative to the project where it is inside it (the project's mlruns/): a
+    checkout copied or moved elsewhere still finds it; absolute otherwise."""
+    from pipeline.tracking import store as tracking
+
+    root = tracking.project_root()
+    try:
+        return str(model_dir.resolve().relative_to(root))
+    except ValueError:
+        return str(model_dir)
 
 
 def save_answer_model(

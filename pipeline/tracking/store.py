@@ -27,6 +27,7 @@ from pipeline.core.errors import PipelineError, TrackingUnavailable
 from pipeline.core.paths import REPO_ROOT
 from pipeline.tracking.provenance import DIFF_ARTIFACT, provenance
 from pipeline.tracking.redact import redact_params, redact_text
+from pipeline.tracking.relocate import relocate
 from pipeline.tracking.store_check import mlflow_env_problem, store_problem
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,36 @@ def project_root(start: Path = REPO_ROOT) -> Path:
     return start.resolve()
 
 
+def project_store_uri() -> str:
+    """The project's own store, used when MLFLOW_TRACKING_URI is unset: mlflow.db in the project."""
+    return f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
 def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+    return os.environ.get("MLFLOW_TRACKING_URI") or project_store_uri()
+
+
+# What runs/<stage>.json records as the store of its run (`store`): the project's own mlflow.db is
+# PROJECT_STORE, not its path, because a checkout copied (`cp -a`) or moved takes mlflow.db and
+# mlruns/ along and is the same store in its new folder; any other store is its URI, redacted.
+PROJECT_STORE = "project"
+# On every run (and logged model) `./dev team copy-store` copies: the id of the run it is a copy
+# of. A run file naming a run of another store finds the run's copy in this one by it.
+COPIED_FROM = "energy_flow.copied_from"
+
+
+def store_key(uri: str | None = None) -> str:
+    """How a run file names the store at `uri` (default: the one in use)."""
+    uri = tracking_uri() if uri is None else uri
+    return PROJECT_STORE if uri == project_store_uri() else redact_text(uri)
+
+
+def recorded_store(info: dict) -> str:
+    """The store a run file's run is in: its `store`, or, in a file written before there was one,
+    its tracking URI (the project's store only where that is this folder's mlflow.db)."""
+    if isinstance(info.get("store"), str) and info["store"]:
+        return info["store"]
+    return store_key(str(info.get("tracking_uri") or ""))
 
 
 def pending_dir() -> Path:
@@ -231,6 +260,7 @@ def _open_sqlite_store(uri: str) -> None:
     # then takes the file at the path), so nothing is left in the store's directory, maybe anyone's.
     with (lock := FileLock(db.parent / f".{db.name}.lock")):
         mlflow.search_experiments(max_results=1)  # opens the store: creates or upgrades its tables
+        relocate(db)  # a store copied or moved with its folder: its artifacts are beside it now
         with contextlib.suppress(OSError):
             os.unlink(lock.lock_file)
 
@@ -515,6 +545,7 @@ def write_run_file(stage: str, info: dict, tx=None) -> None:
         log.info("tracking is off: %s %s %s run", run_file(stage), kept, stage)
         return
     dest = run_file(stage) if tx is None else tx.path(run_file(stage))
+    info = {**info, "store": store_key()}
     # Shown to anyone with the working copy: no password of a tracking URI in it.
     write_json(dest, {k: redact_text(v) if isinstance(v, str) else v for k, v in info.items()})
 
@@ -544,6 +575,8 @@ def read_run_file(
         raise PipelineError(
             f"{path}: holds no run_id; it is written by the {stage} stage: run it again (dvc repro {stage})"
         )
+    if enabled() and info["run_id"] and recorded_store(info) != store_key():
+        return _run_in_this_store(stage, path, info, output, digest_key, required)
     if output is None or not info.get(digest_key):
         return info
     digest = sha256_file(output)
@@ -562,6 +595,39 @@ def read_run_file(
     )
 
 
+def _run_in_this_store(
+    stage: str, path: Path, info: dict, output: Path | None, digest_key: str, required: bool
+) -> dict:
+    """`path` names a run of another store than the one in use (the checkout moved onto the team
+    server, or back): the run itself where this store has it too (a copy of the whole store keeps
+    run ids), else its copy (`./dev team copy-store` tags it COPIED_FROM), else the run that made
+    `output` (by its digest tag); none of these: an error saying what to run, before any work."""
+    from pipeline.data.shards import sha256_file
+
+    here = {"store": store_key(), "tracking_uri": redact_text(tracking_uri())}
+    if run_exists(info["run_id"]):
+        return {**info, **here}
+    copy = find_run_by_tag(COPIED_FROM, info["run_id"])
+    if copy:
+        return {**info, **here, "run_id": copy}
+    if output is not None and output.is_file():
+        digest = sha256_file(output)
+        found = find_run_by_tag(f"{stage}.{digest_key}", digest)
+        if found:
+            return {**info, **here, "run_id": found, digest_key: digest}
+    if not required:
+        return {}
+    where = "MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "the project's own, mlflow.db"
+    old = info.get("tracking_uri") or "(not recorded)"
+    raise PipelineError(
+        f"{path} names MLflow run {info['run_id']} of the tracking store {old}, "
+        f"but the store in use is {here['tracking_uri']} ({where}), which holds neither that run nor a copy of it. "
+        "Copy the runs of the old store into this one (`./dev team copy-store` for the team server; docs/team.md), "
+        f"or make the {stage} stage's run here again (`dvc repro -f {stage}`), or go back to the old store "
+        "(MLFLOW_TRACKING_URI)"
+    )
+
+
 def find_run_by_tag(key: str, value: str) -> str | None:
     """The newest run of any experiment whose tag `key` is `value`, or None."""
     import mlflow
@@ -575,6 +641,26 @@ def find_run_by_tag(key: str, value: str) -> str | None:
         output_format="list",
     )
     return runs[0].info.run_id if runs else None
+
+
+def download_run_files(run_id: str, artifact_dir: str, names: list[str], dest: Path) -> bool:
+    """Download the artifacts `artifact_dir`/NAME of run `run_id` into `dest` (as dest/NAME);
+    False, downloading nothing more, when tracking is off or the run lacks one of them. A store
+    that cannot be read raises, as any other request to it does."""
+    if not enabled() or not run_id:
+        return False
+    import mlflow
+
+    use_store()
+    client = mlflow.MlflowClient()
+    have = {Path(f.path).name for f in client.list_artifacts(run_id, artifact_dir)}
+    if not set(names) <= have:
+        return False
+    for name in names:
+        got = Path(client.download_artifacts(run_id, f"{artifact_dir}/{name}", str(dest)))
+        if got != dest / name:  # where MLflow put it depends on the artifact repository
+            got.replace(dest / name)
+    return True
 
 
 def log_artifact_file(path: Path, artifact_path: str | None = None) -> None:

@@ -5,8 +5,10 @@ names, so that what the copy changes on purpose is never reported as a differenc
 from __future__ import annotations
 
 # On every copied run and logged model: the id it was copied from. It is how a second copy finds
-# what the first made (nothing is copied twice) and how a run on the server is traced back.
-COPIED_FROM = "energy_flow.copied_from"
+# what the first made (nothing is copied twice), how a run on the server is traced back, and how a
+# checkout's runs/*.json, naming runs of the old store, find their copies (pipeline/tracking/store.py).
+from pipeline.tracking.store import COPIED_FROM
+
 # Set last, once everything of the run (its models, artifacts and end) is there: a run copied
 # from without it is what an interrupted copy left, and the next copy replaces it.
 COPY_COMPLETE = "energy_flow.copy_complete"
