@@ -18,17 +18,19 @@ if __name__ == "__main__":  # run as a stage: before the imports below (stages/s
 
 import logging
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
 from pipeline.core.output_transaction import outputs
-from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, TELEMETRY_DIR, repo_path
+from pipeline.core.paths import METRICS_DIR, REPORTS_DIR, TELEMETRY_DIR, reading_rule, repo_path
 from pipeline.core.stage_outputs import read_csv, read_json
 from pipeline.report.build import EVIDENCE_JSON, REPORT_FILES, STABILITY_JSON, build_report, log_report, verdict_line
 from pipeline.report.checks import REMEASURE
 from pipeline.tracking import store as tracking
-from pipeline.train.perf_files import read_perf
+from pipeline.train.perf_files import PERF_ARTIFACT_DIR, PERF_CSV, PERF_JSON, Perf, read_perf
 
 from ._cli import run_stage
 
@@ -49,13 +51,16 @@ class ReportInputs:
     diverged: bool
 
 
-def read_inputs(cfg, train_metrics: dict | None = None) -> ReportInputs:
-    """`train_metrics`: metrics/train.json when the caller has read it already."""
+def read_inputs(cfg, train_metrics: dict | None = None, run_id: str = "") -> ReportInputs:
+    """`train_metrics`: metrics/train.json when the caller has read it already; `run_id`: the
+    model's MLflow run, whose copies of the time and memory files stand in for missing ones."""
     if train_metrics is None:
         train_metrics = read_json(METRICS_DIR / "train.json", "train")
     diverged = bool(train_metrics.get("train/diverged"))
     steps = read_csv(TELEMETRY_DIR / "train_steps.csv", "train", required=("step",))
     perf = read_perf(cfg)  # time and memory, beside the DVC outputs (pipeline/train/perf_files.py)
+    if perf.steps is None and run_id:
+        perf = perf_of_run(cfg, run_id, perf)
     if perf.steps is not None:
         steps = steps.merge(perf.steps, on="step", how="left")
     else:
@@ -63,6 +68,23 @@ def read_inputs(cfg, train_metrics: dict | None = None) -> ReportInputs:
     events = read_json(TELEMETRY_DIR / "train_events.json", "train", expect=list)
     eval_metrics = None if diverged else read_json(METRICS_DIR / "eval.json", "evaluate")
     return ReportInputs(steps, events, {**train_metrics, **perf.totals}, eval_metrics, perf.missing, diverged)
+
+
+def perf_of_run(cfg, run_id: str, local: Perf) -> Perf:
+    """The time and memory files the model's train run logged to MLflow (train/train_perf.*),
+    where the ones in telemetry/ are missing or of another run: a clone that pulled the model
+    with `dvc pull` has none (they are no DVC output), yet the model's run has its own. `local`
+    when the run has none either, or they are of other settings too."""
+    with tempfile.TemporaryDirectory(prefix="report-perf-") as tmp:
+        got = tracking.download_run_files(run_id, PERF_ARTIFACT_DIR, [PERF_CSV.name, PERF_JSON.name], Path(tmp))
+        if not got:
+            return local
+        with reading_rule(True):  # this stage's own temporary folder, not a path of the config's
+            perf = read_perf(cfg, Path(tmp))
+    if perf.steps is None:
+        return local
+    log.info("time and memory: from the model's MLflow run %s (%s)", run_id, local.missing)
+    return perf
 
 
 def model_run_id(cfg, diverged: bool) -> str:
@@ -77,7 +99,7 @@ def model_run_id(cfg, diverged: bool) -> str:
 def run(cfg) -> dict:
     train_metrics = read_json(METRICS_DIR / "train.json", "train")
     run_id = model_run_id(cfg, bool(train_metrics.get("train/diverged")))
-    inputs = read_inputs(cfg, train_metrics)
+    inputs = read_inputs(cfg, train_metrics, run_id)
     # Written aside and put in place together (pipeline/core/output_transaction.py): a report that
     # fails half-way leaves the previous one whole.
     with outputs("report", [*REPORT_FILES, EVIDENCE_JSON, STABILITY_JSON, REPORTS_DIR / "plots"]) as tx:

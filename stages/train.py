@@ -52,7 +52,7 @@ from pipeline.train.device import select_device
 from pipeline.train.inputs import prepare
 from pipeline.train.loop import train_model
 from pipeline.train.outputs import ARTIFACTS, destinations, write_model, write_telemetry, write_train_metrics
-from pipeline.train.perf_files import manifest_digest, settings_digest
+from pipeline.train.perf_files import PERF_ARTIFACT_DIR, manifest_digest, settings_digest
 from pipeline.train.result import TrainingDiverged
 
 from ._cli import run_stage
@@ -224,7 +224,7 @@ def record(run, result, cfg, model_dir: Path, settings: str, tx, diverged: bool 
     # last telemetry row's (perf/samples_per_s of one window, not of the run), as DVC does.
     tracking.log_metrics(metrics, step=int(metrics["train/steps"]))
     for path in () if diverged else ARTIFACTS:
-        tracking.log_artifact_file(tx.path(path), "train")
+        tracking.log_artifact_file(tx.path(path), PERF_ARTIFACT_DIR)
     update_note()
     uri = tracking.tracking_uri() if tracking.enabled() or not diverged else ""
     info = {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id, "tracking_uri": uri}

@@ -88,3 +88,37 @@ def test_the_digest_is_stable_and_ignores_key_order():
     assert len(settings_digest(cfg, data)) == 16
     # Settings that only change where things go do not change it.
     assert settings_digest(cfg, data) == settings_digest(load_config(["preset=smoke", "run.tracking=disabled"]), data)
+
+
+def test_missing_time_and_memory_files_are_read_from_the_models_run_when_they_are_its_own(tmp_path, monkeypatch):
+    """A clone that pulled the model has no telemetry/train_perf.* (no DVC output): the report reads
+    the copies the train run logged (train/train_perf.*), under the same settings check."""
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    from pipeline.tracking import store as tracking
+    from pipeline.train.perf_files import Perf
+    from stages.report import perf_of_run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracking._open_sqlite_store.cache_clear()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("energy-flow", artifact_location=(tmp_path / "mlruns").as_uri())
+    run = client.create_run(experiment).info.run_id
+    logged = tmp_path / "logged"
+    logged.mkdir()
+    pd.DataFrame({"step": [1, 2], "perf/step_ms": [1.5, 2.5]}).to_csv(logged / "train_perf.csv", index=False)
+    (logged / "train_perf.json").write_text(json.dumps({SETTINGS_KEY: "abc", "train/seconds": 3.0}))
+    for name in ("train_perf.csv", "train_perf.json"):
+        client.log_artifact(run, str(logged / name), "train")
+    local = Perf(missing="train_perf.csv or train_perf.json is missing from telemetry")
+
+    monkeypatch.setattr(perf_files, "current_settings", lambda cfg: "abc")
+    got = perf_of_run(None, run, local)
+    assert list(got.steps["step"]) == [1, 2] and list(got.steps["perf/step_ms"]) == [1.5, 2.5]
+    assert got.totals == {"train/seconds": 3.0} and got.missing == ""
+    # Measured under other settings (another run's): not used, the local reason stands.
+    monkeypatch.setattr(perf_files, "current_settings", lambda cfg: "other")
+    assert perf_of_run(None, run, local) is local
+    # A run that logged none (trained before the files were logged): the same.
+    assert perf_of_run(None, client.create_run(experiment).info.run_id, local) is local

@@ -1,9 +1,9 @@
 """Nothing trained twice: a researcher runs the pipeline (smoke preset) against the team stack,
 commits and `dvc push`es; a colleague's fresh `git clone` with the stack's remote and
 MLFLOW_TRACKING_URI gets the outputs with `dvc pull`, finds every stage up to date, and runs
-`./dev compare main workspace`, `./dev ask` and `dvc plots diff main` without training. The
-comparison needs nothing pulled at all (the item table is in git); the plots need the remote set,
-not pulled."""
+`./dev compare main workspace`, `./dev ask`, `dvc plots diff main` and `dvc repro` without training,
+leaving git clean. The comparison needs nothing pulled at all (the item table is in git); the plots
+need the remote set, not pulled."""
 
 from __future__ import annotations
 
@@ -111,3 +111,11 @@ def test_a_fresh_clone_pulls_the_pushed_run_and_compares_asks_and_plots_without_
     html = (page / "index.html").read_text()
     assert "Training loss" in html and "main" in html
     assert sh("git", "status", "--porcelain", cwd=bob, env=env).stdout == ""
+
+    # The whole pipeline, the report included (always run): its time, memory and device checks
+    # read the model run's copies of telemetry/train_perf.* (no DVC output: neither pushed nor
+    # pulled), so bob's report is alice's and nothing committed changes.
+    repro = sh(*DVC, "repro", cwd=bob, env=env)
+    assert "time and memory: from the model's MLflow run" in repro.stdout + repro.stderr, repro.stderr[-3000:]
+    assert sh("git", "status", "--porcelain", cwd=bob, env=env).stdout == ""
+    assert "Running stage 'train'" not in repro.stdout

@@ -23,7 +23,8 @@ from pipeline.train.telemetry import step_columns
 STEPS_CSV = TELEMETRY_DIR / "train_steps.csv"
 EVENTS_JSON = TELEMETRY_DIR / "train_events.json"
 TRAIN_JSON = METRICS_DIR / "train.json"
-# The files logged as the run's artifacts (the names are the outputs' own).
+# The files logged as the run's artifacts (the names are the outputs' own), in its folder
+# PERF_ARTIFACT_DIR (perf_files.py).
 ARTIFACTS = (TRAIN_JSON, STEPS_CSV, EVENTS_JSON, PERF_CSV, PERF_JSON)
 
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 from omegaconf import OmegaConf
@@ -29,6 +30,9 @@ log = logging.getLogger(__name__)
 PERF_CSV = TELEMETRY_DIR / "train_perf.csv"
 PERF_JSON = TELEMETRY_DIR / "train_perf.json"
 SETTINGS_KEY = "settings_digest"  # in PERF_JSON
+# The train run's artifact folder that holds its copies of both files (with its other outputs,
+# pipeline/train/outputs.py): the report reads them there where a checkout has none of its own.
+PERF_ARTIFACT_DIR = "train"
 _MEASURED_PREFIXES = ("perf/", "mem/", "system/")
 _MEASURED_KEYS = frozenset({"train/seconds"})
 
@@ -75,25 +79,25 @@ def current_settings(cfg) -> str | None:
     return settings_digest(cfg, manifest_digest(manifest))
 
 
-def read_perf(cfg) -> Perf:
-    """The measurements, if they exist and were taken under this config's settings."""
-    if not (PERF_CSV.is_file() and PERF_JSON.is_file()):
+def read_perf(cfg, directory: Path | None = None) -> Perf:
+    """The measurements, if they exist and were taken under this config's settings: in
+    telemetry/, or in `directory` (the copies logged to the model's MLflow run, downloaded)."""
+    csv, js = (PERF_CSV, PERF_JSON) if directory is None else (directory / PERF_CSV.name, directory / PERF_JSON.name)
+    if not (csv.is_file() and js.is_file()):
         return Perf(
-            missing=f"{PERF_CSV.name} or {PERF_JSON.name} is missing from {TELEMETRY_DIR} (the train stage "
-            "writes them beside the DVC outputs, so `dvc checkout` of another experiment does not "
-            "bring them)"
+            missing=f"{csv.name} or {js.name} is missing from {csv.parent} (the train stage writes them beside "
+            "the DVC outputs, so neither `dvc pull` nor `dvc checkout` of another experiment brings them)"
         )
-    totals = read_json(PERF_JSON, "train")
+    totals = read_json(js, "train")
     measured_under = totals.pop(SETTINGS_KEY, None)
     expected = current_settings(cfg)
     if expected is not None and measured_under is None:
-        return Perf(
-            missing=f"{PERF_JSON} does not say which settings it was measured under (an older version wrote it)"
-        )
+        return Perf(missing=f"{js} does not say which settings it was measured under (an older version wrote it)")
     if expected is not None and measured_under != expected:
         return Perf(
-            missing=f"{PERF_JSON} was measured under other settings (digest {measured_under}) than this "
-            f"config's ({expected}): DVC restored the train stage from its cache without running "
-            "it, and the file is the last real run's"
+            missing=f"{js} was measured under other settings (digest {measured_under}) than this config's "
+            f"({expected}): the last train run that wrote it had other parameters or data than this "
+            "model (a train stage run by hand with overrides, or one DVC restored from its cache "
+            "without running it)"
         )
-    return Perf(steps=read_csv(PERF_CSV, "train", required=("step",)), totals=totals)
+    return Perf(steps=read_csv(csv, "train", required=("step",)), totals=totals)
