@@ -108,7 +108,10 @@ def _embed(cfg, prepared, teacher, place: distributed.Dist) -> dict:
         manifest, cache_stats = embed_splits(e, splits, teacher, ident, extra, place)
         seconds = time.perf_counter() - t0  # embedding and writing the shards: they interleave
         if main:
-            cached, embedded = cache_stats.get("cached", 0), cache_stats.get("embedded", 0)
+            # Each distinct text is embedded at most once (then it is in the cache); the reads from the
+            # cache count a text once per shard it is in, so "from the cache" is the distinct rest.
+            embedded = cache_stats.get("embedded", 0)
+            cached = max(n_distinct - embedded, 0)
             tracking.log_metrics(
                 {
                     **{f"data/{k}": v for k, v in prepared.stats.items()},

@@ -266,3 +266,30 @@ def test_ctrl_c_while_the_config_loads_ends_in_one_line(monkeypatch, capsys):
     assert evaluate.main([]) == 130
     err = capsys.readouterr().err
     assert err == "[evaluate] stopped by SIGINT while reading its configuration: nothing was done\n", err
+
+
+@pytest.mark.parametrize(
+    "override", ["hydra.job.chdir=true", "hydra.run.dir=/tmp/x", "hydra/launcher=basic", "+hydra.verbose=true"]
+)
+def test_hydras_own_settings_are_refused_not_silently_ignored(override):
+    with pytest.raises(ConfigError) as e:
+        load_config([override])
+    assert f"the override '{override}' sets Hydra's own setting" in str(e.value) and "Remove it" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "sqlite:///data/shards/mlflow.db",
+        "sqlite:///models/x/runs.db",
+        "sqlite:///metrics/mlflow.db",
+        "file:./baselines/store",
+    ],
+)
+def test_a_store_inside_a_folder_of_stage_outputs_is_refused(uri, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    folder = uri.split("///")[-1].split(":")[-1].lstrip("./").split("/")[0]
+    said = store_problem(uri)
+    assert said and "a folder of stage outputs that DVC deletes and replaces" in said, said
+    assert f"is inside {folder}" in said
+    assert store_problem(f"sqlite:///{REPO_ROOT / 'mlflow.db'}") is None

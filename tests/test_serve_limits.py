@@ -237,3 +237,18 @@ def test_malformed_json_is_answered_without_the_body_echoed():
     assert status == 400 and answer == {
         "message": "Invalid input. Ensure that input is a valid JSON formatted string. Error: 'x'"
     }
+
+
+def test_json_nested_deeper_than_any_request_is_refused_with_400_before_the_app_parses_it():
+    app = Echo()
+    deep = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # MLflow's parser: RecursionError, 500
+    status, answer, _ = call(BodyLimit(app, 10**7), deep, headers={"content-type": "application/json"})
+    assert status == 400 and app.calls == 0, answer
+    assert "nests JSON more than 32 levels deep" in answer["message"] and "dataframe_records" in answer["message"]
+    # What the answer model takes passes, brackets inside its strings included.
+    fine = json.dumps({"dataframe_split": {"columns": ["question"], "data": [["[" * 500 + ' "{"']]}}).encode()
+    status, answer, _ = call(BodyLimit(app, 10**7), fine, headers={"content-type": "application/json"})
+    assert status == 200 and app.calls == 1 and answer["read"] == len(fine)
+    # A CSV body is not JSON: its brackets are text.
+    status, _, _ = call(BodyLimit(app, 10**7), b"question\n" + b"[" * 100 + b"\n", headers={"content-type": "text/csv"})
+    assert status == 200 and app.calls == 2

@@ -15,6 +15,7 @@ Error: ...", "Input: <the body>"): the answer to a large bad request is what was
 from __future__ import annotations
 
 import json
+import re
 
 from pipeline.serve.request import BODY_VAR, ROWS_VAR
 
@@ -38,6 +39,37 @@ def timeout_message(timeout_s: float | None) -> str:
     return (
         f"the request took longer than the server's request timeout{after}: send fewer questions per "
         f"request (the limit is {ROWS_VAR}), or raise {TIMEOUT_VAR} where the model is served"
+    )
+
+
+# JSON nested deeper than this is refused before MLflow parses it: its parser gives up on a body
+# nested a few thousand levels deep with a RecursionError, which its server answers as a bare
+# HTTP 500. A request the answer model takes nests 3 levels ({"dataframe_split": {"data": [[..]]}}).
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def too_deep(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text `body` nests arrays and objects more than `limit` levels deep
+    (brackets inside strings do not count). Only the brackets are visited, so a large body of
+    flat rows costs about as much as reading it."""
+    depth = 0
+    for m in _BRACKET.finditer(_JSON_STRING.sub(b'""', body)):
+        if m.group() in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def too_deep_message() -> str:
+    return (
+        f"request body nests JSON more than {MAX_JSON_DEPTH} levels deep; expected the questions as "
+        '{"dataframe_records": [{"question": "..."}]} or {"dataframe_split": {"columns": ["question"], '
+        '"data": [["..."]]}} (docs/serving.md)'
     )
 
 
@@ -81,6 +113,8 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body, handed = b"".join(chunks), False
+        if b"json" in headers.get(b"content-type", b"").lower() and too_deep(body):
+            return await _answer(send, 400, too_deep_message())
 
         async def replay():
             nonlocal handed

@@ -57,7 +57,7 @@ def store_problem(uri: str) -> str | None:
         if kind == "sqlite":
             return _sqlite_problem(uri)
         if kind in ("", "file"):
-            return _directory_problem(Path(path))
+            return _inside_outputs(Path(path)) or _directory_problem(Path(path))
     except ValueError as e:  # urllib's own refusal (an unclosed [ of an IPv6 host)
         return f"not a URI ({e}); {VALID}"
     except OSError as e:  # a name too long for the file system
@@ -70,6 +70,9 @@ def _sqlite_problem(uri: str) -> str | None:
     if not rest.startswith("///"):
         return None  # sqlite:// (in memory) or a host form: SQLAlchemy's to judge
     db = Path(urllib.parse.unquote(rest[3:].split("?", 1)[0]))
+    inside = _inside_outputs(db)
+    if inside:
+        return inside
     if db.is_dir():
         return f"{db} is a directory; {VALID}, e.g. sqlite:///{db / 'mlflow.db'}"
     if not db.exists():
@@ -85,6 +88,44 @@ def _sqlite_problem(uri: str) -> str | None:
             f"write its tables into it; {VALID}, e.g. a new file beside it"
         )
     return None
+
+
+def _inside_outputs(store: Path) -> str | None:
+    """A local store (the database, or a directory store) inside a folder that holds a stage's
+    outputs, which DVC deletes and replaces (data/shards, models, ...): the runs would be lost with
+    the next run of that stage, and the store's files would sit among the outputs. Relative paths
+    are the project's (the stages run in its root)."""
+    from pipeline.core.paths import REPO_ROOT
+
+    root = REPO_ROOT.resolve()
+    where = (store if store.is_absolute() else root / store).resolve()
+    for folder in stage_output_folders(root):
+        if where == folder or folder in where.parents:
+            return (
+                f"{where} is inside {folder.relative_to(root)}/, a folder of stage outputs that DVC deletes and "
+                "replaces when the stage runs (dvc.yaml): the runs would go with it; put the store outside "
+                "the stages' output folders"
+            )
+    return None
+
+
+def stage_output_folders(root: Path) -> list[Path]:
+    """The folders dvc.yaml's stages write their outputs into: a directory output itself
+    (data/shards, models), or the folder of a file output (metrics/, telemetry/, reports/)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    folders = set()
+    for stage in (doc.get("stages") or {}).values():
+        for key in ("outs", "metrics", "plots"):
+            for entry in (stage or {}).get(key) or []:
+                rel = next(iter(entry)) if isinstance(entry, dict) else str(entry)
+                path = root / rel
+                folders.add(path.parent if Path(rel).suffix else path)
+    return sorted(f.resolve() for f in folders if f.resolve() != root)
 
 
 def _directory_problem(root: Path) -> str | None:

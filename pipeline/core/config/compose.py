@@ -26,6 +26,7 @@ def compose_raw(overrides: Sequence[str] = (), params_file: Path | None = None) 
 
     overrides = list(overrides)
     _check_text(overrides)
+    _refuse_hydra_settings(overrides)
     params_file = Path(params_file) if params_file else PARAMS_FILE
     groups = {o.split("=", 1)[0].lstrip("+~") for o in overrides} & set(CONFIG_GROUPS)
     use_conf = bool(groups)
@@ -113,6 +114,21 @@ def _check_text(overrides: Sequence[str]) -> None:
                 f"the override '{shown}' (key '{override.partition('=')[0]}') is not UTF-8 text: {what} at "
                 f"character {e.start + 1}; write its value in UTF-8 (the shell's or script's encoding)"
             ) from None
+
+
+def _refuse_hydra_settings(overrides: Sequence[str]) -> None:
+    """Hydra's own settings (hydra.job.chdir, hydra.run.dir, hydra/launcher=...) are accepted by
+    Hydra's compose API and then do nothing: a stage composes its config, it is not a Hydra job
+    (no output directory, no change of directory, no launcher or sweeper). Refused, not ignored."""
+    for override in overrides:
+        key = override.partition("=")[0].lstrip("+~")
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            raise ConfigError(
+                f"the override '{override}' sets Hydra's own setting '{key}', which the stages do not use: they "
+                "compose their config with Hydra but do not run as Hydra jobs (no job output directory, no "
+                "change of working directory: a stage runs in the project root and writes only its declared "
+                "outputs; sweeps are DVC's: dvc exp run --queue -S 'KEY=A,B'). Remove it"
+            )
 
 
 def _absent_key_message(params_file: Path, key: str) -> str:
