@@ -54,14 +54,20 @@ def citations(text: str, file: str = "") -> Iterator[Citation]:
             yield Citation(file, n, printed, m["path"], m["key"], float(m["factor"] or 1))
 
 
-def lookup(data: dict, key: str):
-    """`key` in `data`, or a dotted path into it (the longest key that exists at each level)."""
+def lookup(data: dict | list, key: str):
+    """`key` in `data`, or a dotted path into it (the longest key that exists at each level); in
+    a list, a part is the item's index (`arms.0.mean.value`: the first arm's mean)."""
+    if isinstance(data, list):
+        head, _, rest = key.partition(".")
+        if not head.isdigit() or int(head) >= len(data):
+            raise KeyError(key)
+        return data[int(head)] if not rest else lookup(data[int(head)], rest)
     if key in data:
         return data[key]
     parts = key.split(".")
     for i in range(len(parts) - 1, 0, -1):
         head = ".".join(parts[:i])
-        if head in data and isinstance(data[head], dict):
+        if head in data and isinstance(data[head], (dict, list)):
             return lookup(data[head], ".".join(parts[i:]))
     raise KeyError(key)
 

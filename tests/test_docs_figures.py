@@ -73,6 +73,15 @@ def test_a_citation_is_checked_at_the_precision_printed(tmp_path):
     assert "printed 2.0" in problems[3] and "no 'nothing'" in problems[4]
 
 
+def test_a_citation_indexes_into_a_list_by_position():
+    data = {"arms": [{"mean": {"value": 0.889}}, {"mean": {"value": 0.885}}]}
+    assert figures.lookup(data, "arms.1.mean.value") == 0.885
+    assert figures.lookup(data, "arms.0.mean") == {"value": 0.889}
+    for bad in ("arms.2.mean", "arms.x.mean", "arms.-1.mean"):
+        with pytest.raises(KeyError):
+            figures.lookup(data, bad)
+
+
 def test_uncited_finds_measured_numbers_without_a_source():
     text = (
         "1.9x <!-- fig: r.json#a -->\n"
