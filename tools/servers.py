@@ -129,11 +129,22 @@ def start_mlflow_server(
         yield base_url
 
 
-def mlflow_server_command(backend_store_uri: str, artifacts_dir: Path, port: int, workers: int = 1) -> list[str]:
-    """The `mlflow server` command line (this venv's) on 127.0.0.1:`port`, proxying artifacts to
+def mlflow_server_command(
+    backend_store_uri: str,
+    artifacts_dir: Path,
+    port: int,
+    workers: int = 1,
+    host: str = "127.0.0.1",
+    auth: bool = False,
+    tls: tuple[Path, Path] | None = None,
+) -> list[str]:
+    """The `mlflow server` command line (this venv's) on `host`:`port`, proxying artifacts to
     `artifacts_dir` (created if missing). One uvicorn worker by default: the UI makes a handful
     of requests and the machines may have 2 cores. Host-header/CORS security middleware stays on:
-    its defaults allow 127.0.0.1 on any port, which is what the browser uses."""
+    its defaults allow localhost and private addresses on any port, which is what a browser on the
+    team's network uses. `auth`: MLflow's basic-auth app (its config comes from the environment,
+    MLFLOW_AUTH_CONFIG_PATH, never the command line); `tls`: (certificate, key) files for
+    uvicorn's own TLS. No secret is ever in the command line (`ps` shows it)."""
     artifacts_dir = Path(artifacts_dir).resolve()
     artifacts_dir.mkdir(parents=True, exist_ok=True)
     mlflow_exe = Path(sys.executable).parent / "mlflow"
@@ -150,11 +161,13 @@ def mlflow_server_command(backend_store_uri: str, artifacts_dir: Path, port: int
         "--artifacts-destination",
         str(artifacts_dir),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--workers",
         str(workers),
+        *(["--app-name", "basic-auth"] if auth else []),
+        *(["--uvicorn-opts", f"--ssl-certfile {tls[0]} --ssl-keyfile {tls[1]}"] if tls else []),
     ]
 
 
@@ -168,7 +181,7 @@ def mlflow_server_env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def serving(
-    args: list[str], env: dict, ready_url: str, timeout: float, log_path: Path | None = None
+    args: list[str], env: dict, ready_url: str, timeout: float, log_path: Path | None = None, cafile: Path | None = None
 ) -> Iterator[subprocess.Popen]:
     """Run `args` in a kept process group (kept_group: MLflow's CLI starts uvicorn as a child)
     until the block ends, then kill the whole group; enter the block once `ready_url` answers
@@ -184,7 +197,7 @@ def serving(
             args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, process_group=keeper.pid
         )
         try:
-            _wait_for_server(proc, ready_url, timeout, log, args)
+            _wait_for_server(proc, ready_url, timeout, log, args, cafile)
             yield proc
         finally:
             kill_group(keeper, reap=(proc,))
@@ -219,19 +232,23 @@ def run_in_foreground(args: list[str], env: dict | None = None, started: Callabl
             signal.signal(sig, handler)
 
 
-def http_error(url: str) -> str | None:
-    """None when `url` answers HTTP 200, else what it answered or why it did not."""
+def http_error(url: str, cafile: Path | None = None) -> str | None:
+    """None when `url` answers HTTP 200, else what it answered or why it did not. `cafile`: the
+    certificate an https server's must be (a self-signed one), verified as any other."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(cafile)) if cafile else None
     try:
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        with urllib.request.urlopen(url, timeout=5, context=context) as resp:
             return None if resp.status == 200 else f"HTTP {resp.status}"
     except (urllib.error.URLError, OSError) as e:
         return str(e)
 
 
-def _wait_for_server(proc: subprocess.Popen, ready_url: str, timeout: float, log, args) -> None:
+def _wait_for_server(proc: subprocess.Popen, ready_url: str, timeout: float, log, args, cafile=None) -> None:
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
-        last_error = http_error(ready_url)
+        last_error = http_error(ready_url, cafile)
         if last_error is None:
             return
         if time.monotonic() > deadline:

@@ -27,11 +27,12 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from pipeline.core.environment import temporary_env
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from tools.server_keeper import group_members
 from tools.servers import http_error
-from tools.team import stack
+from tools.team import auth, stack
 from tools.team.layout import Layout, default_dir, port_in_use, prepare, read_settings
 
 UP_TIMEOUT = 600.0  # s; a first start makes the cluster and MLflow's tables (about half a minute on 2 cores)
@@ -61,7 +62,49 @@ def running_state(layout: Layout) -> dict | None:
 
 
 def tracking_uri(settings: dict) -> str:
-    return f"http://127.0.0.1:{settings['mlflow_port']}"
+    return stack.local_uri(settings)
+
+
+NETWORK = ("listen", "auth", "tls")
+
+
+def network_settings(args, layout: Layout) -> dict | None:
+    """{"listen", "auth", "tls"} as `up` is asked (the folder's where a flag is not given), or
+    None when nothing is asked. Beyond loopback authentication and TLS are on, and a request to
+    turn either off there is refused: the server would take anyone's requests, or passwords in
+    clear text, from the network."""
+    asked = {"listen": args.listen, "auth": args.auth, "tls": args.tls}
+    if all(v is None for v in asked.values()):
+        settings = read_settings(layout)
+        if settings and not auth.is_loopback(settings.get("listen", "127.0.0.1")):
+            check_locked(settings, f"{layout.settings}")
+        return None
+    kept = read_settings(layout)
+    listen = asked["listen"] or kept.get("listen", "127.0.0.1")
+    beyond = not auth.is_loopback(listen)
+
+    def lock(key: str) -> bool:
+        """The flag as given; else on beyond loopback; else the folder's."""
+        if asked[key] is not None:
+            return bool(asked[key])
+        return True if beyond else bool(kept.get(key, False))
+
+    network = {"listen": listen, "auth": lock("auth"), "tls": lock("tls")}
+    check_locked(network, "--listen")
+    return network
+
+
+def check_locked(network: dict, where: str) -> None:
+    if auth.is_loopback(network["listen"]):
+        return
+    off = [name for name, key in (("authentication", "auth"), ("TLS", "tls")) if not network.get(key)]
+    if off:
+        raise PipelineError(
+            f"{where}: listening on {network['listen']}, beyond loopback, needs {' and '.join(off)} on: without "
+            "them anyone on the network reads and writes every run, or reads the members' passwords on the "
+            "wire. Leave --no-auth/--no-tls out (beyond loopback both are on by default), or listen on "
+            "127.0.0.1"
+        )
 
 
 def log_tails(layout: Layout) -> str:
@@ -94,6 +137,7 @@ def wait_until_ready(layout: Layout, settings: dict, proc: subprocess.Popen | No
     supervisor this command started (None: one that ran already)."""
     deadline = time.monotonic() + timeout
     health = f"{tracking_uri(settings)}/health"
+    cafile = layout.tls_cert if settings.get("tls") else None
     while True:
         if proc is not None and proc.poll() is not None:
             if proc.returncode == stack.ALREADY_RUNNING:  # another `up` won the race: wait for its stack
@@ -105,7 +149,7 @@ def wait_until_ready(layout: Layout, settings: dict, proc: subprocess.Popen | No
         state = running_state(layout)
         if state is None and proc is None:
             raise PipelineError(f"the team stack stopped before MLflow answered:\n{log_tails(layout)}")
-        if state and state.get("ready") and http_error(health) is None:
+        if state and state.get("ready") and http_error(health, cafile) is None:
             return
         if time.monotonic() > deadline:
             if proc is not None:
@@ -137,8 +181,17 @@ def configure_dvc_remote(project: Path, remote: Path) -> str:
 
 
 def up(args) -> int:
-    layout, settings = prepare(args.dir, args.port)
+    layout = Layout(args.dir.expanduser().resolve())
+    network = network_settings(args, layout)
     state = running_state(layout)
+    if state is not None and state.get("ready") and network is not None:
+        now = {k: state.get(k, d) for k, d in (("listen", "127.0.0.1"), ("auth", False), ("tls", False))}
+        if now != network:
+            raise PipelineError(
+                f"the team stack in {layout.root} runs already, {describe(now)}: `./dev team down --dir "
+                f"{layout.root}` first to start it {describe(network)}"
+            )
+    layout, settings = prepare(args.dir, args.port, network)
     proc = None
     if state is not None and state.get("ready"):
         if args.port is not None and state.get("mlflow_port") != args.port:
@@ -146,7 +199,7 @@ def up(args) -> int:
                 f"the team stack in {layout.root} runs already, with MLflow on port {state.get('mlflow_port')}: "
                 f"`./dev team down --dir {layout.root}` first to move it to {args.port}"
             )
-        settings = {k: state[k] for k in ("mlflow_port", "postgres_port")}
+        settings = {k: state.get(k, settings.get(k)) for k in ("mlflow_port", "postgres_port", *NETWORK)}
         print(f"[team] the team stack in {layout.root} runs already", file=sys.stderr)
     elif state is None:
         for name, key in (("MLflow", "mlflow_port"), ("PostgreSQL", "postgres_port")):
@@ -164,17 +217,57 @@ def up(args) -> int:
         remote = configure_dvc_remote(args.project.resolve(), layout.dvc_remote)
     uri = tracking_uri(settings)
     print(
-        f"[team] MLflow at {uri} (PostgreSQL on 127.0.0.1:{settings['postgres_port']}, artifacts in "
-        f"{layout.artifacts}); {remote}",
+        f"[team] MLflow at {uri}, {describe(settings)} (PostgreSQL on 127.0.0.1:{settings['postgres_port']}, "
+        f"artifacts in {layout.artifacts}); {remote}",
         file=sys.stderr,
     )
+    if settings.get("auth"):
+        print(
+            f"[team] the admin's password is in {layout.admin_password} (0600); add members with "
+            '`./dev team user add NAME` (docs/team.md, "A team server others can reach")',
+            file=sys.stderr,
+        )
     print(
         "[team] in a browser, open the model runs, not the bare URL (MLflow's GenAI home): with the export below, "
         "./dev ui prints their links on this server",
         file=sys.stderr,
     )
     print('[team] to log to it, export this (or: eval "$(./dev team up)"):', file=sys.stderr)
-    print(f"export MLFLOW_TRACKING_URI={uri}", flush=True)
+    print("\n".join(auth.exports(layout, settings, uri)), flush=True)
+    return 0
+
+
+def describe(network: dict) -> str:
+    locks = [name for name, key in (("authentication", "auth"), ("TLS", "tls")) if network.get(key)]
+    with_ = " and ".join(locks) or "neither authentication nor TLS"
+    return f"listening on {network.get('listen', '127.0.0.1')} with {with_}"
+
+
+def running_stack(args) -> tuple[Layout, dict, str]:
+    """The folder, its running stack's state and its URI, or an error saying to start it."""
+    layout = Layout(args.dir.expanduser().resolve())
+    state = running_state(layout)
+    if not state or not state.get("ready"):
+        raise PipelineError(f"no team stack runs in {layout.root}: start it (`./dev team up`)")
+    return layout, state, tracking_uri(state)
+
+
+def user(args) -> int:
+    layout, state, uri = running_stack(args)
+    if args.action == "add":
+        path = auth.add_user(layout, state, uri, args.name)
+        print(
+            f"[team] user {args.name} made on {uri}; the password is in {path} (0600): hand it over privately. "
+            f"They set MLFLOW_TRACKING_URI={uri}, MLFLOW_TRACKING_USERNAME={args.name} and MLFLOW_TRACKING_PASSWORD"
+            + (f", and MLFLOW_TRACKING_SERVER_CERT_PATH to a copy of {layout.tls_cert}" if state.get("tls") else ""),
+            file=sys.stderr,
+        )
+        return 0
+    experiment_id = auth.grant(layout, state, uri, args.name, args.experiment, args.permission)
+    print(
+        f"[team] {args.name} has {args.permission} on experiment {args.experiment!r} (id {experiment_id})",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -205,12 +298,13 @@ def status(args) -> int:
         print(f"[team] no team stack runs in {layout.root}{known}", file=sys.stderr)
         return 1
     settings = {k: state.get(k) for k in ("mlflow_port", "postgres_port")}
-    healthy = bool(state.get("ready")) and http_error(f"{tracking_uri(settings)}/health") is None
+    cafile = layout.tls_cert if state.get("tls") else None
+    healthy = bool(state.get("ready")) and http_error(f"{tracking_uri(state)}/health", cafile) is None
     print(
         f"team stack in {layout.root}: supervisor pid {state.get('pid')}, "
         f"{'MLflow answers' if healthy else 'MLflow does not answer (yet)'}"
     )
-    print(f"  MLFLOW_TRACKING_URI={tracking_uri(settings)}")
+    print(f"  MLFLOW_TRACKING_URI={tracking_uri(state)} ({describe(state)})")
     print(f"  PostgreSQL: 127.0.0.1:{settings['postgres_port']} (data {layout.pgdata})")
     print(f"  artifacts:  {layout.artifacts}")
     print(f"  DVC remote: {layout.dvc_remote}")
@@ -226,7 +320,7 @@ def copy_store_command(args) -> int:
     from tools.team.store_compare import store_differences
 
     source = args.source or f"sqlite:///{project_root() / 'mlflow.db'}"
-    dest = args.dest
+    dest, credentials = args.dest, {}
     if dest is None:
         layout = Layout(args.dir.expanduser().resolve())
         state = running_state(layout)
@@ -236,15 +330,18 @@ def copy_store_command(args) -> int:
                 "with --to http://HOST:PORT"
             )
         dest = tracking_uri(state)
+        credentials = auth.client_env(layout, state)  # the stack's admin, where it has authentication
     print(f"[team] copying the runs of {source} to {dest}", file=sys.stderr)
     try:
-        summary = copy_store(source, dest, args.experiment, progress=not args.quiet)
+        with temporary_env(credentials):
+            summary = copy_store(source, dest, args.experiment, progress=not args.quiet)
     except MlflowException as e:  # before any run: a store that does not answer, or refuses
         raise PipelineError(f"copying {source} to {dest}: {e.message}") from e
     print(f"[team] {summary.line(source, dest)}", file=sys.stderr)
     if args.verify:
         t0 = time.monotonic()
-        found = store_differences(source, dest, args.experiment)
+        with temporary_env(credentials):
+            found = store_differences(source, dest, args.experiment)
         for line in found[:50]:
             print(f"[team] differs: {line}", file=sys.stderr)
         if found:
@@ -274,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         ("down", "stop everything `up` started; the data stays"),
         ("status", "whether it runs, and where"),
         ("copy-store", "copy a store's runs (default: this checkout's mlflow.db) to the server"),
+        ("user", "the server's members (with authentication): add one, or grant one a permission"),
     ):
         sub = commands.add_parser(name, help=text, description=text)
         sub.add_argument(
@@ -284,6 +382,36 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--project", type=Path, default=REPO_ROOT, help="the DVC project to set the remote in")
             sub.add_argument("--no-dvc-remote", action="store_true", help="leave the DVC config alone")
             sub.add_argument("--start-timeout", type=float, default=UP_TIMEOUT, metavar="S")
+            sub.add_argument(
+                "--listen",
+                metavar="ADDR",
+                help="the address MLflow listens on (default: the folder's, first 127.0.0.1); beyond loopback "
+                "(0.0.0.0, an interface's address) authentication and TLS are on and cannot be turned off",
+            )
+            sub.add_argument(
+                "--auth",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="MLflow's basic-auth app: users, passwords and per-experiment permissions in PostgreSQL",
+            )
+            sub.add_argument(
+                "--tls",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="https with a self-signed certificate made into DIR/secrets/tls/ (clients verify it)",
+            )
+        if name == "user":
+            actions = sub.add_subparsers(dest="action", required=True)
+            add = actions.add_parser("add", help="a new member, with a generated password written to a 0600 file")
+            add.add_argument("name")
+            given = actions.add_parser(
+                "grant", help="a member's permission on an experiment: READ, EDIT, MANAGE or NO_PERMISSIONS"
+            )
+            given.add_argument("name")
+            given.add_argument("experiment", help="the experiment's name")
+            given.add_argument("permission", choices=auth.PERMISSIONS)
+            for action in (add, given):  # `user add NAME --dir DIR` as well as `user --dir DIR add NAME`
+                action.add_argument("--dir", type=Path, default=argparse.SUPPRESS, help="the stack's folder")
         if name == "copy-store":
             sub.add_argument(
                 "--from",
@@ -308,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "port", None) is not None and not 1 <= args.port <= 65535:
         parser.error(f"--port {args.port}: expected a port 1-65535")
     try:
-        commands = {"up": up, "down": down, "status": status, "copy-store": copy_store_command}
+        commands = {"up": up, "down": down, "status": status, "copy-store": copy_store_command, "user": user}
         return commands[args.command](args)
     except PipelineError as e:
         print(f"team {args.command}: {e}", file=sys.stderr)

@@ -39,6 +39,15 @@ class Layout:
         self.secrets = root / "secrets"
         self.password_file = self.secrets / "postgres.password"
         self.pgpass = self.secrets / "pgpass"
+        # With authentication (tools/team/auth.py): the MLflow admin's password, the key MLflow
+        # signs its CSRF tokens with, its auth app's config, the members' passwords, TLS.
+        self.admin_password = self.secrets / "mlflow-admin.password"
+        self.flask_secret = self.secrets / "mlflow-flask.secret"
+        self.auth_config = self.secrets / "basic_auth.ini"
+        self.users = self.secrets / "users"
+        self.tls_dir = self.secrets / "tls"
+        self.tls_cert = self.tls_dir / "cert.pem"
+        self.tls_key = self.tls_dir / "key.pem"
         self.pgdata = root / "postgres"
         self.artifacts = root / "artifacts"
         self.dvc_remote = root / "dvc-remote"
@@ -48,10 +57,12 @@ class Layout:
         self.state = self.run / "stack.json"
 
 
-def prepare(root: Path, mlflow_port: int | None = None) -> tuple[Layout, dict]:
-    """The folder made (or found) and its settings: {"mlflow_port", "postgres_port"}. Ports are
-    chosen at the first call (`mlflow_port` or DEFAULT_MLFLOW_PORT; PostgreSQL a free one) and
-    kept; `mlflow_port` given later moves MLflow there. The password is made once."""
+def prepare(root: Path, mlflow_port: int | None = None, network: dict | None = None) -> tuple[Layout, dict]:
+    """The folder made (or found) and its settings: {"mlflow_port", "postgres_port", "listen",
+    "auth", "tls"}. Ports are chosen at the first call (`mlflow_port` or DEFAULT_MLFLOW_PORT;
+    PostgreSQL a free one) and kept; `mlflow_port` given later moves MLflow there. `network`:
+    {"listen", "auth", "tls"} as `up` was asked (tools/team/cli.py checks them), kept for the
+    next start. The password is made once."""
     layout = Layout(root.expanduser().resolve())
     if layout.root.exists() and not layout.root.is_dir():
         raise PipelineError(
@@ -68,6 +79,10 @@ def prepare(root: Path, mlflow_port: int | None = None) -> tuple[Layout, dict]:
         settings["mlflow_port"], changed = mlflow_port, True
     settings.setdefault("mlflow_port", DEFAULT_MLFLOW_PORT)
     settings.setdefault("postgres_port", free_port())
+    for key, default in (("listen", "127.0.0.1"), ("auth", False), ("tls", False)):
+        if network is not None and settings.get(key, default) != network[key]:
+            settings[key], changed = network[key], True
+        settings.setdefault(key, default)
     if changed:
         write_json(layout.settings, settings)
     if not layout.password_file.exists():

@@ -137,9 +137,10 @@ def wait_for_logins(proc: subprocess.Popen, port: int, pw: str, log_path: Path) 
         time.sleep(0.2)
 
 
-def ensure_database(port: int, pw: str) -> None:
+def ensure_database(port: int, pw: str, extra: tuple[str, ...] = ()) -> None:
     """The role and database the MLflow server uses (DATABASE), made if missing: a login role
-    that owns its database and nothing else, with the stack's one password."""
+    that owns its database and nothing else, with the stack's one password. `extra`: more
+    databases the same role owns (the auth app's users and permissions)."""
     from psycopg2 import sql
 
     conn = connect(port, pw)
@@ -151,9 +152,12 @@ def ensure_database(port: int, pw: str) -> None:
             cur.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (DATABASE,))
             if cur.fetchone() is None:
                 cur.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD %s").format(sql.Identifier(DATABASE)), (pw,))
-            cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE,))
-            if cur.fetchone() is None:
-                cur.execute(sql.SQL("CREATE DATABASE {0} OWNER {0}").format(sql.Identifier(DATABASE)))
+            for name in (DATABASE, *extra):
+                cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+                if cur.fetchone() is None:
+                    cur.execute(
+                        sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(DATABASE))
+                    )
     finally:
         conn.close()
 

@@ -17,7 +17,7 @@ from filelock import FileLock, Timeout
 from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, Terminated
 from tools.servers import mlflow_server_command, mlflow_server_env, serving
-from tools.team import postgres
+from tools.team import auth, postgres
 from tools.team.layout import DATABASE, Layout, password, prepare, write_pgpass
 
 ALREADY_RUNNING = 3  # exit status when another supervisor holds the folder's lock
@@ -36,6 +36,15 @@ def backend_store_uri(port: int) -> str:
     return f"postgresql+psycopg2://{DATABASE}@127.0.0.1:{port}/{DATABASE}"
 
 
+def local_uri(settings: dict) -> str:
+    """The server's URI from this machine: https with TLS; the address it listens on, or
+    loopback when it listens on every address."""
+    host = settings.get("listen") or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    host = f"[{host}]" if ":" in host else host
+    return f"{'https' if settings.get('tls') else 'http'}://{host}:{settings['mlflow_port']}"
+
+
 def take_lock(layout: Layout) -> FileLock | None:
     """The folder's lock, held until this process ends (the descriptor is not inherited by the
     servers: Python opens it close-on-exec); None if another process holds it."""
@@ -48,6 +57,11 @@ def take_lock(layout: Layout) -> FileLock | None:
 
 
 def run(layout: Layout, settings: dict) -> int:
+    if not auth.is_loopback(settings["listen"]) and not (settings.get("auth") and settings.get("tls")):
+        # `up` refuses this too; a team.json edited by hand must not open the server either.
+        raise PipelineError(
+            f"{layout.settings}: listen = {settings['listen']} (beyond loopback) without authentication and TLS"
+        )
     state = {"pid": os.getpid(), "groups": [], "ready": False, **settings}
     write_json(layout.state, state)
     pg_port, mlflow_port = settings["postgres_port"], settings["mlflow_port"]
@@ -58,15 +72,33 @@ def run(layout: Layout, settings: dict) -> int:
     with postgres.running(layout, pg_port, layout.logs / "postgres.log") as pg:
         state["groups"].append(os.getpgid(pg.pid))
         write_json(layout.state, state)
-        postgres.ensure_database(pg_port, password(layout))
+        with_auth, tls = bool(settings.get("auth")), bool(settings.get("tls"))
+        postgres.ensure_database(pg_port, password(layout), (auth.AUTH_DATABASE,) if with_auth else ())
         say(f"PostgreSQL takes logins on 127.0.0.1:{pg_port}")
-        command = mlflow_server_command(backend_store_uri(pg_port), layout.artifacts, mlflow_port)
-        health = f"http://127.0.0.1:{mlflow_port}/health"
-        with serving(command, mlflow_server_env(), health, MLFLOW_START_TIMEOUT, layout.logs / "mlflow.log") as ml:
+        env = mlflow_server_env()
+        if with_auth:
+            auth.ensure_secrets(layout)
+            auth.write_auth_config(layout, pg_port)
+            env.update(auth.server_env(layout))
+        if tls:
+            auth.ensure_certificate(layout, settings["listen"])
+        command = mlflow_server_command(
+            backend_store_uri(pg_port),
+            layout.artifacts,
+            mlflow_port,
+            host=settings["listen"],
+            auth=with_auth,
+            tls=(layout.tls_cert, layout.tls_key) if tls else None,
+        )
+        health = f"{local_uri(settings)}/health"
+        cafile = layout.tls_cert if tls else None
+        log = layout.logs / "mlflow.log"
+        with serving(command, env, health, MLFLOW_START_TIMEOUT, log, cafile) as ml:
             state["groups"].append(os.getpgid(ml.pid))
             state["ready"] = True
             write_json(layout.state, state)
-            say(f"MLflow answers on http://127.0.0.1:{mlflow_port}")
+            locks = ", ".join(filter(None, ("authentication" if with_auth else "", "TLS" if tls else ""))) or "no locks"
+            say(f"MLflow answers on {local_uri(settings)} (listening on {settings['listen']}; {locks})")
             while pg.poll() is None and ml.poll() is None:
                 time.sleep(POLL_S)
             gone, code = (
