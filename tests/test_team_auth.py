@@ -1,14 +1,16 @@
 """The team server with its locks on (`./dev team up --auth --tls`), tried as an attacker would,
-on loopback: no request without credentials reads or writes anything (the REST API, the UI's AJAX
-API, artifacts, logged models, the UI itself); a wrong password is refused exactly as an unknown
-user is; a member cannot change another member's experiment until granted; the passwords are in
-no log, command line, run, artifact or setting; plain http and an unverified certificate are
-refused. And the server is never opened beyond loopback without both locks."""
+on loopback: no request without credentials reads or writes anything (the REST API, the UI's
+AJAX API, artifacts, logged models, the UI itself); a wrong password is refused exactly as an
+unknown user is; a member cannot change another member's experiment until granted; the passwords
+are in no log, command line, run, artifact or setting; plain http and an unverified certificate
+are refused; the server is never opened beyond loopback without both locks. Last, the stack is
+backed up, wiped and restored, and everything is back."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -215,3 +217,65 @@ def test_the_server_is_never_opened_beyond_loopback_without_both_locks(tmp_path)
                                                   "listen": "0.0.0.0", "auth": False, "tls": False}))  # fmt: skip
     done = team("up", "--no-dvc-remote", folder=folder)
     assert done.returncode == 1 and "beyond loopback, needs authentication and TLS on" in done.stderr, done.stderr
+
+
+def snapshot(stack, folder: Path) -> dict:
+    """Every run the admin sees: its info, params, tags, metric histories and artifact bytes, and
+    the DVC remote's files."""
+    code = (
+        "import json, mlflow\n"
+        "c = mlflow.MlflowClient()\n"
+        "out = {}\n"
+        "def files(run, path=None):\n"
+        "    for a in c.list_artifacts(run, path):\n"
+        "        yield from files(run, a.path) if a.is_dir else [a.path]\n"
+        "for e in c.search_experiments():\n"
+        "    for r in c.search_runs([e.experiment_id]):\n"
+        "        rid = r.info.run_id\n"
+        "        hist = {k: [(m.step, m.value) for m in c.get_metric_history(rid, k)] for k in r.data.metrics}\n"
+        "        arts = {p: open(mlflow.artifacts.download_artifacts(run_id=rid, artifact_path=p), 'rb').read().hex()\n"
+        "                for p in files(rid)}\n"
+        "        out[rid] = {'experiment': e.name, 'status': r.info.status, 'params': r.data.params,\n"
+        "                    'tags': r.data.tags, 'metrics': hist, 'artifacts': arts}\n"
+        "print(json.dumps(out, sort_keys=True))\n"
+    )
+    done = as_user(stack, "admin", code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    remote = {str(p.relative_to(folder)): p.read_bytes() for p in (folder / "dvc-remote").rglob("*") if p.is_file()}
+    return {"runs": json.loads(done.stdout.strip().splitlines()[-1]), "remote": remote}
+
+
+def test_back_up_wipe_restore_and_every_run_artifact_user_and_remote_file_is_back(stack, alices_run, tmp_path):
+    """Last in this module: it stops the module's stack, wipes its folder and restores it."""
+    folder: Path = stack["folder"]
+    (folder / "dvc-remote" / "files" / "md5" / "ab").mkdir(parents=True, exist_ok=True)
+    (folder / "dvc-remote" / "files" / "md5" / "ab" / "cdef").write_bytes(b"a pushed output")
+    before = snapshot(stack, folder)
+    assert alices_run["run"] in before["runs"] and before["runs"][alices_run["run"]]["artifacts"]
+    backup = tmp_path / "backup"
+    done = team("backup", str(backup), folder=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert backup.stat().st_mode & 0o777 == 0o700
+    assert team("down", folder=folder, timeout=180).returncode == 0
+
+    # A damaged backup restores nothing.
+    damaged = tmp_path / "damaged"
+    subprocess.run(["cp", "-a", str(backup), str(damaged)], check=True)
+    (damaged / "mlflow.dump").write_bytes((damaged / "mlflow.dump").read_bytes()[:-10])
+    refused = team("restore", str(damaged), folder=tmp_path / "never")
+    assert refused.returncode == 1 and "mlflow.dump differs from its digest" in refused.stderr, refused.stderr
+    assert not (tmp_path / "never").exists()
+    # Nor over a folder that holds a stack.
+    refused = team("restore", str(backup), folder=folder)
+    assert refused.returncode == 1 and "not empty" in refused.stderr, refused.stderr
+
+    shutil.rmtree(folder)  # the wipe
+    done = team("restore", str(backup), folder=folder)
+    assert done.returncode == 0, done.stderr[-3000:]
+    started = team("up", "--no-dvc-remote", folder=folder)
+    assert started.returncode == 0, started.stderr[-3000:]
+    assert snapshot(stack, folder) == before
+    # The members log in with the passwords they had, and still nobody else does.
+    run = f"/api/2.0/mlflow/runs/get?run_id={alices_run['run']}"
+    assert get(stack, run, auth=("alice", stack["users"]["alice"])).status_code == 200
+    assert get(stack, run).status_code == get(stack, run, auth=("alice", "guess")).status_code == 401

@@ -252,6 +252,39 @@ def running_stack(args) -> tuple[Layout, dict, str]:
     return layout, state, tracking_uri(state)
 
 
+def backup_command(args) -> int:
+    from tools.team.backup import backup
+
+    layout, state, _ = running_stack(args)
+    dest = args.dest.expanduser().resolve()
+    print(f"[team] backing up the stack in {layout.root} into {dest}", file=sys.stderr)
+    made = backup(layout, state, dest)
+    print(
+        f"[team] backed up databases {', '.join(made['databases'])} and {len(made['files'])} files "
+        f"({made['bytes'] / 1e6:.1f} MB) in {made['seconds']:.1f} s into {dest} (0700: it holds the stack's "
+        "passwords; keep it as private as the stack's folder)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def restore_command(args) -> int:
+    from tools.team.backup import restore
+
+    layout = Layout(args.dir.expanduser().resolve())
+    if running_state(layout) is not None:
+        raise PipelineError(f"a team stack runs in {layout.root}: restore makes a new folder; choose another --dir")
+    src = args.src.expanduser().resolve()
+    print(f"[team] restoring {src} into {layout.root}", file=sys.stderr)
+    made = restore(src, layout.root)
+    print(
+        f"[team] restored databases {', '.join(made['databases'])} and {len(made['files'])} files into "
+        f"{layout.root}; start it with `./dev team up --dir {layout.root}`",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def user(args) -> int:
     layout, state, uri = running_stack(args)
     if args.action == "add":
@@ -372,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         ("status", "whether it runs, and where"),
         ("copy-store", "copy a store's runs (default: this checkout's mlflow.db) to the server"),
         ("user", "the server's members (with authentication): add one, or grant one a permission"),
+        ("backup", "back the running stack's databases, artifacts, DVC remote and secrets up into a new folder"),
+        ("restore", "make a stack folder (missing or empty) from a backup; then `up` starts it"),
     ):
         sub = commands.add_parser(name, help=text, description=text)
         sub.add_argument(
@@ -400,6 +435,10 @@ def main(argv: list[str] | None = None) -> int:
                 default=None,
                 help="https with a self-signed certificate made into DIR/secrets/tls/ (clients verify it)",
             )
+        if name == "backup":
+            sub.add_argument("dest", type=Path, help="a new (or empty) folder for the backup")
+        if name == "restore":
+            sub.add_argument("src", type=Path, help="a folder `backup` made")
         if name == "user":
             actions = sub.add_subparsers(dest="action", required=True)
             add = actions.add_parser("add", help="a new member, with a generated password written to a 0600 file")
@@ -436,7 +475,15 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "port", None) is not None and not 1 <= args.port <= 65535:
         parser.error(f"--port {args.port}: expected a port 1-65535")
     try:
-        commands = {"up": up, "down": down, "status": status, "copy-store": copy_store_command, "user": user}
+        commands = {
+            "up": up,
+            "down": down,
+            "status": status,
+            "copy-store": copy_store_command,
+            "user": user,
+            "backup": backup_command,
+            "restore": restore_command,
+        }
         return commands[args.command](args)
     except PipelineError as e:
         print(f"team {args.command}: {e}", file=sys.stderr)
