@@ -76,7 +76,11 @@ def perf_of_run(cfg, run_id: str, local: Perf) -> Perf:
     with `dvc pull` has none (they are no DVC output), yet the model's run has its own. `local`
     when the run has none either, or they are of other settings too."""
     with tempfile.TemporaryDirectory(prefix="report-perf-") as tmp:
-        got = tracking.download_run_files(run_id, PERF_ARTIFACT_DIR, [PERF_CSV.name, PERF_JSON.name], Path(tmp))
+        try:
+            got = tracking.download_run_files(run_id, PERF_ARTIFACT_DIR, [PERF_CSV.name, PERF_JSON.name], Path(tmp))
+        except Exception as e:  # noqa: BLE001 - a store that fails here costs these checks only, not the report
+            log.warning("could not read the model run's time and memory files (%s: %s)", type(e).__name__, e)
+            return local
         if not got:
             return local
         with reading_rule(True):  # this stage's own temporary folder, not a path of the config's

@@ -576,7 +576,9 @@ def read_run_file(
             f"{path}: holds no run_id; it is written by the {stage} stage: run it again (dvc repro {stage})"
         )
     if enabled() and info["run_id"] and recorded_store(info) != store_key():
-        return _run_in_this_store(stage, path, info, output, digest_key, required)
+        info = _run_in_this_store(stage, path, info, output, digest_key, required)
+        if not info:
+            return {}
     if output is None or not info.get(digest_key):
         return info
     digest = sha256_file(output)
