@@ -171,7 +171,9 @@ def test_the_recorded_local_model_answers_without_mlflow_or_a_copy(project, tmp_
     )
     assert proc.returncode == 0, proc.stderr
     assert "mlflow imported: False" in proc.stderr
-    assert f"{project.model_uri} from {record['model_dir']}" in proc.stderr  # the store's own directory
+    # The store's own directory, recorded relative to the checkout (a copied checkout finds its own).
+    assert not Path(record["model_dir"]).is_absolute(), record
+    assert f"{project.model_uri} from {project.root / record['model_dir']}" in proc.stderr
     assert leftovers(tmp) == []  # nothing downloaded
     assert "Q: Which currency does Japan use?" in proc.stdout
 
