@@ -19,7 +19,8 @@ def project(answer_project) -> AnswerProject:
 
 @pytest.mark.slow  # three ./dev ask runs in subprocesses (~20 s on 2 cores): not in the default suite
 def test_quick_run_prints_one_json_line_with_the_figures(project):
-    model_dir = json.loads((project.root / "runs" / "evaluate.json").read_text())["model_dir"]
+    # (recorded relative to the checkout: a copied checkout finds its own)
+    model_dir = str(project.root / json.loads((project.root / "runs" / "evaluate.json").read_text())["model_dir"])
     res = bench_json("bench.ask_start", "--quick", "--model", model_dir, env=project.env)
     assert res["runs"] == 2 and len(res["cpu_s_runs"]) == len(res["wall_s_runs"]) == 2
     assert res["path"] == "local" and model_dir in res["loading"]  # the fast path, without MLflow

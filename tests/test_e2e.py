@@ -240,8 +240,9 @@ def test_a_change_to_the_report_leaves_train_and_evaluate_up_to_date(project):
 def test_report_judges_time_and_memory_only_when_measured_under_its_own_settings(project):
     """The train stage labels telemetry/train_perf.json with its settings' digest. The report of
     the run that made it judges memory and step time; handed another run's file (as after DVC
-    restored a cached train stage), it skips both and says why instead of judging this run by
-    another's numbers."""
+    restored a cached train stage), it never judges this run by another's numbers: it reads the
+    model run's own copies from MLflow (train/train_perf.*) and judges by those, and with no run
+    to read them from (tracking off) it skips both and says why."""
     root, env, _ = project
     stability = json.loads((root / "metrics/stability.json").read_text())
     assert stability["memory_growth"]["status"] != "skip", stability["memory_growth"]
@@ -253,6 +254,9 @@ def test_report_judges_time_and_memory_only_when_measured_under_its_own_settings
         assert len(perf["settings_digest"]) == 16
         perf_json.write_text(json.dumps({**perf, "settings_digest": "0" * 16}))
         out = sh([sys.executable, "-m", "stages.report"], root, env)
+        assert "time and memory: from the model's MLflow run" in out and "measured under other settings" in out, out
+        assert json.loads((root / "metrics/stability.json").read_text()) == stability  # the run's own numbers
+        out = sh([sys.executable, "-m", "stages.report", "run.tracking=disabled"], root, env)
         assert "measured under other settings" in out, out[-3000:]
         stale = json.loads((root / "metrics/stability.json").read_text())
         skipped = {"pass": True, "status": "skip"}
