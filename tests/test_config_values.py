@@ -293,3 +293,11 @@ def test_a_store_inside_a_folder_of_stage_outputs_is_refused(uri, monkeypatch):
     assert said and "a folder of stage outputs that DVC deletes and replaces" in said, said
     assert f"is inside {folder}" in said
     assert store_problem(f"sqlite:///{REPO_ROOT / 'mlflow.db'}") is None
+
+
+def test_an_interpolation_of_the_wrong_kind_names_its_key():
+    # Found by tests/test_fuzz_config.py: OmegaConf names no key when an interpolation resolves
+    # to a number for a mapping.
+    with pytest.raises(ConfigError) as e:
+        load_config(["embed.splits=${train.lr}"])
+    assert str(e.value) == "parameter 'embed.splits' = '${train.lr}': expected a mapping"

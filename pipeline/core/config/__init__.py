@@ -73,15 +73,16 @@ def validate(raw: Any, source: str = "config") -> DictConfig:
         # bad one is named here rather than failing wherever the value is first read.
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or _unresolvable(raw) or "?"
+        key = getattr(e, "full_key", None) or _unresolvable(raw) or _interpolated(raw) or "?"
         if isinstance(e, ConfigKeyError) and key != "?":
             raise ConfigError(f"{source}: {unknown_key_message(key)}") from None
         declared = next((p for p in parameters(Config) if p.key == key), None)
         if declared is not None and declared.choices is not None:
             raise ConfigError(choice_message(key, getattr(e, "value", None), declared.choices)) from None
         if declared is not None and hasattr(e, "value") and not isinstance(e, InterpolationResolutionError):
-            # a value of the wrong type: what the key takes
-            raise refuse(key, e.value, declared.expected) from None
+            # a value of the wrong type: what the key takes (an interpolation's as written)
+            value = e.value if e.value is not None else _written(raw, key)
+            raise refuse(key, value, declared.expected) from None
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{source}: invalid key '{key}': {msg}") from None
     check_ranges(cfg, Config)
@@ -105,6 +106,31 @@ def _unresolvable(raw: Any, prefix: str = "") -> str | None:
         if found:
             return found
     return None
+
+
+def _interpolated(raw: Any, prefix: str = "") -> str | None:
+    """The first key whose value is an interpolation (${...}): when one resolves to a value its
+    key cannot hold (`embed.splits=${train.lr}`, a number for a mapping), OmegaConf names no key."""
+    if not isinstance(raw, DictConfig):
+        return None
+    for k in raw.keys():
+        key = f"{prefix}{k}"
+        if OmegaConf.is_interpolation(raw, k):
+            return key
+        found = _interpolated(raw._get_node(k), f"{key}.")  # noqa: SLF001 - the node, unresolved
+        if found:
+            return found
+    return None
+
+
+def _written(raw: Any, key: str) -> Any:
+    """The value at `key` as written, an interpolation unresolved (None if there is none)."""
+    node = raw
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        node = node._get_node(part)  # noqa: SLF001 - the node, unresolved
+    return node._value() if hasattr(node, "_value") else None  # noqa: SLF001
 
 
 PATH_KEYS = ("embed.dataset", "embed.out_dir", "embed.cache_dir", "train.out_dir", "train.checkpoint_dir")
