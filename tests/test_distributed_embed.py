@@ -114,7 +114,8 @@ def test_rank_0_alone_prints_and_tracks_one_run(runs):
     assert leftovers(tmp / "two", envs["two"]) == []
 
 
-def test_a_bad_dataset_fails_on_every_rank_before_any_work(tmp_path):
+def two_ranks_on_a_missing_dataset(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path, dict]:
+    """embed.nproc=2 on a dataset that does not exist: (the run, its shard directory, its env)."""
     env = stage_env(tmp_path, "bad")
     out = tmp_path / "shards"
     proc = subprocess.run(
@@ -131,6 +132,11 @@ def test_a_bad_dataset_fails_on_every_rank_before_any_work(tmp_path):
         text=True,
         timeout=300,
     )
+    return proc, out, env
+
+
+def test_a_bad_dataset_fails_on_every_rank_before_any_work(tmp_path):
+    proc, out, env = two_ranks_on_a_missing_dataset(tmp_path)
     err = proc.stderr
     assert proc.returncode == 1, err[-4000:]
     # Each rank finds it before any work; whichever fails first is shown (the launcher stops the

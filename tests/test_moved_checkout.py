@@ -11,24 +11,15 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.test_team_fresh_clone import DVC, sh
 from tools.fault_matrix import clean_env, project_copy
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # a smoke pipeline under DVC and three more repros: ~4 min on 2 cores
-
-DVC = (sys.executable, "-m", "dvc")
-
-
-def sh(*cmd: str, cwd: Path, env: dict, ok: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    if ok:
-        assert done.returncode == 0, f"{' '.join(cmd)} ({done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-4000:]}"
-    return done
 
 
 def clean(cwd: Path, env: dict) -> None:

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from pipeline.core.paths import REPO_ROOT
-from tests.test_distributed_embed import SMOKE, embed_cmd, leftovers, stage_env
+from tests.test_distributed_embed import leftovers, two_ranks_on_a_missing_dataset
 from tools.fault_matrix import clean_env
 
 pytestmark = pytest.mark.integration
@@ -55,22 +55,7 @@ def test_a_stop_at_a_random_moment_of_a_failing_stage_never_prints_a_traceback(b
 @pytest.mark.slow  # 6 two-rank runs, ~12 s each on 2 busy cores
 @pytest.mark.parametrize("attempt", range(6))
 def test_two_ranks_failing_on_a_bad_dataset_under_load_print_no_traceback(tmp_path, busy_core, attempt):
-    env = stage_env(tmp_path, "bad")
-    out = tmp_path / "shards"
-    proc = subprocess.run(
-        embed_cmd(
-            *SMOKE,
-            "embed.nproc=2",
-            f"embed.dataset={tmp_path / 'none.csv'}",
-            "embed.group_field=null",
-            f"embed.out_dir={out}",
-        ),
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc, out, env = two_ranks_on_a_missing_dataset(tmp_path)
     assert proc.returncode == 1, proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
     assert not out.exists() and leftovers(out, env) == []
