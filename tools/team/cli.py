@@ -33,7 +33,7 @@ from pipeline.core.paths import REPO_ROOT
 from tools.server_keeper import group_members
 from tools.servers import http_error
 from tools.team import auth, stack
-from tools.team.layout import Layout, default_dir, port_in_use, prepare, read_settings
+from tools.team.layout import NETWORK_DEFAULTS, Layout, default_dir, port_in_use, prepare, read_settings
 
 UP_TIMEOUT = 600.0  # s; a first start makes the cluster and MLflow's tables (about half a minute on 2 cores)
 DOWN_TIMEOUT = 120.0  # s for the supervisor's own stop before it is killed (its groups then end with it)
@@ -65,7 +65,7 @@ def tracking_uri(settings: dict) -> str:
     return stack.local_uri(settings)
 
 
-NETWORK = ("listen", "auth", "tls")
+NETWORK = tuple(NETWORK_DEFAULTS)
 
 
 def network_settings(args, layout: Layout) -> dict | None:
@@ -137,7 +137,7 @@ def wait_until_ready(layout: Layout, settings: dict, proc: subprocess.Popen | No
     supervisor this command started (None: one that ran already)."""
     deadline = time.monotonic() + timeout
     health = f"{tracking_uri(settings)}/health"
-    cafile = layout.tls_cert if settings.get("tls") else None
+    cafile = layout.cafile(settings)
     while True:
         if proc is not None and proc.poll() is not None:
             if proc.returncode == stack.ALREADY_RUNNING:  # another `up` won the race: wait for its stack
@@ -185,7 +185,7 @@ def up(args) -> int:
     network = network_settings(args, layout)
     state = running_state(layout)
     if state is not None and state.get("ready") and network is not None:
-        now = {k: state.get(k, d) for k, d in (("listen", "127.0.0.1"), ("auth", False), ("tls", False))}
+        now = {k: state.get(k, d) for k, d in NETWORK_DEFAULTS.items()}
         if now != network:
             raise PipelineError(
                 f"the team stack in {layout.root} runs already, {describe(now)}: `./dev team down --dir "
@@ -331,7 +331,7 @@ def status(args) -> int:
         print(f"[team] no team stack runs in {layout.root}{known}", file=sys.stderr)
         return 1
     settings = {k: state.get(k) for k in ("mlflow_port", "postgres_port")}
-    cafile = layout.tls_cert if state.get("tls") else None
+    cafile = layout.cafile(state)
     healthy = bool(state.get("ready")) and http_error(f"{tracking_uri(state)}/health", cafile) is None
     print(
         f"team stack in {layout.root}: supervisor pid {state.get('pid')}, "

@@ -21,6 +21,9 @@ DIR_ENV = "ENERGY_FLOW_TEAM_DIR"
 DEFAULT_MLFLOW_PORT = 5050  # not 5000: `./dev ui` takes that one
 PRIVATE = 0o700
 SECRET = 0o600
+# Where MLflow listens and its locks (tools/team/auth.py), as `up` sets them; a folder from before
+# them is a loopback stack without either.
+NETWORK_DEFAULTS = {"listen": "127.0.0.1", "auth": False, "tls": False}
 DATABASE = "mlflow"  # the database and the role the MLflow server logs in as (not a superuser)
 SUPERUSER = "postgres"
 
@@ -56,6 +59,10 @@ class Layout:
         self.lock = self.run / "stack.lock"
         self.state = self.run / "stack.json"
 
+    def cafile(self, settings: dict) -> Path | None:
+        """The certificate a client verifies the server by (None: plain http)."""
+        return self.tls_cert if settings.get("tls") else None
+
 
 def prepare(root: Path, mlflow_port: int | None = None, network: dict | None = None) -> tuple[Layout, dict]:
     """The folder made (or found) and its settings: {"mlflow_port", "postgres_port", "listen",
@@ -79,7 +86,7 @@ def prepare(root: Path, mlflow_port: int | None = None, network: dict | None = N
         settings["mlflow_port"], changed = mlflow_port, True
     settings.setdefault("mlflow_port", DEFAULT_MLFLOW_PORT)
     settings.setdefault("postgres_port", free_port())
-    for key, default in (("listen", "127.0.0.1"), ("auth", False), ("tls", False)):
+    for key, default in NETWORK_DEFAULTS.items():
         if network is not None and settings.get(key, default) != network[key]:
             settings[key], changed = network[key], True
         settings.setdefault(key, default)

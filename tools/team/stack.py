@@ -91,9 +91,8 @@ def run(layout: Layout, settings: dict) -> int:
             tls=(layout.tls_cert, layout.tls_key) if tls else None,
         )
         health = f"{local_uri(settings)}/health"
-        cafile = layout.tls_cert if tls else None
         log = layout.logs / "mlflow.log"
-        with serving(command, env, health, MLFLOW_START_TIMEOUT, log, cafile) as ml:
+        with serving(command, env, health, MLFLOW_START_TIMEOUT, log, layout.cafile(settings)) as ml:
             state["groups"].append(os.getpgid(ml.pid))
             state["ready"] = True
             write_json(layout.state, state)
