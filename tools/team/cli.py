@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,7 +33,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.paths import REPO_ROOT
 from tools.server_keeper import group_members
 from tools.servers import http_error
-from tools.team import auth, stack
+from tools.team import auth, ssh, stack
 from tools.team.layout import NETWORK_DEFAULTS, Layout, default_dir, port_in_use, prepare, read_settings
 
 UP_TIMEOUT = 600.0  # s; a first start makes the cluster and MLflow's tables (about half a minute on 2 cores)
@@ -66,14 +67,16 @@ def tracking_uri(settings: dict) -> str:
 
 
 NETWORK = tuple(NETWORK_DEFAULTS)
+PORTS = ("mlflow_port", "postgres_port", "ssh_port")
 
 
 def network_settings(args, layout: Layout) -> dict | None:
-    """{"listen", "auth", "tls"} as `up` is asked (the folder's where a flag is not given), or
-    None when nothing is asked. Beyond loopback authentication and TLS are on, and a request to
+    """{"listen", "auth", "tls", "ssh"} as `up` is asked (the folder's where a flag is not given),
+    or None when nothing is asked. Beyond loopback authentication and TLS are on, and a request to
     turn either off there is refused: the server would take anyone's requests, or passwords in
-    clear text, from the network."""
-    asked = {"listen": args.listen, "auth": args.auth, "tls": args.tls}
+    clear text, from the network. Beyond loopback the DVC remote is served over SSH too, unless
+    --no-ssh (then the other machines have no remote)."""
+    asked = {"listen": args.listen, "auth": args.auth, "tls": args.tls, "ssh": args.ssh}
     if all(v is None for v in asked.values()):
         settings = read_settings(layout)
         if settings and not auth.is_loopback(settings.get("listen", "127.0.0.1")):
@@ -89,7 +92,7 @@ def network_settings(args, layout: Layout) -> dict | None:
             return bool(asked[key])
         return True if beyond else bool(kept.get(key, False))
 
-    network = {"listen": listen, "auth": lock("auth"), "tls": lock("tls")}
+    network = {"listen": listen, "auth": lock("auth"), "tls": lock("tls"), "ssh": lock("ssh")}
     check_locked(network, "--listen")
     return network
 
@@ -191,7 +194,9 @@ def up(args) -> int:
                 f"the team stack in {layout.root} runs already, {describe(now)}: `./dev team down --dir "
                 f"{layout.root}` first to start it {describe(network)}"
             )
-    layout, settings = prepare(args.dir, args.port, network)
+    if state is None and (network or read_settings(layout)).get("ssh"):
+        ssh.check(layout)  # before anything is made or started: sshd could not confine the members
+    layout, settings = prepare(args.dir, args.port, network, args.ssh_port)
     proc = None
     if state is not None and state.get("ready"):
         if args.port is not None and state.get("mlflow_port") != args.port:
@@ -199,15 +204,23 @@ def up(args) -> int:
                 f"the team stack in {layout.root} runs already, with MLflow on port {state.get('mlflow_port')}: "
                 f"`./dev team down --dir {layout.root}` first to move it to {args.port}"
             )
-        settings = {k: state.get(k, settings.get(k)) for k in ("mlflow_port", "postgres_port", *NETWORK)}
+        if args.ssh_port is not None and state.get("ssh_port") != args.ssh_port:
+            raise PipelineError(
+                f"the team stack in {layout.root} runs already, with sshd on port {state.get('ssh_port')}: "
+                f"`./dev team down --dir {layout.root}` first to move it to {args.ssh_port}"
+            )
+        settings = {k: state.get(k, settings.get(k)) for k in (*PORTS, *NETWORK)}
         print(f"[team] the team stack in {layout.root} runs already", file=sys.stderr)
     elif state is None:
-        for name, key in (("MLflow", "mlflow_port"), ("PostgreSQL", "postgres_port")):
+        servers = (("MLflow", "mlflow_port"), ("PostgreSQL", "postgres_port"), ("sshd", "ssh_port"))
+        for name, key in servers[: 3 if settings.get("ssh") else 2]:
             if port_in_use(settings[key]):
                 raise PipelineError(
                     f"{name}'s port 127.0.0.1:{settings[key]} ({layout.settings}: {key}) is taken by another "
                     f"process; stop it, or choose another port"
-                    + (" with --port N" if key == "mlflow_port" else f" by editing {key} in that file")
+                    + {"mlflow_port": " with --port N", "ssh_port": " with --ssh-port N"}.get(
+                        key, f" by editing {key} in that file"
+                    )
                 )
         print(f"[team] starting the team stack in {layout.root} (logs: {layout.logs})", file=sys.stderr)
         proc = start_supervisor(layout)
@@ -221,6 +234,8 @@ def up(args) -> int:
         f"artifacts in {layout.artifacts}); {remote}",
         file=sys.stderr,
     )
+    if settings.get("ssh"):
+        print(f"[team] {ssh_remote_line(layout, settings)}", file=sys.stderr)
     if settings.get("auth"):
         print(
             f"[team] the admin's password is in {layout.admin_password} (0600); add members with "
@@ -237,10 +252,26 @@ def up(args) -> int:
     return 0
 
 
+def ssh_remote_line(layout: Layout, settings: dict) -> str:
+    url = ssh.remote_url(member_host(settings["listen"]), settings["ssh_port"])
+    return (
+        f"the DVC remote for other machines: {url} over SSH (sshd's host key {ssh.host_key_fingerprint(layout)}); "
+        "let a member in with `./dev team user key NAME THEIR_KEY.pub`, and they run, in their checkout: "
+        + "; ".join(ssh.member_commands(url))
+    )
+
+
+def member_host(listen: str) -> str:
+    """The name other machines reach this one by: the address it listens on, or, listening on
+    every address, the machine's name."""
+    return socket.getfqdn() if listen in ("0.0.0.0", "::") else listen
+
+
 def describe(network: dict) -> str:
     locks = [name for name, key in (("authentication", "auth"), ("TLS", "tls")) if network.get(key)]
     with_ = " and ".join(locks) or "neither authentication nor TLS"
-    return f"listening on {network.get('listen', '127.0.0.1')} with {with_}"
+    remote = f", the DVC remote over SSH on port {network.get('ssh_port')}" if network.get("ssh") else ""
+    return f"listening on {network.get('listen', '127.0.0.1')} with {with_}{remote}"
 
 
 def running_stack(args) -> tuple[Layout, dict, str]:
@@ -286,8 +317,12 @@ def restore_command(args) -> int:
 
 
 def user(args) -> int:
+    if args.action == "key":
+        return user_key(Layout(args.dir.expanduser().resolve()), args.name, args.keyfile)
     layout, state, uri = running_stack(args)
     if args.action == "add":
+        if args.ssh_key is not None:
+            ssh.read_public_key(args.ssh_key)  # a bad key file stops it before the user is made
         path = auth.add_user(layout, state, uri, args.name)
         print(
             f"[team] user {args.name} made on {uri}; the password is in {path} (0600): hand it over privately. "
@@ -295,12 +330,28 @@ def user(args) -> int:
             + (f", and MLFLOW_TRACKING_SERVER_CERT_PATH to a copy of {layout.tls_cert}" if state.get("tls") else ""),
             file=sys.stderr,
         )
-        return 0
+        return user_key(layout, args.name, args.ssh_key) if args.ssh_key is not None else 0
     experiment_id = auth.grant(layout, state, uri, args.name, args.experiment, args.permission)
     print(
         f"[team] {args.name} has {args.permission} on experiment {args.experiment!r} (id {experiment_id})",
         file=sys.stderr,
     )
+    return 0
+
+
+def user_key(layout: Layout, name: str, keyfile: Path) -> int:
+    """A member's public key let in to the DVC remote over SSH (sshd reads the file at each login:
+    no restart)."""
+    auth.check_user_name(name)
+    if not layout.settings.exists():
+        raise PipelineError(f"no team stack folder at {layout.root}: make it with `./dev team up --ssh`")
+    fingerprint = ssh.add_key(layout, name, keyfile.expanduser())
+    settings = read_settings(layout)
+    print(f"[team] {name}'s key {fingerprint} can use the DVC remote over SSH", file=sys.stderr)
+    if settings.get("ssh"):
+        print(f"[team] {ssh_remote_line(layout, settings)}", file=sys.stderr)
+    else:
+        print("[team] this stack serves no SSH yet: `./dev team down`, then `./dev team up --ssh`", file=sys.stderr)
     return 0
 
 
@@ -341,6 +392,9 @@ def status(args) -> int:
     print(f"  PostgreSQL: 127.0.0.1:{settings['postgres_port']} (data {layout.pgdata})")
     print(f"  artifacts:  {layout.artifacts}")
     print(f"  DVC remote: {layout.dvc_remote}")
+    if state.get("ssh"):
+        print(f"  over SSH:   {ssh.remote_url(member_host(state['listen']), state['ssh_port'])} "
+              f"(host key {ssh.host_key_fingerprint(layout)}; members' keys in {layout.authorized_keys})")  # fmt: skip
     print(f"  logs:       {layout.logs}")
     return 0 if healthy else 1
 
@@ -435,6 +489,14 @@ def main(argv: list[str] | None = None) -> int:
                 default=None,
                 help="https with a self-signed certificate made into DIR/secrets/tls/ (clients verify it)",
             )
+            sub.add_argument(
+                "--ssh",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help="serve the DVC remote to other machines over SSH: Debian's sshd on --ssh-port, members' keys "
+                "only, SFTP only, confined to the remote's folder (needs root; default: on beyond loopback)",
+            )
+            sub.add_argument("--ssh-port", type=int, help="sshd's port (default: the folder's, first 2222)")
         if name == "backup":
             sub.add_argument("dest", type=Path, help="a new (or empty) folder for the backup")
         if name == "restore":
@@ -443,13 +505,19 @@ def main(argv: list[str] | None = None) -> int:
             actions = sub.add_subparsers(dest="action", required=True)
             add = actions.add_parser("add", help="a new member, with a generated password written to a 0600 file")
             add.add_argument("name")
+            add.add_argument("--ssh-key", type=Path, metavar="FILE", help="and their public key, as `user key` does")
+            key = actions.add_parser(
+                "key", help="let a member's public key (FILE, e.g. id_ed25519.pub) in to the DVC remote over SSH"
+            )
+            key.add_argument("name")
+            key.add_argument("keyfile", type=Path, metavar="FILE")
             given = actions.add_parser(
                 "grant", help="a member's permission on an experiment: READ, EDIT, MANAGE or NO_PERMISSIONS"
             )
             given.add_argument("name")
             given.add_argument("experiment", help="the experiment's name")
             given.add_argument("permission", choices=auth.PERMISSIONS)
-            for action in (add, given):  # `user add NAME --dir DIR` as well as `user --dir DIR add NAME`
+            for action in (add, given, key):  # `user add NAME --dir DIR` as well as `user --dir DIR add NAME`
                 action.add_argument("--dir", type=Path, default=argparse.SUPPRESS, help="the stack's folder")
         if name == "copy-store":
             sub.add_argument(
@@ -472,8 +540,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             sub.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    if getattr(args, "port", None) is not None and not 1 <= args.port <= 65535:
-        parser.error(f"--port {args.port}: expected a port 1-65535")
+    for flag in ("port", "ssh_port"):
+        value = getattr(args, flag, None)
+        if value is not None and not 1 <= value <= 65535:
+            parser.error(f"--{flag.replace('_', '-')} {value}: expected a port 1-65535")
     try:
         commands = {
             "up": up,

@@ -19,11 +19,12 @@ from tools.servers import free_port
 DEFAULT_DIR = Path("~/.energy-flow-team")
 DIR_ENV = "ENERGY_FLOW_TEAM_DIR"
 DEFAULT_MLFLOW_PORT = 5050  # not 5000: `./dev ui` takes that one
+DEFAULT_SSH_PORT = 2222  # the DVC remote's sshd (tools/team/ssh.py): not 22, the machine's own sshd's
 PRIVATE = 0o700
 SECRET = 0o600
-# Where MLflow listens and its locks (tools/team/auth.py), as `up` sets them; a folder from before
-# them is a loopback stack without either.
-NETWORK_DEFAULTS = {"listen": "127.0.0.1", "auth": False, "tls": False}
+# Where MLflow listens, its locks (tools/team/auth.py) and whether sshd serves the DVC remote
+# (tools/team/ssh.py), as `up` sets them; a folder from before them is a loopback stack without any.
+NETWORK_DEFAULTS = {"listen": "127.0.0.1", "auth": False, "tls": False, "ssh": False}
 DATABASE = "mlflow"  # the database and the role the MLflow server logs in as (not a superuser)
 SUPERUSER = "postgres"
 
@@ -51,6 +52,10 @@ class Layout:
         self.tls_dir = self.secrets / "tls"
         self.tls_cert = self.tls_dir / "cert.pem"
         self.tls_key = self.tls_dir / "key.pem"
+        # The DVC remote over SSH (tools/team/ssh.py): sshd's host key and the members' public keys.
+        self.ssh_dir = self.secrets / "ssh"
+        self.ssh_host_key = self.ssh_dir / "host_ed25519"
+        self.authorized_keys = self.ssh_dir / "authorized_keys"
         self.pgdata = root / "postgres"
         self.artifacts = root / "artifacts"
         self.dvc_remote = root / "dvc-remote"
@@ -64,12 +69,14 @@ class Layout:
         return self.tls_cert if settings.get("tls") else None
 
 
-def prepare(root: Path, mlflow_port: int | None = None, network: dict | None = None) -> tuple[Layout, dict]:
-    """The folder made (or found) and its settings: {"mlflow_port", "postgres_port", "listen",
-    "auth", "tls"}. Ports are chosen at the first call (`mlflow_port` or DEFAULT_MLFLOW_PORT;
-    PostgreSQL a free one) and kept; `mlflow_port` given later moves MLflow there. `network`:
-    {"listen", "auth", "tls"} as `up` was asked (tools/team/cli.py checks them), kept for the
-    next start. The password is made once."""
+def prepare(
+    root: Path, mlflow_port: int | None = None, network: dict | None = None, ssh_port: int | None = None
+) -> tuple[Layout, dict]:
+    """The folder made (or found) and its settings: {"mlflow_port", "postgres_port", "ssh_port",
+    "listen", "auth", "tls", "ssh"}. Ports are chosen at the first call (`mlflow_port` or
+    DEFAULT_MLFLOW_PORT, `ssh_port` or DEFAULT_SSH_PORT; PostgreSQL a free one) and kept; a port
+    given later moves its server there. `network`: {"listen", "auth", "tls", "ssh"} as `up` was
+    asked (tools/team/cli.py checks them), kept for the next start. The password is made once."""
     layout = Layout(root.expanduser().resolve())
     if layout.root.exists() and not layout.root.is_dir():
         raise PipelineError(
@@ -84,7 +91,10 @@ def prepare(root: Path, mlflow_port: int | None = None, network: dict | None = N
     changed = not settings
     if mlflow_port is not None and settings.get("mlflow_port") != mlflow_port:
         settings["mlflow_port"], changed = mlflow_port, True
+    if ssh_port is not None and settings.get("ssh_port") != ssh_port:
+        settings["ssh_port"], changed = ssh_port, True
     settings.setdefault("mlflow_port", DEFAULT_MLFLOW_PORT)
+    settings.setdefault("ssh_port", DEFAULT_SSH_PORT)
     settings.setdefault("postgres_port", free_port())
     for key, default in NETWORK_DEFAULTS.items():
         if network is not None and settings.get(key, default) != network[key]:
@@ -105,7 +115,7 @@ def read_settings(layout: Layout) -> dict:
         settings = json.loads(layout.settings.read_text())
     except (OSError, ValueError) as e:
         raise PipelineError(f"{layout.settings}: unreadable ({e}); expected the JSON `./dev team up` wrote") from e
-    for key in ("mlflow_port", "postgres_port"):
+    for key in ("mlflow_port", "postgres_port", "ssh_port"):
         value = settings.get(key)
         if value is not None and not (isinstance(value, int) and 1 <= value <= 65535):
             raise PipelineError(f"{layout.settings}: {key} = {value!r}; expected a port 1-65535")

@@ -1,11 +1,13 @@
 """The team stack's supervisor: `python -m tools.team.stack DIR`, which `./dev team up` starts in
 a session of its own and leaves running, and `./dev team down` stops with SIGTERM (SIGINT or
 SIGHUP too). docs/team.md ("How it runs and stops") says what it holds, runs and writes: the
-folder's lock for as long as it lives, PostgreSQL and MLflow each in a kept process group
-(tools/servers.py), DIR/run/stack.json, MLflow stopped first and PostgreSQL with a fast shutdown."""
+folder's lock for as long as it lives, PostgreSQL, MLflow and (with --ssh) sshd each in a kept
+process group (tools/servers.py), DIR/run/stack.json; sshd stopped first, then MLflow, and
+PostgreSQL last with a fast shutdown."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -17,7 +19,7 @@ from filelock import FileLock, Timeout
 from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, Terminated
 from tools.servers import mlflow_server_command, mlflow_server_env, serving
-from tools.team import auth, postgres
+from tools.team import auth, postgres, ssh
 from tools.team.layout import DATABASE, Layout, password, prepare, write_pgpass
 
 ALREADY_RUNNING = 3  # exit status when another supervisor holds the folder's lock
@@ -92,17 +94,26 @@ def run(layout: Layout, settings: dict) -> int:
         )
         health = f"{local_uri(settings)}/health"
         log = layout.logs / "mlflow.log"
-        with serving(command, env, health, MLFLOW_START_TIMEOUT, log, layout.cafile(settings)) as ml:
+        with contextlib.ExitStack() as servers:
+            ml = servers.enter_context(
+                serving(command, env, health, MLFLOW_START_TIMEOUT, log, layout.cafile(settings))
+            )
             state["groups"].append(os.getpgid(ml.pid))
+            watched = {"PostgreSQL": pg, "the MLflow server": ml}
+            if settings.get("ssh"):
+                sshd = servers.enter_context(
+                    ssh.serving(layout, settings["listen"], settings["ssh_port"], layout.logs / "sshd.log")
+                )
+                state["groups"].append(os.getpgid(sshd.pid))
+                watched["sshd"] = sshd
+                say(f"sshd serves the DVC remote {layout.dvc_remote} on {settings['listen']}:{settings['ssh_port']}")
             state["ready"] = True
             write_json(layout.state, state)
             locks = ", ".join(filter(None, ("authentication" if with_auth else "", "TLS" if tls else ""))) or "no locks"
             say(f"MLflow answers on {local_uri(settings)} (listening on {settings['listen']}; {locks})")
-            while pg.poll() is None and ml.poll() is None:
+            while all(proc.poll() is None for proc in watched.values()):
                 time.sleep(POLL_S)
-            gone, code = (
-                ("PostgreSQL", pg.returncode) if pg.poll() is not None else ("the MLflow server", ml.returncode)
-            )
+            gone, code = next((name, proc.returncode) for name, proc in watched.items() if proc.poll() is not None)
             say(f"{gone} exited on its own (status {code}): stopping the stack")
             return 1
 
@@ -137,7 +148,7 @@ def main(argv: list[str]) -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         layout.state.unlink(missing_ok=True)
-        say("PostgreSQL and MLflow are stopped; the data stays in " + str(layout.root))
+        say("the servers are stopped; the data stays in " + str(layout.root))
 
 
 if __name__ == "__main__":
