@@ -1,7 +1,8 @@
 """Nothing outlives the command that started it: a stage on 2 ranks under torchrun (train.nproc=2,
 embed.nproc=2) and a server started through tools/servers.py (and `./dev ui`) are stopped with
 their parent by SIGKILL, SIGTERM, SIGINT or a timeout's kill, and no process of the tree lives
-on; no torchrun directory is left in the temp directory, and what a killed launcher left there
+on, not even a child the server started in a session of its own (as sshd does for each
+connection); no torchrun directory is left in the temp directory, and what a killed launcher left there
 is removed by the next stage run. Real processes, so slow (`./dev test -m slow`)."""
 
 from __future__ import annotations
@@ -261,6 +262,44 @@ def test_no_server_outlives_a_killed_dev_ui(tmp_path):
         stop(proc, "SIGKILL")
         assert survivors(pids) == [], log.read_text()[-4000:]
         assert not answers(url)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# A server that starts a child in a session of its own (as sshd does per connection): a signal to
+# the server's group misses that child, so the keeper finds it first (tools/server_keeper.py).
+ESCAPING_SERVER = """
+import subprocess, sys, time
+from tools.servers import kept_group
+with kept_group() as keeper:
+    server = subprocess.Popen([sys.executable, "-c", '''
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(600)
+'''], process_group=keeper.pid, stdout=sys.stdout)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("how", ("SIGKILL", "SIGTERM"))
+def test_a_servers_child_in_a_session_of_its_own_ends_with_it(tmp_path, how):
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", ESCAPING_SERVER],
+            env={**clean_env(), "PYTHONPATH": str(REPO_ROOT)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        child = int(wait_for(lambda: next(iter(log.read_text().split()), ""), "the child's pid", proc, log))
+        assert os.getsid(child) == child != os.getsid(proc.pid)  # out of the server's group and session
+        pids = tree(proc.pid) | {child}
+        stop(proc, how)
+        assert survivors(pids) == [], log.read_text()[-4000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -13,12 +13,15 @@ anything."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -250,13 +253,13 @@ def test_a_members_new_key_replaces_the_old_and_no_private_key_is_taken(stack, t
     assert (folder / "secrets" / "ssh" / "host_ed25519").stat().st_mode & 0o777 == 0o600
 
 
-@needs_root
-def test_down_ends_open_sessions_and_leaves_no_process(stack, tmp_path):
-    """Last in the module: it stops the stack (the fixture's `down` then finds none)."""
-    state = json.loads((stack["folder"] / "run" / "stack.json").read_text())
-    held = subprocess.Popen(  # a member's sftp session left open, as a slow transfer would be
+@contextlib.contextmanager
+def open_session(stack, known_hosts: Path):
+    """A member's sftp session left open, as a slow transfer would be; yields the processes that
+    serve it (sshd's listener and its children) and the client's ssh process."""
+    held = subprocess.Popen(
         ["sftp", "-q", "-i", str(stack["keys"]["alice"]), "-P", str(stack["port"]), "-o", "BatchMode=yes",
-         "-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={tmp_path / 'known_hosts'}", "root@127.0.0.1"],
+         "-o", "StrictHostKeyChecking=no", "-o", f"UserKnownHostsFile={known_hosts}", "root@127.0.0.1"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -267,17 +270,48 @@ def test_down_ends_open_sessions_and_leaves_no_process(stack, tmp_path):
         listener = next(p for p in psutil.process_iter(["cmdline"]) if config in " ".join(p.info["cmdline"] or []))
         sessions = listener.children(recursive=True)
         assert sessions, "no sshd process serves the open session"
-        client_ssh = psutil.Process(held.pid).children()  # sftp talks through an ssh child of its own
-        done = team("down", folder=stack["folder"], timeout=180)
-        assert done.returncode == 0, done.stderr[-3000:]
-        gone, alive = psutil.wait_procs([listener, *sessions], timeout=10)
-        assert not alive, f"sshd processes outlive `down`: {alive}"
-        assert not any(group_members(g) for g in state["groups"]), "a server's process group lives on"
-        _, connected = psutil.wait_procs(client_ssh, timeout=30)
-        assert not connected, "the member's connection stayed open after `down`"
+        yield [listener, *sessions], psutil.Process(held.pid).children()  # sftp talks through an ssh child
     finally:
         held.kill()
         held.wait()
+
+
+def assert_all_ended(servers, clients, groups) -> None:
+    _, alive = psutil.wait_procs(servers, timeout=15)
+    assert not alive, f"sshd processes outlive the stack: {alive}"
+    deadline = time.monotonic() + 60  # PostgreSQL's own shutdown, on a busy machine
+    while any(group_members(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(group_members(g) for g in groups), "a server's process group lives on"
+    _, connected = psutil.wait_procs(clients, timeout=30)
+    assert not connected, "the member's connection stayed open after the stack stopped"
+
+
+@needs_root
+def test_no_session_outlives_the_stack_stopped_by_down_or_killed(stack, tmp_path):
+    """Last in the module: it stops the stack (the fixture's `down` then finds none). sshd runs
+    each connection in a session of its own, outside the group the stack ends: killed with
+    SIGKILL, the supervisor's keepers end those too; restarted, the server has the same host key
+    and lets the same keys in; `down` ends an open session as well."""
+    folder, fingerprint = stack["folder"], team("status", folder=stack["folder"]).stdout
+    state = json.loads((folder / "run" / "stack.json").read_text())
+    with open_session(stack, tmp_path / "known_hosts") as (servers, clients):
+        os.kill(state["pid"], signal.SIGKILL)
+        assert_all_ended(servers, clients, state["groups"])
+
+    again = team("up", "--no-dvc-remote", folder=folder)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert host_key(team("status", folder=folder).stdout) == host_key(fingerprint)
+    assert not refused(stack["port"], username="root", client_keys=[str(stack["keys"]["alice"])])
+    state = json.loads((folder / "run" / "stack.json").read_text())
+    with open_session(stack, tmp_path / "known_hosts") as (servers, clients):
+        done = team("down", folder=folder, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert_all_ended(servers, clients, state["groups"])
+
+
+def host_key(status: str) -> str:
+    return status.split("host key ", 1)[1].split(";", 1)[0]
 
 
 def test_up_with_ssh_refuses_a_folder_sshd_cannot_confine_before_starting_anything(tmp_path):

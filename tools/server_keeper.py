@@ -7,7 +7,9 @@ Ctrl-C and of the caller's end: killed outright (SIGKILL, a memory limit, a test
 caller cannot end the group, and the server would serve on under init. The keeper can: it asks
 for SIGTERM when the caller dies (pipeline/core/lifetime.py: the parent-death signal), and on
 SIGTERM, SIGINT or SIGHUP, from there or from anyone, it ends the whole group: SIGTERM, then
-SIGKILL to whatever is left after GRACE seconds. It prints one line, "ready", once the signal is
+SIGKILL to whatever is left after GRACE seconds, together with the processes the group's members
+started in sessions of their own (sshd starts one per connection): those would outlive the group.
+It prints one line, "ready", once the signal is
 set, and does nothing else; the caller starts the server only after that line.
 """
 
@@ -24,9 +26,9 @@ SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 GRACE = 10.0  # s between SIGTERM and SIGKILL of the group (tools/servers.KILL_GRACE)
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live processes of process group `pgid` (zombies, which are only waiting to be reaped, not counted)."""
-    members = []
+def _processes() -> dict[int, tuple[str, int, int]]:
+    """{pid: (state, ppid, pgrp)} of every process, read from /proc."""
+    found = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -35,24 +37,58 @@ def group_members(pgid: int) -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
         except OSError:
             continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+        found[int(entry.name)] = (fields[0], int(fields[1]), int(fields[2]))
+    return found
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (zombies, which are only waiting to be reaped, not counted)."""
+    return [pid for pid, (state, _, pgrp) in _processes().items() if pgrp == pgid and state != "Z"]
+
+
+def escaped_descendants(pgid: int) -> list[int]:
+    """The live descendants of group `pgid`'s members that are in another group: started in a
+    session of their own (as sshd starts each connection's), out of reach of a signal to the group."""
+    table = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    todo = [pid for pid, (_, _, pgrp) in table.items() if pgrp == pgid]
+    found = []
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if table[child][2] != pgid and table[child][0] != "Z":
+                found.append(child)
+            todo.append(child)
+    return found
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def end_group(grace: float) -> None:
-    """SIGTERM to this keeper's group, then SIGKILL to what is left after `grace` seconds (the
+    """SIGTERM to this keeper's group and to its members' escaped descendants (found before the
+    members die: then they are init's), then SIGKILL to what is left after `grace` seconds (the
     keeper, a member too, ignores the SIGTERM and goes with the SIGKILL, or exits when alone)."""
     pgid = os.getpgid(0)
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+    escaped = escaped_descendants(pgid)
+    _signal_all(escaped, signal.SIGTERM)
     os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if group_members(pgid) == [os.getpid()]:
+        alive = set(_processes())
+        if group_members(pgid) == [os.getpid()] and not alive.intersection(escaped):
             return
         time.sleep(0.05)
+    _signal_all([pid for pid in escaped if pid in _processes()], signal.SIGKILL)
     os.killpg(pgid, signal.SIGKILL)
 
 

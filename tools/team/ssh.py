@@ -148,8 +148,10 @@ def config_text(layout: Layout, listen: str, port: int) -> str:
 @contextlib.contextmanager
 def serving(layout: Layout, listen: str, port: int, log_path: Path) -> Iterator[subprocess.Popen]:
     """sshd in the foreground in a kept process group (tools/servers.py) until the block ends;
-    enters once it answers with its banner. sshd starts each connection in a session of its own,
-    outside that group: those are ended first, so that no member's transfer outlives the stack."""
+        enters once it answers with its banner. sshd starts each connection in a session of its own,
+        outside that group: those are ended first, so that no member's transfer outlives the stack
+    (and if this process is killed outright, the group's keeper finds and ends them:
+    tools/server_keeper.py)."""
     import psutil
 
     from tools.servers import kept_group, kill_group
