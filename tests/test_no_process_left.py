@@ -56,6 +56,13 @@ def survivors(pids: set[int]) -> list[str]:
     return out
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """A test's own child ended, whatever the test found."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def tree(pid: int) -> set[int]:
     try:
         return {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
@@ -164,9 +171,7 @@ def test_no_rank_outlives_a_stopped_train_launcher(project, how):
         stop(proc, how)
         assert survivors(pids) == [], log.read_text()[-4000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     out = log.read_text()
     assert "Traceback" not in out, out[-4000:]
     if how in ("SIGTERM", "SIGINT"):
@@ -191,9 +196,7 @@ def test_no_rank_outlives_a_killed_embed_launcher(project):
         stop(proc, "SIGKILL")
         assert survivors(pids) == [], log.read_text()[-4000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert "Traceback" not in log.read_text(), log.read_text()[-4000:]
     assert_temp_dir_left_clean(tmp_path / "tmp", proc.pid, True, env)
 
@@ -237,9 +240,7 @@ def test_no_server_outlives_the_process_that_started_it(tmp_path, how):
         assert survivors(pids) == [], log.read_text()[-4000:]
         assert not answers(url)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def test_no_server_outlives_a_killed_dev_ui(tmp_path):
@@ -263,9 +264,7 @@ def test_no_server_outlives_a_killed_dev_ui(tmp_path):
         assert survivors(pids) == [], log.read_text()[-4000:]
         assert not answers(url)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 # A server that starts a child in a session of its own (as sshd does per connection): a signal to
@@ -301,6 +300,4 @@ def test_a_servers_child_in_a_session_of_its_own_ends_with_it(tmp_path, how):
         stop(proc, how)
         assert survivors(pids) == [], log.read_text()[-4000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)

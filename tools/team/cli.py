@@ -113,10 +113,11 @@ def check_locked(network: dict, where: str) -> None:
 def log_tails(layout: Layout) -> str:
     from tools.team.postgres import tail
 
-    return "\n".join(f"--- {layout.logs / name} (last lines):\n{tail(layout.logs / name)}" for name in LOGS)
+    names = [name for name in LOGS if name != "sshd.log" or (layout.logs / name).exists()]  # sshd's: with --ssh
+    return "\n".join(f"--- {layout.logs / name} (last lines):\n{tail(layout.logs / name)}" for name in names)
 
 
-LOGS = ("stack.log", "postgres.log", "mlflow.log")
+LOGS = ("stack.log", "postgres.log", "mlflow.log", "sshd.log")
 
 
 def start_supervisor(layout: Layout) -> subprocess.Popen:

@@ -148,8 +148,8 @@ def config_text(layout: Layout, listen: str, port: int) -> str:
 @contextlib.contextmanager
 def serving(layout: Layout, listen: str, port: int, log_path: Path) -> Iterator[subprocess.Popen]:
     """sshd in the foreground in a kept process group (tools/servers.py) until the block ends;
-        enters once it answers with its banner. sshd starts each connection in a session of its own,
-        outside that group: those are ended first, so that no member's transfer outlives the stack
+    enters once it answers with its banner. sshd starts each connection in a session of its own,
+    outside that group: those are ended first, so that no member's transfer outlives the stack
     (and if this process is killed outright, the group's keeper finds and ends them:
     tools/server_keeper.py)."""
     import psutil
@@ -176,7 +176,8 @@ def serving(layout: Layout, listen: str, port: int, log_path: Path) -> Iterator[
             process_group=keeper.pid,
         )
         try:
-            _wait_for_banner(proc, "127.0.0.1" if listen in ("0.0.0.0", "::") else listen, port)
+            local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(listen, listen)  # every address: ask loopback's
+            _wait_for_banner(proc, local, port, log_path)
             yield proc
         finally:
             with contextlib.suppress(psutil.Error):
@@ -191,7 +192,7 @@ def serving(layout: Layout, listen: str, port: int, log_path: Path) -> Iterator[
             kill_group(keeper, reap=(proc,))
 
 
-def _wait_for_banner(proc: subprocess.Popen, host: str, port: int) -> None:
+def _wait_for_banner(proc: subprocess.Popen, host: str, port: int, log_path: Path) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     last = "no answer"
     while proc.poll() is None:
@@ -206,7 +207,7 @@ def _wait_for_banner(proc: subprocess.Popen, host: str, port: int) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"sshd did not answer on {host}:{port} within {START_TIMEOUT:g} s ({last})")
         time.sleep(0.2)
-    raise RuntimeError(f"sshd exited with status {proc.returncode} before answering on {host}:{port} (its log above)")
+    raise RuntimeError(f"sshd exited with status {proc.returncode} before answering on {host}:{port} (see {log_path})")
 
 
 def read_public_key(path: Path) -> tuple[str, str]:
