@@ -288,26 +288,40 @@ def assert_all_ended(servers, clients, groups) -> None:
 
 
 @needs_root
-def test_no_session_outlives_the_stack_stopped_by_down_or_killed(stack, tmp_path):
+def test_no_session_outlives_the_stack_and_a_restored_stack_lets_the_same_keys_in(stack, tmp_path):
     """Last in the module: it stops the stack (the fixture's `down` then finds none). sshd runs
     each connection in a session of its own, outside the group the stack ends: killed with
-    SIGKILL, the supervisor's keepers end those too; restarted, the server has the same host key
-    and lets the same keys in; `down` ends an open session as well."""
-    folder, fingerprint = stack["folder"], team("status", folder=stack["folder"]).stdout
+    SIGKILL, the supervisor's keepers end those too. Then the folder is wiped and restored from a
+    backup: the server has the same host key, lets the same keys in and serves the same files;
+    `down` ends an open session as well."""
+    folder, status = stack["folder"], team("status", folder=stack["folder"]).stdout
+    (folder / "dvc-remote" / "files" / "md5" / "ab").mkdir(parents=True, exist_ok=True)
+    (folder / "dvc-remote" / "files" / "md5" / "ab" / "cdef").write_bytes(b"a pushed output")
+    remote_files = files_of(folder / "dvc-remote")
+    assert team("backup", str(tmp_path / "backup"), folder=folder).returncode == 0
     state = json.loads((folder / "run" / "stack.json").read_text())
     with open_session(stack, tmp_path / "known_hosts") as (servers, clients):
         os.kill(state["pid"], signal.SIGKILL)
         assert_all_ended(servers, clients, state["groups"])
 
+    shutil.rmtree(folder)  # the wipe
+    restored = team("restore", str(tmp_path / "backup"), folder=folder)
+    assert restored.returncode == 0, restored.stderr[-3000:]
     again = team("up", "--no-dvc-remote", folder=folder)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert host_key(team("status", folder=folder).stdout) == host_key(fingerprint)
+    assert host_key(team("status", folder=folder).stdout) == host_key(status)
+    assert files_of(folder / "dvc-remote") == remote_files
     assert not refused(stack["port"], username="root", client_keys=[str(stack["keys"]["alice"])])
+    assert refused(stack["port"], username="root", client_keys=[str(stack["outsider"])])
     state = json.loads((folder / "run" / "stack.json").read_text())
     with open_session(stack, tmp_path / "known_hosts") as (servers, clients):
         done = team("down", folder=folder, timeout=180)
         assert done.returncode == 0, done.stderr[-3000:]
         assert_all_ended(servers, clients, state["groups"])
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def host_key(status: str) -> str:
