@@ -130,11 +130,14 @@ def test_an_interrupted_dvc_push_completes_on_retry(tmp_path, sig):
     remote = layout.dvc_remote
     dvc("remote", "add", "--local", "-d", "team", str(remote))
 
-    for _ in range(2):  # interrupted, and interrupted again on the retry
-        interrupted_push(repo, env, remote, sig)
+    interrupted_push(repo, env, remote, sig)
     partial = len(remote_objects(remote))
-    assert 0 < partial < FILES + 1, f"{partial} objects after the interrupted pushes: expected a partial push"
+    assert 0 < partial < FILES + 1, f"{partial} objects after the interrupted push: expected a partial push"
     assert "in sync" not in dvc("status", "-c")
+    # Interrupted again on the retry. That push starts with fewer objects to send and may, on a busy
+    # machine, send them all before the signal lands (SIGINT lets transfers under way end): the
+    # checks below hold either way.
+    interrupted_push(repo, env, remote, sig)
 
     dvc("push", "-q")
     assert "Cache and remote 'team' are in sync" in dvc("status", "-c")
