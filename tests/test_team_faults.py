@@ -93,6 +93,9 @@ def interrupted_push(repo: Path, env: dict, remote: Path, sig: signal.Signals) -
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        # Niced: on a busy machine the push (local copies, fast) could otherwise send every object
+        # before this process is scheduled again to see the first one and send the signal.
+        preexec_fn=lambda: os.nice(15),
     )
     before = len(remote_objects(remote))
     deadline = time.monotonic() + 120
