@@ -63,12 +63,20 @@ def escaped_descendants(pgid: int) -> list[int]:
     return found
 
 
-def _signal_all(pids: list[int], sig: int) -> None:
+def signal_all(pids: list[int], sig: int) -> list[int]:
+    """`sig` to each of `pids` (0: none, only asked whether it lives); those that are still there,
+    zombies left out."""
+    table = _processes()
+    alive = []
     for pid in pids:
+        if pid not in table or table[pid][0] == "Z":
+            continue
         try:
             os.kill(pid, sig)
+            alive.append(pid)
         except ProcessLookupError:
             pass
+    return alive
 
 
 def end_group(grace: float) -> None:
@@ -79,16 +87,15 @@ def end_group(grace: float) -> None:
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-    escaped = escaped_descendants(pgid)
-    _signal_all(escaped, signal.SIGTERM)
+    escaped = signal_all(escaped_descendants(pgid), signal.SIGTERM)
     os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        alive = set(_processes())
-        if group_members(pgid) == [os.getpid()] and not alive.intersection(escaped):
+        escaped = signal_all(escaped, 0)
+        if group_members(pgid) == [os.getpid()] and not escaped:
             return
         time.sleep(0.05)
-    _signal_all([pid for pid in escaped if pid in _processes()], signal.SIGKILL)
+    signal_all(escaped, signal.SIGKILL)
     os.killpg(pgid, signal.SIGKILL)
 
 

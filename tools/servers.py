@@ -57,22 +57,30 @@ def kill_group(proc: subprocess.Popen, grace: float = KILL_GRACE, reap: tuple[su
     process_group=0): SIGTERM, then SIGKILL whatever is left after `grace` seconds. The group,
     not just `proc`, because the MLflow CLI runs uvicorn as a child, which outlives it if only
     the leader dies. `reap`: other children of this process in the group, waited for as the
-    leader is."""
+    leader is. What the group's members started in sessions of their own (sshd's connections) is
+    found first, while its parents live, and ended with the group (tools/server_keeper.py)."""
+    from tools.server_keeper import escaped_descendants, signal_all
+
     pgid = proc.pid  # a group leader's pgid is its pid, even after it has exited
     children = (proc, *reap)
+    escaped = escaped_descendants(pgid)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        escaped = signal_all(escaped, sig)
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:
-            break
+            if not escaped:
+                break
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             for child in children:
                 child.poll()  # reap our children, or they stay zombies that keep the group "alive"
+            escaped = signal_all(escaped, 0)
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
-                return
+                if not escaped:
+                    return
             time.sleep(0.05)
     for child in children:
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -24,7 +24,7 @@ import socket
 from pathlib import Path
 
 from pipeline.core.errors import PipelineError
-from tools.team.layout import DATABASE, Layout, write_secret
+from tools.team.layout import DATABASE, EVERY_ADDRESS, Layout, write_secret
 
 AUTH_DATABASE = "mlflow_auth"  # MLflow's users and permissions, beside its runs (DATABASE)
 ADMIN = "admin"
@@ -83,7 +83,7 @@ def server_names(listen: str) -> list[str]:
     """The names a client may reach the server by: loopback, this host's names, the address it
     listens on."""
     names = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
-    if listen not in ("0.0.0.0", "::"):
+    if listen not in EVERY_ADDRESS:
         names.add(listen)
     return sorted(n for n in names if n)
 

@@ -34,7 +34,7 @@ from pipeline.core.paths import REPO_ROOT
 from tools.server_keeper import group_members
 from tools.servers import http_error
 from tools.team import auth, ssh, stack
-from tools.team.layout import NETWORK_DEFAULTS, Layout, default_dir, port_in_use, prepare, read_settings
+from tools.team.layout import EVERY_ADDRESS, NETWORK_DEFAULTS, Layout, default_dir, port_in_use, prepare, read_settings
 
 UP_TIMEOUT = 600.0  # s; a first start makes the cluster and MLflow's tables (about half a minute on 2 cores)
 DOWN_TIMEOUT = 120.0  # s for the supervisor's own stop before it is killed (its groups then end with it)
@@ -258,14 +258,14 @@ def ssh_remote_line(layout: Layout, settings: dict) -> str:
     return (
         f"the DVC remote for other machines: {url} over SSH (sshd's host key {ssh.host_key_fingerprint(layout)}); "
         "let a member in with `./dev team user key NAME THEIR_KEY.pub`, and they run, in their checkout: "
-        + "; ".join(ssh.member_commands(url))
+        + "; ".join(ssh.member_commands(url, REMOTE_NAME))
     )
 
 
 def member_host(listen: str) -> str:
     """The name other machines reach this one by: the address it listens on, or, listening on
     every address, the machine's name."""
-    return socket.getfqdn() if listen in ("0.0.0.0", "::") else listen
+    return socket.getfqdn() if listen in EVERY_ADDRESS else listen
 
 
 def describe(network: dict) -> str:

@@ -25,6 +25,7 @@ SECRET = 0o600
 # Where MLflow listens, its locks (tools/team/auth.py) and whether sshd serves the DVC remote
 # (tools/team/ssh.py), as `up` sets them; a folder from before them is a loopback stack without any.
 NETWORK_DEFAULTS = {"listen": "127.0.0.1", "auth": False, "tls": False, "ssh": False}
+EVERY_ADDRESS = ("0.0.0.0", "::")  # listening on these, a server is reached here on loopback
 DATABASE = "mlflow"  # the database and the role the MLflow server logs in as (not a superuser)
 SUPERUSER = "postgres"
 
@@ -139,6 +140,11 @@ def write_pgpass(layout: Layout, port: int) -> None:
     """libpq's password file for 127.0.0.1:`port`, any database and role (one password). libpq
     ignores the file unless it is 0600. (token_urlsafe makes no ':' or '\\' to escape.)"""
     write_secret(layout.pgpass, f"127.0.0.1:{port}:*:*:{password(layout)}\n")
+
+
+def local_address(listen: str) -> str:
+    """Where this machine reaches a server that listens on `listen`."""
+    return "127.0.0.1" if listen in EVERY_ADDRESS else listen
 
 
 def port_in_use(port: int) -> bool:

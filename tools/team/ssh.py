@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from pipeline.core.errors import PipelineError
-from tools.team.layout import Layout, write_secret
+from tools.team.layout import Layout, local_address, write_secret
 
 START_TIMEOUT = 30.0  # s until sshd answers with its banner
 MEMBER_TAG = "energy-flow-member:"  # the comment that names a key's member in authorized_keys
@@ -149,11 +149,8 @@ def config_text(layout: Layout, listen: str, port: int) -> str:
 def serving(layout: Layout, listen: str, port: int, log_path: Path) -> Iterator[subprocess.Popen]:
     """sshd in the foreground in a kept process group (tools/servers.py) until the block ends;
     enters once it answers with its banner. sshd starts each connection in a session of its own,
-    outside that group: those are ended first, so that no member's transfer outlives the stack
-    (and if this process is killed outright, the group's keeper finds and ends them:
-    tools/server_keeper.py)."""
-    import psutil
-
+    outside that group: kill_group, or the group's keeper if this process is killed outright, ends
+    those too (tools/server_keeper.py), so that no member's transfer outlives the stack."""
     from tools.servers import kept_group, kill_group
 
     check(layout)
@@ -176,19 +173,9 @@ def serving(layout: Layout, listen: str, port: int, log_path: Path) -> Iterator[
             process_group=keeper.pid,
         )
         try:
-            local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(listen, listen)  # every address: ask loopback's
-            _wait_for_banner(proc, local, port, log_path)
+            _wait_for_banner(proc, local_address(listen), port, log_path)
             yield proc
         finally:
-            with contextlib.suppress(psutil.Error):
-                sessions = psutil.Process(proc.pid).children(recursive=True)
-                for session in sessions:
-                    with contextlib.suppress(psutil.Error):
-                        session.terminate()
-                psutil.wait_procs(sessions, timeout=5)
-                for session in sessions:
-                    with contextlib.suppress(psutil.Error):
-                        session.kill()
             kill_group(keeper, reap=(proc,))
 
 
@@ -210,9 +197,9 @@ def _wait_for_banner(proc: subprocess.Popen, host: str, port: int, log_path: Pat
     raise RuntimeError(f"sshd exited with status {proc.returncode} before answering on {host}:{port} (see {log_path})")
 
 
-def read_public_key(path: Path) -> tuple[str, str]:
-    """The one OpenSSH public key line in `path` (`TYPE BASE64`), parsed by asyncssh; a private
-    key, or anything else, is refused with what was expected."""
+def read_public_key(path: Path):
+    """The one OpenSSH public key in `path`, parsed by asyncssh (an SSHKey); a private key, or
+    anything else, is refused with what was expected."""
     import asyncssh
 
     try:
@@ -236,17 +223,15 @@ def read_public_key(path: Path) -> tuple[str, str]:
         raise PipelineError(
             f"{path}: not an OpenSSH public key ({e}); expected a line such as `ssh-ed25519 AAAA... you@host`"
         )
-    algorithm, blob = key.export_public_key("openssh").decode().split()[:2]
-    return algorithm, blob
+    return key
 
 
 def add_key(layout: Layout, name: str, path: Path) -> str:
     """`name`'s public key in `path` let in (`restrict`: no forwarding, terminal or rc file, on top
     of the server's own settings); returns its fingerprint. A member's new key replaces their
     old one; a key another member has is refused."""
-    import asyncssh
-
-    algorithm, blob = read_public_key(path)
+    key = read_public_key(path)
+    algorithm, blob = key.export_public_key("openssh").decode().split()[:2]
     line = f"restrict {algorithm} {blob} {MEMBER_TAG}{name}"
     ensure_host_key(layout)
     kept = []
@@ -261,7 +246,7 @@ def add_key(layout: Layout, name: str, path: Path) -> str:
             continue  # their previous key
         kept.append(old)
     write_secret(layout.authorized_keys, "\n".join([*kept, line]) + "\n")
-    return asyncssh.import_public_key(f"{algorithm} {blob}").get_fingerprint("sha256")
+    return key.get_fingerprint("sha256")
 
 
 def remote_url(host: str, port: int) -> str:
@@ -270,12 +255,13 @@ def remote_url(host: str, port: int) -> str:
     return f"ssh://{account()}@{host}:{port}/"
 
 
-def member_commands(url: str) -> list[str]:
-    """What a member runs in their checkout (their key's path in place of KEYFILE)."""
+def member_commands(url: str, name: str) -> list[str]:
+    """What a member runs in their checkout to make `url` their default remote `name` (their key's
+    path in place of KEYFILE)."""
     return [
-        f"dvc remote add --local --force --default team {url}",
-        "dvc remote modify --local team keyfile KEYFILE",
-        "dvc remote modify --local team verify true",
+        f"dvc remote add --local --force --default {name} {url}",
+        f"dvc remote modify --local {name} keyfile KEYFILE",
+        f"dvc remote modify --local {name} verify true",
     ]
 
 

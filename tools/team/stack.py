@@ -20,7 +20,7 @@ from pipeline.core.atomic import write_json
 from pipeline.core.errors import PipelineError, Terminated
 from tools.servers import mlflow_server_command, mlflow_server_env, serving
 from tools.team import auth, postgres, ssh
-from tools.team.layout import DATABASE, Layout, password, prepare, write_pgpass
+from tools.team.layout import DATABASE, Layout, local_address, password, prepare, write_pgpass
 
 ALREADY_RUNNING = 3  # exit status when another supervisor holds the folder's lock
 MLFLOW_START_TIMEOUT = 300.0  # s; the first start creates MLflow's tables in PostgreSQL
@@ -41,8 +41,7 @@ def backend_store_uri(port: int) -> str:
 def local_uri(settings: dict) -> str:
     """The server's URI from this machine: https with TLS; the address it listens on, or
     loopback when it listens on every address."""
-    host = settings.get("listen") or "127.0.0.1"
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    host = local_address(settings.get("listen") or "127.0.0.1")
     host = f"[{host}]" if ":" in host else host
     return f"{'https' if settings.get('tls') else 'http'}://{host}:{settings['mlflow_port']}"
 
